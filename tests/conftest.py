@@ -1,0 +1,39 @@
+"""Shared fixtures: the tiny Qwen-VL checkpoints and a small shapes dataset, built once per test session."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """Factory: arch -> directory of a saved tiny checkpoint (built once per arch per session)."""
+    from vlgrpo.models import init_tiny
+
+    built: dict[str, str] = {}
+
+    def get(arch: str = "qwen2_5_vl") -> str:
+        if arch not in built:
+            built[arch] = str(init_tiny(tmp_path_factory.mktemp(f"tiny_{arch}"), arch, seed=0))
+        return built[arch]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def shapes_dir(tmp_path_factory):
+    """A 40-sample shapes dataset (train 32 / val 4 / test 4) at 112 px."""
+    from vlgrpo.data.synth import synth_dataset
+
+    out = tmp_path_factory.mktemp("shapes")
+    synth_dataset(out, 40, seed=0, image_size=112)
+    return out

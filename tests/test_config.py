@@ -1,0 +1,94 @@
+import dataclasses
+
+import pytest
+import yaml
+
+from vlgrpo.config import CHOICES, Config, ConfigError, field_docs, load_config, save_config, validate
+
+
+def test_defaults_validate_and_every_field_is_documented():
+    cfg = Config()
+    validate(cfg)
+
+    def walk(obj, prefix=""):
+        docs = field_docs(type(obj))
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if dataclasses.is_dataclass(value):
+                walk(value, f"{prefix}{f.name}.")
+            else:
+                assert docs.get(f.name), f"config field {prefix}{f.name} has no attribute docstring"
+
+    walk(cfg)
+
+
+def test_yaml_holds_only_differences_and_overrides_win(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  lr: 3.0e-6\n  lora:\n    rank: 8\nrollout:\n  completions_per_prompt: 4\n")
+    cfg = load_config(path, ["train.lr=1e-4", "grpo.beta=0.04", "rollout.stop=[</answer>]", "eval.suites=pope,vqa"])
+    assert cfg.train.lr == 1e-4  # override beats the file
+    assert cfg.train.lora.rank == 8 and cfg.train.lora.alpha == 32  # untouched defaults stay
+    assert cfg.rollout.completions_per_prompt == 4
+    assert cfg.grpo.beta == 0.04
+    assert cfg.rollout.stop == ["</answer>"]
+    assert cfg.eval.suites == ["pope", "vqa"]
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_config(None, ["train.steps=7", "model.max_pixels=50176"])
+    save_config(cfg, tmp_path / "config.yaml")
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert saved["train"]["steps"] == 7 and saved["model"]["max_pixels"] == 50176
+    again = load_config(tmp_path / "config.yaml")
+    assert dataclasses.asdict(again) == dataclasses.asdict(cfg)
+
+
+def test_unknown_key_names_key_accepted_keys_and_suggestion(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["train.learning_rate=1e-5"])
+    msg = str(e.value)
+    assert "train.learning_rate" in msg and "prompts_per_step" in msg
+    path = tmp_path / "bad.yaml"
+    path.write_text("rollout:\n  completions_per_promt: 4\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(path) in str(e.value) and "Did you mean 'rollout.completions_per_prompt'" in str(e.value)
+
+
+def test_invalid_choice_lists_accepted_values():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["grpo.aggregation=mean"])
+    assert "grpo.aggregation" in str(e.value)
+    for accepted in CHOICES["grpo.aggregation"]:
+        assert accepted in str(e.value)
+
+
+def test_batch_divisibility_explains_why():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["train.prompts_per_step=3", "rollout.completions_per_prompt=4",
+                           "train.micro_batch_completions=8"])
+    assert "3 prompts x 4 = 12" in str(e.value) and "micro_batch_completions (8)" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("train.lr=fast", "must be a number"),
+        ("train.steps=1.5", "must be an integer"),
+        ("model.freeze_vision=maybe", "true or false"),
+        ("rollout.completions_per_prompt=1", "group of one"),
+        ("grpo.dual_clip=0.5", "grpo.dual_clip"),
+        ("eval.suites=pope,mmmu", "accepted suites"),
+        ("train", "section.key=value"),
+        ("train=3", "is a section"),
+    ],
+)
+def test_bad_values_fail_with_reason(override, fragment):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert fragment in str(e.value)
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")

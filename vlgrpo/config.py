@@ -1,0 +1,478 @@
+"""The whole run configuration: one tree of nested dataclasses with attribute docstrings.
+
+YAML files hold only what differs from the defaults; `a.b=c` overrides apply on top; `validate`
+explains every rejection (the key, the accepted values, why). Knows nothing of models or data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vlgrpo.types import InputError
+
+
+class ConfigError(InputError):
+    """A config key or value that cannot be accepted; the message names the key and the fix."""
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str = "runs/tiny-qwen2_5_vl"
+    """Local checkpoint directory or hub id of a Qwen2-VL / Qwen2.5-VL model."""
+    arch: str = "auto"
+    """Model family: auto (read config.json), qwen2_vl or qwen2_5_vl. Decides the box convention."""
+    dtype: str = "float32"
+    """Weights dtype for training: float32, bfloat16 or float16."""
+    attn_implementation: str = "sdpa"
+    """Attention kernel: sdpa, eager or flash_attention_2."""
+    min_pixels: int | None = None
+    """Processor override: smallest image area in pixels (None keeps the checkpoint's)."""
+    max_pixels: int | None = None
+    """Processor override: largest image area in pixels; bounds image tokens per sample."""
+    freeze_vision: bool = True
+    """Freeze the vision tower (ViT blocks). Frozen -> cached vision features stay valid across steps."""
+    freeze_merger: bool = True
+    """Freeze the patch merger inside `visual` (it feeds the language model directly)."""
+    freeze_language: bool = False
+    """Freeze the language model (e.g. to train only the vision side)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, ~30% more compute)."""
+
+
+@dataclass
+class DataConfig:
+    train: str = "data/generated/shapes/train.jsonl"
+    """Training set: a JSONL file, a saved HF dataset directory, a parquet file, or an image folder."""
+    val: str | None = None
+    """Validation set (same formats), used by in-loop eval."""
+    test: str | None = None
+    """Held-out test set, used by `vlgrpo eval` and the demo's before/after report."""
+    format: str = "auto"
+    """Adapter: auto (from the path), jsonl, hf, parquet or folder."""
+    max_samples: int | None = None
+    """Use at most this many training samples (None: all)."""
+    shuffle: bool = True
+    """Shuffle the training set each epoch (seeded by train.seed)."""
+    system_prompt: str = ""
+    """Optional system message placed before every question."""
+    answer_format: str = "think_answer"
+    """Format the model is asked for: think_answer (<think>..</think><answer>..</answer>) or answer."""
+    max_prompt_length: int = 1024
+    """Longest prompt in tokens (text + image tokens); longer samples are reported and skipped."""
+
+
+@dataclass
+class VLLMConfig:
+    gpu_memory_utilization: float = 0.5
+    """Fraction of each rollout GPU that vLLM may take (weights + KV cache)."""
+    tensor_parallel_size: int = 1
+    """GPUs per vLLM engine."""
+    placement: str = "colocate"
+    """colocate (time-share every GPU, vLLM sleeps during the update) or split (own rollout GPUs)."""
+    rollout_gpus: int = 0
+    """With placement=split: how many of the node's GPUs run vLLM; the rest train."""
+    enable_sleep_mode: bool = True
+    """With placement=colocate: free vLLM memory while the trainer updates."""
+    mm_input: str = "embeds"
+    """What vLLM receives for images: embeds (our cached features) or pixels (PIL images)."""
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "hf"
+    """Generation backend: hf (transformers, runs anywhere) or vllm (GPU)."""
+    completions_per_prompt: int = 8
+    """G: completions sampled for every prompt; the GRPO group size."""
+    max_new_tokens: int = 128
+    """Longest completion in tokens."""
+    temperature: float = 1.0
+    """Sampling temperature (GRPO needs diversity: keep near 1)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    top_k: int = 0
+    """Top-k sampling (0 disables)."""
+    stop: list[str] = field(default_factory=list)
+    """Extra stop strings besides EOS."""
+    vision_cache_dir: str | None = None
+    """On-disk vision-feature cache directory (None: memory only)."""
+    vision_cache_bytes: int = 2 * 1024**3
+    """Byte budget of the in-memory vision-feature LRU."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+
+
+@dataclass
+class OverlongConfig:
+    enabled: bool = False
+    """DAPO overlong shaping: penalise completions near or past the length limit."""
+    max_length: int = 128
+    """L: length at which the penalty reaches -1 (usually rollout.max_new_tokens)."""
+    cache_length: int = 32
+    """C: width of the linear penalty ramp before L."""
+
+
+@dataclass
+class RewardConfig:
+    recipe: dict[str, float] = field(default_factory=lambda: {"accuracy": 1.0, "format": 0.5})
+    """Named reward components and their weights; names come from the registry or `module:function`."""
+    box_format: str = "auto"
+    """Box convention of the model's output: auto (from model.arch), qwen2, qwen2_5, qwen3 or plain."""
+    gate_accuracy_on_format: bool = False
+    """Count accuracy only when the format holds (closes the format-up, accuracy-flat hack)."""
+    number_atol: float = 0.0
+    """Absolute tolerance of numeric answers."""
+    number_rtol: float = 0.0
+    """Relative tolerance of numeric answers."""
+    iou_threshold: float = 0.5
+    """Threshold of the thresholded-IoU grounding reward."""
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)
+
+
+@dataclass
+class GRPOConfig:
+    advantage: str = "group"
+    """group ((r-mean)/(std+eps), sample std), group_mean (Dr.GRPO, no std) or batch (batch std)."""
+    std_eps: float = 1e-4
+    """epsilon added to the std in the advantage denominator (TRL's 1e-4)."""
+    loss: str = "grpo"
+    """Ratio level: grpo (token ratios), gspo (sequence ratio), gspo_token."""
+    aggregation: str = "token-mean"
+    """token-mean (DAPO), seq-mean-token-mean (original GRPO) or seq-mean-token-sum-norm (Dr.GRPO)."""
+    clip_low: float = 0.2
+    """epsilon_low of the clipped surrogate (GSPO: 3e-4)."""
+    clip_high: float = 0.28
+    """epsilon_high of the clipped surrogate (DAPO clip-higher 0.28; GSPO: 4e-4)."""
+    dual_clip: float | None = None
+    """Dual-clip constant c > 1 for negative advantages (None disables)."""
+    beta: float = 0.0
+    """KL coefficient of the k3 estimator against the reference policy; 0 skips the reference pass."""
+    num_iterations: int = 1
+    """Policy updates per rollout batch (>1 needs old log-probs)."""
+    dynamic_sampling: bool = False
+    """Drop zero-variance groups and top the batch up with fresh prompts."""
+    max_topup_rounds: int = 2
+    """Extra sampling rounds allowed to refill a batch under dynamic sampling."""
+
+
+@dataclass
+class LoRAConfig:
+    rank: int = 16
+    """LoRA rank r."""
+    alpha: int = 32
+    """LoRA scaling alpha (effective scale alpha / r)."""
+    dropout: float = 0.0
+    """Dropout on the LoRA input."""
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    """Linear layers of the language model that get adapters (never the vision tower unless listed)."""
+
+
+@dataclass
+class Zero3Config:
+    deepspeed_config: str | None = None
+    """Path of a DeepSpeed JSON; None builds one from the fields below."""
+    offload_optimizer: bool = False
+    """Keep optimiser states in CPU memory."""
+    offload_param: bool = False
+    """Keep partitioned parameters in CPU memory."""
+
+
+@dataclass
+class TrainConfig:
+    stage: str = "grpo"
+    """grpo (reinforcement learning) or sft (teacher-forced cold start on gold answers)."""
+    backend: str = "plain"
+    """plain (single process, all weights), lora (peft adapters) or zero3 (DeepSpeed ZeRO-3)."""
+    prompts_per_step: int = 2
+    """B: prompts sampled per optimiser step (per data-parallel rank)."""
+    micro_batch_completions: int = 8
+    """Completions per forward/backward pass; gradients accumulate over B*G / this many passes."""
+    steps: int = 100
+    """Optimiser steps to run."""
+    lr: float = 1e-5
+    """Peak learning rate."""
+    warmup_steps: int = 0
+    """Linear warm-up steps before the schedule."""
+    lr_schedule: str = "constant"
+    """constant or cosine (after warm-up)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm (0 disables)."""
+    seed: int = 0
+    """Seed of data order, sampling and initialisation."""
+    output_dir: str = "runs/default"
+    """Run directory: resolved config, metrics.jsonl, checkpoints."""
+    save_every: int = 0
+    """Checkpoint every N steps (0: only at the end)."""
+    resume: bool = True
+    """Resume from the newest checkpoint in output_dir when one exists."""
+    num_gpus: int = 1
+    """Data-parallel GPUs (for planning and launch scripts; torchrun sets the real world size)."""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    zero3: Zero3Config = field(default_factory=Zero3Config)
+
+
+@dataclass
+class EvalConfig:
+    every_steps: int = 0
+    """Run the in-loop eval every N steps (0 disables)."""
+    suites: list[str] = field(default_factory=lambda: ["vqa"])
+    """Eval suites: pope, grounding, vqa."""
+    data: str | None = None
+    """Eval dataset (defaults to data.val)."""
+    pope_parser: str = "pope"
+    """POPE answer parser: pope, vlmevalkit or strict."""
+    max_samples: int | None = 200
+    """Evaluate at most this many samples per suite."""
+    batch_prompts: int = 8
+    """Prompts decoded together."""
+
+
+@dataclass
+class LoggingConfig:
+    log_every: int = 1
+    """Write metrics every N steps."""
+    tensorboard: bool = False
+    """Also write TensorBoard event files into the run directory."""
+    wandb_project: str | None = None
+    """Also log to this wandb project."""
+    progress_bar: bool = True
+    """Show a tqdm bar with step, reward, accuracy and s/step."""
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+# Accepted values of the string-valued choice keys: one table, used by validate() and the docs.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "model.arch": ("auto", "qwen2_vl", "qwen2_5_vl"),
+    "model.dtype": ("float32", "bfloat16", "float16"),
+    "model.attn_implementation": ("sdpa", "eager", "flash_attention_2"),
+    "data.format": ("auto", "jsonl", "hf", "parquet", "folder"),
+    "data.answer_format": ("think_answer", "answer"),
+    "rollout.engine": ("hf", "vllm"),
+    "rollout.vllm.placement": ("colocate", "split"),
+    "rollout.vllm.mm_input": ("embeds", "pixels"),
+    "reward.box_format": ("auto", "qwen2", "qwen2_5", "qwen3", "plain"),
+    "grpo.advantage": ("group", "group_mean", "batch"),
+    "grpo.loss": ("grpo", "gspo", "gspo_token"),
+    "grpo.aggregation": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+    "train.stage": ("grpo", "sft"),
+    "train.backend": ("plain", "lora", "zero3"),
+    "train.lr_schedule": ("constant", "cosine"),
+    "eval.pope_parser": ("pope", "vlmevalkit", "strict"),
+}
+EVAL_SUITES = ("pope", "grounding", "vqa")
+
+
+# ---------------------------------------------------------------- merging dicts into dataclasses
+
+
+def _unknown_key(key: str, valid: list[str]) -> ConfigError:
+    close = difflib.get_close_matches(key.rsplit(".", 1)[-1], valid, n=1)
+    hint = f" Did you mean '{key.rsplit('.', 1)[0] + '.' if '.' in key else ''}{close[0]}'?" if close else ""
+    return ConfigError(f"unknown config key '{key}'. Accepted keys here: {', '.join(sorted(valid))}.{hint}")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Convert a YAML value to the annotated field type, or explain why it cannot be."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], key)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"config key '{key}' must be true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+            raise ConfigError(f"config key '{key}' must be an integer, got {value!r}")
+        return int(value)
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads "1e-4" (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"config key '{key}' must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(f"config key '{key}' must be a string, got {value!r}")
+        return str(value)
+    if origin is list:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"config key '{key}' must be a list, got {value!r}")
+        return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key '{key}' must be a mapping, got {value!r}")
+        return {str(k): _coerce(v, args[1], f"{key}.{k}") for k, v in value.items()}
+    return value
+
+
+def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
+    hints = typing.get_type_hints(type(obj))
+    names = [f.name for f in dataclasses.fields(obj)]
+    for k, v in values.items():
+        key = f"{prefix}{k}"
+        if k not in names:
+            raise _unknown_key(key, names)
+        current = getattr(obj, k)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(v, dict):
+                raise ConfigError(f"config key '{key}' is a section; give a mapping of its keys, got {v!r}")
+            _apply(current, v, key + ".")
+        else:
+            setattr(obj, k, _coerce(v, hints[k], key))
+
+
+def _dotted_to_nested(overrides: list[str]) -> dict[str, Any]:
+    nested: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' must look like section.key=value (e.g. train.lr=1e-5)")
+        path, raw = item.split("=", 1)
+        value = yaml.safe_load(raw) if raw.strip() else ""
+        node = nested
+        parts = path.strip().split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return nested
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Defaults <- YAML file (only what differs) <- dotted overrides; then validate."""
+    cfg = Config()
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file '{path}' does not exist")
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file '{path}' must hold a mapping of sections, got {type(data).__name__}")
+        try:
+            _apply(cfg, data)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
+    if overrides:
+        _apply(cfg, _dotted_to_nested(overrides))
+    validate(cfg)
+    return cfg
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Write the fully resolved config (every key) as YAML; a run directory always holds one."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def get_key(cfg: Config, dotted: str) -> Any:
+    node: Any = cfg
+    for p in dotted.split("."):
+        node = getattr(node, p)
+    return node
+
+
+# ---------------------------------------------------------------- validation that explains why
+
+
+def validate(cfg: Config) -> None:
+    """Reject invalid values and combinations with a message naming the key, accepted values and why."""
+    for key, accepted in CHOICES.items():
+        value = get_key(cfg, key)
+        if value not in accepted:
+            raise ConfigError(f"config key '{key}' = {value!r} is not accepted; use one of: {', '.join(accepted)}")
+    r, t, g = cfg.rollout, cfg.train, cfg.grpo
+    checks = [
+        (r.completions_per_prompt >= 1, "rollout.completions_per_prompt", "must be >= 1"),
+        (t.prompts_per_step >= 1, "train.prompts_per_step", "must be >= 1"),
+        (t.micro_batch_completions >= 1, "train.micro_batch_completions", "must be >= 1"),
+        (r.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1"),
+        (r.temperature > 0, "rollout.temperature", "must be > 0 (GRPO samples; use eval for greedy decoding)"),
+        (0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]"),
+        (t.steps >= 0, "train.steps", "must be >= 0"),
+        (t.lr > 0, "train.lr", "must be > 0"),
+        (g.clip_low >= 0 and g.clip_high >= 0, "grpo.clip_low/clip_high", "must be >= 0"),
+        (g.beta >= 0, "grpo.beta", "must be >= 0"),
+        (g.num_iterations >= 1, "grpo.num_iterations", "must be >= 1"),
+        (g.dual_clip is None or g.dual_clip > 1, "grpo.dual_clip", "must be > 1 (or null to disable)"),
+        (t.lora.rank >= 1, "train.lora.rank", "must be >= 1"),
+        (0 < r.vllm.gpu_memory_utilization <= 1, "rollout.vllm.gpu_memory_utilization", "must be in (0, 1]"),
+        (cfg.data.max_prompt_length >= 1, "data.max_prompt_length", "must be >= 1"),
+    ]
+    for ok, key, why in checks:
+        if not ok:
+            raise ConfigError(f"config key '{key}' {why} (got {get_key(cfg, key) if '/' not in key else ''})")
+    if t.stage == "grpo" and g.advantage != "batch" and r.completions_per_prompt < 2:
+        raise ConfigError(
+            "rollout.completions_per_prompt must be >= 2 for GRPO: a group of one has no baseline to compare with"
+        )
+    total = t.prompts_per_step * r.completions_per_prompt
+    if total % t.micro_batch_completions:
+        raise ConfigError(
+            f"completions per step ({t.prompts_per_step} prompts x {r.completions_per_prompt} = {total}) must be "
+            f"divisible by train.micro_batch_completions ({t.micro_batch_completions}), so every micro-batch is full"
+        )
+    if r.engine == "vllm" and r.vllm.placement == "split" and r.vllm.rollout_gpus < 1:
+        raise ConfigError("rollout.vllm.placement=split needs rollout.vllm.rollout_gpus >= 1 (GPUs reserved for vLLM)")
+    if r.vllm.placement == "split" and r.vllm.rollout_gpus >= t.num_gpus and r.engine == "vllm":
+        raise ConfigError(
+            f"rollout.vllm.rollout_gpus ({r.vllm.rollout_gpus}) must leave training GPUs out of "
+            f"train.num_gpus ({t.num_gpus})"
+        )
+    if cfg.model.freeze_vision and cfg.model.freeze_merger and cfg.model.freeze_language and t.backend != "lora":
+        raise ConfigError("model.freeze_vision, freeze_merger and freeze_language are all true: nothing would train")
+    bad = [s for s in cfg.eval.suites if s not in EVAL_SUITES]
+    if bad:
+        raise ConfigError(f"config key 'eval.suites' has {bad}; accepted suites: {', '.join(EVAL_SUITES)}")
+    if not cfg.reward.recipe:
+        raise ConfigError("config key 'reward.recipe' is empty: name at least one reward, e.g. {accuracy: 1.0}")
+    o = cfg.reward.overlong
+    if o.enabled and not 0 < o.cache_length <= o.max_length:
+        raise ConfigError(
+            f"reward.overlong.cache_length ({o.cache_length}) must be in (0, reward.overlong.max_length={o.max_length}]"
+        )
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings of a config dataclass (the string literal under each field), for docs/--help."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = str(nxt.value.value).strip()  # type: ignore[union-attr]
+    return docs

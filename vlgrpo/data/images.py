@@ -1,0 +1,138 @@
+"""Images: robust loading (EXIF, every colour mode), content hashing, and Qwen's resize geometry.
+
+The resize geometry comes from the processor's own `smart_resize` (never re-derived here), so image-token
+counts and box conversions agree with what the model sees. Knows nothing of models or datasets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from PIL import Image, ImageOps, UnidentifiedImageError
+from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize as _hf_smart_resize
+
+from vlgrpo.types import InputError
+
+
+class ImageError(InputError):
+    """An image that cannot be used; the message names the source and what is wrong."""
+
+
+def _describe(src: str | bytes | Path) -> str:
+    return f"'{src}'" if isinstance(src, (str, Path)) else f"<{len(src)} bytes>"
+
+
+def read_image_bytes(src: str | bytes | Path) -> bytes:
+    """The encoded bytes of an image given as a path or as bytes; clear errors for missing/empty files."""
+    if isinstance(src, (bytes, bytearray)):
+        data = bytes(src)
+    else:
+        path = Path(src)
+        if not path.is_file():
+            raise ImageError(f"image file {_describe(src)} does not exist")
+        data = path.read_bytes()
+    if not data:
+        raise ImageError(f"image {_describe(src)} is empty (0 bytes)")
+    return data
+
+
+def image_sha256(src: str | bytes | Path) -> str:
+    """Content hash of the encoded image bytes: the first part of every vision-cache key."""
+    return hashlib.sha256(read_image_bytes(src)).hexdigest()
+
+
+def _to_rgb(img: Image.Image) -> Image.Image:
+    """Convert any PIL mode to RGB; transparency is composited on white (as the Qwen processor does)."""
+    if img.mode in ("I;16", "I;16B", "I;16L", "I"):
+        # 16/32-bit greyscale: scale to 8 bits instead of clipping everything above 255 to white.
+        import numpy as np
+
+        arr = np.asarray(img, dtype=np.float64)
+        hi = arr.max() if arr.size and arr.max() > 0 else 1.0
+        img = Image.fromarray((arr * (255.0 / hi)).round().astype("uint8"), mode="L")
+    if img.mode == "P":
+        img = img.convert("RGBA")
+    if img.mode in ("RGBA", "LA", "PA"):
+        background = Image.new("RGB", img.size, (255, 255, 255))
+        background.paste(img.convert("RGBA"), mask=img.convert("RGBA").split()[-1])
+        return background
+    return img.convert("RGB")
+
+
+def load_image(src: str | bytes | Path) -> Image.Image:
+    """Open, apply the EXIF orientation, convert to RGB and fully decode (so truncation fails here)."""
+    data = read_image_bytes(src)
+    try:
+        img = Image.open(io.BytesIO(data))
+        img.load()
+    except (UnidentifiedImageError, OSError, SyntaxError) as e:
+        raise ImageError(f"image {_describe(src)} cannot be decoded ({type(e).__name__}: {e})") from None
+    img = ImageOps.exif_transpose(img)
+    return _to_rgb(img)
+
+
+def image_size(src: str | bytes | Path) -> tuple[int, int]:
+    """(width, height) after EXIF orientation, reading only the header where possible."""
+    data = read_image_bytes(src)
+    try:
+        img = Image.open(io.BytesIO(data))
+    except (UnidentifiedImageError, OSError) as e:
+        raise ImageError(f"image {_describe(src)} cannot be decoded ({type(e).__name__}: {e})") from None
+    w, h = img.size
+    orientation = img.getexif().get(0x0112, 1)
+    return (h, w) if orientation in (5, 6, 7, 8) else (w, h)
+
+
+@dataclass(frozen=True)
+class ProcessorGeometry:
+    """The image-processor settings that decide resize and token count (second part of a cache key)."""
+
+    patch_size: int = 14
+    merge_size: int = 2
+    temporal_patch_size: int = 2
+    min_pixels: int = 3136
+    max_pixels: int = 1003520
+
+    @classmethod
+    def from_processor(cls, processor) -> "ProcessorGeometry":
+        """Read the geometry from a Qwen2-VL/2.5-VL processor or its image processor."""
+        ip = getattr(processor, "image_processor", processor)
+        size = getattr(ip, "size", None) or {}
+        min_pixels = getattr(ip, "min_pixels", None) or size.get("shortest_edge")
+        max_pixels = getattr(ip, "max_pixels", None) or size.get("longest_edge")
+        return cls(
+            patch_size=int(ip.patch_size),
+            merge_size=int(ip.merge_size),
+            temporal_patch_size=int(getattr(ip, "temporal_patch_size", 2)),
+            min_pixels=int(min_pixels),
+            max_pixels=int(max_pixels),
+        )
+
+    @property
+    def factor(self) -> int:
+        """Side of one language-model image token in pixels (patch x merge: 28 for Qwen2/2.5-VL)."""
+        return self.patch_size * self.merge_size
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+    def resized_hw(self, height: int, width: int) -> tuple[int, int]:
+        """(height, width) the processor resizes an image to (Qwen's smart_resize)."""
+        try:
+            return _hf_smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels)
+        except ValueError as e:
+            raise ImageError(f"image of {width}x{height} px cannot be resized for the model: {e}") from None
+
+    def grid_thw(self, height: int, width: int) -> tuple[int, int, int]:
+        """The `image_grid_thw` row of one still image: (1, resized_h / patch, resized_w / patch)."""
+        rh, rw = self.resized_hw(height, width)
+        return 1, rh // self.patch_size, rw // self.patch_size
+
+    def num_image_tokens(self, height: int, width: int) -> int:
+        """Language-model tokens of one image (<|image_pad|> count) after the 2x2 merge."""
+        _, gh, gw = self.grid_thw(height, width)
+        return gh * gw // (self.merge_size**2)
