@@ -1,0 +1,53 @@
+"""GRPO math as pure tensor functions: advantages, policy losses, chunked log-probs, DAPO batch shaping.
+
+No configs, no models: the trainer picks variants once from `ADVANTAGES`, `RATIOS`, `AGGREGATIONS` (via `select`)
+and passes plain numbers. Stats come back keyed without namespace; the trainer prefixes `grpo/`.
+"""
+
+from vlgrpo.grpo.advantages import (
+    ADVANTAGES,
+    batch_advantages,
+    constant_groups,
+    group_advantages,
+    group_mean_advantages,
+)
+from vlgrpo.grpo.logprobs import token_logprobs
+from vlgrpo.grpo.losses import (
+    AGGREGATIONS,
+    RATIOS,
+    clipped_surrogate,
+    k3_kl,
+    policy_loss,
+    select,
+    seq_mean_token_mean,
+    seq_mean_token_sum_norm,
+    sequence_log_ratio,
+    sequence_token_log_ratio,
+    token_log_ratio,
+    token_mean,
+)
+from vlgrpo.grpo.sampling import filter_zero_variance_groups, overlong_penalty, prompts_needed
+
+__all__ = [
+    "ADVANTAGES",
+    "AGGREGATIONS",
+    "RATIOS",
+    "batch_advantages",
+    "clipped_surrogate",
+    "constant_groups",
+    "filter_zero_variance_groups",
+    "group_advantages",
+    "group_mean_advantages",
+    "k3_kl",
+    "overlong_penalty",
+    "policy_loss",
+    "prompts_needed",
+    "select",
+    "seq_mean_token_mean",
+    "seq_mean_token_sum_norm",
+    "sequence_log_ratio",
+    "sequence_token_log_ratio",
+    "token_log_ratio",
+    "token_logprobs",
+    "token_mean",
+]
