@@ -19,10 +19,32 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vlgrpo", description="GRPO for Qwen-VL-style vision-language models")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # One line per command group; keep alphabetical.
+    add_cache_command(sub)
     add_data_command(sub)
     add_demo_command(sub)
+    add_eval_command(sub)
+    add_export_command(sub)
     add_model_command(sub)
+    add_plan_command(sub)
+    add_reward_command(sub)
+    add_train_command(sub)
     return parser
+
+
+def add_cache_command(sub) -> None:
+    p = sub.add_parser("cache", help="inspect or clear an on-disk vision-feature cache")
+    csub = p.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
+    for action, text in (("stats", "entries, bytes and vision-weights versions"), ("clear", "delete every entry")):
+        a = csub.add_parser(action, help=text)
+        a.add_argument("dir", help="the cache directory (rollout.vision_cache_dir)")
+        a.set_defaults(handler=_cmd_cache)
+
+
+def _cmd_cache(args) -> int:
+    from vlgrpo.vision_cache import clear_disk, disk_stats
+
+    _print_json(disk_stats(args.dir) if args.cache_command == "stats" else clear_disk(args.dir))
+    return 0
 
 
 def add_model_command(sub) -> None:
@@ -54,6 +76,7 @@ def add_data_command(sub) -> None:
     synth.add_argument("--image-size", type=int, default=112, help="square image side in pixels")
     synth.add_argument("--kinds", default="count,colour,exist,ground", help="question kinds, comma-separated")
     synth.set_defaults(handler=_cmd_synth)
+    _add_data_pope(dsub)
 
 
 def _cmd_synth(args) -> int:
@@ -77,6 +100,246 @@ def _cmd_demo(args) -> int:
     from vlgrpo.demo import run_demo
 
     run_demo(args.out, n_samples=args.n, seed=args.seed)
+    return 0
+
+
+def add_reward_command(sub) -> None:
+    p = sub.add_parser(
+        "reward", help="score one completion against one sample (debug a reward recipe)",
+        description="Print each reward component and the weighted total. Exit status 1 when a component failed.",
+    )  # fmt: skip
+    p.add_argument("--sample", required=True, help="a JSON row, or a JSONL file (see --index / --id)")
+    p.add_argument("--index", type=int, default=0, help="0-based row of the JSONL file (default 0)")
+    p.add_argument("--id", default=None, help="pick the JSONL row with this sample id instead of --index")
+    p.add_argument("--completion", required=True, help="completion text; '-' reads stdin, '@path' reads a file")
+    p.add_argument("--recipe", default=None,
+                   help="reward name, answer type, inline mapping '{accuracy: 1, format: 0.5}', or a YAML file "
+                        "(a recipe mapping or a run config); default: the sample's answer-type recipe")  # fmt: skip
+    p.add_argument("--box-format", choices=["qwen2", "qwen2_5", "qwen3", "plain"], default=None,
+                   help="box convention of the completion (default: the config's, else qwen2_5)")  # fmt: skip
+    p.add_argument("--answer-format", choices=["think_answer", "answer"], default=None)
+    p.add_argument("--gate", action="store_true", help="count accuracy only when the format holds")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(handler=_cmd_reward)
+
+
+def _load_one_sample(arg: str, index: int, sample_id: str | None):
+    from pathlib import Path
+
+    from vlgrpo.data.adapters import load_samples
+    from vlgrpo.data.schema import sample_from_dict
+    from vlgrpo.types import InputError
+
+    if arg.lstrip().startswith("{"):
+        try:
+            return sample_from_dict(json.loads(arg), "--sample", None, Path.cwd())
+        except json.JSONDecodeError as e:
+            raise InputError(f"--sample is not valid JSON ({e.msg} at column {e.colno})") from None
+    samples = load_samples(arg, format="jsonl").samples
+    if sample_id is not None:
+        found = [s for s in samples if s.id == sample_id]
+        if not found:
+            raise InputError(f"--id {sample_id!r}: no sample with that id in {arg}")
+        return found[0]
+    if not 0 <= index < len(samples):
+        raise InputError(f"--index {index} is out of range: {arg} holds {len(samples)} samples")
+    return samples[index]
+
+
+def _cmd_reward(args) -> int:
+    import dataclasses
+    from pathlib import Path
+
+    from vlgrpo.rewards import RewardContext, context_from_config
+    from vlgrpo.rewards.explain import explain, format_report, read_recipe
+    from vlgrpo.types import InputError
+
+    sample = _load_one_sample(args.sample, args.index, args.id)
+    if sample.image_size is None and isinstance(sample.image, str) and Path(sample.image).is_file():
+        from vlgrpo.data.images import image_size
+
+        sample.image_size = image_size(sample.image)
+    text = args.completion
+    if text == "-":
+        text = sys.stdin.read()
+    elif text.startswith("@"):
+        if not Path(text[1:]).is_file():
+            raise InputError(f"--completion {text}: file '{text[1:]}' does not exist")
+        text = Path(text[1:]).read_text()
+    recipe, cfg = read_recipe(args.recipe, sample.answer_type)
+    # Without a config the completion is read as Qwen2.5-VL output (the default model family).
+    ctx = RewardContext(box_format="qwen2_5")
+    if cfg is not None:
+        ctx = context_from_config(cfg, arch="qwen2_5_vl" if cfg.model.arch == "auto" else None)
+    flags = {"box_format": args.box_format, "answer_format": args.answer_format, "gate_accuracy_on_format": args.gate}
+    ctx = dataclasses.replace(ctx, **{k: v for k, v in flags.items() if v})
+    report = explain(text, sample, recipe, ctx)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 1 if report["failures"] else 0
+
+
+def add_plan_command(sub) -> None:
+    p = sub.add_parser("plan", help="per-GPU memory plan of a run: breakdown, verdict per GPU type, suggestions")
+    p.add_argument("config", nargs="?", help="run config YAML (default: built-in defaults with bfloat16)")
+    p.add_argument("--model", help="hub name (e.g. qwen2.5-vl-7b) or a directory with config.json")
+    p.add_argument("--params", type=float, help="plan model states for N trainable parameters, no model spec")
+    p.add_argument("--largest-layer", type=float, help="with --params: largest layer's parameters (ZeRO-3 buffer)")
+    p.add_argument("--gpus", type=int, help="GPUs of the run (train.num_gpus)")
+    p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="ZeRO stage (default: from train.backend)")
+    p.add_argument("--lora-rank", type=int, help="plan LoRA with this rank (train.backend=lora)")
+    p.add_argument("--offload", help="comma list of optimizer, param, reference, reward; or none")
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], help="model.dtype")
+    p.add_argument("--optimizer-states", choices=["fp32", "bf16"], help="fp32 master + moments (default) or bf16")
+    p.add_argument("--convention", choices=["16-byte", "18-byte"], help="18-byte: DeepSpeed's estimator convention")
+    p.add_argument("--beta", type=float, help="KL coefficient (grpo.beta); > 0 keeps a reference model")
+    p.add_argument("--reward-model-params", type=float, help="parameters of a neural reward model on each GPU")
+    p.add_argument("--critic", action="store_true", help="add a PPO critic of the policy's size (comparison)")
+    p.add_argument("--image-size", default="448x448", help="typical image WxH (default 448x448)")
+    p.add_argument("--text-tokens", type=int, default=64, help="typical text tokens of a prompt (default 64)")
+    p.add_argument("--logits-chunk", type=int, help="completion tokens whose logits are live at once")
+    p.add_argument("--gpu-type", default="A100-80GB", help="GPU the suggestions aim at (default A100-80GB)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
+    p.add_argument("--json", action="store_true", help="print JSON with every term in bytes")
+    p.set_defaults(handler=_cmd_plan)
+
+
+def _cmd_plan(args) -> int:
+    import dataclasses
+
+    from vlgrpo.config import load_config
+    from vlgrpo.memory.report import build_report, format_report, parse_image_size, parse_offload
+    from vlgrpo.memory.report import plan_input_from_config
+
+    flags = {"model.name_or_path": args.model, "train.num_gpus": args.gpus, "grpo.beta": args.beta,
+             "model.dtype": args.dtype or (None if args.config else "bfloat16"),
+             "train.backend": "lora" if args.lora_rank else None, "train.lora.rank": args.lora_rank}
+    overrides = [f"{k}={v}" for k, v in flags.items() if v is not None] + args.set
+    cfg = load_config(args.config, overrides)
+    inp = plan_input_from_config(cfg, params=int(args.params) if args.params else None,
+                                 image_size=parse_image_size(args.image_size), text_tokens=args.text_tokens)
+    changes = {"zero_stage": args.zero, "offload": parse_offload(args.offload) if args.offload else None,
+               "optimizer_states": args.optimizer_states, "convention": args.convention,
+               "largest_layer": int(args.largest_layer) if args.largest_layer else None,
+               "reward_model_params": int(args.reward_model_params) if args.reward_model_params else None,
+               "critic": args.critic or None, "logits_chunk": args.logits_chunk}
+    inp = dataclasses.replace(inp, **{k: v for k, v in changes.items() if v is not None})
+    report = build_report(inp, args.gpu_type)
+    if args.json:
+        _print_json(report)
+    else:
+        print(format_report(report))
+    return 0
+
+
+def _add_data_pope(dsub) -> None:
+    from vlgrpo.evals.pope_build import SOURCE_FORMATS, TEMPLATE
+
+    p = dsub.add_parser(
+        "pope", help="build POPE probe files (random / popular / adversarial) from per-image object lists",
+        description="Writes {name}_pope_{split}.jsonl in POPE's format (question_id, image, text, label) plus "
+        "{name}_pope_build.json. Images with fewer than --min-objects distinct objects are skipped and counted.",
+    )  # fmt: skip
+    p.add_argument("--source", required=True,
+                   help="COCO instances JSON, POPE's objects JSONL, or a Sample dataset (e.g. shapes train.jsonl)")
+    p.add_argument("--format", choices=SOURCE_FORMATS, default="auto")
+    p.add_argument("--out", required=True, help="directory for the question files")
+    p.add_argument("--name", default="pope", help="file prefix (default: pope)")
+    p.add_argument("--n-images", type=int, default=500, help="images per split (default 500; 0 = all eligible)")
+    p.add_argument("--per-image", type=int, default=3, help="yes and no questions per image (default 3 + 3)")
+    p.add_argument("--min-objects", type=int, default=3, help="skip images with fewer distinct objects (default 3)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--template", default=TEMPLATE, help=f"question with {{object}} (default: {TEMPLATE!r})")
+    p.add_argument("--split", default="train", help="split to read when the source is a saved HF DatasetDict")
+    p.set_defaults(handler=_cmd_data_pope)
+
+
+def _cmd_data_pope(args) -> int:
+    from vlgrpo.evals.pope_build import build_pope, read_object_lists, write_pope
+
+    images = read_object_lists(args.source, args.format, split=args.split)
+    pope = build_pope(images, args.n_images or None, args.per_image, args.min_objects, args.seed, args.template)
+    paths = write_pope(pope, args.out, args.name)
+    print(f"{pope.read} images read, {pope.skipped} skipped (< {args.min_objects} distinct objects), "
+          f"{len(pope.images)} selected")  # fmt: skip
+    for split, path in paths.items():
+        yes = sum(r["label"] == "yes" for r in pope.questions[split])
+        print(f"{split}: {len(pope.questions[split])} questions ({yes} yes) -> {path}")
+    return 0
+
+
+def add_eval_command(sub) -> None:
+    from vlgrpo.evals.pope_score import PARSERS
+
+    p = sub.add_parser("eval", help="evaluate: score an existing predictions file (no model needed)")
+    # Actions are subcommands; required=False leaves room for a bare `vlgrpo eval --model ...` (model-run) form,
+    # whose handler replaces _cmd_eval_usage below.
+    esub = p.add_subparsers(dest="eval_command", required=False, metavar="ACTION")
+    p.set_defaults(handler=_cmd_eval_usage)
+    score = esub.add_parser(
+        "score", help="score predictions produced anywhere (POPE's JSONL: question_id, text, label, split)",
+        description="text = the model's answer, label = yes/no, split optional. Prints per-split accuracy, "
+        "precision, recall, f1, yes_ratio (of the predictions) and the unknown count.",
+    )  # fmt: skip
+    score.add_argument("--suite", choices=["pope"], required=True)
+    score.add_argument("--pred", required=True, help="predictions JSONL")
+    score.add_argument("--parser", choices=PARSERS, default="pope",
+                       help="pope: the original rule (default); vlmevalkit: yes/no/unknown; strict: exactly yes/no")
+    score.add_argument("--split", default="all", help="split name for rows without a 'split' key (default: all)")
+    score.add_argument("--json", action="store_true", help="print JSON: per split accuracy, precision, ...")
+    score.set_defaults(handler=_cmd_eval_score)
+
+
+def _cmd_eval_usage(args) -> int:
+    print("error: choose an action, e.g. `vlgrpo eval score --suite pope --pred FILE` (see vlgrpo eval --help)",
+          file=sys.stderr)  # fmt: skip
+    return 2
+
+
+def _cmd_eval_score(args) -> int:
+    from vlgrpo.evals.pope_score import format_report, read_predictions, score_predictions
+
+    result = {"suite": args.suite, "pred": args.pred,
+              **score_predictions(read_predictions(args.pred, args.split), args.parser)}  # fmt: skip
+    if args.json:
+        _print_json(result)
+    else:
+        print(format_report(result))
+    return 0
+
+
+def add_train_command(sub) -> None:
+    p = sub.add_parser("train", help="run GRPO (or the SFT cold start) from a config file")
+    p.add_argument("config", help="YAML file holding only what differs from the defaults")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=1e-5 grpo.beta=0.04")
+    p.add_argument("--out", help="run directory (default: train.output_dir)")
+    p.set_defaults(handler=_cmd_train)
+
+
+def _cmd_train(args) -> int:
+    from vlgrpo.config import load_config
+    from vlgrpo.trainer import run_training
+
+    cfg = load_config(args.config, args.overrides)
+    history = run_training(cfg, args.out)
+    if history:
+        last = history[-1]
+        shown = {k: round(v, 4) for k, v in last.items() if k.startswith(("reward/", "train/loss")) and isinstance(v, float)}
+        print(f"finished step {last['step']}: {shown}")
+    return 0
+
+
+def add_export_command(sub) -> None:
+    p = sub.add_parser("export", help="write a plain HF checkpoint (LoRA merged) from a run directory")
+    p.add_argument("run_dir", help="a run directory holding config.yaml and checkpoints/")
+    p.add_argument("--out", required=True, help="directory for the HF checkpoint")
+    p.set_defaults(handler=_cmd_export)
+
+
+def _cmd_export(args) -> int:
+    from vlgrpo.trainer.checkpoint import export_run
+
+    out = export_run(args.run_dir, args.out)
+    print(f"exported {args.run_dir} -> {out}")
     return 0
 
 

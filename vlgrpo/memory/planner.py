@@ -1,0 +1,363 @@
+"""Per-GPU memory arithmetic of a GRPO run: one term per memory consumer, phase peaks, verdicts, suggestions.
+
+Pure arithmetic on a small `PlanInput` (no torch, no config tree: `report.plan_input_from_config` maps the
+config onto it). Every formula and assumption is written out in docs/memory.md. All sizes are bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from vlgrpo.memory.specs import ModelSpec, PlanError, kv_cache_bytes, lora_params
+
+GB = 10**9  # decimal gigabyte: every printed "GB"
+MIB = 2**20
+
+# Total memory nvidia-smi reports for each card (the CUDA context is counted separately as `overhead`).
+GPU_TYPES: dict[str, int] = {
+    "A100-40GB": 40960 * MIB,
+    "A100-80GB": 81920 * MIB,
+    "H100-80GB": 81559 * MIB,
+    "H200-141GB": 143771 * MIB,
+}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+OFFLOAD_TARGETS = ("optimizer", "param", "reference", "reward")
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    """Everything one plan needs; build it from a config with `plan_input_from_config` or by hand."""
+
+    spec: ModelSpec | None = None
+    """Architecture; None plans model states only, for `params` parameters."""
+    params: int | None = None
+    """Parameter count when there is no spec (all of them trainable)."""
+    largest_layer: int = 0
+    """Largest layer's parameters when there is no spec (ZeRO-3 gather buffer)."""
+    dtype_bytes: int = 2
+    """Bytes of a weight / activation / KV element in the training dtype (bf16 2, fp32 4)."""
+    trainable: tuple[str, ...] = ("language",)
+    """Parts trained in a full fine-tune: any of vision, merger, language."""
+    lora_rank: int | None = None
+    """LoRA rank; None is a full fine-tune of `trainable`."""
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    zero_stage: int = 0
+    num_gpus: int = 1
+    offload: frozenset[str] = frozenset()
+    """Any of optimizer, param (ZeRO-3), reference, reward: kept in CPU memory."""
+    optimizer_states: str = "fp32"
+    """fp32: Adam with fp32 master + two fp32 moments; bf16: two 16-bit moments, no master copy."""
+    convention: str = "16-byte"
+    """16-byte (mixed precision) or 18-byte (DeepSpeed's estimators: + fp32 grads, + 4 B x largest layer)."""
+    beta: float = 0.0
+    """KL coefficient; 0 means no reference model."""
+    reward_model_params: int = 0
+    critic: bool = False
+    """Add a PPO critic (value model of the policy's size) for comparison."""
+    micro_batch: int = 8
+    prompts_per_step: int = 2
+    completions_per_prompt: int = 8
+    text_tokens: int = 64
+    image_tokens: int = 256
+    completion_tokens: int = 128
+    max_prompt_length: int = 1024
+    gradient_checkpointing: bool = False
+    logits_chunk: int | None = None
+    """Completion tokens whose logits are live at once in the log-prob pass (None: all of them)."""
+    engine: str = "hf"
+    vllm_gpu_memory_utilization: float = 0.5
+    vllm_placement: str = "colocate"
+    rollout_gpus: int = 0
+    vllm_sleep: bool = True
+    tensor_parallel: int = 1
+    vision_cache_bytes: int = 2 * 1024**3
+    overhead_bytes: int = 2 * 1024**3
+    """CUDA context, NCCL buffers and allocator slack per GPU."""
+
+
+# ---------------------------------------------------------------- the arithmetic
+
+
+def _counts(inp: PlanInput) -> tuple[int, int, int]:
+    """(total parameters, trainable parameters, largest layer)."""
+    if inp.spec is None:
+        if not inp.params or inp.params <= 0:
+            raise PlanError("give a model (--model NAME_OR_PATH or model.name_or_path) or --params N > 0")
+        return int(inp.params), int(inp.params), inp.largest_layer
+    s = inp.spec
+    parts = {"vision": s.vision_params(), "merger": s.merger_params(), "language": s.language_params()}
+    if inp.lora_rank:  # frozen base + adapters
+        adapters = lora_params(s, inp.lora_rank, inp.lora_targets)
+        return s.total_params() + adapters, adapters, s.largest_layer_params()
+    bad = [p for p in inp.trainable if p not in parts]
+    if bad:
+        raise PlanError(f"trainable parts {bad} are unknown; accepted: vision, merger, language")
+    return s.total_params(), sum(parts[p] for p in inp.trainable), s.largest_layer_params()
+
+
+def bytes_per_param(inp: PlanInput) -> dict[str, int]:
+    """Bytes per trainable parameter of weights, gradients and optimiser states (before sharding)."""
+    if inp.optimizer_states not in ("fp32", "bf16"):
+        raise PlanError(f"optimizer states {inp.optimizer_states!r}; accepted: fp32, bf16")
+    if inp.convention not in ("16-byte", "18-byte"):
+        raise PlanError(f"convention {inp.convention!r}; accepted: 16-byte, 18-byte")
+    w = 4 if inp.lora_rank else inp.dtype_bytes  # PEFT keeps adapters in fp32 (autocast_adapter_dtype)
+    if inp.optimizer_states == "bf16":
+        return {"weights": w, "gradients": w, "optimizer": 2 * 2}
+    master = 4 if w < 4 else 0  # an fp32 master copy only when the weights are 16-bit
+    extra_grad = 0
+    if inp.convention == "18-byte" and w < 4:
+        # DeepSpeed's estimators: ZeRO-1/2 count 2 B weights + 18 B states (bf16 + fp32 gradients, master, moments);
+        # ZeRO-3 counts 18 B in all, i.e. one 4-byte gradient copy next to the 2-byte weights.
+        extra_grad = 2 if inp.zero_stage == 3 else 4
+    return {"weights": w, "gradients": w + extra_grad, "optimizer": master + 8}
+
+
+def train_gpus(inp: PlanInput) -> int:
+    """D: data-parallel training GPUs (all of them, minus vLLM's own GPUs in split placement)."""
+    split = inp.engine == "vllm" and inp.vllm_placement == "split"
+    return inp.num_gpus - (inp.rollout_gpus if split else 0)
+
+
+def check(inp: PlanInput) -> None:
+    """Reject inputs the arithmetic would silently misread."""
+    rules = [
+        (inp.zero_stage in (0, 1, 2, 3), f"ZeRO stage {inp.zero_stage}; accepted: 0, 1, 2, 3"),
+        (inp.engine in ("hf", "vllm"), f"rollout engine {inp.engine!r}; accepted: hf, vllm"),
+        (inp.vllm_placement in ("colocate", "split"),
+         f"vLLM placement {inp.vllm_placement!r}; accepted: colocate, split"),
+        (not inp.offload - set(OFFLOAD_TARGETS),
+         f"--offload {sorted(inp.offload)}; accepted: {', '.join(OFFLOAD_TARGETS)}"),
+        ("param" not in inp.offload or inp.zero_stage == 3, "--offload param needs ZeRO-3 (--zero 3 or "
+                                                            "train.backend=zero3): only ZeRO-3 partitions weights"),
+        (inp.num_gpus >= 1 and train_gpus(inp) >= 1, f"no training GPUs: {inp.num_gpus} GPUs, "
+                                                      f"{inp.rollout_gpus} of them for vLLM"),
+        (min(inp.micro_batch, inp.prompts_per_step, inp.completions_per_prompt, inp.tensor_parallel) >= 1,
+         "micro-batch, prompts per step, completions per prompt and tensor parallel size must be >= 1"),
+    ]
+    for ok, why in rules:
+        if not ok:
+            raise PlanError(why)
+
+
+def model_states(inp: PlanInput, trainable: int, total: int) -> dict[str, dict[str, int]]:
+    """Weights, gradients and optimiser states on one GPU and in CPU memory, after ZeRO sharding and offload.
+
+    ZeRO-1 shards optimiser states over D GPUs, ZeRO-2 also gradients, ZeRO-3 also weights. Offloading the
+    optimiser moves the gradient partitions too from ZeRO-2 on (DeepSpeed's ZeRO-Offload).
+    """
+    d, bpp, z = train_gpus(inp), bytes_per_param(inp), inp.zero_stage
+    weights = trainable * bpp["weights"] + (total - trainable) * inp.dtype_bytes  # frozen part in the model dtype
+    terms = {
+        "weights": weights / d if z >= 3 else weights,
+        "gradients": trainable * bpp["gradients"] / (d if z >= 2 else 1),
+        "optimizer": trainable * bpp["optimizer"] / (d if z >= 1 else 1),
+    }
+    on_cpu = {"optimizer": "optimizer" in inp.offload, "gradients": "optimizer" in inp.offload and z >= 2,
+              "weights": "param" in inp.offload}
+    gpu = {k: 0 if on_cpu[k] else int(v) for k, v in terms.items()}
+    cpu = {k: int(v) if on_cpu[k] else 0 for k, v in terms.items()}
+    return {"gpu": gpu, "cpu": cpu}
+
+
+def activation_bytes(inp: PlanInput, seq_len: int) -> int:
+    """Saved activations of one micro-batch (flash/SDPA attention, so no T² term; docs/memory.md)."""
+    s, b, mb = inp.spec, inp.dtype_bytes, inp.micro_batch
+    if s is None:
+        return 0
+    # Per token per decoder layer: norm in, q_proj in, q, k, v, attn out, norm in, MLP in; gate, up, act, product.
+    per_layer = b * (6 * s.hidden + 2 * s.kv_heads * s.head_dim + 4 * s.intermediate) * mb * seq_len
+    lm = (b * s.hidden * mb * seq_len * s.layers + per_layer) if inp.gradient_checkpointing else per_layer * s.layers
+    if "vision" not in inp.trainable or inp.lora_rank:
+        return lm  # frozen ViT: features come from the cache, no graph through the tower
+    patches = mb * inp.image_tokens * s.merge**2  # [mb, 4N] ViT tokens before the 2x2 merge
+    mlp = 4 if s.family == "qwen2_5_vl" else 2  # SwiGLU saves gate, up, act, product; GELU MLP saves fc1, act
+    per_vit = b * (8 * s.vision_hidden + mlp * s.vision_intermediate) * patches
+    vit = (b * s.vision_hidden * patches * s.vision_depth + per_vit) if inp.gradient_checkpointing else (
+        per_vit * s.vision_depth)
+    return lm + vit
+
+
+def logits_bytes(inp: PlanInput) -> int:
+    """Log-prob pass on completion tokens only (logits_to_keep): lm_head output + fp32 copy + fp32 log_softmax."""
+    vocab = inp.spec.vocab if inp.spec else 0
+    chunk = min(inp.logits_chunk or inp.completion_tokens, inp.completion_tokens)
+    return inp.micro_batch * chunk * vocab * (inp.dtype_bytes + 4 + 4)  # [mb, C, V]
+
+
+def rollout_terms(inp: PlanInput, engine_params: int) -> dict[str, int]:
+    """Engine weights and KV cache on one rollout GPU (HF: the policy's own weights, KV expanded G ways)."""
+    s, prompt, c, g = inp.spec, inp.text_tokens + inp.image_tokens, inp.completion_tokens, inp.completions_per_prompt
+    prompts = inp.prompts_per_step
+    if inp.engine == "vllm" and inp.vllm_placement == "split":  # vLLM GPUs serve every training rank's prompts
+        prompts = math.ceil(prompts * train_gpus(inp) / max(inp.rollout_gpus, 1))
+    if inp.engine == "vllm":
+        weights = engine_params * inp.dtype_bytes // inp.tensor_parallel
+        tokens = prompts * (prompt + g * c)  # prefix caching: the prompt's KV is stored once per group
+    else:
+        weights, tokens = 0, prompts * g * (prompt + c)
+    kv = 0 if s is None else kv_cache_bytes(s.layers, s.kv_heads, s.head_dim, 1, tokens, inp.dtype_bytes)
+    return {"rollout_weights": weights, "kv_cache": kv // inp.tensor_parallel}
+
+
+def plan(inp: PlanInput) -> dict[str, Any]:
+    """Per-GPU and CPU bytes of every term, the phase totals and the conventions used."""
+    check(inp)
+    total, trainable, largest = _counts(inp)
+    d, shard = train_gpus(inp), train_gpus(inp) if inp.zero_stage == 3 else 1
+    states = model_states(inp, trainable, total)
+    ref = total * inp.dtype_bytes // shard if inp.beta > 0 and not inp.lora_rank else 0  # LoRA: adapter disabled
+    reward = inp.reward_model_params * inp.dtype_bytes // shard
+    seq = inp.text_tokens + inp.image_tokens + inp.completion_tokens
+    roll = rollout_terms(inp, total - trainable if inp.lora_rank else total)  # vLLM holds merged LoRA weights
+    # ZeRO-3 gathers one full layer at a time: DeepSpeed's estimator counts it at 4 B, the 16-byte plan at the dtype
+    gather = largest * (4 if inp.convention == "18-byte" else inp.dtype_bytes) if inp.zero_stage == 3 else 0
+    g = {**states["gpu"], "model_states": sum(states["gpu"].values()), "zero3_gather": gather,
+         "reference": 0 if "reference" in inp.offload else ref,
+         "reward_model": 0 if "reward" in inp.offload else reward,
+         "critic": sum(states["gpu"].values()) if inp.critic else 0,  # PPO: a value model mirroring the actor
+         "activations": activation_bytes(inp, seq), "logits": logits_bytes(inp), **roll,
+         "vision_cache": inp.vision_cache_bytes
+         + inp.prompts_per_step * inp.image_tokens * (inp.spec.hidden if inp.spec else 0) * inp.dtype_bytes,
+         "overhead": inp.overhead_bytes}
+    resident = sum(g[k] for k in ("weights", "optimizer", "reference", "reward_model", "critic", "vision_cache",
+                                  "overhead"))
+    g["train_phase"] = resident + sum(g[k] for k in ("gradients", "zero3_gather", "activations", "logits"))
+    split = inp.engine == "vllm" and inp.vllm_placement == "split"
+    g["rollout_phase"] = (g["overhead"] if split else resident) + roll["rollout_weights"] + roll["kv_cache"]
+    g["total"] = max(g["train_phase"], g["rollout_phase"])
+    cpu = {**states["cpu"], "reference": ref if "reference" in inp.offload else 0,
+           "reward_model": reward if "reward" in inp.offload else 0,
+           "rollout_weights_asleep": roll["rollout_weights"] if not split and inp.engine == "vllm" and inp.vllm_sleep
+           else 0}  # vLLM's sleep level 1 parks its weights in CPU memory during the update
+    cpu["per_rank"] = sum(cpu.values())
+    cpu["all_ranks"] = cpu["per_rank"] * d
+    warnings = [] if inp.text_tokens + inp.image_tokens <= inp.max_prompt_length else [
+        f"prompt of {inp.text_tokens + inp.image_tokens} tokens (text {inp.text_tokens} + image {inp.image_tokens}) "
+        f"exceeds data.max_prompt_length={inp.max_prompt_length}: such samples are skipped"]
+    counts = {"total_params": total, "trainable_params": trainable, "largest_layer_params": largest,
+              "train_gpus": d, "prompt_tokens": inp.text_tokens + inp.image_tokens, "sequence_tokens": seq}
+    return {"counts": counts, "per_gpu": g, "cpu": cpu, "conventions": conventions(inp), "warnings": warnings}
+
+
+def conventions(inp: PlanInput) -> dict[str, str]:
+    """Which convention each figure uses, in words (also printed under the table)."""
+    b = bytes_per_param(inp)
+    ds = inp.convention == "18-byte"
+    return {
+        "model_states": f"{inp.convention} convention: {b['weights']} B weights + {b['gradients']} B gradients + "
+                        f"{b['optimizer']} B optimiser states per trainable parameter"
+                        + (" (DeepSpeed's estimators: bf16 + fp32 gradients)" if ds else ""),
+        "zero3_gather": f"ZeRO-3 only: largest layer x {4 if ds else inp.dtype_bytes} B"
+                        + (" (DeepSpeed's estimator)" if ds else ""),
+        "units": "bytes; printed GB are decimal (1 GB = 1e9 B)",
+        "activations": "flash/SDPA attention (no T^2 term); with checkpointing only each layer's input is kept",
+        "logits": "completion tokens only (logits_to_keep); lm_head output + fp32 copy + fp32 log_softmax",
+        "kv_cache": "2 x layers x kv_heads x head_dim x bytes per token; vLLM stores a group's prompt once",
+    }
+
+
+# ---------------------------------------------------------------- verdicts and suggestions
+
+
+def peak_on(inp: PlanInput, per_gpu: dict[str, int], capacity: int) -> tuple[int, bool, list[str]]:
+    """Peak bytes on a card of `capacity`, whether the rollout engine can start, and warnings.
+
+    vLLM takes gpu_memory_utilization x capacity up front (weights + KV blocks) whatever the batch needs; with
+    sleep mode it frees that during the update, without it the budget stays taken.
+    """
+    if inp.engine != "vllm":
+        return per_gpu["total"], True, []
+    budget = int(inp.vllm_gpu_memory_utilization * capacity)
+    weights, kv = per_gpu["rollout_weights"], per_gpu["kv_cache"]
+    warnings, startable = [], weights < budget
+    if not startable:
+        warnings.append(f"vLLM weights ({weights / GB:.1f} GB) exceed its budget ({budget / GB:.1f} GB): raise "
+                        f"rollout.vllm.gpu_memory_utilization above {weights / capacity:.2f}")
+    elif weights + kv > budget:
+        u = math.ceil((weights + kv) / capacity * 20) / 20
+        fix = f"rollout.vllm.gpu_memory_utilization={u:.2f} would hold them all" if u <= 1 else "lower B or G"
+        warnings.append(f"KV cache of every sequence needs {kv / GB:.1f} GB, vLLM's budget leaves "
+                        f"{(budget - weights) / GB:.1f} GB: it will run fewer sequences at once (slower, not OOM); "
+                        + fix)
+    if inp.vllm_placement == "split":
+        return max(per_gpu["train_phase"], per_gpu["overhead"] + budget), startable, warnings
+    resident = per_gpu["rollout_phase"] - weights - kv
+    train = per_gpu["train_phase"] + (0 if inp.vllm_sleep else budget)
+    return max(train, resident + budget), startable, warnings
+
+
+def verdicts(inp: PlanInput, per_gpu: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """Fit and headroom (capacity - peak) on each GPU type."""
+    out = {}
+    for name, capacity in GPU_TYPES.items():
+        peak, startable, warnings = peak_on(inp, per_gpu, capacity)
+        out[name] = {"fits": peak <= capacity and startable, "headroom_bytes": capacity - peak,
+                     "capacity_bytes": capacity, "peak_bytes": peak, "warnings": warnings}
+    return out
+
+
+def _candidates(inp: PlanInput) -> list[tuple[str, PlanInput]]:
+    """Single changes that lower the peak, cheapest in speed first: (config key or flag, changed input)."""
+    rep, c = dataclasses.replace, []
+    if not inp.gradient_checkpointing and inp.spec is not None:
+        c.append(("model.gradient_checkpointing=true", rep(inp, gradient_checkpointing=True)))
+    if inp.micro_batch > 1 and inp.micro_batch % 2 == 0:
+        c.append((f"train.micro_batch_completions={inp.micro_batch // 2}", rep(inp, micro_batch=inp.micro_batch // 2)))
+    if inp.beta > 0 and not inp.lora_rank and "reference" not in inp.offload:
+        c.append(("--offload reference", rep(inp, offload=inp.offload | {"reference"})))
+    for stage in sorted({inp.zero_stage + 1, 3}) if inp.zero_stage < 3 and train_gpus(inp) > 1 else []:
+        c.append(("train.backend=zero3" if stage == 3 else f"--zero {stage}", rep(inp, zero_stage=stage)))
+    if not inp.lora_rank and inp.spec is not None:
+        c.append(("train.backend=lora (rank 16)", rep(inp, lora_rank=16)))
+    if "optimizer" not in inp.offload:
+        key = "train.zero3.offload_optimizer=true" if inp.zero_stage == 3 else "--offload optimizer"
+        c.append((key, rep(inp, offload=inp.offload | {"optimizer"})))
+    if inp.zero_stage == 3 and "param" not in inp.offload:
+        c.append(("train.zero3.offload_param=true", rep(inp, offload=inp.offload | {"param"})))
+    if inp.engine == "vllm" and inp.vllm_placement == "colocate" and inp.num_gpus >= 2:
+        r = max(1, inp.num_gpus // 4)
+        c.append((f"rollout.vllm.placement=split rollout.vllm.rollout_gpus={r}",
+                  rep(inp, vllm_placement="split", rollout_gpus=r)))
+    return c
+
+
+def _knob(change: str) -> str:
+    """What a suggested change turns: later steps on the same knob replace earlier ones in a combination."""
+    if change.startswith("--zero") or change == "train.backend=zero3":
+        return "zero"
+    return "lora" if "lora" in change else change.split("=")[0]
+
+
+def suggestions(inp: PlanInput, gpu_type: str) -> list[dict[str, Any]]:
+    """When the plan does not fit `gpu_type`: each single change with its new peak, then (when no single change
+    fits) a greedy combination that takes the change lowering the peak most until it fits."""
+    if gpu_type not in GPU_TYPES:
+        raise PlanError(f"GPU type {gpu_type!r}; accepted: {', '.join(GPU_TYPES)}")
+    cap = GPU_TYPES[gpu_type]
+
+    def peak(x: PlanInput) -> int:
+        p, startable, _ = peak_on(x, plan(x)["per_gpu"], cap)
+        return p if startable else cap + p  # an engine that cannot start never fits
+
+    if peak(inp) <= cap:
+        return []
+    out = [{"change": change, "peak_bytes": peak(alt), "fits": peak(alt) <= cap, "gpu_type": gpu_type}
+           for change, alt in _candidates(inp)]
+    if any(o["fits"] for o in out):
+        return out
+    combo: dict[str, str] = {}  # config key -> change, so a later micro-batch or ZeRO step replaces an earlier one
+    current = inp
+    while peak(current) > cap:
+        options = [(peak(alt), change, alt) for change, alt in _candidates(current)]
+        best = min(options, key=lambda o: o[0], default=None)
+        if best is None or best[0] >= peak(current):
+            break
+        combo[_knob(best[1])] = best[1]
+        current = best[2]
+    out.append({"change": " + ".join(combo.values()) or "nothing helps enough", "peak_bytes": peak(current),
+                "fits": peak(current) <= cap, "gpu_type": gpu_type})
+    return out

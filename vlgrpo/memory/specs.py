@@ -1,0 +1,185 @@
+"""Model specs for the memory planner: architecture numbers of Qwen2-VL / Qwen2.5-VL and parameter counts.
+
+Built-in table of the released checkpoints, or a local HF `config.json`; parameter counts come from the
+architecture formulas (checked against transformers in the tests). Pure arithmetic: no torch, no weights.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vlgrpo.types import InputError
+
+LM_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
+VISION_LINEARS = ("qkv", "proj", "fc1", "fc2", "visual.gate_proj", "visual.up_proj", "visual.down_proj")
+
+
+class PlanError(InputError):
+    """An input the planner cannot use; the message names the flag, key or file and the accepted values."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture numbers of a Qwen2-VL / Qwen2.5-VL checkpoint (language model + vision tower + merger)."""
+
+    name: str
+    family: str  # qwen2_vl (LayerNorm, GELU MLP in the ViT) or qwen2_5_vl (RMSNorm, SwiGLU MLP in the ViT)
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tie_embeddings: bool
+    vision_depth: int = 32
+    vision_hidden: int = 1280
+    vision_intermediate: int = 3420
+    patch: int = 14
+    merge: int = 2
+    temporal_patch: int = 2
+    in_channels: int = 3
+
+    def language_params(self) -> int:
+        h, kv = self.hidden, self.kv_heads * self.head_dim
+        attn = (h * self.heads * self.head_dim + self.heads * self.head_dim) + 2 * (h * kv + kv)  # q, k, v + biases
+        attn += self.heads * self.head_dim * h  # o_proj, no bias
+        layer = attn + 3 * h * self.intermediate + 2 * h  # SwiGLU gate/up/down + two RMSNorms
+        embeddings = self.vocab * h * (1 if self.tie_embeddings else 2)  # embed_tokens (+ lm_head unless tied)
+        return self.layers * layer + embeddings + h  # + final norm
+
+    def vision_params(self) -> int:
+        """ViT blocks and the conv3d patch embedding (the merger is counted apart)."""
+        hv, iv = self.vision_hidden, self.vision_intermediate
+        norms = 2 * (2 * hv if self.family == "qwen2_vl" else hv)  # LayerNorm has a bias, RMSNorm does not
+        attn = (hv * 3 * hv + 3 * hv) + (hv * hv + hv)
+        mlp = 2 * (hv * iv + iv) + (iv * hv + hv) if self.family == "qwen2_5_vl" else (hv * iv + iv) + (iv * hv + hv)
+        patch_embed = self.in_channels * self.temporal_patch * self.patch * self.patch * hv
+        return self.vision_depth * (norms + attn + mlp) + patch_embed
+
+    def merger_params(self) -> int:
+        m = self.vision_hidden * self.merge**2  # 2x2 neighbouring patches concatenated
+        ln = 2 * self.vision_hidden if self.family == "qwen2_vl" else self.vision_hidden
+        return ln + (m * m + m) + (m * self.hidden + self.hidden)
+
+    def total_params(self) -> int:
+        return self.language_params() + self.vision_params() + self.merger_params()
+
+    def largest_layer_params(self) -> int:
+        """Largest single module (DeepSpeed's `largest_layer_params`): the embedding / lm_head for Qwen."""
+        h, q, hv, iv, m = (self.hidden, self.heads * self.head_dim, self.vision_hidden, self.vision_intermediate,
+                           self.vision_hidden * self.merge**2)
+        return max(
+            self.vocab * h, h * self.intermediate, h * q + q,  # embedding / lm_head, MLP linear, q_proj
+            self.in_channels * self.temporal_patch * self.patch**2 * hv,  # conv3d patch embedding
+            hv * 3 * hv + 3 * hv, hv * iv + iv, m * m + m, m * h + h,  # ViT qkv and MLP linear, merger linears
+        )
+
+
+def _qwen2_5(name, hidden, inter, layers, heads, kv, vocab, tie, vis_inter=3420) -> ModelSpec:
+    return ModelSpec(name, "qwen2_5_vl", hidden, inter, layers, heads, kv, hidden // heads, vocab, tie,
+                     vision_intermediate=vis_inter)
+
+
+def _qwen2(name, hidden, inter, layers, heads, kv, vocab, tie) -> ModelSpec:
+    return ModelSpec(name, "qwen2_vl", hidden, inter, layers, heads, kv, hidden // heads, vocab, tie,
+                     vision_intermediate=4 * 1280)  # mlp_ratio 4 x embed_dim 1280
+
+
+# Public config.json values of the released checkpoints.
+MODEL_TABLE: dict[str, ModelSpec] = {s.name: s for s in (
+    _qwen2("Qwen/Qwen2-VL-2B-Instruct", 1536, 8960, 28, 12, 2, 151936, True),
+    _qwen2("Qwen/Qwen2-VL-7B-Instruct", 3584, 18944, 28, 28, 4, 152064, False),
+    _qwen2_5("Qwen/Qwen2.5-VL-3B-Instruct", 2048, 11008, 36, 16, 2, 151936, True),
+    _qwen2_5("Qwen/Qwen2.5-VL-7B-Instruct", 3584, 18944, 28, 28, 4, 152064, False),
+    _qwen2_5("Qwen/Qwen2.5-VL-32B-Instruct", 5120, 27648, 64, 40, 8, 152064, False, vis_inter=3456),
+    _qwen2_5("Qwen/Qwen2.5-VL-72B-Instruct", 8192, 29568, 80, 64, 8, 152064, False, vis_inter=3456),
+)}
+
+
+def _short(name: str) -> str:
+    n = name.lower().strip().removeprefix("qwen/")
+    return n.removesuffix("-instruct")
+
+
+def spec_from_config_json(path: str | Path) -> ModelSpec:
+    """Read a Qwen2-VL / Qwen2.5-VL HF config.json (text keys under `text_config` or at the top level)."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise PlanError(f"cannot read model config '{path}': {e}") from None
+    family = raw.get("model_type")
+    if family not in ("qwen2_vl", "qwen2_5_vl"):
+        raise PlanError(f"'{path}': model_type {family!r} is not supported; accepted: qwen2_vl, qwen2_5_vl")
+    text, vis = {**raw, **(raw.get("text_config") or {})}, raw.get("vision_config") or {}
+
+    def need(d: dict, key: str, where: str) -> Any:
+        if key not in d:
+            raise PlanError(f"'{path}' has no {where}{key}; the planner needs it to count parameters")
+        return d[key]
+
+    heads = need(text, "num_attention_heads", "")
+    hidden = need(text, "hidden_size", "")
+    if family == "qwen2_vl":
+        hv = need(vis, "embed_dim", "vision_config.")
+        iv = int(hv * vis.get("mlp_ratio", 4))
+    else:
+        hv, iv = need(vis, "hidden_size", "vision_config."), need(vis, "intermediate_size", "vision_config.")
+    return ModelSpec(
+        name=str(path.parent), family=family, hidden=hidden,
+        intermediate=need(text, "intermediate_size", ""), layers=need(text, "num_hidden_layers", ""),
+        heads=heads, kv_heads=text.get("num_key_value_heads") or heads,
+        head_dim=text.get("head_dim") or hidden // heads, vocab=need(text, "vocab_size", ""),
+        tie_embeddings=bool(text.get("tie_word_embeddings", False)),
+        vision_depth=need(vis, "depth", "vision_config."), vision_hidden=hv, vision_intermediate=iv,
+        patch=vis.get("patch_size", 14), merge=vis.get("spatial_merge_size", 2),
+        temporal_patch=vis.get("temporal_patch_size", 2), in_channels=vis.get("in_channels", vis.get("in_chans", 3)),
+    )
+
+
+def resolve_model(name_or_path: str) -> ModelSpec:
+    """A directory with config.json (or the file), else a table name like `qwen2.5-vl-7b` (any case, -Instruct
+    optional)."""
+    p = Path(name_or_path)
+    if p.is_dir() and (p / "config.json").is_file():
+        return spec_from_config_json(p / "config.json")
+    if p.is_file() and p.name.endswith(".json"):
+        return spec_from_config_json(p)
+    by_short = {_short(k): v for k, v in MODEL_TABLE.items()}
+    if _short(name_or_path) in by_short:
+        return by_short[_short(name_or_path)]
+    raise PlanError(
+        f"model '{name_or_path}' is neither a directory holding config.json nor a known model; known: "
+        f"{', '.join(MODEL_TABLE)} (short forms like qwen2.5-vl-7b work too), or plan with --params N"
+    )
+
+
+def lora_params(spec: ModelSpec, rank: int, targets: tuple[str, ...]) -> int:
+    """Adapter parameters r·(in + out) per targeted linear layer (language model; ViT names when listed)."""
+    h, kv, i, q = spec.hidden, spec.kv_heads * spec.head_dim, spec.intermediate, spec.heads * spec.head_dim
+    hv, iv = spec.vision_hidden, spec.vision_intermediate
+    lm = {"q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h,
+          "gate_proj": h + i, "up_proj": h + i, "down_proj": i + h}
+    vit = {"qkv": 4 * hv, "proj": 2 * hv, "fc1": hv + iv, "fc2": iv + hv,
+           "visual.gate_proj": hv + iv, "visual.up_proj": hv + iv, "visual.down_proj": iv + hv}
+    bad = [t for t in targets if t not in lm and t not in vit and t != "lm_head"]
+    if bad:
+        raise PlanError(f"train.lora.target_modules has {bad}; accepted: {', '.join(LM_LINEARS + VISION_LINEARS)}")
+    total = 0
+    for t in targets:
+        if t == "lm_head":
+            total += rank * (h + spec.vocab)
+        elif t in lm:
+            total += rank * lm[t] * spec.layers
+        else:
+            total += rank * vit[t] * spec.vision_depth
+    return total
+
+
+def kv_cache_bytes(layers: int, kv_heads: int, head_dim: int, num_seqs: int, seq_len: int, dtype_bytes: int) -> int:
+    """K and V for every layer: 2·B·L·S·H_kv·D_h·bytes."""
+    return 2 * num_seqs * layers * seq_len * kv_heads * head_dim * dtype_bytes
