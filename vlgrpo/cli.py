@@ -113,8 +113,10 @@ def add_reward_command(sub) -> None:
     p.add_argument("--id", default=None, help="pick the JSONL row with this sample id instead of --index")
     p.add_argument("--completion", required=True, help="completion text; '-' reads stdin, '@path' reads a file")
     p.add_argument("--recipe", default=None,
-                   help="reward name, answer type, inline mapping '{accuracy: 1, format: 0.5}', or a YAML file "
-                        "(a recipe mapping or a run config); default: the sample's answer-type recipe")  # fmt: skip
+                   help="a reward name (accuracy, format, iou, iou@0.75, giou, module:function or file.py:function "
+                        "for a user fn(completion, **sample_fields) -> float), an answer type, an inline mapping "
+                        "'{accuracy: 1, format: 0.5}', or a YAML file (a recipe mapping or a run config); "
+                        "default: the sample's answer-type recipe")  # fmt: skip
     p.add_argument("--box-format", choices=["qwen2", "qwen2_5", "qwen3", "plain"], default=None,
                    help="box convention of the completion (default: the config's, else qwen2_5)")  # fmt: skip
     p.add_argument("--answer-format", choices=["think_answer", "answer"], default=None)
@@ -123,57 +125,21 @@ def add_reward_command(sub) -> None:
     p.set_defaults(handler=_cmd_reward)
 
 
-def _load_one_sample(arg: str, index: int, sample_id: str | None):
-    from pathlib import Path
-
-    from vlgrpo.data.adapters import load_samples
-    from vlgrpo.data.schema import sample_from_dict
-    from vlgrpo.types import InputError
-
-    if arg.lstrip().startswith("{"):
-        try:
-            return sample_from_dict(json.loads(arg), "--sample", None, Path.cwd())
-        except json.JSONDecodeError as e:
-            raise InputError(f"--sample is not valid JSON ({e.msg} at column {e.colno})") from None
-    samples = load_samples(arg, format="jsonl").samples
-    if sample_id is not None:
-        found = [s for s in samples if s.id == sample_id]
-        if not found:
-            raise InputError(f"--id {sample_id!r}: no sample with that id in {arg}")
-        return found[0]
-    if not 0 <= index < len(samples):
-        raise InputError(f"--index {index} is out of range: {arg} holds {len(samples)} samples")
-    return samples[index]
-
-
 def _cmd_reward(args) -> int:
     import dataclasses
-    from pathlib import Path
 
     from vlgrpo.rewards import RewardContext, context_from_config
-    from vlgrpo.rewards.explain import explain, format_report, read_recipe
-    from vlgrpo.types import InputError
+    from vlgrpo.rewards.explain import explain, format_report, load_sample, read_completion, read_recipe
 
-    sample = _load_one_sample(args.sample, args.index, args.id)
-    if sample.image_size is None and isinstance(sample.image, str) and Path(sample.image).is_file():
-        from vlgrpo.data.images import image_size
-
-        sample.image_size = image_size(sample.image)
-    text = args.completion
-    if text == "-":
-        text = sys.stdin.read()
-    elif text.startswith("@"):
-        if not Path(text[1:]).is_file():
-            raise InputError(f"--completion {text}: file '{text[1:]}' does not exist")
-        text = Path(text[1:]).read_text()
+    sample = load_sample(args.sample, args.index, args.id)
     recipe, cfg = read_recipe(args.recipe, sample.answer_type)
-    # Without a config the completion is read as Qwen2.5-VL output (the default model family).
+    # Without a run config the completion is read as Qwen2.5-VL output (the default model family).
     ctx = RewardContext(box_format="qwen2_5")
     if cfg is not None:
         ctx = context_from_config(cfg, arch="qwen2_5_vl" if cfg.model.arch == "auto" else None)
     flags = {"box_format": args.box_format, "answer_format": args.answer_format, "gate_accuracy_on_format": args.gate}
     ctx = dataclasses.replace(ctx, **{k: v for k, v in flags.items() if v})
-    report = explain(text, sample, recipe, ctx)
+    report = explain(read_completion(args.completion), sample, recipe, ctx)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 1 if report["failures"] else 0
 
