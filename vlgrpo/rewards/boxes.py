@@ -1,0 +1,105 @@
+"""Predicted boxes: parse a model's box output by convention and convert it to original-image pixels, xyxy.
+
+Conventions: qwen2 `<|box_start|>(x1,y1),(x2,y2)<|box_end|>` on 0-1000; qwen2_5 JSON `bbox_2d` in absolute pixels
+of the *resized* input (Qwen's smart_resize geometry); qwen3 JSON on 0-1000; plain `[x1,y1,x2,y2]` in original
+pixels. Decimals are accepted. Linear-time patterns only. Knows nothing of rewards, models or configs.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the real import pulls in transformers; it happens lazily, only for qwen2_5 conversion
+    from vlgrpo.data.images import ProcessorGeometry
+
+Box = tuple[float, float, float, float]
+BOX_FORMATS = ("qwen2", "qwen2_5", "qwen3", "plain")
+ARCH_BOX_FORMAT = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2_5", "qwen3_vl": "qwen3"}
+MAX_BOXES = 100
+"""Boxes read from one completion at most (scoring is O(predicted x gold); more boxes only lower the reward)."""
+MAX_BOX_TEXT = 20_000
+"""Only the last this-many characters of an answer are searched for boxes (100 boxes with labels take ~7k); this
+bounds the scan of a runaway completion to well under a millisecond per convention."""
+
+_NUM = r"[-+]?(?:\d+(?:\.\d+)?|\.\d+)"
+# Qwen2-VL: "(x1,y1),(x2,y2)", with or without the <|box_start|>/<|box_end|> special tokens around it (decoding
+# with skip_special_tokens=True strips them but keeps the coordinates).
+_QWEN2_BOX = re.compile(rf"\(\s*({_NUM})\s*,\s*({_NUM})\s*\)\s*(?:,\s*)?\(\s*({_NUM})\s*,\s*({_NUM})\s*\)")
+_KEYED_BOX = re.compile(
+    rf"[\"']bbox(?:_2d)?[\"']\s*:\s*\[\s*({_NUM})\s*,\s*({_NUM})\s*,\s*({_NUM})\s*,\s*({_NUM})\s*\]"
+)
+_LIST_BOX = re.compile(rf"\[\s*({_NUM})\s*,\s*({_NUM})\s*,\s*({_NUM})\s*,\s*({_NUM})\s*\]")
+
+
+def box_format_for_arch(arch: str) -> str:
+    """The box convention a model family writes: qwen2_vl -> qwen2, qwen2_5_vl -> qwen2_5, qwen3_vl -> qwen3."""
+    if arch not in ARCH_BOX_FORMAT:
+        raise ValueError(
+            f"no box convention known for model arch {arch!r}; accepted: {', '.join(ARCH_BOX_FORMAT)} "
+            f"(or set reward.box_format to one of {', '.join(BOX_FORMATS)})"
+        )
+    return ARCH_BOX_FORMAT[arch]
+
+
+def _collect(pattern: re.Pattern, text: str) -> list[Box]:
+    boxes: list[Box] = []
+    for m in pattern.finditer(text):
+        box = tuple(float(v) for v in m.groups())
+        if all(math.isfinite(v) for v in box):
+            boxes.append(box)  # type: ignore[arg-type]
+        if len(boxes) == MAX_BOXES:
+            break
+    return boxes
+
+
+def parse_boxes(text: str, box_format: str) -> list[Box]:
+    """Boxes as written by the model, in the convention's own units (0-1000, resized px or original px).
+
+    qwen2: "(x1,y1),(x2,y2)" pairs. qwen2_5 / qwen3: the `bbox_2d` (or `bbox`) lists of JSON objects, else bare
+    `[x1,y1,x2,y2]` lists. plain: bare lists. Invalid or truncated JSON around the numbers does not matter.
+    """
+    text = text[-MAX_BOX_TEXT:]
+    if box_format == "qwen2":
+        return _collect(_QWEN2_BOX, text)
+    if box_format in ("qwen2_5", "qwen3"):
+        return _collect(_KEYED_BOX, text) or _collect(_LIST_BOX, text)
+    if box_format == "plain":
+        return _collect(_LIST_BOX, text)
+    raise ValueError(f"box format {box_format!r} is not accepted; use one of: {', '.join(BOX_FORMATS)}")
+
+
+def to_original_pixels(
+    boxes: list[Box], box_format: str, image_size: tuple[int, int] | None, geometry: ProcessorGeometry | None = None
+) -> list[Box]:
+    """Convert parsed boxes to original-image pixels. image_size is the original (width, height).
+
+    qwen2 / qwen3: v / 1000 * side. qwen2_5: x * (orig_w / resized_w), y * (orig_h / resized_h), where the resized
+    size is the processor's smart_resize of the original (`geometry`, default Qwen2.5-VL settings). plain: as is.
+    """
+    if box_format == "plain":
+        return list(boxes)
+    if image_size is None:
+        raise ValueError(f"box format {box_format!r} needs the original image size (width, height) to convert boxes")
+    w, h = image_size
+    if box_format in ("qwen2", "qwen3"):
+        sx, sy = w / 1000.0, h / 1000.0
+    elif box_format == "qwen2_5":
+        if geometry is None:
+            from vlgrpo.data.images import ProcessorGeometry
+
+            geometry = ProcessorGeometry()
+        rh, rw = geometry.resized_hw(h, w)
+        sx, sy = w / rw, h / rh
+    else:
+        raise ValueError(f"box format {box_format!r} is not accepted; use one of: {', '.join(BOX_FORMATS)}")
+    return [(x1 * sx, y1 * sy, x2 * sx, y2 * sy) for x1, y1, x2, y2 in boxes]
+
+
+def from_original_pixels(
+    boxes: list[Box], box_format: str, image_size: tuple[int, int] | None, geometry: ProcessorGeometry | None = None
+) -> list[Box]:
+    """The inverse of `to_original_pixels` (for writing gold answers in a model's convention, and for tests)."""
+    unit = to_original_pixels([(1.0, 1.0, 1.0, 1.0)], box_format, image_size, geometry)[0]
+    return [(x1 / unit[0], y1 / unit[1], x2 / unit[0], y2 / unit[1]) for x1, y1, x2, y2 in boxes]
