@@ -236,11 +236,34 @@ def _cmd_data_pope(args) -> int:
 def add_eval_command(sub) -> None:
     from vlgrpo.evals.pope_score import PARSERS
 
-    p = sub.add_parser("eval", help="evaluate: score an existing predictions file (no model needed)")
-    # Actions are subcommands; required=False leaves room for a bare `vlgrpo eval --model ...` (model-run) form,
-    # whose handler replaces _cmd_eval_usage below.
+    p = sub.add_parser(
+        "eval", help="evaluate a model (POPE, grounding, VQA) or score an existing predictions file",
+        description="`vlgrpo eval --model PATH_OR_RUN --data FILE --out DIR` decodes greedily and writes metrics.json, "
+        "predictions.jsonl and report.md; `vlgrpo eval score ...` scores predictions made elsewhere.",
+    )  # fmt: skip
+    p.add_argument("--model", help="HF checkpoint directory, run directory (config.yaml + checkpoints/) or hub id")
+    p.add_argument("--suite", dest="suites", default="pope,grounding,vqa", help="comma list of pope, grounding, vqa")
+    p.add_argument("--data", help="Sample dataset (or a POPE question file); default for a run: data.test/data.val")
+    p.add_argument("--out", dest="eval_out", help="output directory (default: eval_out)")
+    p.add_argument("--max-samples", type=int, help="at most N samples per suite (POPE: about N questions per split)")
+    p.add_argument("--pope-parser", choices=PARSERS, default="pope")
+    p.add_argument("--pope-data", help="POPE question file or saved dataset (default: probes built from --data)")
+    p.add_argument("--pope-splits", help="comma list of random, popular, adversarial (default: random when built, "
+                   "every split of a POPE file)")  # fmt: skip
+    p.add_argument("--pope-images", type=int, help="images to build POPE probes from (default: from --max-samples)")
+    p.add_argument("--pope-per-image", type=int, default=3, help="yes (and no) questions per image (default 3)")
+    p.add_argument("--pope-min-objects", type=int, default=3, help="skip images with fewer objects (default 3)")
+    p.add_argument("--answer-format", choices=["think_answer", "answer"], help="default: the run's, else think_answer")
+    p.add_argument("--box-format", choices=["qwen2", "qwen2_5", "qwen3", "plain"], help="default: the model family's")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--batch-prompts", type=int, default=8, help="prompts decoded together (default 8)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    p.add_argument("--vision-cache-dir", help="on-disk vision-feature cache (reused across evals of one model)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    # Actions are subcommands; without one, the flags above run the model (handler _cmd_eval_run).
     esub = p.add_subparsers(dest="eval_command", required=False, metavar="ACTION")
-    p.set_defaults(handler=_cmd_eval_usage)
+    p.set_defaults(handler=_cmd_eval_run)
     score = esub.add_parser(
         "score", help="score predictions produced anywhere (POPE's JSONL: question_id, text, label, split)",
         description="text = the model's answer, label = yes/no, split optional. Prints per-split accuracy, "
@@ -255,10 +278,26 @@ def add_eval_command(sub) -> None:
     score.set_defaults(handler=_cmd_eval_score)
 
 
-def _cmd_eval_usage(args) -> int:
-    print("error: choose an action, e.g. `vlgrpo eval score --suite pope --pred FILE` (see vlgrpo eval --help)",
-          file=sys.stderr)  # fmt: skip
-    return 2
+def _cmd_eval_run(args) -> int:
+    if not args.model:
+        print("error: pass --model to evaluate a model (`vlgrpo eval --model DIR --data FILE --out DIR`) or choose an "
+              "action, e.g. `vlgrpo eval score --suite pope --pred FILE` (see vlgrpo eval --help)", file=sys.stderr)
+        return 2
+    from vlgrpo.evals.run import run_eval_cli
+
+    out = args.eval_out or "eval_out"
+    result = run_eval_cli(
+        args.model, args.suites, args.data, out, max_samples=args.max_samples, pope_parser=args.pope_parser,
+        answer_format=args.answer_format, box_format=args.box_format, max_new_tokens=args.max_new_tokens,
+        batch_prompts=args.batch_prompts, pope_data=args.pope_data, pope_images=args.pope_images,
+        pope_splits=tuple(args.pope_splits.split(",")) if args.pope_splits else None,
+        pope_per_image=args.pope_per_image, pope_min_objects=args.pope_min_objects, dtype=args.dtype,
+        device=args.device, cache_dir=args.vision_cache_dir, progress=not args.no_progress,
+    )  # fmt: skip
+    for key, value in result.metrics.items():
+        print(f"{key:<48} {value:.4f}")
+    print(f"wrote metrics.json, predictions.jsonl, report.md to {out}")
+    return 0
 
 
 def _cmd_eval_score(args) -> int:

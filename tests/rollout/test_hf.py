@@ -1,0 +1,177 @@
+import math
+
+import pytest
+import torch
+
+from vlgrpo.data.images import load_image
+from vlgrpo.data.prompts import render_messages
+from vlgrpo.models import placeholder_token_ids
+from vlgrpo.rollout.base import SamplingParams
+from vlgrpo.rollout.hf import HFEngine, sample_next
+from vlgrpo.rollout.inputs import collate_groups, completion_logprobs, forbidden_mask
+from vlgrpo.types import Sample
+from vlgrpo.vision_cache import VisionCache
+
+
+class ForcedLogits:
+    """Forward hook that adds `bonus` to chosen ids at the last position: forward k (k=0: prefill) favours seq[k]."""
+
+    def __init__(self, model, seq=None, always=None, bonus=100.0):
+        self.seq, self.always, self.bonus, self.calls = seq or [], always or [], bonus, []
+        self.handle = model.register_forward_hook(self, with_kwargs=True)
+
+    def __call__(self, module, args, kwargs, out):
+        self.calls.append(tuple(kwargs["input_ids"].shape))
+        k = len(self.calls) - 1
+        if k < len(self.seq):
+            out.logits[:, -1, self.seq[k]] += self.bonus
+        for i in self.always:
+            out.logits[..., i] += self.bonus
+        return out
+
+
+def _engine(model, processor, **kw):
+    return HFEngine(model, processor, VisionCache(model, processor), **kw)
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl"])
+def test_greedy_equals_transformers_generate_on_pixels(load, samples, arch):
+    model, processor = load(arch, spread=0.1)
+    engine = _engine(model, processor, batch_prompts=3)  # three prompts of different lengths in one left-padded batch
+    batch = [samples[0], samples[5], samples[2]]
+    groups = engine.generate(batch, SamplingParams(n=2, temperature=0, max_new_tokens=10))
+    bad = placeholder_token_ids(processor.tokenizer)
+    for s, g in zip(batch, groups):
+        text = processor.apply_chat_template(render_messages(s), add_generation_prompt=True, tokenize=False)
+        inputs = processor(text=[text], images=[load_image(s.image)], return_tensors="pt")
+        assert g.prompt_ids == inputs["input_ids"][0].tolist()
+        out = model.generate(**inputs, max_new_tokens=10, do_sample=False, suppress_tokens=bad,
+                             output_scores=True, return_dict_in_generate=True)  # fmt: skip
+        ref = out.sequences[0, inputs["input_ids"].shape[1] :].tolist()
+        assert len(set(ref)) > 3  # a varied sequence, not one repeated token
+        for c in g.completions:
+            assert c.token_ids == ref
+            ref_lp = [torch.log_softmax(sc[0], -1)[t].item() for sc, t in zip(out.scores, ref)]
+            assert max(abs(a - b) for a, b in zip(c.logprobs, ref_lp)) <= 1e-5
+            assert c.finish_reason == "length" and c.text == processor.tokenizer.decode(ref, skip_special_tokens=True)
+    single = _engine(model, processor, batch_prompts=1)
+    one_by_one = single.generate(batch, SamplingParams(temperature=0, max_new_tokens=10))
+    assert [g.completions[0].token_ids for g in one_by_one] == [g.completions[0].token_ids for g in groups]
+
+
+def test_prefill_once_per_prompt_and_one_encoder_call_per_unique_image(load, samples):
+    model, processor = load("qwen2_5_vl")
+    engine = _engine(model, processor, batch_prompts=2)
+    same_image = Sample(id="dup", question="Is there a red circle?", answer_type="yesno", image=samples[0].image)
+    batch = [samples[0], samples[1], same_image]  # 3 prompts, 2 unique images, chunks of 2 + 1
+    hook = ForcedLogits(model)
+    try:
+        groups = engine.generate(batch, SamplingParams(n=4, max_new_tokens=5, seed=3))
+    finally:
+        hook.handle.remove()
+    prompt_lens = [len(g.prompt_ids) for g in groups]
+    prefills = [shape for shape in hook.calls if shape[1] > 1]
+    assert prefills == [(2, max(prompt_lens[:2])), (1, prompt_lens[2])]  # each prompt forwarded once, not G times
+    assert len(hook.calls) == 2 + 4 + 4  # two prefills, then 4 one-token decode forwards per chunk
+    s = engine.stats()
+    assert s["rollout/prefill_tokens"] == sum(prompt_lens)
+    assert (s["rollout/encoder_calls"], s["rollout/images_encoded"]) == (1, 2)
+    assert s["rollout/completions"] == 12 and s["rollout/generated_tokens"] == 60
+    assert s["rollout/decode_tokens"] == 2 * 4 * 4 + 1 * 4 * 4  # 4 decode forwards per chunk (5th token not fed)
+    engine.reset_stats()
+    engine.generate(batch[:2], SamplingParams(n=2, max_new_tokens=2))
+    assert engine.stats()["rollout/encoder_calls"] == 0  # cached across steps
+
+
+def test_sampling_logprobs_equal_the_trainers_pass(load, samples):
+    model, processor = load("qwen2_5_vl", spread=0.1)
+    engine = _engine(model, processor, batch_prompts=2)
+    params = SamplingParams(n=3, temperature=0.7, top_p=0.9, top_k=50, max_new_tokens=8, seed=0)
+    groups = engine.generate(samples[:3], params)
+    feats = engine.cache.get([g.sample.image for g in groups])
+    tok = processor.tokenizer
+    batch = collate_groups(groups, [f.grid_thw for f in feats], tok.pad_token_id, model.config.image_token_id)
+    forbidden = forbidden_mask(tok, model.config.text_config.vocab_size)
+    with torch.no_grad():
+        logp = completion_logprobs(model, batch, feats, forbidden, temperature=0.7)
+    rows = [c for g in groups for c in g.completions]
+    assert len({tuple(c.token_ids) for c in rows}) > 3  # really sampled
+    for r, c in enumerate(rows):
+        assert torch.allclose(logp[r, : len(c.token_ids)], torch.tensor(c.logprobs), atol=1e-5, rtol=0)
+    again = engine.generate(samples[:3], params)
+    assert [c.token_ids for g in again for c in g.completions] == [c.token_ids for c in rows]  # seeded
+    other = engine.generate(samples[:3], SamplingParams(n=3, temperature=0.7, max_new_tokens=8, seed=1))
+    assert [c.token_ids for g in other for c in g.completions] != [c.token_ids for c in rows]
+
+
+def test_placeholder_tokens_are_never_sampled_even_when_favoured(load, samples):
+    model, processor = load("qwen2_5_vl")
+    bad = placeholder_token_ids(processor.tokenizer)
+    engine = _engine(model, processor)
+    hook = ForcedLogits(model, always=bad, bonus=30.0)  # a policy that would pick a placeholder ~always
+    try:
+        groups = engine.generate(samples[:2], SamplingParams(n=8, max_new_tokens=6, seed=0))
+    finally:
+        hook.handle.remove()
+    ids = {t for g in groups for c in g.completions for t in c.token_ids}
+    assert ids and not ids & set(bad)
+    assert engine.stats()["rollout/placeholder_sampled"] == 0
+
+
+def test_eos_is_kept_in_token_ids_and_stop_strings_cut_the_text(load, samples):
+    model, processor = load("qwen2_5_vl")
+    tok = processor.tokenizer
+    answer = tok("<answer>3</answer> tail")["input_ids"]
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    engine = _engine(model, processor)
+    hook = ForcedLogits(model, seq=answer[:4] + [eos])
+    try:
+        (g,) = engine.generate(samples[:1], SamplingParams(n=2, temperature=0, max_new_tokens=10))
+    finally:
+        hook.handle.remove()
+    for c in g.completions:
+        assert c.token_ids == answer[:4] + [eos] and c.finish_reason == "stop"
+        assert c.text == tok.decode(answer[:4])  # EOS is in the ids, not in the text
+    hook = ForcedLogits(model, seq=answer)
+    try:
+        (g,) = engine.generate(samples[:1], SamplingParams(temperature=0, max_new_tokens=20, stop=["</answer>"]))
+    finally:
+        hook.handle.remove()
+    (c,) = g.completions
+    assert c.finish_reason == "stop" and c.text == "<answer>3"
+    assert tok.decode(c.token_ids).endswith("</answer>") and len(c.token_ids) < len(answer)
+    s = engine.stats()
+    assert (s["rollout/finish_stop"], s["rollout/finish_length"]) == (3, 0)
+
+
+def test_sample_next_top_k_top_p_and_reported_logprobs():
+    probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    logits = probs.log().repeat(4000, 1)
+    gen = torch.Generator().manual_seed(0)
+    ids, logp = sample_next(logits, SamplingParams(top_k=2), None, gen)
+    assert set(ids.tolist()) == {2, 3}
+    assert torch.allclose(logp, probs.log()[ids])  # the untruncated distribution's log-prob
+    ids, _ = sample_next(logits, SamplingParams(top_p=0.5), None, gen)
+    assert set(ids.tolist()) == {2, 3}  # 0.4 < 0.5, 0.4 + 0.3 >= 0.5: keep two
+    assert abs((ids == 3).float().mean().item() - 4 / 7) < 0.03
+    ids, _ = sample_next(logits, SamplingParams(top_p=0.4), None, gen)
+    assert set(ids.tolist()) == {3}
+    forbidden = torch.tensor([False, False, False, True])
+    ids, logp = sample_next(logits, SamplingParams(temperature=0.5), forbidden, gen)
+    assert 3 not in ids.tolist()
+    # temperature 0.5 squares the probabilities; the forbidden id is renormalised away: p = (.01, .04, .09) / .14
+    assert torch.allclose(logp, torch.log(torch.tensor([0.01, 0.04, 0.09]) / 0.14)[ids], atol=1e-6)
+    ids, logp = sample_next(logits[:1], SamplingParams(temperature=0), forbidden, None)
+    assert ids.tolist() == [2] and math.isclose(logp.item(), math.log(0.3 / 0.6), abs_tol=1e-6)
+    with pytest.raises(ValueError, match="top_p must be in"):
+        SamplingParams(top_p=0)
+
+
+def test_update_weights_bumps_the_version_and_restores_train_mode(load, samples):
+    model, processor = load("qwen2_5_vl")
+    engine = _engine(model, processor)
+    engine.update_weights(None, version=7)
+    model.train()
+    (g,) = engine.generate(samples[:1], SamplingParams(n=2, max_new_tokens=2))
+    assert g.policy_version == 7 and model.training
+    model.eval()

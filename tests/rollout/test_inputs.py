@@ -1,0 +1,161 @@
+import pytest
+import torch
+from PIL import Image
+
+from vlgrpo.data.images import load_image
+from vlgrpo.data.prompts import render_messages
+from vlgrpo.rollout.inputs import (
+    CompletionBatch,
+    build_prompt,
+    collate_groups,
+    completion_logits,
+    completion_logprobs_and_entropy,
+    forbidden_mask,
+    policy_logits,
+)
+from vlgrpo.types import Completion, InputError, RolloutGroup, Sample
+from vlgrpo.vision_cache import VisionCache
+
+ARCHS = ["qwen2_5_vl", "qwen2_vl"]
+
+
+def _pixel_batch(processor, samples, completions):
+    """The reference pixel path: processor(text, images) for each row, completions appended, left-padded."""
+    texts = [processor.apply_chat_template(render_messages(s), add_generation_prompt=True, tokenize=False)
+             for s in samples]  # fmt: skip
+    inputs = processor(text=texts, images=[load_image(s.image) for s in samples], return_tensors="pt", padding=True)
+    comp = torch.tensor(completions)
+    inputs["input_ids"] = torch.cat([inputs["input_ids"], comp], 1)
+    inputs["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(comp)], 1)
+    inputs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(comp)], 1)
+    return inputs
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_build_prompt_gives_the_processors_ids_without_pixels(load, samples, arch, tmp_path):
+    model, processor = load(arch, max_pixels=28 * 28 * 40)
+    wide = tmp_path / "wide.png"
+    Image.new("RGB", (300, 130), (10, 200, 30)).save(wide)
+    cases = [samples[0], Sample(id="w", question="Is there a green square?", answer_type="yesno", image=str(wide))]
+    for s in cases:
+        p = build_prompt(s, processor, None, "answer", "qwen2_5", "Be brief.")
+        msgs = render_messages(s, "answer", "qwen2_5", "Be brief.")
+        text = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        ref = processor(text=[text], images=[load_image(s.image)], return_tensors="pt")
+        assert p.input_ids == ref["input_ids"][0].tolist()
+        assert p.mm_token_type_ids == ref["mm_token_type_ids"][0].tolist()
+        assert p.image_grid_thw.tolist() == ref["image_grid_thw"].tolist()
+        assert p.image == s.image
+    assert p.image_grid_thw.tolist() == [[1, 8, 18]]  # 300x130 under 40 tokens: resized to 252x112 px
+    with pytest.raises(InputError, match="'nope' has no image"):
+        build_prompt(Sample(id="nope", question="q"), processor)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_injected_features_give_the_pixel_path_logits(load, samples, arch):
+    model, processor = load(arch)
+    batch_samples = [samples[0], samples[5]]  # prompts of different lengths -> left padding
+    completions = [[88, 212, 344, 5], [212, 4, 295, 2]]
+    ref_inputs = _pixel_batch(processor, batch_samples, completions)
+    assert ref_inputs["attention_mask"][:, 0].tolist().count(0) == 1  # one row really is padded
+    with torch.no_grad():
+        ref = model(**ref_inputs).logits
+        feats = VisionCache(model, processor).get([s.image for s in batch_samples])
+        # stale state on purpose: generate leaves rope_deltas of another batch behind
+        model.generate(**_pixel_batch(processor, [samples[1]], [[7]]), max_new_tokens=2, do_sample=False)
+        args = (ref_inputs["input_ids"], ref_inputs["attention_mask"], ref_inputs["mm_token_type_ids"],
+                ref_inputs["image_grid_thw"], feats)  # fmt: skip
+        got = policy_logits(model, *args)
+        again = policy_logits(model, *args)  # the same features list used twice: a fresh dict per call
+    real = ref_inputs["attention_mask"].bool()
+    assert (got - ref)[real].abs().max() <= 1e-5
+    assert torch.equal(got, again)
+    # the pitfall this avoids: without mm_token_type_ids Qwen2.5-VL silently uses other M-RoPE positions
+    if arch == "qwen2_5_vl":
+        kw = {k: v for k, v in ref_inputs.items() if k not in ("mm_token_type_ids", "pixel_values")}
+        with torch.no_grad():
+            model.model.rope_deltas = None
+            wrong = model(**kw, mm_encoder_outputs={"image": _pooled(feats)}).logits
+        assert (wrong - ref)[real].abs().max() > 1e-3
+
+
+def _pooled(feats):
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+    return BaseModelOutputWithPooling(pooler_output=[f.embeds for f in feats])
+
+
+def _groups(samples, processor, completions_per_prompt):
+    groups = []
+    for s, comps in zip(samples, completions_per_prompt):
+        p = build_prompt(s, processor)
+        groups.append(RolloutGroup(s, p.input_ids, [Completion(c, "", "length") for c in comps]))
+    return groups
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_shared_prefix_logits_and_grads_equal_whole_rows(load, samples, arch):
+    model, processor = load(arch)
+    groups = _groups(samples[:2], processor, [[[25, 26, 27], [28, 29]], [[30], [31, 32, 33, 34], [35, 36]]])
+    feats = VisionCache(model, processor).get([g.sample.image for g in groups])
+    tok = processor.tokenizer
+    batch = collate_groups(groups, [f.grid_thw for f in feats], tok.pad_token_id, model.config.image_token_id)
+    assert batch.completion_ids.shape == (5, 4) and batch.row_prompt.tolist() == [0, 0, 1, 1, 1]
+    assert batch.completion_mask.sum(1).tolist() == [3, 2, 1, 4, 2]
+
+    # whole rows, the pixel path: prompt + completion, one row per completion
+    rows = [(g.sample, c.token_ids) for g in groups for c in g.completions]
+    ref = []
+    for s, comp in rows:
+        inputs = _pixel_batch(processor, [s], [comp])
+        ref.append(model(**inputs).logits[0, -len(comp) - 1 : -1])
+    ref_loss = sum((r * torch.linspace(0, 1, r.shape[-1])).sum() for r in ref)
+    ref_loss.backward()
+    w = model.model.language_model.layers[0].self_attn.q_proj.weight
+    ref_grad, w.grad = w.grad.clone(), None
+
+    logits = completion_logits(model, batch, feats)  # [R, C, V]
+    loss = 0
+    for r, (s, comp) in enumerate(rows):
+        assert (logits[r, : len(comp)] - ref[r]).abs().max() <= 1e-5
+        loss = loss + (logits[r, : len(comp)] * torch.linspace(0, 1, logits.shape[-1])).sum()
+    loss.backward()
+    assert torch.allclose(w.grad, ref_grad, atol=1e-5, rtol=1e-4)
+    model.zero_grad(set_to_none=True)
+
+    # a micro-batch of rows keeps only the prompts it needs
+    sub = batch.select([3, 1])
+    assert sub.row_prompt.tolist() == [1, 0] and batch.used_prompts([3, 1]) == [0, 1]
+    sub2 = batch.select([2, 4])
+    assert isinstance(sub2, CompletionBatch) and sub2.prompt_ids.shape[0] == 1
+    with torch.no_grad():
+        part = completion_logits(model, sub2, [feats[i] for i in batch.used_prompts([2, 4])])
+        full = completion_logits(model, batch, feats)
+    assert (part - full[[2, 4]]).abs().max() <= 1e-5
+
+
+def test_gradient_checkpointing_falls_back_to_whole_rows(load, samples):
+    model, processor = load("qwen2_5_vl")
+    groups = _groups(samples[:1], processor, [[[25, 26, 27], [28, 29, 3]]])
+    feats = VisionCache(model, processor).get([groups[0].sample.image])
+    tok = processor.tokenizer
+    batch = collate_groups(groups, [feats[0].grid_thw], tok.pad_token_id, model.config.image_token_id)
+    forbidden = forbidden_mask(tok, model.config.text_config.vocab_size)
+    with torch.no_grad():
+        ref, ref_ent = completion_logprobs_and_entropy(model, batch, feats, forbidden, 0.7)
+    model.gradient_checkpointing_enable()
+    model.train()
+    try:
+        logp, ent = completion_logprobs_and_entropy(model, batch, feats, forbidden, 0.7)
+        logp.sum().backward()
+    finally:
+        model.gradient_checkpointing_disable()
+        model.eval()
+    assert (logp - ref).abs().max() <= 1e-5 and (ent - ref_ent).abs().max() <= 1e-5
+    assert model.lm_head.weight.grad is not None
+    model.zero_grad(set_to_none=True)
+    # temperature and the placeholder mask: logp = log softmax(logits / 0.7) with placeholders at -inf
+    with torch.no_grad():
+        x = completion_logits(model, batch, feats)[0, 0] / 0.7
+    x[forbidden] = -torch.inf
+    assert torch.isclose(ref[0, 0], torch.log_softmax(x, -1)[25], atol=1e-6)

@@ -1,0 +1,175 @@
+import contextlib
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vlgrpo.cli import main
+from vlgrpo.data.adapters import load_samples
+from vlgrpo.data.images import load_image
+from vlgrpo.models import load_model
+from vlgrpo.vision_cache import (
+    CacheDirError,
+    VisionCache,
+    disk_stats,
+    processor_fingerprint,
+    read_entry,
+    vision_fingerprint,
+)
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_model_dir):
+    return load_model(tiny_model_dir("qwen2_5_vl"))
+
+
+@pytest.fixture(scope="module")
+def images(shapes_dir):
+    return [s.image for s in load_samples(shapes_dir / "train.jsonl").samples[:4]]
+
+
+def _pixel_features(lm, paths):
+    """Reference: the model's own pixel path (processor -> get_image_features)."""
+    out = lm.processor.image_processor(images=[load_image(p) for p in paths], return_tensors="pt")
+    with torch.no_grad():
+        feats = lm.model.model.get_image_features(out["pixel_values"], out["image_grid_thw"], return_dict=True)
+    return list(feats.pooler_output), out["image_grid_thw"]
+
+
+def test_features_equal_the_pixel_path_and_duplicates_are_encoded_once(lm, images):
+    cache = VisionCache(lm.model, lm.processor)
+    a, b, c = images[:3]
+    feats = cache.get([a, b, a])
+    ref, grid = _pixel_features(lm, [a, b])
+    assert torch.equal(feats[0].embeds, ref[0]) and torch.equal(feats[1].embeds, ref[1])
+    assert feats[0].grid_thw.tolist() == grid[0].tolist() == [1, 8, 8]  # 112 px -> 8x8 patches
+    assert feats[0].embeds.shape == (16, 128)  # 8*8 / 2*2 merged tokens, LM hidden 128
+    assert feats[2] is feats[0]
+    assert cache.stats() == {"hits": 0, "misses": 2, "encoder_calls": 1, "images_encoded": 2, "disk_hits": 0,
+                             "corrupt": 0, "bytes": 2 * (16 * 128 * 4 + 3 * 8)}  # fmt: skip
+    # bytes of the same image under another path are the same cache entry
+    cache.get([b, c, open(a, "rb").read()])
+    s = cache.stats()
+    assert (s["hits"], s["misses"], s["encoder_calls"], s["images_encoded"]) == (2, 3, 2, 3)
+    cache.reset_stats()
+    assert cache.stats()["encoder_calls"] == 0 and cache.stats()["bytes"] == 3 * (16 * 128 * 4 + 24)
+
+
+def test_lru_evicts_least_recently_used_within_the_byte_budget(lm, images):
+    entry = 16 * 128 * 4 + 3 * 8
+    cache = VisionCache(lm.model, lm.processor, max_bytes=2 * entry)
+    a, b, c = images[:3]
+    cache.get([a])
+    cache.get([b])
+    cache.get([a])  # a is now the most recently used
+    cache.get([c])  # evicts b
+    assert cache.stats()["bytes"] == 2 * entry
+    cache.reset_stats()
+    cache.get([a, c])
+    assert cache.stats()["misses"] == 0
+    cache.get([b])
+    assert cache.stats()["misses"] == 1
+
+
+def test_disk_cache_survives_a_restart_and_recovers_from_corrupt_files(lm, tiny_model_dir, images, tmp_path):
+    disk = tmp_path / "vcache"
+    first = VisionCache(lm.model, lm.processor, disk_dir=disk).get(images[:3])
+    files = sorted(disk.glob("*/*.safetensors"))
+    assert len(files) == 3 and not list(disk.glob("*/.tmp-*"))
+    meta_file = load_file(str(files[0]))
+    assert set(meta_file) == {"embeds", "grid_thw"}
+
+    # restart: a fresh process would reload the checkpoint; the fingerprint must be the same
+    again = load_model(tiny_model_dir("qwen2_5_vl"))
+    cache = VisionCache(again.model, again.processor, disk_dir=disk)
+    feats = cache.get(images[:3])
+    assert cache.stats()["disk_hits"] == 3 and cache.stats()["encoder_calls"] == 0
+    assert all(torch.equal(x.embeds, y.embeds) for x, y in zip(feats, first))
+
+    # one truncated file, one flipped byte: both counted, deleted, recomputed in one encoder call
+    data = files[0].read_bytes()
+    files[0].write_bytes(data[: len(data) // 2])
+    blob = bytearray(files[1].read_bytes())
+    blob[-5] ^= 0xFF
+    files[1].write_bytes(bytes(blob))
+    assert read_entry(files[0]) is None and read_entry(files[1]) is None
+    cache = VisionCache(lm.model, lm.processor, disk_dir=disk)
+    feats = cache.get(images[:3])
+    s = cache.stats()
+    assert (s["corrupt"], s["disk_hits"], s["encoder_calls"], s["images_encoded"]) == (2, 1, 1, 2)
+    assert all(torch.equal(x.embeds, y.embeds) for x, y in zip(feats, first))
+    assert read_entry(files[0]) is not None and read_entry(files[1]) is not None  # rewritten whole
+
+
+def test_fingerprints_follow_the_vision_weights_and_processor_only(tiny_model_dir):
+    lm = load_model(tiny_model_dir("qwen2_5_vl"))
+    fp = vision_fingerprint(lm.model)
+    assert fp == vision_fingerprint(load_model(tiny_model_dir("qwen2_5_vl")).model)
+    with torch.no_grad():
+        lm.model.model.language_model.layers[0].mlp.up_proj.weight.add_(1.0)
+    assert vision_fingerprint(lm.model) == fp  # language weights are not part of it
+    with torch.no_grad():
+        lm.model.model.visual.merger.mlp[0].weight[0, 0] += 1e-3  # the merger is inside `visual`
+    assert vision_fingerprint(lm.model) != fp
+    q2 = load_model(tiny_model_dir("qwen2_vl"))
+    assert len(vision_fingerprint(q2.model)) == 16
+    small = load_model(tiny_model_dir("qwen2_5_vl"), max_pixels=28 * 28 * 16)
+    assert processor_fingerprint(small.processor) != processor_fingerprint(lm.processor)
+
+    # ZeRO-3 partitioned parameters: hashing the empty shards would collide, so gather first or refuse
+    gathered = []
+    fp_now = vision_fingerprint(lm.model)
+    gather = lambda ps: gathered.append(len(ps)) or contextlib.nullcontext()  # noqa: E731
+    assert vision_fingerprint(lm.model, gather=gather) == fp_now
+    assert gathered == [len(list(lm.model.model.visual.parameters()))]
+    lm.model.model.visual.merger.mlp[0].weight.ds_id = 7
+    with pytest.raises(ValueError, match="partitioned .DeepSpeed ZeRO-3.: pass gather="):
+        vision_fingerprint(lm.model)
+
+
+def test_trainable_tower_versions_by_step_and_encodes_with_grad(lm, images, tmp_path):
+    cache = VisionCache(lm.model, lm.processor, trainable=True, disk_dir=tmp_path / "d")
+    a, b = images[:2]
+    cache.get([a, b])
+    cache.set_step(0)
+    cache.get([a])
+    assert cache.stats()["hits"] == 1
+    cache.set_step(1)  # new weights: entries of step 0 can never be served again
+    assert cache.stats()["bytes"] == 0
+    cache.get([a])
+    s = cache.stats()
+    assert (s["misses"], s["encoder_calls"]) == (3, 2)
+    assert not (tmp_path / "d").exists()  # per-step entries are never written to disk
+
+    grad_feats = cache.encode_with_grad([a, b, a])
+    assert grad_feats[0] is grad_feats[2] and grad_feats[0].embeds.requires_grad
+    assert torch.allclose(grad_feats[0].embeds, cache.get([a])[0].embeds, atol=0, rtol=0)
+    grad_feats[1].embeds.sum().backward()
+    assert lm.model.model.visual.merger.mlp[0].weight.grad.abs().sum() > 0
+    lm.model.zero_grad(set_to_none=True)
+
+    frozen = VisionCache(lm.model, lm.processor)
+    frozen.get([a])
+    frozen.set_step(5)  # frozen tower: a no-op
+    frozen.get([a])
+    assert frozen.stats()["hits"] == 1
+
+
+def test_cli_cache_stats_and_clear(lm, images, tmp_path, capsys):
+    disk = tmp_path / "vc"
+    cache = VisionCache(lm.model, lm.processor, disk_dir=disk)
+    cache.get(images[:2])
+    (disk / "README").write_text("not a cache entry")
+    assert main(["cache", "stats", str(disk)]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["entries"] == 2 and stats["by_vision_version"] == {cache.version: 2} and stats["bytes"] > 2 * 8192
+    assert main(["cache", "clear", str(disk)]) == 0
+    assert json.loads(capsys.readouterr().out)["removed"] == 2
+    assert disk_stats(disk)["entries"] == 0 and (disk / "README").exists()
+    shutil.rmtree(disk)
+    assert main(["cache", "stats", str(disk)]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    with pytest.raises(CacheDirError, match="vision_cache_dir"):
+        disk_stats(disk)

@@ -1,0 +1,68 @@
+"""The rollout-engine protocol: G completions for each of B prompts, weight updates, a policy version, counters.
+
+Engines (hf, vllm) implement it; the trainer and the evals runner only see this. Knows nothing of rewards or losses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Protocol
+
+from torch import Tensor
+
+from vlgrpo.types import RolloutGroup, Sample
+
+
+@dataclass
+class SamplingParams:
+    """How completions are sampled. `temperature=0` is greedy decoding (the evals runner uses it)."""
+
+    n: int = 1
+    """G: completions per prompt."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 disables top-k."""
+    max_new_tokens: int = 128
+    stop: list[str] = field(default_factory=list)
+    """Stop strings besides EOS; the text is cut before the stop string, the tokens keep the one that completed it."""
+    seed: int | None = None
+    """Seed of the sampling RNG for this call (None: the global torch RNG)."""
+
+    def __post_init__(self):
+        checks = [
+            (self.n >= 1, "n", "must be >= 1"),
+            (self.temperature >= 0, "temperature", "must be >= 0 (0 = greedy)"),
+            (0 < self.top_p <= 1, "top_p", "must be in (0, 1]"),
+            (self.top_k >= 0, "top_k", "must be >= 0 (0 disables it)"),
+            (self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1"),
+            (all(isinstance(s, str) and s for s in self.stop), "stop", "must be a list of non-empty strings"),
+        ]
+        for ok, name, why in checks:
+            if not ok:
+                raise ValueError(f"SamplingParams.{name} {why}, got {getattr(self, name)!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class RolloutEngine(Protocol):
+    """What the trainer needs from a generation backend."""
+
+    policy_version: int
+    """Optimiser step of the weights the engine samples with (copied into every RolloutGroup)."""
+
+    def generate(self, samples: list[Sample], params: SamplingParams) -> list[RolloutGroup]:
+        """One RolloutGroup per sample, in order, each with `params.n` completions."""
+        ...
+
+    def update_weights(self, named_params: Iterable[tuple[str, Tensor]] | None, version: int) -> None:
+        """Make the engine sample with the trainer's current weights (HF names), tagged `version`."""
+        ...
+
+    def stats(self) -> dict[str, float]:
+        """Counters since the last reset, namespaced `rollout/*`."""
+        ...
+
+    def reset_stats(self) -> None: ...

@@ -1,0 +1,221 @@
+"""Transformers rollout backend that runs anywhere: each prompt (image features from the vision cache) is prefilled
+once, its KV cache expanded G ways, then sampled with a short decode loop of our own.
+
+Vision placeholder ids are never sampled (logits at -inf), exactly as the trainer's log-prob pass masks them.
+Shares the trainer's model object; knows nothing of rewards or losses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import Tensor
+
+from vlgrpo.data.images import ProcessorGeometry
+from vlgrpo.rollout.base import SamplingParams
+from vlgrpo.rollout.inputs import PromptInputs, build_prompt, forbidden_mask, left_pad, prefill, vocab_size
+from vlgrpo.types import Completion, RolloutGroup, Sample
+
+COUNTERS = ("prompts", "completions", "prefill_tokens", "decode_tokens", "generated_tokens", "encoder_calls",
+            "images_encoded", "finish_stop", "finish_length", "placeholder_sampled")  # fmt: skip
+
+
+def sample_next(
+    logits: Tensor, params: SamplingParams, forbidden: Tensor | None, generator: torch.Generator | None
+) -> tuple[Tensor, Tensor]:
+    """Next token of each row -> (ids [R] long, log-probs [R] fp32).
+
+    The reported log-prob is log softmax(logits / T) of the chosen id with the forbidden ids at -inf (T = 1 when
+    greedy), before top-k / top-p truncation: the value `vlgrpo.grpo.logprobs.token_logprobs` recomputes.
+    """
+    x = logits.float()  # [R, V]
+    if forbidden is not None:
+        x = x.masked_fill(forbidden, -torch.inf)
+    if params.greedy:
+        ids = x.argmax(dim=-1)
+        return ids, torch.log_softmax(x, dim=-1).gather(-1, ids[:, None]).squeeze(-1)
+    x = x / params.temperature
+    logp = torch.log_softmax(x, dim=-1)
+    if params.top_k > 0 and params.top_k < x.shape[-1]:
+        kth = torch.topk(x, params.top_k, dim=-1).values[:, -1:]
+        x = x.masked_fill(x < kth, -torch.inf)
+    if params.top_p < 1.0:
+        sorted_x, order = torch.sort(x, dim=-1, descending=True)
+        p = torch.softmax(sorted_x, dim=-1)
+        drop = (p.cumsum(-1) - p) >= params.top_p  # mass before this token already reaches top_p
+        x = x.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), -torch.inf)
+    ids = torch.multinomial(torch.softmax(x, dim=-1), 1, generator=generator).squeeze(-1)
+    return ids, logp.gather(-1, ids[:, None]).squeeze(-1)
+
+
+@dataclass
+class _Row:
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str = ""
+
+
+class _StopCheck:
+    """Stop strings, checked on the decoded tail of a row (enough tokens to hold the longest stop string)."""
+
+    def __init__(self, tokenizer, stop: list[str]):
+        self.tokenizer, self.stop = tokenizer, list(stop)
+        self.tail = max((len(s.encode()) for s in stop), default=0) + 2  # every token decodes to >= 1 byte
+
+    def hit(self, ids: list[int]) -> bool:
+        if not self.stop:
+            return False
+        text = self.tokenizer.decode(ids[-self.tail :], skip_special_tokens=True)
+        return any(s in text for s in self.stop)
+
+    def cut(self, text: str) -> str:
+        found = [text.index(s) for s in self.stop if s in text]
+        return text[: min(found)] if found else text
+
+
+def decode_loop(model, last, cache, next_pos, prompt_mask, params, forbidden, eos_ids, stop, generator, counts):
+    """Sample G = params.n completions per prefilled prompt.
+
+    last [B, V] logits of the last prompt position, cache: the prompts' KV cache, next_pos [B] next M-RoPE position,
+    prompt_mask [B, T] (None when unpadded) -> B*G rows (prompt-major). Finished rows leave the batch at once.
+    """
+    g = params.n
+    cache.batch_repeat_interleave(g)  # [B*G, heads, T, d]: one prefill, G continuations
+    logits, pos = last.repeat_interleave(g, dim=0), next_pos.repeat_interleave(g)
+    mask = prompt_mask.repeat_interleave(g, dim=0) if prompt_mask is not None else None
+    rows = [_Row() for _ in range(logits.shape[0])]
+    active = list(range(len(rows)))
+    for _ in range(params.max_new_tokens):
+        tok, logp = sample_next(logits, params, forbidden, generator)
+        keep = []
+        for j, (t, lp) in enumerate(zip(tok.tolist(), logp.tolist())):
+            row = rows[active[j]]
+            row.token_ids.append(t)
+            row.logprobs.append(lp)
+            if t in eos_ids or stop.hit(row.token_ids):
+                row.finish_reason = "stop"
+            elif len(row.token_ids) >= params.max_new_tokens:
+                row.finish_reason = "length"
+            else:
+                keep.append(j)
+        if not keep:
+            break
+        if len(keep) < len(active):  # drop finished rows from the batch and the cache
+            idx = torch.tensor(keep, device=tok.device)
+            cache.batch_select_indices(idx)
+            tok, pos = tok[idx], pos[idx]
+            mask = mask[idx] if mask is not None else None
+            active = [active[j] for j in keep]
+        if mask is not None:
+            mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
+        out = model(
+            input_ids=tok[:, None],
+            attention_mask=mask,
+            position_ids=pos.view(1, -1, 1).expand(3, -1, 1),
+            past_key_values=cache,
+            use_cache=True,
+        )
+        logits, pos = out.logits[:, -1], pos + 1
+        counts["decode_tokens"] += len(active)
+    return rows
+
+
+class HFEngine:
+    """RolloutEngine on a transformers model shared with the trainer (so `update_weights` is a version bump)."""
+
+    def __init__(
+        self,
+        model,
+        processor,
+        vision_cache,
+        answer_format: str = "think_answer",
+        box_format: str = "qwen2_5",
+        system_prompt: str = "",
+        batch_prompts: int = 8,
+    ):
+        if batch_prompts < 1:
+            raise ValueError(f"batch_prompts must be >= 1, got {batch_prompts}")
+        self.model, self.processor, self.cache = model, processor, vision_cache
+        self.prompt_kw = dict(answer_format=answer_format, box_format=box_format, system_prompt=system_prompt)
+        self.batch_prompts = batch_prompts
+        self.geometry = ProcessorGeometry.from_processor(processor)
+        tok = processor.tokenizer
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        self.device = next(model.parameters()).device
+        self.forbidden = forbidden_mask(tok, vocab_size(model), self.device)
+        eos = model.generation_config.eos_token_id
+        self.eos_ids = {tok.eos_token_id, *(eos if isinstance(eos, (list, tuple)) else [eos])} - {None}
+        self.policy_version = 0
+        self.reset_stats()
+
+    def build_prompts(self, samples: list[Sample]) -> list[PromptInputs]:
+        return [build_prompt(s, self.processor, self.geometry, **self.prompt_kw) for s in samples]
+
+    def generate(self, samples: list[Sample], params: SamplingParams) -> list[RolloutGroup]:
+        """1. prompts, 2. features of every unique image (one encoder call), 3. per chunk: prefill once + decode."""
+        prompts = self.build_prompts(samples)
+        before = self.cache.stats()
+        feats = self.cache.get([p.image for p in prompts])
+        after = self.cache.stats()
+        for key in ("encoder_calls", "images_encoded"):
+            self._counts[key] += after[key] - before[key]
+        for s, p, f in zip(samples, prompts, feats):
+            if f.grid_thw.tolist() != p.image_grid_thw[0].tolist():
+                raise ValueError(
+                    f"sample '{s.id}': cached features have grid {f.grid_thw.tolist()} but the prompt expects "
+                    f"{p.image_grid_thw[0].tolist()}: the processor's min/max pixels changed without a new cache key"
+                )
+        gen = torch.Generator(device=self.device).manual_seed(params.seed) if params.seed is not None else None
+        stop = _StopCheck(self.processor.tokenizer, params.stop)
+        run = replace(params, n=1) if params.greedy else params  # greedy: decode once, copy G times
+        was_training = self.model.training
+        self.model.eval()  # gradient checkpointing in train mode would silently drop the KV cache
+        try:
+            rows: list[_Row] = []
+            with torch.no_grad():
+                for i in range(0, len(prompts), self.batch_prompts):
+                    chunk = slice(i, i + self.batch_prompts)
+                    rows += self._generate_chunk(prompts[chunk], feats[chunk], run, stop, gen)
+        finally:
+            self.model.train(was_training)
+        return self._groups(samples, prompts, rows, run.n, params.n, stop)
+
+    def _generate_chunk(self, prompts, feats, params, stop, gen) -> list[_Row]:
+        ids, mask = left_pad([p.input_ids for p in prompts], self.pad_id, self.device)
+        mm, _ = left_pad([p.mm_token_type_ids for p in prompts], 0, self.device)
+        grid = torch.cat([p.image_grid_thw for p in prompts]).to(self.device)
+        last, cache, next_pos = prefill(self.model, ids, mask, mm, grid, feats)
+        self._counts["prefill_tokens"] += int(mask.sum())
+        padded = mask if not bool(mask.all()) else None
+        return decode_loop(
+            self.model, last, cache, next_pos, padded, params, self.forbidden, self.eos_ids, stop, gen, self._counts
+        )
+
+    def _groups(self, samples, prompts, rows, run_n: int, g: int, stop) -> list[RolloutGroup]:
+        tok = self.processor.tokenizer
+        forbidden = set(torch.nonzero(self.forbidden).flatten().tolist())
+        groups = []
+        for b, (s, p) in enumerate(zip(samples, prompts)):
+            completions = []
+            for row in rows[b * run_n : (b + 1) * run_n] * (g // run_n):
+                text = stop.cut(tok.decode(row.token_ids, skip_special_tokens=True))
+                completions.append(Completion(list(row.token_ids), text, row.finish_reason, list(row.logprobs)))
+                self._counts[f"finish_{row.finish_reason}"] += 1
+                self._counts["generated_tokens"] += len(row.token_ids)
+                self._counts["placeholder_sampled"] += sum(t in forbidden for t in row.token_ids)
+            groups.append(RolloutGroup(s, list(p.input_ids), completions, self.policy_version))
+        self._counts["prompts"] += len(samples)
+        self._counts["completions"] += len(samples) * g
+        return groups
+
+    def update_weights(self, named_params=None, version: int = 0) -> None:
+        """The model is the trainer's own object: only the version moves (and a trainable tower's cache version)."""
+        self.policy_version = int(version)
+        self.cache.set_step(int(version))
+
+    def stats(self) -> dict[str, float]:
+        return {f"rollout/{k}": v for k, v in self._counts.items()}
+
+    def reset_stats(self) -> None:
+        self._counts = {k: 0 for k in COUNTERS}

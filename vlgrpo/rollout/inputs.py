@@ -1,0 +1,265 @@
+"""Model inputs built from cached vision features: prompt token ids, M-RoPE positions, and forward passes that inject
+the features instead of `pixel_values` (for generation and for the trainer's log-prob passes).
+
+Every pass builds a fresh `mm_encoder_outputs` dict (generate mutates it) and passes explicit M-RoPE position ids, so
+nothing depends on `model.model.rope_deltas` left by an earlier call. Knows nothing of sampling or training.
+Shapes: B prompts, G completions per prompt, R = rows (B*G or a subset), T tokens, C completion tokens, N image tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+from vlgrpo.data.images import ProcessorGeometry, image_size
+from vlgrpo.data.prompts import render_messages
+from vlgrpo.models import placeholder_token_ids
+from vlgrpo.types import InputError, Sample
+
+IMAGE_PAD = "<|image_pad|>"
+
+
+@dataclass
+class PromptInputs:
+    """One tokenised prompt with its single image; `input_ids` already hold one <|image_pad|> per image token."""
+
+    input_ids: list[int]
+    mm_token_type_ids: list[int]
+    """1 on image tokens, 0 on text (the processor's convention): decides the M-RoPE positions."""
+    image_grid_thw: Tensor
+    """[1, 3] long: (t, h, w) of the image in patches."""
+    image: str | bytes
+    """The sample's image reference (path or bytes): the vision cache's key source."""
+
+
+def build_prompt(
+    sample: Sample,
+    processor,
+    geometry: ProcessorGeometry | None = None,
+    answer_format: str = "think_answer",
+    box_format: str = "qwen2_5",
+    system_prompt: str = "",
+) -> PromptInputs:
+    """Chat-template the sample and expand its image pad from the image size alone (no pixel processing).
+
+    Produces the same ids as `processor(text, images)`; tests pin that.
+    """
+    if sample.image is None:
+        raise InputError(f"sample '{sample.id}' has no image; every vlgrpo prompt carries exactly one image")
+    geometry = geometry or ProcessorGeometry.from_processor(processor)
+    width, height = image_size(sample.image)
+    grid = geometry.grid_thw(height, width)
+    messages = render_messages(sample, answer_format, box_format, system_prompt)
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    if text.count(IMAGE_PAD) != 1:
+        raise InputError(
+            f"sample '{sample.id}': the chat template produced {text.count(IMAGE_PAD)} {IMAGE_PAD} tokens, expected 1"
+        )
+    text = text.replace(IMAGE_PAD, IMAGE_PAD * geometry.num_image_tokens(height, width))
+    ids = processor.tokenizer(text)["input_ids"]
+    image_id = processor.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+    return PromptInputs(
+        input_ids=list(ids),
+        mm_token_type_ids=[int(i == image_id) for i in ids],
+        image_grid_thw=torch.tensor([grid], dtype=torch.long),
+        image=sample.image,
+    )
+
+
+def forbidden_mask(tokenizer, vocab_size: int, device=None) -> Tensor:
+    """[V] bool: True on the vision placeholder ids, which sampling sets to -inf and the trainer masks identically."""
+    mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+    mask[[i for i in placeholder_token_ids(tokenizer) if i < vocab_size]] = True
+    return mask
+
+
+def vocab_size(model) -> int:
+    """Rows of the LM head, from the config (a ZeRO-3 partitioned weight has shape [0] outside its forward)."""
+    return int(model.config.get_text_config().vocab_size)
+
+
+def left_pad(rows: list[list[int]], pad_id: int, device=None) -> tuple[Tensor, Tensor]:
+    """Left-pad id lists -> (ids [R, T] long, attention_mask [R, T] long)."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+            mask[i, width - len(r) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def core_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The inner Qwen-VL model that owns `get_rope_index` (through peft / DDP wrappers)."""
+    for m in model.modules():
+        if hasattr(m, "get_rope_index") and hasattr(m, "visual"):
+            return m
+    raise ValueError(f"{type(model).__name__} is not a Qwen2-VL / Qwen2.5-VL model (no get_rope_index)")
+
+
+def mrope_positions(model, input_ids: Tensor, attention_mask: Tensor, mm_token_type_ids: Tensor, grid_thw: Tensor):
+    """M-RoPE position ids [3, R, T] (0 on padding) and the next free position of each row [R] long."""
+    pos, _ = core_model(model).get_rope_index(
+        input_ids, mm_token_type_ids=mm_token_type_ids, image_grid_thw=grid_thw, attention_mask=attention_mask
+    )
+    return pos, pos.amax(dim=(0, 2)) + 1
+
+
+def image_outputs(features: list) -> dict:
+    """A fresh `mm_encoder_outputs` dict (transformers' generate mutates the one it is given)."""
+    embeds = [f.embeds if hasattr(f, "embeds") else f for f in features]
+    return {"image": BaseModelOutputWithPooling(pooler_output=embeds)}
+
+
+def policy_logits(
+    model,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    mm_token_type_ids: Tensor,
+    image_grid_thw: Tensor,
+    features: list,
+) -> Tensor:
+    """One forward over whole rows with injected features -> logits [R, T, V]; logits[:, t] predicts ids[:, t + 1].
+
+    Rows may be left- or right-padded. Each row holds exactly one image, so `image_grid_thw` is [R, 3] and `features`
+    has R entries ([N_r, H] tensors or ImageFeatures), in row order; a repeated image is simply listed again.
+    """
+    if len(features) != input_ids.shape[0] or image_grid_thw.shape[0] != input_ids.shape[0]:
+        raise ValueError(
+            f"policy_logits wants one image per row: {input_ids.shape[0]} rows, {len(features)} features, "
+            f"{image_grid_thw.shape[0]} grid rows"
+        )
+    pos, _ = mrope_positions(model, input_ids, attention_mask, mm_token_type_ids, image_grid_thw)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=pos,
+        mm_encoder_outputs=image_outputs(features),
+        use_cache=False,
+    )
+    return out.logits
+
+
+def prefill(model, prompt_ids: Tensor, prompt_mask: Tensor, mm_token_type_ids: Tensor, grid_thw: Tensor, features):
+    """Forward the prompts once with a KV cache -> (last-position logits [B, V], cache, next position [B])."""
+    pos, next_pos = mrope_positions(model, prompt_ids, prompt_mask, mm_token_type_ids, grid_thw)
+    out = model(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask if not bool(prompt_mask.all()) else None,
+        position_ids=pos,
+        mm_encoder_outputs=image_outputs(features),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return out.logits[:, -1], out.past_key_values, next_pos
+
+
+# ---------------------------------------------------------------- log-prob passes over shared prompts
+
+
+@dataclass
+class CompletionBatch:
+    """Completions of B prompts for a shared-prefix forward: each prompt is run once, its KV cache gathered per row."""
+
+    prompt_ids: Tensor  # [B, Tp] long, left-padded
+    prompt_mask: Tensor  # [B, Tp] long
+    mm_token_type_ids: Tensor  # [B, Tp] long
+    image_grid_thw: Tensor  # [B, 3] long
+    completion_ids: Tensor  # [R, C] long, right-padded
+    completion_mask: Tensor  # [R, C] long, 1 on real completion tokens
+    row_prompt: Tensor  # [R] long: index into the B prompts of each row
+
+    def select(self, rows: Tensor | list[int]) -> "CompletionBatch":
+        """A micro-batch of rows, keeping only the prompts they need (features: index them with `used_prompts`)."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        used, inverse = torch.unique(self.row_prompt[rows], return_inverse=True)
+        return CompletionBatch(
+            self.prompt_ids[used], self.prompt_mask[used], self.mm_token_type_ids[used], self.image_grid_thw[used],
+            self.completion_ids[rows], self.completion_mask[rows], inverse,
+        )  # fmt: skip
+
+    def used_prompts(self, rows: Tensor | list[int]) -> list[int]:
+        """Indices of the prompts `select(rows)` keeps, in its order."""
+        return torch.unique(self.row_prompt[torch.as_tensor(rows, dtype=torch.long)]).tolist()
+
+
+def collate_groups(groups, grids: list[Tensor], pad_id: int, image_token_id: int, device=None) -> CompletionBatch:
+    """RolloutGroups (B prompts x G_b completions) -> CompletionBatch; `grids[b]` is prompt b's [3] image grid."""
+    prompt_ids, prompt_mask = left_pad([g.prompt_ids for g in groups], pad_id)
+    rows = [c.token_ids for g in groups for c in g.completions]
+    width = max(1, max((len(r) for r in rows), default=1))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        mask[i, : len(r)] = 1
+    row_prompt = torch.tensor([b for b, g in enumerate(groups) for _ in g.completions], dtype=torch.long)
+    grid = torch.stack([torch.as_tensor(g).reshape(3).long() for g in grids])
+    to = lambda t: t.to(device)  # noqa: E731
+    return CompletionBatch(
+        to(prompt_ids), to(prompt_mask), to((prompt_ids == image_token_id).long() * prompt_mask), to(grid),
+        to(ids), to(mask), to(row_prompt),
+    )  # fmt: skip
+
+
+def _checkpointing(model) -> bool:
+    """Gradient checkpointing drops the KV cache in training mode, so the shared-prefix pass must not rely on it."""
+    return model.training and any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+
+
+def completion_logits(model, batch: CompletionBatch, features: list) -> Tensor:
+    """Logits that predict each completion token -> [R, C, V] (features: one per prompt, B entries).
+
+    Shared prefix: the prompts are forwarded once, their KV cache gathered to the R rows, then the completions are
+    forwarded against it (the prompt is never recomputed per completion; gradients flow through the gathered cache).
+    Under active gradient checkpointing it falls back to whole rows through `policy_logits` (same numbers).
+    """
+    if _checkpointing(model):
+        return _completion_logits_full_rows(model, batch, features)
+    last, cache, next_pos = prefill(
+        model, batch.prompt_ids, batch.prompt_mask, batch.mm_token_type_ids, batch.image_grid_thw, features
+    )
+    cache.batch_select_indices(batch.row_prompt)
+    r, c = batch.completion_ids.shape
+    pos = next_pos[batch.row_prompt].unsqueeze(1) + torch.arange(c, device=next_pos.device)  # [R, C]
+    mask = torch.cat([batch.prompt_mask[batch.row_prompt], batch.completion_mask], dim=1)
+    out = model(
+        input_ids=batch.completion_ids,
+        attention_mask=mask,
+        position_ids=pos.unsqueeze(0).expand(3, r, c),
+        past_key_values=cache,
+        use_cache=True,
+    )
+    return torch.cat([last[batch.row_prompt].unsqueeze(1), out.logits[:, :-1]], dim=1)
+
+
+def _completion_logits_full_rows(model, batch: CompletionBatch, features: list) -> Tensor:
+    rp = batch.row_prompt
+    ids = torch.cat([batch.prompt_ids[rp], batch.completion_ids], dim=1)
+    mask = torch.cat([batch.prompt_mask[rp], batch.completion_mask], dim=1)
+    mm = torch.cat([batch.mm_token_type_ids[rp], torch.zeros_like(batch.completion_ids)], dim=1)
+    logits = policy_logits(model, ids, mask, mm, batch.image_grid_thw[rp], [features[i] for i in rp.tolist()])
+    tp = batch.prompt_ids.shape[1]
+    return logits[:, tp - 1 : -1]
+
+
+def completion_logprobs_and_entropy(
+    model, batch: CompletionBatch, features: list, forbidden: Tensor | None, temperature: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """(log-probs [R, C], entropies [R, C]) of the completion tokens under log softmax(logits / T) with the
+    forbidden (placeholder) ids at -inf: the exact distribution the HF engine samples from. Padding: mask it."""
+    from vlgrpo.grpo.logprobs import token_logprobs
+
+    logits = completion_logits(model, batch, features)
+    return token_logprobs(logits, batch.completion_ids, temperature=temperature, forbidden=forbidden)
+
+
+def completion_logprobs(
+    model, batch: CompletionBatch, features: list, forbidden: Tensor | None, temperature: float = 1.0
+) -> Tensor:
+    """Log-probs [R, C] of the completion tokens (see `completion_logprobs_and_entropy`)."""
+    return completion_logprobs_and_entropy(model, batch, features, forbidden, temperature)[0]

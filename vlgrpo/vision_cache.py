@@ -1,0 +1,338 @@
+"""Vision-encoder features keyed by (image sha256, vision-weights version, processor fingerprint), so every image is
+encoded once per weights version: an in-memory LRU with a byte budget in front of an optional on-disk store.
+
+Knows the model only through its vision tower (`visual`, merger included); knows nothing of prompts or rollout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from vlgrpo.data.images import ProcessorGeometry, image_sha256, load_image
+from vlgrpo.types import InputError
+
+FORMAT_VERSION = "1"
+SUFFIX = ".safetensors"
+TMP_PREFIX = ".tmp-"
+STAT_KEYS = ("hits", "misses", "encoder_calls", "images_encoded", "bytes", "disk_hits", "corrupt")
+
+
+@dataclass
+class ImageFeatures:
+    """The language-model inputs of one image: merged vision embeddings and the grid they came from."""
+
+    embeds: Tensor
+    """[N, H]: N image tokens after the 2x2 merge, H = language-model hidden size."""
+    grid_thw: Tensor
+    """[3] long: (t, h, w) in patches, the image's `image_grid_thw` row."""
+
+    @property
+    def nbytes(self) -> int:
+        return self.embeds.numel() * self.embeds.element_size() + self.grid_thw.numel() * self.grid_thw.element_size()
+
+
+# ---------------------------------------------------------------- fingerprints
+
+
+def find_visual(model: torch.nn.Module) -> torch.nn.Module:
+    """The vision tower (`visual`, merger inside) of a Qwen2-VL / Qwen2.5-VL model, bare or wrapped (peft, DDP)."""
+    for path in ("model.visual", "visual", "base_model.model.model.visual", "module.model.visual"):
+        obj = model
+        for attr in path.split("."):
+            obj = getattr(obj, attr, None)
+            if obj is None:
+                break
+        if isinstance(obj, torch.nn.Module):
+            return obj
+    candidates = [(n, m) for n, m in model.named_modules() if n.split(".")[-1] == "visual"]
+    if candidates:
+        return min(candidates, key=lambda nm: len(nm[0]))[1]
+    raise ValueError(f"{type(model).__name__} has no `visual` module: expected a Qwen2-VL / Qwen2.5-VL model")
+
+
+def vision_fingerprint(model: torch.nn.Module, gather=None) -> str:
+    """sha256 over the names, dtypes, shapes and bytes of the vision tower's parameters and buffers (16 hex chars).
+
+    `gather(params)`: a context manager that makes partitioned parameters whole (ZeRO-3 backends pass theirs).
+    """
+    visual = find_visual(model)
+    h = hashlib.sha256()
+    with gather(list(visual.parameters())) if gather is not None else contextlib.nullcontext():
+        for name, t in sorted(visual.state_dict(keep_vars=True).items()):
+            if gather is None and (hasattr(t, "ds_numel") or hasattr(t, "ds_id")):
+                raise ValueError(
+                    f"vision parameter '{name}' is partitioned (DeepSpeed ZeRO-3): pass gather= (a context manager "
+                    "that gathers parameters) or a precomputed VisionCache(fingerprint=...)"
+                )
+            t = t.detach()
+            h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+            h.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def processor_fingerprint(processor) -> str:
+    """Hash of every image-processor setting that changes the features: geometry, normalisation, resampling."""
+    ip = getattr(processor, "image_processor", processor)
+    extra = {k: _jsonable(getattr(ip, k, None)) for k in ("image_mean", "image_std", "rescale_factor", "do_rescale",
+                                                           "do_normalize", "do_convert_rgb", "resample")}  # fmt: skip
+    blob = json.dumps({"geometry": ProcessorGeometry.from_processor(processor).fingerprint(), **extra}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _jsonable(v):
+    if isinstance(v, (list, tuple)):
+        return [float(x) for x in v]
+    return v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
+
+
+def _checksum(embeds: Tensor, grid: Tensor) -> str:
+    h = hashlib.sha256()
+    for t in (embeds, grid):
+        h.update(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------- the cache
+
+
+class VisionCache:
+    """Encode each unique image once per vision-weights version; serve every later pass from memory or disk.
+
+    Frozen tower: the version is the weights fingerprint, so entries stay valid across steps, epochs and runs (the
+    disk store makes them survive restarts). Trainable tower (or merger): the version also carries the optimiser step
+    (`set_step`), entries of older steps are dropped, nothing is written to disk, and the update pass recomputes
+    features with autograd through `encode_with_grad`.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        processor,
+        max_bytes: int = 2**31,
+        disk_dir: str | Path | None = None,
+        trainable: bool = False,
+        fingerprint: str | None = None,
+        store_device: str | None = "cpu",
+    ):
+        self.model = model
+        self.processor = processor
+        self.max_bytes = int(max_bytes)
+        self.disk_dir = Path(disk_dir) if disk_dir is not None else None
+        self.trainable = trainable
+        self.store_device = store_device
+        self.weights_fp = fingerprint or vision_fingerprint(model)
+        self.processor_fp = processor_fingerprint(processor)
+        self.merge = ProcessorGeometry.from_processor(processor).merge_size
+        self.step = 0
+        self._lru: OrderedDict[str, ImageFeatures] = OrderedDict()
+        self._bytes = 0
+        self.reset_stats()
+
+    # -- versioning
+
+    @property
+    def version(self) -> str:
+        """Vision-weights version: the fingerprint, plus the optimiser step when the tower is trainable."""
+        return f"{self.weights_fp}@{self.step}" if self.trainable else self.weights_fp
+
+    def set_step(self, step: int) -> None:
+        """New optimiser step. Trainable tower: older entries can never be hit again, so they are dropped."""
+        if self.trainable and step != self.step:
+            self.step = int(step)
+            self._lru.clear()
+            self._bytes = 0
+
+    def key(self, sha: str) -> str:
+        return hashlib.sha256(f"{sha}|{self.version}|{self.processor_fp}".encode()).hexdigest()
+
+    # -- lookups
+
+    def get(self, images: list[str | bytes]) -> list[ImageFeatures]:
+        """Features for each image (aligned with `images`); every unique uncached image is encoded in one batch."""
+        shas = [image_sha256(img) for img in images]
+        keys = [self.key(s) for s in shas]
+        found: dict[str, ImageFeatures] = {}
+        missing: dict[str, tuple[str, str | bytes]] = {}  # key -> (sha, image), first occurrence
+        for k, sha, img in zip(keys, shas, images):
+            if k in found or k in missing:
+                continue
+            feats = self._memory_get(k) or self._disk_get(k)
+            if feats is None:
+                missing[k] = (sha, img)
+            else:
+                found[k] = feats
+        self._stats["hits"] += len(found)
+        self._stats["misses"] += len(missing)
+        if missing:
+            with torch.no_grad():
+                encoded = self._encode([img for _, img in missing.values()])
+            for (k, (sha, _)), feats in zip(missing.items(), encoded):
+                embeds = feats.embeds.detach()
+                feats = ImageFeatures(embeds.to(self.store_device or embeds.device), feats.grid_thw)
+                found[k] = feats
+                self._memory_put(k, feats)
+                self._disk_put(k, sha, feats)
+        return [found[k] for k in keys]
+
+    def encode_with_grad(self, images: list[str | bytes]) -> list[ImageFeatures]:
+        """Recompute features with autograd (trainable tower, update pass); nothing is cached. Duplicates share one."""
+        shas = [image_sha256(img) for img in images]
+        unique = list(dict.fromkeys(shas))
+        first = {s: img for s, img in zip(reversed(shas), reversed(images))}
+        encoded = dict(zip(unique, self._encode([first[s] for s in unique])))
+        return [encoded[s] for s in shas]
+
+    def _encode(self, images: list[str | bytes]) -> list[ImageFeatures]:
+        """One vision-encoder call over all `images`: pixels through `visual` (merger included) -> [N_i, H] each."""
+        visual = find_visual(self.model)
+        param = next(visual.parameters())
+        out = self.processor.image_processor(images=[load_image(img) for img in images], return_tensors="pt")
+        pixels = out["pixel_values"].to(param.device, param.dtype)
+        grid = out["image_grid_thw"].to(param.device)
+        merged = visual(pixels, grid_thw=grid)
+        merged = merged.pooler_output if hasattr(merged, "pooler_output") else merged  # [sum N_i, H]
+        sizes = (grid.prod(-1) // self.merge**2).tolist()
+        self._stats["encoder_calls"] += 1
+        self._stats["images_encoded"] += len(images)
+        return [ImageFeatures(e, g.cpu().long()) for e, g in zip(torch.split(merged, sizes), grid)]
+
+    # -- memory LRU
+
+    def _memory_get(self, k: str) -> ImageFeatures | None:
+        feats = self._lru.get(k)
+        if feats is not None:
+            self._lru.move_to_end(k)
+        return feats
+
+    def _memory_put(self, k: str, feats: ImageFeatures) -> None:
+        if feats.nbytes > self.max_bytes or k in self._lru:
+            return
+        self._lru[k] = feats
+        self._bytes += feats.nbytes
+        while self._bytes > self.max_bytes:
+            _, old = self._lru.popitem(last=False)
+            self._bytes -= old.nbytes
+
+    # -- disk store
+
+    def _path(self, k: str) -> Path:
+        return self.disk_dir / k[:2] / f"{k}{SUFFIX}"
+
+    def _disk_get(self, k: str) -> ImageFeatures | None:
+        if self.disk_dir is None or self.trainable:
+            return None
+        path = self._path(k)
+        if not path.is_file():
+            return None
+        feats = read_entry(path, self.merge)
+        if feats is None:  # corrupt or truncated: count it, delete it, recompute
+            self._stats["corrupt"] += 1
+            path.unlink(missing_ok=True)
+            return None
+        self._stats["disk_hits"] += 1
+        feats = ImageFeatures(feats.embeds.to(self.store_device or feats.embeds.device), feats.grid_thw)
+        self._memory_put(k, feats)
+        return feats
+
+    def _disk_put(self, k: str, sha: str, feats: ImageFeatures) -> None:
+        if self.disk_dir is None or self.trainable:
+            return
+        from safetensors.torch import save_file
+
+        path = self._path(k)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        embeds, grid = feats.embeds.detach().cpu().contiguous(), feats.grid_thw.cpu().contiguous()
+        meta = {"format": FORMAT_VERSION, "image_sha256": sha, "vision": self.version,
+                "processor": self.processor_fp, "sha256": _checksum(embeds, grid)}  # fmt: skip
+        tmp = path.parent / f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex}{SUFFIX}"
+        save_file({"embeds": embeds, "grid_thw": grid}, str(tmp), metadata=meta)
+        os.replace(tmp, path)  # atomic: readers see the old state or the whole new file, never half of it
+
+    # -- counters
+
+    def stats(self) -> dict[str, int]:
+        """Counters since the last reset (`bytes` is the current in-memory size); logged as `vision/<key>`."""
+        return {**self._stats, "bytes": self._bytes}
+
+    def reset_stats(self) -> None:
+        self._stats = {k: 0 for k in STAT_KEYS if k != "bytes"}
+
+
+def read_entry(path: Path, merge_size: int = 2) -> ImageFeatures | None:
+    """Load one disk entry and verify its checksum and shapes; None if it is corrupt, truncated or foreign."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            embeds, grid = f.get_tensor("embeds"), f.get_tensor("grid_thw")
+    except Exception:  # noqa: BLE001 - any unreadable file is a corrupt entry, whatever safetensors raises
+        return None
+    if meta.get("sha256") != _checksum(embeds, grid) or grid.shape != (3,) or embeds.dim() != 2:
+        return None
+    if embeds.shape[0] != int(grid.prod()) // merge_size**2:
+        return None
+    return ImageFeatures(embeds, grid.long())
+
+
+# ---------------------------------------------------------------- `vlgrpo cache stats | clear`
+
+
+class CacheDirError(InputError):
+    """A vision-cache directory that does not exist."""
+
+
+def _root(disk_dir: str | Path) -> Path:
+    root = Path(disk_dir)
+    if not root.is_dir():
+        raise CacheDirError(f"vision cache directory '{root}' does not exist (rollout.vision_cache_dir)")
+    return root
+
+
+def _entries(disk_dir: Path):
+    return sorted(p for p in disk_dir.glob(f"*/*{SUFFIX}") if not p.name.startswith(TMP_PREFIX))
+
+
+def disk_stats(disk_dir: str | Path) -> dict:
+    """Entries, bytes and a per-vision-version count of an on-disk cache (headers only; tensors are not loaded)."""
+    from safetensors import safe_open
+
+    root = _root(disk_dir)
+    entries, total, versions, unreadable = 0, 0, {}, 0
+    for p in _entries(root):
+        entries += 1
+        total += p.stat().st_size
+        try:
+            with safe_open(str(p), framework="pt") as f:
+                v = (f.metadata() or {}).get("vision", "?")
+        except Exception:  # noqa: BLE001
+            unreadable += 1
+            continue
+        versions[v] = versions.get(v, 0) + 1
+    tmp = len(list(root.glob(f"*/{TMP_PREFIX}*")))
+    return {"dir": str(root), "entries": entries, "bytes": total, "by_vision_version": versions,
+            "unreadable": unreadable, "partial_writes": tmp}  # fmt: skip
+
+
+def clear_disk(disk_dir: str | Path) -> dict:
+    """Delete every cache entry (and leftover partial writes) under `disk_dir`; other files are left alone."""
+    root = _root(disk_dir)
+    removed, freed = 0, 0
+    for p in [*_entries(root), *root.glob(f"*/{TMP_PREFIX}*")]:
+        freed += p.stat().st_size
+        p.unlink()
+        removed += 1
+    for sub in root.iterdir():
+        if sub.is_dir() and len(sub.name) == 2 and not any(sub.iterdir()):
+            sub.rmdir()
+    return {"dir": str(root), "removed": removed, "bytes_freed": freed}
