@@ -1,0 +1,59 @@
+import json
+
+import torch
+
+from vlgrpo.trainer import run_training
+from vlgrpo.trainer.metrics import read_metrics
+from vlgrpo.trainer.state import build_state
+from vlgrpo.trainer.loop import Trainer
+
+from trainer_helpers import tiny_config, write_reward_module
+
+
+def _snapshot(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_two_grpo_steps_change_only_trainable_parameters(tmp_path, tiny_model_dir, shapes_dir):
+    spec = write_reward_module(tmp_path)
+    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", f"reward.recipe={{'{spec}': 1.0}}")
+    state = build_state(cfg, progress=False)
+    before = _snapshot(state.backend.model)
+    history = Trainer(state).train()
+    after = _snapshot(state.backend.model)
+    state.close()
+    changed = {n for n in before if not torch.equal(before[n], after[n])}
+    vision = {n for n in before if ".visual." in f".{n}"}
+    assert changed and not changed & vision  # the frozen tower (and merger) never move
+    assert any("layers.0." in n for n in changed) and "model.language_model.embed_tokens.weight" in changed
+    assert [h["step"] for h in history] == [1, 2]
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2]
+    for key in ("reward/total", "grpo/entropy", "grpo/clip_frac_high", "timing/rollout", "timing/update",
+                "timing/step", "vision/hit_rate", "rollout/prefill_tokens", "memory/peak_rss_gb"):
+        assert key in rows[-1], key
+    assert rows[0]["grpo/zero_adv_frac"] < 1.0  # the length reward gives the groups variance
+    saved = (tmp_path / "run" / "config.yaml").read_text()
+    assert spec in saved and "steps: 2" in saved
+
+
+def test_encoder_runs_once_per_unique_image_per_step(tmp_path, tiny_model_dir, shapes_dir):
+    spec = write_reward_module(tmp_path)
+    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", f"reward.recipe={{'{spec}': 1.0}}",
+                      "grpo.num_iterations=2", "grpo.beta=0.04", "train.steps=1")
+    state = build_state(cfg, progress=False)
+    (row,) = Trainer(state).train()
+    state.close()
+    # 2 prompts, 2 distinct images: rollout, old, ref and update passes reuse the features (no pixels anywhere)
+    assert row["vision/images_encoded"] == 2 and row["vision/encoder_calls"] == 1
+    assert row["vision/misses"] == 2 and row["vision/hits"] >= 2
+    assert row["rollout/prefill_tokens"] > 0 and row["rollout/prompts"] == 2
+
+
+def test_sft_lowers_the_loss_on_gold_answers(tmp_path, tiny_model_dir, shapes_dir):
+    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", "train.stage=sft", "train.steps=12",
+                      "train.prompts_per_step=8", "train.micro_batch_completions=8", "train.lr=3e-3")
+    history = run_training(cfg, progress=False)
+    losses = [h["train/loss"] for h in history]
+    assert losses[-1] < 0.6 * losses[0]
+    assert "reward/total" not in history[-1]  # no rollout in SFT

@@ -1,0 +1,65 @@
+import torch
+
+from vlgrpo.data.adapters import load_samples
+from vlgrpo.models import load_model
+from vlgrpo.trainer.loop import Trainer
+from vlgrpo.trainer.lora import target_regex
+from vlgrpo.trainer.state import build_state
+
+from trainer_helpers import tiny_config, write_reward_module
+
+
+def _lora_state(tmp_path, tiny_model_dir, shapes_dir, *extra):
+    spec = write_reward_module(tmp_path)
+    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", "train.backend=lora", "train.lora.rank=4",
+                      f"reward.recipe={{'{spec}': 1.0}}", *extra)
+    return build_state(cfg, progress=False)
+
+
+def test_adapters_only_on_language_linears():
+    pattern = target_regex(["q_proj", "gate_proj"])
+    import re
+
+    assert re.fullmatch(pattern, "model.language_model.layers.0.self_attn.q_proj")
+    assert re.fullmatch(pattern, "model.language_model.layers.3.mlp.gate_proj")
+    assert not re.fullmatch(pattern, "model.visual.blocks.0.mlp.gate_proj")  # Qwen2.5-VL's ViT has gate_proj too
+    assert re.fullmatch(target_regex(["visual.merger.mlp.0"]), "model.visual.merger.mlp.0")
+
+
+def test_reference_logprobs_equal_the_base_model(tmp_path, tiny_model_dir, shapes_dir):
+    state = _lora_state(tmp_path, tiny_model_dir, shapes_dir, "grpo.beta=0.04")
+    names = [n for n, p in state.backend.model.named_parameters() if p.requires_grad]
+    assert names and all("lora_" in n and ".visual." not in n for n in names)
+    torch.manual_seed(1)
+    for n, p in state.backend.model.named_parameters():
+        if "lora_B" in n:  # peft starts B at zero; move it so the adapter changes the policy
+            p.data.normal_(0, 0.3)
+    trainer = Trainer(state)
+    samples = load_samples(shapes_dir / "train.jsonl").samples[:2]
+    state.cache.get([s.image for s in samples])
+    batch = trainer._collate(state.engine.generate(samples, state.sampling_for(0)))
+    with state.backend.reference() as ref:
+        ref_logp = trainer._logprobs(ref, batch)
+    policy_logp = trainer._logprobs(state.backend.model, batch)
+    base_logp = trainer._logprobs(load_model(tiny_model_dir()).model, batch)
+    mask = batch.loss_mask.bool()
+    assert torch.allclose(ref_logp[mask], base_logp[mask], atol=1e-5)
+    assert (policy_logp[mask] - base_logp[mask]).abs().max() > 1e-2
+    state.close()
+
+
+def test_lora_training_and_merged_export(tmp_path, tiny_model_dir, shapes_dir):
+    state = _lora_state(tmp_path, tiny_model_dir, shapes_dir, "train.lr=1e-2")
+    base = {n: p.detach().clone() for n, p in load_model(tiny_model_dir()).model.named_parameters()}
+    Trainer(state).train()
+    out = state.backend.export(tmp_path / "export", state.lm.processor)
+    merged = dict(state.backend.named_weights())
+    state.close()
+    exported = load_model(str(out)).model
+    changed = 0
+    for n, p in exported.named_parameters():
+        assert torch.allclose(p, merged[n], atol=1e-6), n
+        changed += not torch.equal(p, base[n])
+        if ".visual." in f".{n}":
+            assert torch.equal(p, base[n]), n
+    assert changed > 0 and (out / "adapter" / "adapter_config.json").is_file()

@@ -1,0 +1,21 @@
+"""Training: the GRPO/SFT loop, backends (plain, LoRA, ZeRO-3), checkpoints and metrics.
+
+`run_training(cfg)` is what `vlgrpo train` calls; the loop itself lives in loop.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def run_training(cfg, run_dir: str | Path | None = None, progress: bool | None = None, evaluator=None) -> list[dict]:
+    """Build the run state from the config, resume if a checkpoint exists, train to train.steps."""
+    from vlgrpo.trainer.loop import Trainer
+    from vlgrpo.trainer.state import build_state
+
+    state = build_state(cfg, run_dir, progress)
+    state.evaluator = evaluator
+    try:
+        return Trainer(state).train()
+    finally:
+        state.close()

@@ -1,0 +1,154 @@
+"""Training backends behind one small interface: plain (single process, full weights), LoRA, ZeRO-3.
+
+A backend owns the trainable module, the optimiser and the schedule, and answers three questions for the loop:
+how to step, how to get reference log-probs (a frozen copy, the adapter disabled, or none), and how to save/export.
+The freeze switches and the LR schedule are shared here. peft and deepspeed live in lora.py / zero3.py only.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from vlgrpo.config import Config
+
+
+def part_of(name: str) -> str:
+    """Which part of a Qwen-VL a parameter belongs to: vision (ViT + patch embed), merger, or language."""
+    if ".visual." in f".{name}":
+        return "merger" if ".merger." in name else "vision"
+    return "language"
+
+
+def apply_freeze(model: torch.nn.Module, freeze_vision: bool, freeze_merger: bool, freeze_language: bool) -> dict:
+    """Set requires_grad per part; returns trainable parameter counts per part."""
+    frozen = {"vision": freeze_vision, "merger": freeze_merger, "language": freeze_language}
+    counts = {"vision": 0, "merger": 0, "language": 0}
+    for name, p in model.named_parameters():
+        part = part_of(name)
+        p.requires_grad_(not frozen[part])
+        if p.requires_grad:
+            counts[part] += p.numel()
+    return counts
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str) -> float:
+    """Multiplier of the peak LR at optimiser step `step` (0-based): linear warm-up, then constant or cosine to 0."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    span = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / span)
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class PlainBackend:
+    """All weights in one process (CPU tests, a single GPU). Reference policy: a frozen copy, only when beta > 0."""
+
+    name = "plain"
+
+    def __init__(self, model: torch.nn.Module, cfg: Config, need_reference: bool) -> None:
+        m = cfg.model
+        self.trainable_counts = apply_freeze(model, m.freeze_vision, m.freeze_merger, m.freeze_language)
+        self._setup(model, cfg, need_reference)
+
+    def _setup(self, model: torch.nn.Module, cfg: Config, need_reference: bool) -> None:
+        """Gradient checkpointing, the optional frozen reference copy, AdamW over trainable params, LR schedule."""
+        m, t = cfg.model, cfg.train
+        self.model = model
+        if m.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+            if hasattr(model, "enable_input_require_grads"):  # frozen embeddings + adapters need this
+                model.enable_input_require_grads()
+        self._ref = None
+        if need_reference:
+            self._ref = copy.deepcopy(model).eval().requires_grad_(False)
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("no trainable parameters: check model.freeze_vision / freeze_merger / freeze_language")
+        self.optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_factor(s, t.warmup_steps, t.steps, t.lr_schedule)
+        )
+        self.max_grad_norm = t.max_grad_norm
+
+    # ---- the loop's interface
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> dict[str, float]:
+        """Clip, step optimiser and schedule, zero grads. Returns `train/grad_norm` and `train/lr`."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm if self.max_grad_norm > 0 else float("inf"))
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"train/grad_norm": float(norm), "train/lr": lr}
+
+    def reference(self):
+        """Context yielding the module that computes reference log-probs (None when no reference is kept)."""
+        return nullcontext(self._ref)
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full (gathered, merged) weights for the rollout engine and export."""
+        yield from self.model.state_dict().items()
+
+    def vision_trainable(self) -> bool:
+        return self.trainable_counts["vision"] + self.trainable_counts["merger"] > 0
+
+    # ---- checkpoints
+    def save(self, directory: Path) -> None:
+        torch.save(self.state_dict(), directory / "backend.pt")
+
+    def load(self, directory: Path) -> None:
+        self.load_state_dict(torch.load(directory / "backend.pt", weights_only=False))
+
+    def state_dict(self) -> dict:
+        return {
+            "model": {k: v for k, v in self.model.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    def export(self, out_dir: str | Path, processor) -> Path:
+        """A plain HF checkpoint (config, weights, processor) loadable with `from_pretrained`."""
+        out = Path(out_dir)
+        self.model.save_pretrained(out)
+        processor.save_pretrained(out)
+        return out
+
+
+@contextmanager
+def eval_mode(model: torch.nn.Module):
+    """Dropout off for log-prob passes that must match sampling; restores the previous mode."""
+    was = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was)
+
+
+def make_backend(model: torch.nn.Module, cfg: Config, need_reference: bool):
+    """Select the backend once from train.backend."""
+    if cfg.train.backend == "lora":
+        from vlgrpo.trainer.lora import LoRABackend
+
+        return LoRABackend(model, cfg, need_reference)
+    if cfg.train.backend == "zero3":
+        from vlgrpo.trainer.zero3 import Zero3Backend
+
+        return Zero3Backend(model, cfg, need_reference)
+    return PlainBackend(model, cfg, need_reference)

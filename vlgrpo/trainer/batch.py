@@ -1,0 +1,52 @@
+"""Training batches: rollout groups -> one shared-prefix `CompletionBatch`, its micro-batches, and their log-probs.
+
+Each prompt is forwarded once per pass and its KV cache shared by its G completions (rollout/inputs.py does the
+model side). Completions that contain a vision placeholder token are masked out of the loss and counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vlgrpo.rollout.inputs import CompletionBatch, collate_groups
+from vlgrpo.types import RolloutGroup
+
+
+@dataclass
+class TrainBatch:
+    """R = sum of G over B prompts. `loss_mask` [R, C] float: 1 on scored tokens (padding and masked rows are 0)."""
+
+    batch: CompletionBatch
+    features: list[torch.Tensor]
+    """B tensors [N_b, H]: the image features of each prompt (cached, no pixels)."""
+    loss_mask: torch.Tensor
+    masked_rows: int = 0
+    """Completions dropped from the loss because they contain a vision placeholder token."""
+
+    @property
+    def rows(self) -> int:
+        return self.batch.completion_ids.shape[0]
+
+    def micro_batches(self, size: int):
+        """(row slice, CompletionBatch of those rows, their prompts' features) in order."""
+        for start in range(0, self.rows, size):
+            rows = torch.arange(start, min(start + size, self.rows))
+            part = self.batch.select(rows)
+            yield slice(start, start + len(rows)), part, [self.features[i] for i in self.batch.used_prompts(rows)]
+
+
+def make_batch(
+    groups: list[RolloutGroup], features: list, pad_id: int, image_token_id: int, forbidden_ids: list[int]
+) -> TrainBatch:
+    """features: one ImageFeatures per group (embeds [N, H], grid_thw [3])."""
+    batch = collate_groups(groups, [f.grid_thw for f in features], pad_id, image_token_id)
+    loss_mask = batch.completion_mask.float()
+    bad = torch.isin(batch.completion_ids, torch.tensor(list(forbidden_ids), dtype=torch.long)).any(1)  # [R]
+    if bad.any():  # a placeholder would desync image tokens and has logp = -inf: drop the row, keep the shapes
+        batch.completion_ids[bad] = pad_id
+        batch.completion_mask[bad] = 0
+        loss_mask[bad] = 0.0
+    return TrainBatch(batch, [f.embeds for f in features], loss_mask, int(bad.sum()))
+

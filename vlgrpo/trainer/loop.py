@@ -1,0 +1,249 @@
+"""The training loop: one GRPO (or SFT) step that reads top to bottom as the numbered phases of DESIGN.md.
+
+Recipes glue, components compute: every phase calls a library function (vision cache, rollout engine, rewards,
+grpo math, backend) inside a `timing/<phase>` timer. Variants (advantage, ratio, aggregation) are picked once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from vlgrpo import grpo
+from vlgrpo.rewards import score
+from vlgrpo.rollout.inputs import completion_logprobs_and_entropy
+from vlgrpo.trainer.batch import TrainBatch, make_batch
+from vlgrpo.trainer.metrics import memory_metrics
+from vlgrpo.trainer.backends import eval_mode
+from vlgrpo.trainer.sft import render_target
+from vlgrpo.trainer.state import RunState
+from vlgrpo.types import Completion, RolloutGroup, Sample
+
+
+@dataclass
+class Scored:
+    """Rollout groups of one step with their rewards (after shaping) and the step's reward metrics."""
+
+    groups: list[RolloutGroup] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    dropped_groups: int = 0
+    rounds: int = 0
+
+
+def _mean_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
+    keys = {k for p in parts for k in p}
+    return {k: sum(p.get(k, 0.0) for p in parts) / len(parts) for k in keys}
+
+
+class Trainer:
+    """Holds the run state (model, backend, engine, cache, data) and runs steps. Built by `build_trainer`."""
+
+    def __init__(self, s: RunState) -> None:
+        self.s = s
+        g = s.cfg.grpo
+        self.advantage_fn = grpo.select(grpo.ADVANTAGES, g.advantage, "grpo.advantage")
+        self.ratio_fn = grpo.select(grpo.RATIOS, g.loss, "grpo.loss")
+        self.aggregate_fn = grpo.select(grpo.AGGREGATIONS, g.aggregation, "grpo.aggregation")
+        self.step_fn = self.sft_step if s.cfg.train.stage == "sft" else self.grpo_step
+
+    # ------------------------------------------------------------------ GRPO
+    def grpo_step(self) -> dict[str, float]:
+        s, cfg, T = self.s, self.s.cfg, self.s.timers
+        B, G = cfg.train.prompts_per_step, cfg.rollout.completions_per_prompt
+        # 1-4. batch -> vision -> rollout -> reward, repeated while dynamic sampling tops the batch up
+        scored = self._sample_and_score(B)
+        groups = scored.groups[:B]
+        rewards = torch.tensor(scored.rewards[: B * G])  # [B*G]
+        group_ids = torch.arange(len(groups)).repeat_interleave(G)  # [B*G]
+
+        # 5. advantage: per group (r - mean) / (std + eps) or its variants
+        with T("advantage"):
+            advantages, adv_stats = self.advantage_fn(rewards, group_ids, eps=cfg.grpo.std_eps)  # [B*G]
+            batch = self._collate(groups)
+
+        # 6. old log-probs (only when the update is off-policy) and reference log-probs (only when beta > 0)
+        old_logp = ref_logp = None
+        if cfg.grpo.num_iterations > 1:
+            with T("old_logprob"):
+                old_logp = self._logprobs(s.backend.model, batch)
+        if cfg.grpo.beta > 0:
+            with T("ref_logprob"), s.backend.reference() as ref_model:
+                ref_logp = self._logprobs(ref_model, batch)
+
+        # 7. update: num_iterations passes over micro-batches; token-mean normalises by the whole batch
+        with T("update"):
+            update = self._update(batch, advantages, old_logp, ref_logp)
+
+        # 8. sync the rollout engine (a version bump for the HF engine sharing the model)
+        s.step += 1
+        with T("sync"):
+            s.cache.set_step(s.step)
+            if s.engine_needs_weights:
+                s.engine.update_weights(s.backend.named_weights(), s.step)
+            else:
+                s.engine.update_weights(None, s.step)
+        lengths = batch.batch.completion_mask.sum(1).float()  # [R]
+        return {
+            **scored.metrics, **update,
+            **{f"grpo/{k}": v for k, v in adv_stats.items()},
+            "grpo/response_length": float(lengths.mean()),
+            "grpo/dropped_groups": float(scored.dropped_groups),
+            "grpo/sampling_rounds": float(scored.rounds),
+            "rollout/placeholder_masked": float(batch.masked_rows),
+        }  # fmt: skip
+
+    def _sample_and_score(self, B: int) -> Scored:
+        s, cfg, T = self.s, self.s.cfg, self.s.timers
+        G = cfg.rollout.completions_per_prompt
+        out, parts = Scored(), []
+        need = B
+        while need > 0:
+            samples = s.data.next(need)  # 1. batch
+            with T("vision"):  # 2. each unique image encoded once; the engine and the update reuse it
+                s.cache.get([x.image for x in samples])
+            with T("rollout"):  # 3. G completions per prompt, prompt prefilled once per group
+                groups = s.engine.generate(samples, s.sampling_for(s.step, out.rounds))
+            with T("reward"):  # 4. named components + weighted total; failures are counted zeros
+                rewards, metrics = self._rewards(groups)
+            parts.append(metrics)
+            out.rounds += 1
+            if not cfg.grpo.dynamic_sampling:
+                out.groups, out.rewards = groups, rewards
+                break
+            r = torch.tensor(rewards)
+            keep, dropped = grpo.filter_zero_variance_groups(r, torch.arange(len(groups)).repeat_interleave(G))
+            out.dropped_groups += dropped
+            for gi in range(len(groups)):
+                if keep[gi * G]:
+                    out.groups.append(groups[gi])
+                    out.rewards.extend(rewards[gi * G : (gi + 1) * G])
+            need = grpo.prompts_needed(len(out.groups), B, out.rounds - 1, cfg.grpo.max_topup_rounds)
+            if need == 0 and len(out.groups) < B:  # rounds exhausted: fill with the last round's groups
+                fill = [gi for gi in range(len(groups)) if not keep[gi * G]][: B - len(out.groups)]
+                for gi in fill:
+                    out.groups.append(groups[gi])
+                    out.rewards.extend(rewards[gi * G : (gi + 1) * G])
+        out.metrics = _mean_metrics(parts)
+        return out
+
+    def _rewards(self, groups: list[RolloutGroup]) -> tuple[list[float], dict[str, float]]:
+        s, cfg = self.s, self.s.cfg
+        completions = [c for g in groups for c in g.completions]
+        samples = [g.sample for g in groups for _ in g.completions]
+        result = score([c.text for c in completions], samples, s.recipe, s.reward_ctx)
+        totals = list(result.total)
+        metrics = result.metrics()
+        o = cfg.reward.overlong
+        if o.enabled:  # DAPO overlong shaping, added to the total
+            lengths = torch.tensor([len(c.token_ids) for c in completions])
+            penalty = grpo.overlong_penalty(lengths, o.max_length, o.cache_length)
+            totals = [t + float(p) for t, p in zip(totals, penalty)]
+            metrics["reward/overlong"] = float(penalty.mean())
+        metrics["reward/total"] = sum(totals) / len(totals)
+        for sid, comp, err in result.failures[:5]:
+            s.log_warning(f"reward '{comp}' failed on sample {sid}: {err}")
+        return totals, metrics
+
+    def _collate(self, groups: list[RolloutGroup]) -> TrainBatch:
+        s = self.s
+        features = s.cache.get([g.sample.image for g in groups])  # cache hits: encoded in phase 2
+        return make_batch(groups, features, s.pad_id, s.image_token_id, s.forbidden_ids)
+
+    @torch.no_grad()
+    def _logprobs(self, model, batch: TrainBatch) -> torch.Tensor:
+        out = []
+        with eval_mode(model):
+            for _, part, feats in batch.micro_batches(self.s.cfg.train.micro_batch_completions):
+                out.append(completion_logprobs_and_entropy(model, part, feats, self.s.forbidden, self.s.temperature)[0])
+        return torch.cat(out)  # [R, C]
+
+    def _update(self, batch: TrainBatch, advantages, old_logp, ref_logp) -> dict[str, float]:
+        s, g = self.s, self.s.cfg.grpo
+        num_tokens = batch.loss_mask.sum()  # global normaliser: micro-batch losses add up to the batch loss
+        stats_all, opt_stats, losses = [], {}, []
+        model = s.backend.model
+        with eval_mode(model):  # no dropout: the ratio must be exactly 1 on the first on-policy pass
+            for _ in range(g.num_iterations):
+                for rows, part, feats in batch.micro_batches(s.cfg.train.micro_batch_completions):
+                    logp, entropy = completion_logprobs_and_entropy(model, part, feats, s.forbidden, s.temperature)
+                    loss, stats = grpo.policy_loss(
+                        logp, None if old_logp is None else old_logp[rows], advantages[rows], batch.loss_mask[rows],
+                        log_ratio=self.ratio_fn, aggregate=self.aggregate_fn, clip_low=g.clip_low,
+                        clip_high=g.clip_high, dual_clip=g.dual_clip, beta=g.beta,
+                        ref_logp=None if ref_logp is None else ref_logp[rows], entropy=entropy.detach(),
+                        num_tokens=num_tokens, num_sequences=batch.rows,
+                        max_completion_length=s.cfg.rollout.max_new_tokens,
+                    )  # fmt: skip
+                    s.backend.backward(loss)
+                    losses.append(loss.item())
+                    stats_all.append({k: float(v) for k, v in stats.items()})
+                opt_stats = s.backend.step()
+        return {"train/loss": sum(losses) / g.num_iterations, **opt_stats,
+                **{f"grpo/{k}": v for k, v in _mean_metrics(stats_all).items()}}  # fmt: skip
+
+    # ------------------------------------------------------------------ SFT
+    def sft_step(self) -> dict[str, float]:
+        s, cfg, T = self.s, self.s.cfg, self.s.timers
+        samples = s.data.next(cfg.train.prompts_per_step)  # 1. batch
+        with T("vision"):  # 2. features from the cache
+            s.cache.get([x.image for x in samples])
+        with T("update"):  # teacher-forced NLL of the gold answer in the target format
+            batch = self._collate([self._gold_group(x) for x in samples])
+            num_tokens, total = batch.loss_mask.sum(), 0.0
+            with eval_mode(s.backend.model):
+                for rows, part, feats in batch.micro_batches(cfg.train.micro_batch_completions):
+                    logp, _ = completion_logprobs_and_entropy(s.backend.model, part, feats, s.forbidden, 1.0)
+                    loss = -(logp * batch.loss_mask[rows]).sum() / num_tokens
+                    s.backend.backward(loss)
+                    total += loss.item()
+                opt_stats = s.backend.step()
+        s.step += 1
+        s.cache.set_step(s.step)
+        return {"train/loss": total, **opt_stats}
+
+    def _gold_group(self, sample: Sample) -> RolloutGroup:
+        """The gold answer, rendered in the target format and tokenised (+ EOS), as a one-completion group."""
+        s = self.s
+        text = render_target(sample, s.cfg.data.answer_format, s.reward_ctx.box_format, s.geometry)
+        ids = s.tokenizer(text, add_special_tokens=False)["input_ids"] + [s.tokenizer.eos_token_id]
+        return RolloutGroup(sample=sample, prompt_ids=s.prompt(sample).input_ids,
+                            completions=[Completion(token_ids=ids, text=text, finish_reason="stop")])  # fmt: skip
+
+    # ------------------------------------------------------------------ driving
+    def _counters(self) -> dict[str, float]:
+        """This step's vision-cache and engine counters (then reset), plus the cache hit rate."""
+        s = self.s
+        vision = s.cache.stats()
+        out = {f"vision/{k}": float(v) for k, v in vision.items()}
+        lookups = vision.get("hits", 0) + vision.get("misses", 0)
+        out["vision/hit_rate"] = vision.get("hits", 0) / lookups if lookups else 0.0
+        s.cache.reset_stats()
+        if s.engine is not None:
+            out.update({k: float(v) for k, v in s.engine.stats().items()})  # already `rollout/*`
+            s.engine.reset_stats()
+        return out
+
+    def train(self) -> list[dict]:
+        """Run until train.steps; log, evaluate and checkpoint on schedule. Returns the logged rows."""
+        s, cfg = self.s, self.s.cfg
+        history = []
+        while s.step < cfg.train.steps:
+            t0 = time.perf_counter()
+            metrics = self.step_fn()
+            if s.evaluator is not None and cfg.eval.every_steps and s.step % cfg.eval.every_steps == 0:
+                with s.timers("eval"):
+                    metrics.update(s.evaluator(s))
+            metrics.update(s.timers.pop())
+            metrics.update(self._counters())
+            metrics.update(memory_metrics())
+            metrics["timing/step"] = time.perf_counter() - t0
+            if s.step % cfg.logging.log_every == 0 or s.step == cfg.train.steps:
+                s.logger.log(s.step, metrics)
+            history.append({"step": s.step, **metrics})
+            if cfg.train.save_every and s.step % cfg.train.save_every == 0:
+                s.save_checkpoint()
+        s.save_checkpoint()
+        return history

@@ -1,0 +1,103 @@
+"""LoRA backend: adapters on the language model's linear layers (never the vision tower unless asked).
+
+The only module that imports peft. Reference log-probs come from the same model with the adapter disabled (no second
+copy in memory); export merges the adapter into a plain HF checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from vlgrpo.config import Config
+from vlgrpo.trainer.backends import PlainBackend, apply_freeze
+
+
+def target_regex(modules: list[str]) -> str:
+    """peft target pattern: the named linear layers of the language model only (full-name regex match).
+
+    Qwen2.5-VL's vision blocks also have gate_proj/up_proj/down_proj; a bare name list would wrap them too.
+    Names prefixed with `visual.` (e.g. `visual.merger.mlp.0`) opt a vision layer in explicitly.
+    """
+    lm = [re.escape(m) for m in modules if not m.startswith("visual.")]
+    vis = [re.escape(m[len("visual.") :]) for m in modules if m.startswith("visual.")]
+    parts = []
+    if lm:
+        parts.append(rf".*language_model.*\.({'|'.join(lm)})")
+    if vis:
+        parts.append(rf".*visual\.({'|'.join(vis)})")
+    return "|".join(f"(?:{p})" for p in parts)
+
+
+class LoRABackend(PlainBackend):
+    name = "lora"
+
+    def __init__(self, model: torch.nn.Module, cfg: Config, need_reference: bool) -> None:
+        from peft import LoraConfig, get_peft_model
+
+        lc = cfg.train.lora
+        apply_freeze(model, True, True, True)  # base weights frozen; only adapters (and opted-in parts) train
+        peft_cfg = LoraConfig(
+            r=lc.rank, lora_alpha=lc.alpha, lora_dropout=lc.dropout, target_modules=target_regex(lc.target_modules),
+            bias="none",
+        )  # fmt: skip
+        peft_model = get_peft_model(model, peft_cfg)
+        if not any(p.requires_grad for p in peft_model.parameters()):
+            raise ValueError(f"train.lora.target_modules {lc.target_modules} matched no linear layer of the model")
+        self._peft = peft_model
+        self._need_reference = need_reference
+        self.trainable_counts = {"lora": sum(p.numel() for p in peft_model.parameters() if p.requires_grad)}
+        self._setup(peft_model, cfg, need_reference=False)  # no reference copy: the adapter is switched off
+
+    @contextmanager
+    def reference(self):
+        """Reference policy = the base model: the same module with the adapter disabled (no second copy)."""
+        if not self._need_reference:
+            yield None
+            return
+        with self._peft.disable_adapter():
+            yield self._peft
+
+    def vision_trainable(self) -> bool:
+        return any(p.requires_grad and ".visual." in f".{n}" for n, p in self._peft.named_parameters())
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Merged weights under the base model's names (for the rollout engine): W + scale * B @ A."""
+        self._peft.merge_adapter()
+        try:
+            for name, tensor in self._peft.get_base_model().state_dict().items():
+                if "lora_" in name:
+                    continue
+                yield name.replace(".base_layer.", "."), tensor.detach().clone()
+        finally:
+            self._peft.unmerge_adapter()
+
+    def state_dict(self) -> dict:
+        from peft import get_peft_model_state_dict
+
+        return {
+            "adapter": get_peft_model_state_dict(self._peft),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(self._peft, state["adapter"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    def export(self, out_dir: str | Path, processor) -> Path:
+        """Merged plain HF checkpoint; the adapter alone is saved under `adapter/` too."""
+        out = Path(out_dir)
+        self._peft.save_pretrained(out / "adapter")
+        merged = copy.deepcopy(self._peft).merge_and_unload()
+        merged.save_pretrained(out)
+        processor.save_pretrained(out)
+        return out

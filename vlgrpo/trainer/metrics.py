@@ -1,0 +1,118 @@
+"""Metrics: phase timers (`timing/*`), memory probes (`memory/*`), and the logger that writes metrics.jsonl
+(always), TensorBoard and wandb (when configured), plus the progress bar.
+
+Knows nothing of models or GRPO; callers pass flat dicts of numbers with namespaced keys.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class Timers:
+    """`with timers("rollout"): ...` accumulates seconds per phase; `pop()` returns `timing/<phase>` and resets."""
+
+    def __init__(self) -> None:
+        self._acc: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._acc[phase] = self._acc.get(phase, 0.0) + time.perf_counter() - t0
+
+    def pop(self) -> dict[str, float]:
+        out = {f"timing/{k}": v for k, v in self._acc.items()}
+        self._acc.clear()
+        return out
+
+
+def memory_metrics() -> dict[str, float]:
+    """Peak resident memory of this process (GB) and, on CUDA, the peak allocated memory (GB)."""
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+    out = {"memory/peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 1e9}
+    if torch.cuda.is_available():
+        out["memory/cuda_max_allocated_gb"] = torch.cuda.max_memory_allocated() / 1e9
+    return out
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no NaN/inf; keep them visible as strings
+    return value
+
+
+class MetricsLogger:
+    """Appends one JSON object per logged step to `<run>/metrics.jsonl`; mirrors to TensorBoard / wandb."""
+
+    def __init__(
+        self, run_dir: str | Path, tensorboard: bool = False, wandb_project: str | None = None,
+        config: dict | None = None, progress_total: int | None = None, progress: bool = True,
+        enabled: bool = True,
+    ) -> None:  # fmt: skip
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.enabled = enabled  # False on ranks > 0 and for exports: nothing is written
+        self._tb = self._wandb = self._bar = None
+        if not enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as e:
+                raise ImportError("logging.tensorboard=true needs `pip install tensorboard`") from e
+            self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+        if wandb_project:
+            try:
+                import wandb
+            except ImportError as e:
+                raise ImportError("logging.wandb_project is set: `pip install wandb` (or vlgrpo[wandb])") from e
+            self._wandb = wandb.init(project=wandb_project, config=config, dir=str(run_dir))
+        if progress and progress_total:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=progress_total, desc="train", unit="step", dynamic_ncols=True)
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        numeric = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}
+        if self._tb is not None:
+            for k, v in numeric.items():
+                self._tb.add_scalar(k, v, step)
+        if self._wandb is not None:
+            self._wandb.log(numeric, step=step)
+        if self._bar is not None:
+            self._bar.n = step
+            shown = {"reward": "reward/total", "acc": "reward/accuracy", "s/step": "timing/step", "loss": "train/loss"}
+            self._bar.set_postfix({k: f"{row[m]:.3g}" for k, m in shown.items() if isinstance(row.get(m), float)})
+            self._bar.refresh()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []

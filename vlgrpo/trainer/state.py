@@ -1,0 +1,170 @@
+"""Everything a run holds, built once from the config: model, backend, vision cache, rollout engine, rewards,
+data stream, logger — and checkpoint save/resume of all of it.
+
+`build_state` is the only place that turns config strings into objects; the loop then only calls methods.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from vlgrpo.config import Config, save_config, to_dict
+from vlgrpo.data.adapters import load_samples
+from vlgrpo.data.images import ProcessorGeometry
+from vlgrpo.data.stream import SampleStream
+from vlgrpo.models import LoadedModel, load_model, placeholder_token_ids
+from vlgrpo.rewards import check_recipe, context_from_config
+from vlgrpo.rollout.base import SamplingParams
+from vlgrpo.rollout.inputs import build_prompt
+from vlgrpo.trainer import checkpoint
+from vlgrpo.trainer.backends import make_backend
+from vlgrpo.trainer.metrics import MetricsLogger, Timers
+from vlgrpo.vision_cache import VisionCache
+
+
+@dataclass
+class RunState:
+    cfg: Config
+    run_dir: Path
+    lm: LoadedModel
+    backend: Any
+    cache: VisionCache
+    engine: Any
+    data: SampleStream
+    logger: MetricsLogger
+    reward_ctx: Any
+    recipe: dict[str, float]
+    geometry: ProcessorGeometry
+    sampling: SamplingParams
+    engine_needs_weights: bool = False
+    """True when the engine holds its own copy of the weights (vLLM); the HF engine shares the trainer's model."""
+    evaluator: Callable | None = None
+    step: int = 0
+    timers: Timers = field(default_factory=Timers)
+    skipped: list = field(default_factory=list)
+    _prompts: dict = field(default_factory=dict)
+
+    @property
+    def tokenizer(self):
+        return self.lm.processor.tokenizer
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_token_id
+
+    @property
+    def image_token_id(self) -> int:
+        return self.lm.model.config.image_token_id
+
+    @property
+    def forbidden_ids(self) -> list[int]:
+        return placeholder_token_ids(self.tokenizer)
+
+    @property
+    def forbidden(self) -> torch.Tensor:
+        """[V] bool mask of the vision placeholder ids: never sampled, -inf in every log-prob pass."""
+        vocab = self.lm.model.get_output_embeddings().weight.shape[0]
+        mask = torch.zeros(vocab, dtype=torch.bool)
+        mask[self.forbidden_ids] = True
+        return mask
+
+    @property
+    def temperature(self) -> float:
+        return self.cfg.rollout.temperature
+
+    def prompt(self, sample):
+        """Prompt token ids of a sample (built once per sample id)."""
+        if sample.id not in self._prompts:
+            d = self.cfg.data
+            self._prompts[sample.id] = build_prompt(
+                sample, self.lm.processor, self.geometry, d.answer_format, self.reward_ctx.box_format, d.system_prompt
+            )
+        return self._prompts[sample.id]
+
+    def sampling_for(self, step: int, round_no: int = 0) -> SamplingParams:
+        """Sampling params with a seed of their own per step and top-up round: reproducible across resumes."""
+        seed = self.sampling.seed * 1_000_003 + step * 7919 + round_no
+        return dataclasses.replace(self.sampling, seed=seed)
+
+    def log_warning(self, message: str) -> None:
+        print(f"[vlgrpo] warning: {message}", file=sys.stderr)
+
+    def save_checkpoint(self) -> Path:
+        return checkpoint.save(self)
+
+    def close(self) -> None:
+        self.logger.close()
+
+
+def _engine(cfg: Config, lm: LoadedModel, cache: VisionCache, box_format: str):
+    if cfg.train.stage == "sft":
+        return None, False
+    if cfg.rollout.engine == "vllm":
+        from vlgrpo.rollout.vllm import VLLMEngine
+
+        return VLLMEngine.from_config(cfg, lm, cache, box_format), True
+    from vlgrpo.rollout.hf import HFEngine
+
+    d = cfg.data
+    return HFEngine(lm.model, lm.processor, cache, d.answer_format, box_format, d.system_prompt), False
+
+
+def _rank_world() -> tuple[int, int]:
+    return (torch.distributed.get_rank(), torch.distributed.get_world_size()) if torch.distributed.is_initialized() \
+        else (0, 1)
+
+
+def build_state(
+    cfg: Config, run_dir: str | Path | None = None, progress: bool | None = None, for_export: bool = False
+) -> RunState:
+    """Load model and data, build backend/cache/engine/rewards, save the resolved config, resume if asked."""
+    torch.manual_seed(cfg.train.seed)
+    run = Path(run_dir or cfg.train.output_dir)
+    m = cfg.model
+    if cfg.train.backend == "zero3":
+        from vlgrpo.trainer.zero3 import prepare_partitioned_load
+
+        prepare_partitioned_load(cfg)  # before from_pretrained: each rank loads only its shard
+    rank, world = _rank_world()
+    if rank == 0 and not for_export:
+        run.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run / "config.yaml")
+    lm = load_model(m.name_or_path, m.arch, m.dtype, m.attn_implementation, m.min_pixels, m.max_pixels)
+    geometry = ProcessorGeometry.from_processor(lm.processor)
+    reward_ctx = context_from_config(cfg, lm.arch, geometry)
+    check_recipe(cfg.reward.recipe)  # unknown reward names fail here, before any compute
+    loaded = load_samples(cfg.data.train, cfg.data.format, errors="skip", max_samples=cfg.data.max_samples)
+    for err in loaded.errors if rank == 0 else []:
+        print(f"[vlgrpo] skipped bad sample: {err}", file=sys.stderr)
+    need_ref = cfg.train.stage == "grpo" and cfg.grpo.beta > 0
+    backend = make_backend(lm.model, cfg, need_ref)
+    cache = VisionCache(
+        lm.model, lm.processor, cfg.rollout.vision_cache_bytes, cfg.rollout.vision_cache_dir,
+        trainable=backend.vision_trainable(),
+    )  # fmt: skip
+    engine, needs_weights = (None, False) if for_export else _engine(cfg, lm, cache, reward_ctx.box_format)
+    r = cfg.rollout
+    sampling = SamplingParams(
+        n=r.completions_per_prompt, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+        max_new_tokens=r.max_new_tokens, stop=list(r.stop), seed=cfg.train.seed + 7919 * rank,
+    )  # fmt: skip
+    show = (cfg.logging.progress_bar if progress is None else progress) and rank == 0
+    logger = MetricsLogger(
+        run, cfg.logging.tensorboard and rank == 0, cfg.logging.wandb_project if rank == 0 else None,
+        to_dict(cfg), cfg.train.steps, show, enabled=rank == 0 and not for_export,
+    )  # fmt: skip
+    state = RunState(
+        cfg=cfg, run_dir=run, lm=lm, backend=backend, cache=cache, engine=engine,
+        data=SampleStream(loaded.samples[rank::world], cfg.train.seed, cfg.data.shuffle), logger=logger,
+        reward_ctx=reward_ctx, recipe=dict(cfg.reward.recipe), geometry=geometry, sampling=sampling,
+        engine_needs_weights=needs_weights, skipped=loaded.errors,
+    )  # fmt: skip
+    if cfg.train.resume or for_export:
+        checkpoint.resume(state)
+    return state

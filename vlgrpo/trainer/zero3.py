@@ -1,0 +1,161 @@
+"""DeepSpeed ZeRO-3 backend: parameters, gradients and optimiser states partitioned over the data-parallel ranks.
+
+The only module that imports deepspeed. Runs on GPUs (NCCL) and on the CPU (gloo, for tests). Weights are gathered
+one parameter at a time when the rollout engine or an export needs them; checkpoints are DeepSpeed's own.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from vlgrpo.config import Config
+from vlgrpo.trainer.backends import apply_freeze, lr_factor
+
+
+def init_distributed() -> None:
+    """Join the process group started by torchrun / the deepspeed launcher (gloo without CUDA)."""
+    import deepspeed
+
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+
+
+def ds_config(cfg: Config, world_size: int) -> dict:
+    """The DeepSpeed JSON: train.zero3.deepspeed_config when given (batch keys filled in), else built here."""
+    t, r = cfg.train, cfg.rollout
+    micro = t.micro_batch_completions
+    accumulation = t.prompts_per_step * r.completions_per_prompt // micro
+    if cfg.train.stage == "grpo":
+        accumulation *= cfg.grpo.num_iterations
+    if t.zero3.deepspeed_config:
+        path = Path(t.zero3.deepspeed_config)
+        if not path.is_file():
+            raise FileNotFoundError(f"train.zero3.deepspeed_config: '{path}' does not exist")
+        config = json.loads(path.read_text())
+    else:
+        config = {
+            "zero_optimization": {
+                "stage": 3,
+                "overlap_comm": torch.cuda.is_available(),
+                "contiguous_gradients": True,
+                "stage3_gather_16bit_weights_on_model_save": True,
+            },
+            "gradient_clipping": t.max_grad_norm if t.max_grad_norm > 0 else 0.0,
+            "zero_allow_untested_optimizer": True,
+        }
+        zero = config["zero_optimization"]
+        if t.zero3.offload_optimizer:
+            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+        if t.zero3.offload_param:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+        if cfg.model.dtype == "bfloat16":
+            config["bf16"] = {"enabled": True}
+        elif cfg.model.dtype == "float16":
+            config["fp16"] = {"enabled": True}
+    # Batch keys always follow the vlgrpo config so the two can never disagree.
+    config["train_micro_batch_size_per_gpu"] = micro
+    config["gradient_accumulation_steps"] = accumulation
+    config["train_batch_size"] = micro * accumulation * world_size
+    config.setdefault("steps_per_print", 10**9)
+    return config
+
+
+_HF_DS_CONFIG = None  # transformers keeps a weak reference: the object must outlive the model load
+
+
+def prepare_partitioned_load(cfg: Config) -> None:
+    """Call before `from_pretrained`: with ZeRO-3 each rank then materialises only its shard of the weights."""
+    global _HF_DS_CONFIG
+    from transformers.integrations import HfDeepSpeedConfig
+
+    init_distributed()
+    _HF_DS_CONFIG = HfDeepSpeedConfig(ds_config(cfg, torch.distributed.get_world_size()))
+
+
+class Zero3Backend:
+    name = "zero3"
+
+    def __init__(self, model: torch.nn.Module, cfg: Config, need_reference: bool) -> None:
+        import deepspeed
+
+        init_distributed()
+        m, t = cfg.model, cfg.train
+        self.trainable_counts = apply_freeze(model, m.freeze_vision, m.freeze_merger, m.freeze_language)
+        if m.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        config = ds_config(cfg, torch.distributed.get_world_size())
+        self._ref = None
+        if need_reference:  # a frozen copy, partitioned the same way, no optimiser
+            ref_config = {k: v for k, v in config.items() if k not in ("optimizer", "scheduler")}
+            self._ref, *_ = deepspeed.initialize(model=copy.deepcopy(model).requires_grad_(False), config=ref_config)
+            self._ref.module.eval()
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: lr_factor(s, t.warmup_steps, t.steps, t.lr_schedule)
+        )
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config
+        )
+        self.model = self.engine.module  # ZeRO-3 hooks gather parameters inside its forward
+
+    # ---- the loop's interface
+    def backward(self, loss: torch.Tensor) -> None:
+        # Our loss is already normalised over the whole batch: no extra 1/accumulation scaling.
+        self.engine.backward(loss, scale_wrt_gas=False)
+        self.engine.step()  # a no-op except at the accumulation boundary
+
+    def step(self) -> dict[str, float]:
+        """DeepSpeed already stepped at the accumulation boundary inside the last backward(); report it."""
+        norm = self.engine.get_global_grad_norm()
+        return {"train/grad_norm": float(norm) if norm is not None else 0.0, "train/lr": self.scheduler.get_last_lr()[0]}
+
+    def reference(self):
+        return nullcontext(None if self._ref is None else self._ref.module)
+
+    def vision_trainable(self) -> bool:
+        return self.trainable_counts["vision"] + self.trainable_counts["merger"] > 0
+
+    @contextmanager
+    def gathered(self, module: torch.nn.Module):
+        """Full parameters of `module` on every rank for the duration (read-only)."""
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+            yield module
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Stream full weights one parameter at a time (every rank must iterate: the gather is collective)."""
+        import deepspeed
+
+        for name, p in self.model.named_parameters():
+            with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
+                yield name, p.data.detach().clone()
+        for name, b in self.model.named_buffers():
+            yield name, b.detach().clone()
+
+    # ---- checkpoints
+    def save(self, directory: Path) -> None:
+        self.engine.save_checkpoint(str(directory), tag="zero3")
+
+    def load(self, directory: Path) -> None:
+        path, _ = self.engine.load_checkpoint(str(directory), tag="zero3")
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory}")
+
+    def export(self, out_dir: str | Path, processor) -> Path:
+        """Gather every parameter and write a plain HF checkpoint from rank 0."""
+        out = Path(out_dir)
+        state = dict(self.named_weights())
+        if int(os.environ.get("RANK", "0")) == 0:
+            self.model.save_pretrained(out, state_dict=state)
+            processor.save_pretrained(out)
+        torch.distributed.barrier()
+        return out
