@@ -325,7 +325,12 @@ def _cmd_train(args) -> int:
     from vlgrpo.trainer import run_training
 
     cfg = load_config(args.config, args.overrides)
-    history = run_training(cfg, args.out)
+    evaluator = None
+    if cfg.eval.every_steps:  # POPE / grounding / VQA on the training model every N steps
+        from vlgrpo.evals.run import make_evaluator
+
+        evaluator = make_evaluator(cfg)
+    history = run_training(cfg, args.out, evaluator=evaluator)
     if history:
         last = history[-1]
         shown = {k: round(v, 4) for k, v in last.items() if k.startswith(("reward/", "train/loss")) and isinstance(v, float)}

@@ -36,8 +36,8 @@ def test_reference_logprobs_equal_the_base_model(tmp_path, tiny_model_dir, shape
             p.data.normal_(0, 0.3)
     trainer = Trainer(state)
     samples = load_samples(shapes_dir / "train.jsonl").samples[:2]
-    state.cache.get([s.image for s in samples])
-    batch = trainer._collate(state.engine.generate(samples, state.sampling_for(0)))
+    feats = state.cache.get([s.image for s in samples])
+    batch = trainer._collate(state.engine.generate(samples, state.sampling_for(0)), feats)
     with state.backend.reference() as ref:
         ref_logp = trainer._logprobs(ref, batch)
     policy_logp = trainer._logprobs(state.backend.model, batch)

@@ -92,6 +92,15 @@ class PlainBackend:
         self.optimizer.zero_grad(set_to_none=True)
         return {"train/grad_norm": float(norm), "train/lr": lr}
 
+    def rollout_weights(self):
+        """Context in which the rollout engine and the vision encoder run (ZeRO-3 gathers; here nothing to do)."""
+        return nullcontext()
+
+    def vision_fingerprint(self) -> str:
+        from vlgrpo.vision_cache import vision_fingerprint
+
+        return vision_fingerprint(self.model)
+
     def reference(self):
         """Context yielding the module that computes reference log-probs (None when no reference is kept)."""
         return nullcontext(self._ref)

@@ -27,6 +27,8 @@ class Scored:
     """Rollout groups of one step with their rewards (after shaping) and the step's reward metrics."""
 
     groups: list[RolloutGroup] = field(default_factory=list)
+    features: list = field(default_factory=list)
+    """One ImageFeatures per group (from phase 2: the update pass reuses them, no encoder call)."""
     rewards: list[float] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     dropped_groups: int = 0
@@ -55,14 +57,14 @@ class Trainer:
         B, G = cfg.train.prompts_per_step, cfg.rollout.completions_per_prompt
         # 1-4. batch -> vision -> rollout -> reward, repeated while dynamic sampling tops the batch up
         scored = self._sample_and_score(B)
-        groups = scored.groups[:B]
+        groups, features = scored.groups[:B], scored.features[:B]
         rewards = torch.tensor(scored.rewards[: B * G])  # [B*G]
         group_ids = torch.arange(len(groups)).repeat_interleave(G)  # [B*G]
 
         # 5. advantage: per group (r - mean) / (std + eps) or its variants
         with T("advantage"):
             advantages, adv_stats = self.advantage_fn(rewards, group_ids, eps=cfg.grpo.std_eps)  # [B*G]
-            batch = self._collate(groups)
+            batch = self._collate(groups, features)
 
         # 6. old log-probs (only when the update is off-policy) and reference log-probs (only when beta > 0)
         old_logp = ref_logp = None
@@ -102,16 +104,17 @@ class Trainer:
         need = B
         while need > 0:
             samples = s.data.next(need)  # 1. batch
-            with T("vision"):  # 2. each unique image encoded once; the engine and the update reuse it
-                s.cache.get([x.image for x in samples])
-            with T("rollout"):  # 3. G completions per prompt, prompt prefilled once per group
-                groups = s.engine.generate(samples, s.sampling_for(s.step, out.rounds))
+            with s.backend.rollout_weights():  # ZeRO-3: weights gathered once for the encoder and decoding
+                with T("vision"):  # 2. each unique image encoded once; the engine and the update reuse it
+                    feats = s.cache.get([x.image for x in samples])
+                with T("rollout"):  # 3. G completions per prompt, prompt prefilled once per group
+                    groups = s.engine.generate(samples, s.sampling_for(s.step, out.rounds))
             with T("reward"):  # 4. named components + weighted total; failures are counted zeros
                 rewards, metrics = self._rewards(groups)
             parts.append(metrics)
             out.rounds += 1
             if not cfg.grpo.dynamic_sampling:
-                out.groups, out.rewards = groups, rewards
+                out.groups, out.features, out.rewards = groups, feats, rewards
                 break
             r = torch.tensor(rewards)
             keep, dropped = grpo.filter_zero_variance_groups(r, torch.arange(len(groups)).repeat_interleave(G))
@@ -119,12 +122,14 @@ class Trainer:
             for gi in range(len(groups)):
                 if keep[gi * G]:
                     out.groups.append(groups[gi])
+                    out.features.append(feats[gi])
                     out.rewards.extend(rewards[gi * G : (gi + 1) * G])
             need = grpo.prompts_needed(len(out.groups), B, out.rounds - 1, cfg.grpo.max_topup_rounds)
             if need == 0 and len(out.groups) < B:  # rounds exhausted: fill with the last round's groups
                 fill = [gi for gi in range(len(groups)) if not keep[gi * G]][: B - len(out.groups)]
                 for gi in fill:
                     out.groups.append(groups[gi])
+                    out.features.append(feats[gi])
                     out.rewards.extend(rewards[gi * G : (gi + 1) * G])
         out.metrics = _mean_metrics(parts)
         return out
@@ -147,9 +152,8 @@ class Trainer:
             s.log_warning(f"reward '{comp}' failed on sample {sid}: {err}")
         return totals, metrics
 
-    def _collate(self, groups: list[RolloutGroup]) -> TrainBatch:
+    def _collate(self, groups: list[RolloutGroup], features: list) -> TrainBatch:
         s = self.s
-        features = s.cache.get([g.sample.image for g in groups])  # cache hits: encoded in phase 2
         return make_batch(groups, features, s.pad_id, s.image_token_id, s.forbidden_ids)
 
     @torch.no_grad()
@@ -188,10 +192,10 @@ class Trainer:
     def sft_step(self) -> dict[str, float]:
         s, cfg, T = self.s, self.s.cfg, self.s.timers
         samples = s.data.next(cfg.train.prompts_per_step)  # 1. batch
-        with T("vision"):  # 2. features from the cache
-            s.cache.get([x.image for x in samples])
+        with T("vision"), s.backend.rollout_weights():  # 2. features from the cache
+            feats = s.cache.get([x.image for x in samples])
         with T("update"):  # teacher-forced NLL of the gold answer in the target format
-            batch = self._collate([self._gold_group(x) for x in samples])
+            batch = self._collate([self._gold_group(x) for x in samples], feats)
             num_tokens, total = batch.loss_mask.sum(), 0.0
             with eval_mode(s.backend.model):
                 for rows, part, feats in batch.micro_batches(cfg.train.micro_batch_completions):
@@ -234,7 +238,7 @@ class Trainer:
             t0 = time.perf_counter()
             metrics = self.step_fn()
             if s.evaluator is not None and cfg.eval.every_steps and s.step % cfg.eval.every_steps == 0:
-                with s.timers("eval"):
+                with s.timers("eval"), s.backend.rollout_weights():
                     metrics.update(s.evaluator(s))
             metrics.update(s.timers.pop())
             metrics.update(self._counters())

@@ -7,6 +7,7 @@ data stream, logger — and checkpoint save/resume of all of it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from vlgrpo.data.stream import SampleStream
 from vlgrpo.models import LoadedModel, load_model, placeholder_token_ids
 from vlgrpo.rewards import check_recipe, context_from_config
 from vlgrpo.rollout.base import SamplingParams
-from vlgrpo.rollout.inputs import build_prompt
+from vlgrpo.rollout.inputs import build_prompt, forbidden_mask
 from vlgrpo.trainer import checkpoint
 from vlgrpo.trainer.backends import make_backend
 from vlgrpo.trainer.metrics import MetricsLogger, Timers
@@ -66,13 +67,11 @@ class RunState:
     def forbidden_ids(self) -> list[int]:
         return placeholder_token_ids(self.tokenizer)
 
-    @property
+    @functools.cached_property
     def forbidden(self) -> torch.Tensor:
         """[V] bool mask of the vision placeholder ids: never sampled, -inf in every log-prob pass."""
-        vocab = self.lm.model.get_output_embeddings().weight.shape[0]
-        mask = torch.zeros(vocab, dtype=torch.bool)
-        mask[self.forbidden_ids] = True
-        return mask
+        vocab = self.lm.model.config.get_text_config().vocab_size  # not the weight: ZeRO-3 partitions it
+        return forbidden_mask(self.tokenizer, vocab)
 
     @property
     def temperature(self) -> float:
@@ -146,7 +145,7 @@ def build_state(
     backend = make_backend(lm.model, cfg, need_ref)
     cache = VisionCache(
         lm.model, lm.processor, cfg.rollout.vision_cache_bytes, cfg.rollout.vision_cache_dir,
-        trainable=backend.vision_trainable(),
+        trainable=backend.vision_trainable(), fingerprint=backend.vision_fingerprint(),
     )  # fmt: skip
     engine, needs_weights = (None, False) if for_export else _engine(cfg, lm, cache, reward_ctx.box_format)
     r = cfg.rollout

@@ -6,7 +6,6 @@ one parameter at a time when the rollout engine or an export needs them; checkpo
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 from contextlib import contextmanager, nullcontext
@@ -92,10 +91,12 @@ class Zero3Backend:
             model.gradient_checkpointing_enable()
         config = ds_config(cfg, torch.distributed.get_world_size())
         self._ref = None
-        if need_reference:  # a frozen copy, partitioned the same way, no optimiser
+        if need_reference:  # a second load (partitioned the same way: no deepcopy of shards), frozen, no optimiser
+            from vlgrpo.models import load_model
+
+            ref = load_model(m.name_or_path, m.arch, m.dtype, m.attn_implementation).model.requires_grad_(False)
             ref_config = {k: v for k, v in config.items() if k not in ("optimizer", "scheduler")}
-            self._ref, *_ = deepspeed.initialize(model=copy.deepcopy(model).requires_grad_(False), config=ref_config)
-            self._ref.module.eval()
+            self._ref, *_ = deepspeed.initialize(model=ref.eval(), config=ref_config)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -116,6 +117,21 @@ class Zero3Backend:
         """DeepSpeed already stepped at the accumulation boundary inside the last backward(); report it."""
         norm = self.engine.get_global_grad_norm()
         return {"train/grad_norm": float(norm) if norm is not None else 0.0, "train/lr": self.scheduler.get_last_lr()[0]}
+
+    def rollout_weights(self):
+        """Full weights on every rank with the ZeRO hooks removed, so generation and the (frozen) vision encoder
+        run locally: ranks decode different lengths and hit the cache differently, which per-module gathers (a
+        collective per forward) would deadlock on."""
+        from deepspeed.runtime.zero.stage3 import unwrap_model_for_generation
+
+        return unwrap_model_for_generation(self.engine)
+
+    def vision_fingerprint(self) -> str:
+        import deepspeed
+
+        from vlgrpo.vision_cache import vision_fingerprint
+
+        return vision_fingerprint(self.model, gather=lambda ps: deepspeed.zero.GatheredParameters(ps, modifier_rank=None))
 
     def reference(self):
         return nullcontext(None if self._ref is None else self._ref.module)
