@@ -57,3 +57,19 @@ def test_sft_lowers_the_loss_on_gold_answers(tmp_path, tiny_model_dir, shapes_di
     losses = [h["train/loss"] for h in history]
     assert losses[-1] < 0.6 * losses[0]
     assert "reward/total" not in history[-1]  # no rollout in SFT
+
+
+def test_trainable_vision_tower_is_updated_through_re_encoded_features(tmp_path, tiny_model_dir, shapes_dir):
+    spec = write_reward_module(tmp_path)
+    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", f"reward.recipe={{'{spec}': 1.0}}",
+                      "model.freeze_vision=false", "model.freeze_merger=false", "grpo.beta=0.04")
+    state = build_state(cfg, progress=False)
+    before = _snapshot(state.backend.model)
+    history = Trainer(state).train()
+    after = _snapshot(state.backend.model)
+    assert state.ref_cache is not None  # the reference keeps its own (initial) tower's features
+    state.close()
+    moved_vision = [n for n in before if ".visual." in f".{n}" and not torch.equal(before[n], after[n])]
+    assert any(".merger." in n for n in moved_vision) and any(".blocks." in n for n in moved_vision)
+    # phase 2 encodes each step's 2 images; the update pass re-encodes them with grad (one call per micro-batch)
+    assert all(h["vision/images_encoded"] >= 4 for h in history)

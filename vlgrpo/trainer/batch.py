@@ -21,6 +21,8 @@ class TrainBatch:
     batch: CompletionBatch
     features: list[torch.Tensor]
     """B tensors [N_b, H]: the image features of each prompt (cached, no pixels)."""
+    images: list
+    """B image refs (path or bytes): re-encoded with grad when the vision tower trains."""
     loss_mask: torch.Tensor
     masked_rows: int = 0
     """Completions dropped from the loss because they contain a vision placeholder token."""
@@ -30,11 +32,10 @@ class TrainBatch:
         return self.batch.completion_ids.shape[0]
 
     def micro_batches(self, size: int):
-        """(row slice, CompletionBatch of those rows, their prompts' features) in order."""
+        """(row slice, CompletionBatch of those rows, indices of the prompts it keeps) in order."""
         for start in range(0, self.rows, size):
             rows = torch.arange(start, min(start + size, self.rows))
-            part = self.batch.select(rows)
-            yield slice(start, start + len(rows)), part, [self.features[i] for i in self.batch.used_prompts(rows)]
+            yield slice(start, start + len(rows)), self.batch.select(rows), self.batch.used_prompts(rows)
 
 
 def make_batch(
@@ -48,5 +49,5 @@ def make_batch(
         batch.completion_ids[bad] = pad_id
         batch.completion_mask[bad] = 0
         loss_mask[bad] = 0.0
-    return TrainBatch(batch, [f.embeds for f in features], loss_mask, int(bad.sum()))
+    return TrainBatch(batch, [f.embeds for f in features], [g.sample.image for g in groups], loss_mask, int(bad.sum()))
 

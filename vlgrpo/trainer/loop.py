@@ -20,6 +20,7 @@ from vlgrpo.trainer.backends import eval_mode
 from vlgrpo.trainer.sft import render_target
 from vlgrpo.trainer.state import RunState
 from vlgrpo.types import Completion, RolloutGroup, Sample
+from vlgrpo.vision_cache import VisionCache
 
 
 @dataclass
@@ -73,7 +74,7 @@ class Trainer:
                 old_logp = self._logprobs(s.backend.model, batch)
         if cfg.grpo.beta > 0:
             with T("ref_logprob"), s.backend.reference() as ref_model:
-                ref_logp = self._logprobs(ref_model, batch)
+                ref_logp = self._logprobs(ref_model, batch, self._reference_features(ref_model, batch))
 
         # 7. update: num_iterations passes over micro-batches; token-mean normalises by the whole batch
         with T("update"):
@@ -156,11 +157,31 @@ class Trainer:
         s = self.s
         return make_batch(groups, features, s.pad_id, s.image_token_id, s.forbidden_ids)
 
+    def _micro_batches(self, batch: TrainBatch, features: list | None = None):
+        """(rows, CompletionBatch, features of its prompts). With a trainable vision tower and grad enabled the
+        features are re-encoded with autograd (the cached ones are detached); otherwise cached features are used."""
+        s = self.s
+        for rows, part, used in batch.micro_batches(s.cfg.train.micro_batch_completions):
+            if features is None and torch.is_grad_enabled() and s.backend.vision_trainable():
+                feats = [f.embeds for f in s.cache.encode_with_grad([batch.images[i] for i in used])]
+            else:
+                feats = [(features or batch.features)[i] for i in used]
+            yield rows, part, feats
+
+    def _reference_features(self, ref_model, batch: TrainBatch) -> list | None:
+        """The reference policy's own image features when the policy's tower trains (frozen: they are shared)."""
+        s = self.s
+        if ref_model is None or not s.backend.vision_trainable():
+            return None
+        if s.ref_cache is None:  # the reference never changes: its features stay valid for the whole run
+            s.ref_cache = VisionCache(ref_model, s.lm.processor, s.cfg.rollout.vision_cache_bytes)
+        return [f.embeds for f in s.ref_cache.get(batch.images)]
+
     @torch.no_grad()
-    def _logprobs(self, model, batch: TrainBatch) -> torch.Tensor:
+    def _logprobs(self, model, batch: TrainBatch, features: list | None = None) -> torch.Tensor:
         out = []
         with eval_mode(model):
-            for _, part, feats in batch.micro_batches(self.s.cfg.train.micro_batch_completions):
+            for _, part, feats in self._micro_batches(batch, features):
                 out.append(completion_logprobs_and_entropy(model, part, feats, self.s.forbidden, self.s.temperature)[0])
         return torch.cat(out)  # [R, C]
 
@@ -171,7 +192,7 @@ class Trainer:
         model = s.backend.model
         with eval_mode(model):  # no dropout: the ratio must be exactly 1 on the first on-policy pass
             for _ in range(g.num_iterations):
-                for rows, part, feats in batch.micro_batches(s.cfg.train.micro_batch_completions):
+                for rows, part, feats in self._micro_batches(batch):
                     logp, entropy = completion_logprobs_and_entropy(model, part, feats, s.forbidden, s.temperature)
                     loss, stats = grpo.policy_loss(
                         logp, None if old_logp is None else old_logp[rows], advantages[rows], batch.loss_mask[rows],
@@ -198,7 +219,7 @@ class Trainer:
             batch = self._collate([self._gold_group(x) for x in samples], feats)
             num_tokens, total = batch.loss_mask.sum(), 0.0
             with eval_mode(s.backend.model):
-                for rows, part, feats in batch.micro_batches(cfg.train.micro_batch_completions):
+                for rows, part, feats in self._micro_batches(batch):
                     logp, _ = completion_logprobs_and_entropy(s.backend.model, part, feats, s.forbidden, 1.0)
                     loss = -(logp * batch.loss_mask[rows]).sum() / num_tokens
                     s.backend.backward(loss)

@@ -46,6 +46,8 @@ class RunState:
     engine_needs_weights: bool = False
     """True when the engine holds its own copy of the weights (vLLM); the HF engine shares the trainer's model."""
     evaluator: Callable | None = None
+    ref_cache: VisionCache | None = None
+    """Features of the reference policy's own vision tower (only when the policy's tower trains)."""
     step: int = 0
     timers: Timers = field(default_factory=Timers)
     skipped: list = field(default_factory=list)
