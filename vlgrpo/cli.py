@@ -75,31 +75,40 @@ def add_data_command(sub) -> None:
     synth.add_argument("--seed", type=int, default=0)
     synth.add_argument("--image-size", type=int, default=112, help="square image side in pixels")
     synth.add_argument("--kinds", default="count,colour,exist,ground", help="question kinds, comma-separated")
+    synth.add_argument("--max-shapes", type=int, default=6, help="most shapes per scene (1-6)")
     synth.set_defaults(handler=_cmd_synth)
     _add_data_pope(dsub)
+    _add_data_doctor(dsub)
 
 
 def _cmd_synth(args) -> int:
     from vlgrpo.data.synth import synth_dataset
 
-    paths = synth_dataset(args.out, args.n, args.seed, args.image_size, tuple(args.kinds.split(",")))
+    paths = synth_dataset(args.out, args.n, args.seed, args.image_size, tuple(args.kinds.split(",")), args.max_shapes)
     for split, path in paths.items():
         print(f"{split}: {sum(1 for _ in open(path))} samples -> {path}")
     return 0
 
 
 def add_demo_command(sub) -> None:
-    p = sub.add_parser("demo", help="tiny end-to-end run on the shapes task (CPU, minutes)")
+    p = sub.add_parser("demo", help="tiny end-to-end run on the shapes task: SFT, GRPO, eval, report (CPU, minutes)")
     p.add_argument("--out", default="runs/demo", help="run directory")
-    p.add_argument("--n", type=int, default=200, help="shapes samples to synthesise")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n", type=int, help="shapes samples to synthesise")
+    p.add_argument("--sft-steps", type=int)
+    p.add_argument("--grpo-steps", type=int)
+    p.add_argument("--eval-samples", type=int, help="test samples per eval suite")
     p.set_defaults(handler=_cmd_demo)
 
 
 def _cmd_demo(args) -> int:
-    from vlgrpo.demo import run_demo
+    import dataclasses
 
-    run_demo(args.out, n_samples=args.n, seed=args.seed)
+    from vlgrpo.demo import DemoSettings, run_demo
+
+    given = {"n_samples": args.n, "sft_steps": args.sft_steps, "grpo_steps": args.grpo_steps,
+             "eval_samples": args.eval_samples, "seed": args.seed}  # fmt: skip
+    run_demo(args.out, dataclasses.replace(DemoSettings(), **{k: v for k, v in given.items() if v is not None}))
     return 0
 
 
@@ -195,6 +204,34 @@ def _cmd_plan(args) -> int:
     else:
         print(format_report(report))
     return 0
+
+
+def _add_data_doctor(dsub) -> None:
+    p = dsub.add_parser(
+        "doctor", help="pre-flight checks of a dataset (or of every split of a run config); exit 1 on errors",
+        description="Opens every image and checks rows, image tokens against data.max_prompt_length, image "
+        "placeholders, image_size, boxes, gold answers against the configured reward, duplicate ids and the answer "
+        "distribution. Prints a summary table; exit status 1 when any error is found (warnings alone exit 0).",
+    )  # fmt: skip
+    p.add_argument("target", help="a run config YAML (checks data.train/val/test and eval.data) or one dataset")
+    p.add_argument("--split", help="comma list of the config's splits to check: train, val, test, eval")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override, e.g. data.max_prompt_length=512 or model.max_pixels=401408 (repeatable)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (first 100 findings per check)")
+    p.add_argument("--examples", type=int, default=5, help="findings shown per check in the table (default 5)")
+    p.add_argument("--workers", type=int, default=8, help="threads that decode images (default 8)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(handler=_cmd_data_doctor)
+
+
+def _cmd_data_doctor(args) -> int:
+    from vlgrpo.data.doctor import format_report
+    from vlgrpo.data.doctor_setup import diagnose
+
+    splits = [s.strip() for s in args.split.split(",") if s.strip()] if args.split else None
+    report = diagnose(args.target, args.set, splits, not args.no_progress and sys.stderr.isatty(), args.workers)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else format_report(report, args.examples))
+    return 1 if report.errors else 0
 
 
 def _add_data_pope(dsub) -> None:

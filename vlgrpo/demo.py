@@ -1,44 +1,140 @@
 """`vlgrpo demo`: the tiny end-to-end run on the shapes task, from nothing to a report, on a laptop CPU.
 
-Orchestration only (it sits just under the CLI): every step calls the library. Grows with the pipeline.
+1. build the tiny Qwen2.5-VL, 2. synthesise shapes data, 3. SFT cold start (format + a first policy), 4. evaluate,
+5. GRPO from the SFT model (vision tower frozen: its features are cached across every step), 6. evaluate again on
+the held-out test split, 7. write report.md, curves.png and summary.json. Orchestration only: every step is a library
+call, each stage's resolved config is saved in its run directory.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+from vlgrpo.config import Config, load_config
 
 
-def run_demo(out_dir: str | Path, n_samples: int = 200, seed: int = 0, show: int = 4) -> dict:
-    """Build the tiny model and the shapes data, load both back through the real loaders, sample answers."""
-    from vlgrpo.data.adapters import load_samples
-    from vlgrpo.data.images import load_image
-    from vlgrpo.data.synth import synth_dataset
-    from vlgrpo.models import count_parameters, init_tiny, load_model, placeholder_token_ids
+@dataclass
+class DemoSettings:
+    """Sizes of the demo. The defaults fit the ≤10-minute budget on a 2-core CPU."""
 
-    t0 = time.time()
-    out = Path(out_dir)
-    print(f"[1/3] building the tiny Qwen2.5-VL in {out / 'model'}")
-    model_dir = init_tiny(out / "model", "qwen2_5_vl", seed=seed)
-    print(f"[2/3] synthesising {n_samples} shapes samples in {out / 'data'}")
-    paths = synth_dataset(out / "data", n_samples, seed=seed)
+    n_samples: int = 3000
+    image_size: int = 112
+    kinds: tuple[str, ...] = ("count", "colour", "exist", "ground")
+    max_shapes: int = 3
+    sft_steps: int = 300
+    sft_prompts: int = 16
+    sft_lr: float = 2e-3
+    grpo_steps: int = 150
+    grpo_prompts: int = 4
+    completions: int = 8
+    grpo_lr: float = 2e-4
+    grpo_beta: float = 0.02
+    max_new_tokens: int = 40
+    eval_samples: int = 200
+    seed: int = 0
+
+
+def _stage_config(s: DemoSettings, out: Path, stage: str, model_dir: Path) -> Config:
+    data = out / "data"
+    common = [
+        f"model.name_or_path={model_dir}", f"data.train={data / 'train.jsonl'}", f"data.val={data / 'val.jsonl'}",
+        f"data.test={data / 'test.jsonl'}", "data.answer_format=answer", f"train.seed={s.seed}",
+        f"train.output_dir={out / stage}", "train.resume=false", "logging.progress_bar=true",
+    ]  # fmt: skip
+    if stage == "sft":  # the vision tower and merger train here; GRPO then freezes them
+        return load_config(None, common + [
+            "train.stage=sft", f"train.steps={s.sft_steps}", f"train.prompts_per_step={s.sft_prompts}",
+            f"train.micro_batch_completions={s.sft_prompts}", f"train.lr={s.sft_lr}", "train.lr_schedule=cosine",
+            "train.warmup_steps=10", "model.freeze_vision=false", "model.freeze_merger=false",
+        ])  # fmt: skip
+    return load_config(None, common + [
+        f"train.steps={s.grpo_steps}", f"train.prompts_per_step={s.grpo_prompts}",
+        f"rollout.completions_per_prompt={s.completions}", f"train.micro_batch_completions={s.grpo_prompts * s.completions}",
+        f"train.lr={s.grpo_lr}", f"rollout.max_new_tokens={s.max_new_tokens}", "reward.recipe={accuracy: 1.0, format: 0.1}",
+        f"grpo.beta={s.grpo_beta}",  # small KL to the SFT policy: measured (grpo/kl) and keeps the policy near it
+    ])  # fmt: skip
+
+
+def _evaluate(model_dir: Path, cfg: Config, test: Path, s: DemoSettings, suites: list[str]):
+    from vlgrpo.data.images import ProcessorGeometry
+    from vlgrpo.evals.run import build_eval_data, evaluate
+    from vlgrpo.models import load_model
+    from vlgrpo.rewards import context_from_config
+    from vlgrpo.rollout.hf import HFEngine
+    from vlgrpo.vision_cache import VisionCache
+
     lm = load_model(str(model_dir))
-    test = load_samples(paths["test"]).samples[:show]
-    print(f"[3/3] sampling answers of the untrained policy ({count_parameters(lm.model)['total']:,} parameters)")
-    suppress = torch.tensor(placeholder_token_ids(lm.processor.tokenizer))
-    rows = []
-    for s in test:
-        msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": s.question}]}]
-        text = lm.processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-        inputs = lm.processor(text=[text], images=[load_image(s.image)], return_tensors="pt")
-        ids = lm.model.generate(**inputs, max_new_tokens=16, do_sample=False, suppress_tokens=suppress)
-        answer = lm.processor.decode(ids[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-        rows.append({"id": s.id, "question": s.question, "gold": s.answer, "completion": answer})
-        print(f"  {s.question!r:45} gold={s.answer!r:24} model={answer!r}")
-    summary = {"samples": n_samples, "wall_seconds": round(time.time() - t0, 2), "examples": rows}
+    ctx = context_from_config(cfg, lm.arch, ProcessorGeometry.from_processor(lm.processor))
+    data = build_eval_data(str(test), suites, max_samples=s.eval_samples, ctx=ctx)
+    engine = HFEngine(lm.model, lm.processor, VisionCache(lm.model, lm.processor), "answer", ctx.box_format, "", 16)
+    return evaluate(engine, data, ctx, max_new_tokens=s.max_new_tokens, progress=True)
+
+
+def run_demo(out_dir: str | Path, settings: DemoSettings | None = None) -> dict:
+    """Run every stage and return the summary (also written to out_dir/summary.json)."""
+    from vlgrpo.data.synth import synth_dataset
+    from vlgrpo.evals.run import write_outputs
+    from vlgrpo.models import count_parameters, init_tiny, load_model
+    from vlgrpo.trainer import run_training
+    from vlgrpo.trainer.checkpoint import export_run
+
+    s = settings or DemoSettings()
+    out, t0 = Path(out_dir), time.time()
+    print(f"[1/6] building the tiny Qwen2.5-VL in {out / 'model'}")
+    model_dir = init_tiny(out / "model", "qwen2_5_vl", seed=s.seed)
+    print(f"      {count_parameters(load_model(str(model_dir)).model)['total']:,} parameters")
+    print(f"[2/6] synthesising {s.n_samples} shapes samples ({s.image_size} px) in {out / 'data'}")
+    paths = synth_dataset(out / "data", s.n_samples, s.seed, s.image_size, s.kinds, s.max_shapes)
+    suites = ["vqa", "grounding", "pope"] if "ground" in s.kinds else ["vqa", "pope"]
+
+    print(f"[3/6] SFT cold start: {s.sft_steps} steps x {s.sft_prompts} samples")
+    sft_cfg = _stage_config(s, out, "sft", model_dir)
+    sft_history = run_training(sft_cfg)
+    export_run(out / "sft", out / "sft_model")
+    print("[4/6] evaluating the SFT model on the held-out test split")
+    before = _evaluate(out / "sft_model", sft_cfg, paths["test"], s, suites)
+    write_outputs(before, out / "eval_sft")
+
+    print(f"[5/6] GRPO: {s.grpo_steps} steps x {s.grpo_prompts} prompts x {s.completions} completions")
+    grpo_cfg = _stage_config(s, out, "grpo", out / "sft_model")
+    grpo_history = run_training(grpo_cfg)
+    export_run(out / "grpo", out / "grpo_model")
+    print("[6/6] evaluating the GRPO model on the held-out test split")
+    after = _evaluate(out / "grpo_model", grpo_cfg, paths["test"], s, suites)
+    write_outputs(after, out / "eval_grpo")
+
+    summary = _summary(s, before.metrics, after.metrics, grpo_history, time.time() - t0)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"done in {summary['wall_seconds']} s -> {out / 'summary.json'}")
+    from vlgrpo.demo_report import write_report
+
+    write_report(out, summary, sft_history, grpo_history, before.metrics, after.metrics)
+    print(f"done in {summary['wall_seconds']:.0f} s: test accuracy {summary['sft_test_accuracy']:.3f} (SFT) -> "
+          f"{summary['grpo_test_accuracy']:.3f} (GRPO); report: {out / 'report.md'}")  # fmt: skip
     return summary
+
+
+def _summary(s: DemoSettings, before: dict, after: dict, grpo_history: list[dict], seconds: float) -> dict:
+    last = grpo_history[-10:] or [{}]
+
+    def mean(key: str) -> float:
+        vals = [h[key] for h in last if isinstance(h.get(key), (int, float))]
+        return sum(vals) / len(vals) if vals else 0.0
+
+    return {
+        "sft_test_accuracy": before.get("eval/vqa/accuracy", 0.0),
+        "grpo_test_accuracy": after.get("eval/vqa/accuracy", 0.0),
+        "sft_grounding_acc50": before.get("eval/grounding/acc50", 0.0),
+        "grpo_grounding_acc50": after.get("eval/grounding/acc50", 0.0),
+        "sft_pope_f1": before.get("eval/pope/f1", 0.0),
+        "grpo_pope_f1": after.get("eval/pope/f1", 0.0),
+        "steps": {"sft": s.sft_steps, "grpo": s.grpo_steps},
+        "final_grpo_entropy": mean("grpo/entropy"),
+        "final_grpo_kl": mean("grpo/kl"),
+        "final_response_length": mean("grpo/response_length"),
+        "wall_seconds": round(seconds, 1),
+        "sft": {k: v for k, v in before.items()},
+        "grpo": {k: v for k, v in after.items()},
+    }

@@ -97,11 +97,13 @@ def _question(rng: random.Random, kind: str, shapes: list[Shape]) -> tuple[str, 
     return f"Locate the {s.name}.", json.dumps(list(s.box)), "box", [list(s.box)]
 
 
-def make_sample(rng: random.Random, idx: int, size: int, kinds: tuple[str, ...], image_dir: Path, split: str) -> Sample:
+def make_sample(
+    rng: random.Random, idx: int, size: int, kinds: tuple[str, ...], image_dir: Path, split: str, max_shapes: int = 6
+) -> Sample:
     """Draw one scene, pose one question of a kind chosen round-robin, save the PNG; returns the Sample."""
     kind = kinds[idx % len(kinds)]
     while True:
-        img, shapes = draw_scene(rng, size)
+        img, shapes = draw_scene(rng, size, max_shapes)
         q = _question(rng, kind, shapes)
         if q is not None:
             break
@@ -123,9 +125,12 @@ def make_sample(rng: random.Random, idx: int, size: int, kinds: tuple[str, ...],
 
 
 def synth_dataset(
-    out_dir: str | Path, n: int, seed: int = 0, image_size: int = 112, kinds: tuple[str, ...] = KINDS
+    out_dir: str | Path, n: int, seed: int = 0, image_size: int = 112, kinds: tuple[str, ...] = KINDS,
+    max_shapes: int = 6,
 ) -> dict[str, Path]:
     """Write n samples split 80/10/10 into out_dir/{train,val,test}.jsonl + out_dir/images/*.png."""
+    if not 1 <= max_shapes <= 6:
+        raise InputError(f"--max-shapes must be between 1 and 6, got {max_shapes}")
     bad = [k for k in kinds if k not in KINDS]
     if bad or not kinds:
         raise InputError(f"--kinds: unknown question kinds {bad}; accepted: {', '.join(KINDS)}")
@@ -143,6 +148,7 @@ def synth_dataset(
         path = out / f"{split}.jsonl"
         with path.open("w") as f:
             for idx in range(counts[split]):
-                f.write(json.dumps(make_sample(rng, idx, image_size, kinds, out / "images", split).to_dict()) + "\n")
+                sample = make_sample(rng, idx, image_size, kinds, out / "images", split, max_shapes)
+                f.write(json.dumps(sample.to_dict()) + "\n")
         paths[split] = path
     return paths

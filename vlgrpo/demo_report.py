@@ -1,0 +1,80 @@
+"""The demo's report: a markdown page (before/after tables, collapse indicators) and PNG curves.
+
+Reads plain dicts (metrics rows, summary); knows nothing of models. matplotlib is optional: without it the report
+says so and skips the picture.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _smooth(values: list[float], k: int = 10) -> list[float]:
+    return [sum(values[max(0, i - k + 1) : i + 1]) / len(values[max(0, i - k + 1) : i + 1]) for i in range(len(values))]
+
+
+def plot_curves(path: Path, sft: list[dict], grpo: list[dict]) -> bool:
+    """SFT loss, GRPO reward and accuracy (smoothed), entropy and response length. False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    axes[0].plot([h["step"] for h in sft], [h["train/loss"] for h in sft])
+    axes[0].set(title="SFT loss", xlabel="step", yscale="log")
+    steps = [h["step"] for h in grpo]
+    for key, label in (("reward/total", "reward"), ("reward/accuracy", "accuracy (train rollouts)")):
+        axes[1].plot(steps, _smooth([h.get(key, 0.0) for h in grpo]), label=label)
+    axes[1].set(title="GRPO reward (10-step mean)", xlabel="step")
+    axes[1].legend()
+    axes[2].plot(steps, [h.get("grpo/entropy", 0.0) for h in grpo], label="entropy")
+    axes[2].plot(steps, [h.get("grpo/kl", 0.0) * 10 for h in grpo], label="KL to SFT x10")
+    axes[2].plot(steps, [h.get("grpo/response_length", 0.0) / 10 for h in grpo], label="length / 10")
+    axes[2].set(title="collapse indicators", xlabel="step")
+    axes[2].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
+def _rows(before: dict, after: dict) -> list[str]:
+    keys = sorted(k for k in set(before) | set(after) if k.startswith("eval/"))
+    lines = ["| metric | after SFT | after GRPO | change |", "|---|---:|---:|---:|"]
+    for k in keys:
+        b, a = before.get(k), after.get(k)
+        delta = f"{a - b:+.3f}" if isinstance(a, float) and isinstance(b, float) else ""
+        lines.append(f"| {k} | {b if b is None else f'{b:.3f}'} | {a if a is None else f'{a:.3f}'} | {delta} |")
+    return lines
+
+
+def write_report(out: Path, summary: dict, sft: list[dict], grpo: list[dict], before: dict, after: dict) -> Path:
+    has_plot = plot_curves(out / "curves.png", sft, grpo)
+    lift = summary["grpo_test_accuracy"] - summary["sft_test_accuracy"]
+    lines = [
+        "# vlgrpo demo report",
+        "",
+        f"Held-out test accuracy (VQA questions): **{summary['sft_test_accuracy']:.3f} after SFT → "
+        f"{summary['grpo_test_accuracy']:.3f} after GRPO** ({lift * 100:+.1f} points). "
+        f"Grounding Acc@0.5: {summary['sft_grounding_acc50']:.3f} → {summary['grpo_grounding_acc50']:.3f}. "
+        f"Wall time {summary['wall_seconds']:.0f} s.",
+        "",
+        "Collapse indicators over the last 10 GRPO steps: entropy "
+        f"{summary['final_grpo_entropy']:.3f}, KL to the SFT policy {summary['final_grpo_kl']:.4f}, mean response "
+        f"length {summary['final_response_length']:.1f} tokens.",
+        "",
+        "![curves](curves.png)" if has_plot else "(install matplotlib for curves.png)",
+        "",
+        "## Before and after GRPO",
+        "",
+        *_rows(before, after),
+        "",
+        "Per-sample predictions: `eval_sft/predictions.jsonl`, `eval_grpo/predictions.jsonl`. Training metrics: "
+        "`sft/metrics.jsonl`, `grpo/metrics.jsonl`.",
+    ]
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
