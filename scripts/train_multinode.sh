@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Train on several nodes: scripts/train_multinode.sh CONFIG [section.key=value ...]
+#
+# torchrun (default): run this script on EVERY node with the same CONFIG and overrides, and
+#   NNODES        number of nodes
+#   NODE_RANK     0 .. NNODES-1 (0 on the node whose address is MASTER_ADDR)
+#   MASTER_ADDR   address of node 0, reachable from every node
+#   MASTER_PORT   (29500)  NPROC_PER_NODE (8 GPUs per node)
+# deepspeed launcher: set HOSTFILE (lines "hostname slots=8") and run this script ONCE, on the first host; it starts
+#   every rank over passwordless ssh. MASTER_ADDR defaults to the first host.
+#
+# Every node must see the config, the dataset and the model at the same paths, and train.output_dir must be on a
+# filesystem shared by all nodes (every rank writes its shard of each checkpoint there). train.num_gpus is set to
+# NNODES x NPROC_PER_NODE (the hostfile's slots) so the saved run config records the real world size.
+# `vlgrpo data doctor` runs first on each node (SKIP_DOCTOR=1 skips it); DRY_RUN=1 prints the commands only.
+set -euo pipefail
+
+CONFIG=${1:?usage: scripts/train_multinode.sh CONFIG [section.key=value ...]}
+shift
+PYTHON=${PYTHON:-python}
+MASTER_PORT=${MASTER_PORT:-29500}
+NPROC=${NPROC_PER_NODE:-8}
+
+run() {  # print the command; run it unless DRY_RUN=1
+    echo "+ $*" >&2
+    if [[ "${DRY_RUN:-0}" != 1 ]]; then "$@"; fi
+}
+
+if [[ -n "${HOSTFILE:-}" ]]; then
+    [[ -f "$HOSTFILE" ]] || { echo "error: HOSTFILE '$HOSTFILE' does not exist" >&2; exit 2; }
+    # the world size is the sum of the slots (DeepSpeed's hostfile format: every host line has slots=N)
+    WORLD=$(awk '!/^[[:space:]]*(#|$)/ { if (!match($0, /slots=[0-9]+/)) { bad = 1; exit }
+                                         s += substr($0, RSTART + 6, RLENGTH - 6) }
+                 END { print (bad ? 0 : s) }' "$HOSTFILE")
+    [[ "$WORLD" -gt 0 ]] || { echo "error: every host line of '$HOSTFILE' needs slots=N (GPUs)" >&2; exit 2; }
+    MASTER_ADDR=${MASTER_ADDR:-$(awk '!/^[[:space:]]*(#|$)/ { print $1; exit }' "$HOSTFILE")}
+else
+    : "${NNODES:?set NNODES, NODE_RANK and MASTER_ADDR (or HOSTFILE for the deepspeed launcher)}"
+    : "${NODE_RANK:?set NODE_RANK (0 .. NNODES-1)}"
+    : "${MASTER_ADDR:?set MASTER_ADDR (the address of node 0)}"
+    WORLD=$((NNODES * NPROC))
+fi
+ARGS=(train "$CONFIG" "train.num_gpus=$WORLD" "$@")  # later overrides win: the user's own come last
+
+if [[ "${SKIP_DOCTOR:-0}" != 1 ]]; then
+    sets=()
+    for o in "${ARGS[@]:2}"; do sets+=(--set "$o"); done
+    run "$PYTHON" -m vlgrpo.cli data doctor "$CONFIG" "${sets[@]}"
+fi
+
+if [[ -n "${HOSTFILE:-}" ]]; then
+    run deepspeed --hostfile "$HOSTFILE" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" --no_local_rank \
+        --module vlgrpo.cli "${ARGS[@]}"
+else
+    run "$PYTHON" -m torch.distributed.run --nnodes "$NNODES" --node_rank "$NODE_RANK" --nproc_per_node "$NPROC" \
+        --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" -m vlgrpo.cli "${ARGS[@]}"
+fi

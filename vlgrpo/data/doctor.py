@@ -1,0 +1,395 @@
+"""Pre-flight checks of whole datasets (`vlgrpo data doctor`): every row, every image, prompt length, boxes, image
+placeholders, gold answers against the configured reward, duplicate ids and the answer distribution.
+
+Loads no model: image tokens come from Qwen's smart_resize geometry (read from the checkpoint directory when it is
+local). Rewards are a peer layer, so they are imported lazily, only inside `reward_checker`; the checks themselves
+take the gold-answer check as a plain function argument.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from vlgrpo.data.adapters import _folder_rows, _hf_rows, _load_hf, detect_format, iter_jsonl
+from vlgrpo.data.images import ImageError, ProcessorGeometry, image_size, load_image
+from vlgrpo.data.prompts import instruction
+from vlgrpo.data.schema import DataError, sample_from_dict
+from vlgrpo.types import Sample
+
+ERROR, WARNING = "error", "warning"
+TEMPLATE_TOKENS = 15
+"""Qwen2-VL / Qwen2.5-VL chat-template tokens around one user turn with one image: <|im_start|>system\\n ...
+<|im_end|>\\n<|im_start|>user\\n<|vision_start|> <|vision_end|> ... <|im_end|>\\n<|im_start|>assistant\\n."""
+DEFAULT_SYSTEM_TOKENS = 6
+"""'You are a helpful assistant.', which the template inserts when data.system_prompt is empty."""
+CHARS_PER_TOKEN = 3
+"""Text estimate: Qwen's BPE averages ~4 characters per English token; 3 errs on the long side."""
+PLACEHOLDERS = ("<|image_pad|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|video_pad|>")
+HUB_GEOMETRY = ProcessorGeometry(min_pixels=3136, max_pixels=12845056)
+"""Resize bounds in the released Qwen2-VL / Qwen2.5-VL checkpoints' preprocessor_config.json (up to 16,384 tokens)."""
+SKEW_TYPES, SKEW_MIN_SAMPLES, SKEW_SHARE = ("yesno", "choice"), 20, 0.75
+CORRECTNESS = ("accuracy", "iou", "iou_threshold", "giou")
+
+GoldCheck = Callable[[Sample, "tuple[int, int] | None"], list[tuple[str, str, str]]]
+"""(sample, real (width, height) or None) -> [(severity, check, message)] about its gold answer."""
+
+
+@dataclass
+class Finding:
+    severity: str
+    check: str
+    split: str
+    source: str
+    row: int | None
+    sample_id: str | None
+    message: str
+    field: str | None = None
+
+    def where(self) -> str:
+        row = f", row {self.row}" if self.row is not None else ""
+        sid = f" (id {self.sample_id!r})" if self.sample_id is not None else ""
+        return f"{self.source}{row}{sid}"
+
+
+@dataclass(frozen=True)
+class DoctorSettings:
+    """What the checks compare against: the processor geometry and the run's prompt settings."""
+
+    geometry: ProcessorGeometry = HUB_GEOMETRY
+    geometry_source: str = "Qwen hub defaults"
+    max_prompt_length: int = 1024
+    answer_format: str = "think_answer"
+    box_format: str = "qwen2_5"
+    system_prompt: str = ""
+    data_format: str = "auto"
+
+
+@dataclass
+class SplitStats:
+    name: str
+    source: str
+    rows: int = 0
+    samples: int = 0
+    images: int = 0
+    image_tokens: list[int] = field(default_factory=list)
+    prompt_tokens_max: int = 0
+    answer_types: Counter = field(default_factory=Counter)
+    tasks: Counter = field(default_factory=Counter)
+    answers: dict[str, Counter] = field(default_factory=dict)
+    """answer_type -> Counter of normalised gold answers (box samples are not counted)."""
+    ids: dict[str, int] = field(default_factory=dict)
+    """Sample id -> the row it first appears in."""
+
+    def to_dict(self) -> dict[str, Any]:
+        toks = sorted(self.image_tokens)
+        return {
+            "source": self.source, "rows": self.rows, "samples": self.samples, "images": self.images,
+            "image_tokens": {"min": toks[0], "median": toks[len(toks) // 2], "max": toks[-1]} if toks else None,
+            "prompt_tokens_max_estimate": self.prompt_tokens_max, "answer_types": dict(self.answer_types),
+            "tasks": dict(self.tasks),
+            "top_answers": {kind: dict(c.most_common(5)) for kind, c in self.answers.items()},
+        }  # fmt: skip
+
+
+@dataclass
+class DoctorReport:
+    settings: DoctorSettings
+    splits: dict[str, SplitStats] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def errors(self) -> int:
+        return sum(f.severity == ERROR for f in self.findings)
+
+    @property
+    def warnings(self) -> int:
+        return sum(f.severity == WARNING for f in self.findings)
+
+    def by_check(self) -> dict[str, list[Finding]]:
+        out: dict[str, list[Finding]] = {}
+        for f in sorted(self.findings, key=lambda f: (f.severity != ERROR, f.check)):
+            out.setdefault(f.check, []).append(f)
+        return out
+
+    def to_dict(self, max_per_check: int = 100) -> dict[str, Any]:
+        """JSON-ready: counts per check, the first `max_per_check` findings of each, settings and split stats."""
+        s = self.settings
+        checks = self.by_check()
+        return {
+            "ok": self.errors == 0, "errors": self.errors, "warnings": self.warnings,
+            "settings": {**dataclasses.asdict(s), "geometry": dataclasses.asdict(s.geometry)},
+            "splits": {name: st.to_dict() for name, st in self.splits.items()},
+            "checks": {c: {"severity": fs[0].severity, "count": len(fs)} for c, fs in checks.items()},
+            "findings": [dataclasses.asdict(f) for fs in checks.values() for f in fs[:max_per_check]],
+        }  # fmt: skip
+
+
+# ---------------------------------------------------------------- reading rows with their row numbers
+
+
+def iter_rows(source: str, fmt: str = "auto") -> tuple[str, Path | None, Iterator[tuple[int, Any]]]:
+    """(name for messages, base directory of relative image paths, iterator of (row number, raw row)), reading the
+    rows exactly as `load_samples` does but keeping each row's number."""
+    fmt = detect_format(source) if fmt == "auto" else fmt
+    if fmt == "jsonl":
+        if not Path(source).is_file():
+            raise DataError(source, None, None, "does not exist")
+        return source, Path(source).parent, iter_jsonl(Path(source))
+    if fmt in ("hf", "parquet"):
+        return source, Path(source).parent, _hf_rows(_load_hf(source, "train"), source)
+    label_file, rows = _folder_rows(Path(source))
+    return str(label_file), Path(source), rows
+
+
+# ---------------------------------------------------------------- the checks
+
+
+@dataclass
+class ImageInfo:
+    problem: tuple[str, str] | None = None
+    """(check, message) when the image cannot be used."""
+    header: tuple[int, int] | None = None
+    """(width, height) from the file header after EXIF orientation: what the prompt's pad count is built from."""
+    decoded: tuple[int, int] | None = None
+    """(width, height) of the fully decoded image: what the vision encoder sees."""
+
+
+def inspect_image(src: str | bytes) -> ImageInfo:
+    """Open one image completely; classify missing, empty, unreadable and corrupt files."""
+    if isinstance(src, str):
+        path = Path(src)
+        if not path.is_file():
+            return ImageInfo(("image_missing", f"image file '{src}' does not exist"))
+        if path.stat().st_size == 0:
+            return ImageInfo(("image_empty", f"image file '{src}' is empty (0 bytes)"))
+    elif not src:
+        return ImageInfo(("image_empty", "inline image bytes are empty"))
+    name = f"'{src}'" if isinstance(src, str) else f"<{len(src)} inline bytes>"
+    try:
+        decoded = load_image(src).size  # the full decode first: a truncated file fails here
+        header = image_size(src)
+    except PermissionError as e:
+        return ImageInfo(("image_unreadable", f"image {name} cannot be read ({e.strerror})"))
+    except ImageError as e:
+        return ImageInfo(("image_corrupt", str(e)))
+    except Exception as e:  # noqa: BLE001 - a bare OSError from image_size on a truncated PNG's EXIF, Pillow's
+        # DecompressionBombError, ...: the doctor reports every unusable image instead of stopping at the first
+        return ImageInfo(("image_corrupt", f"image {name} cannot be decoded ({type(e).__name__}: {e})"))
+    return ImageInfo(None, header, decoded)
+
+
+def prompt_tokens(image_tokens: int, text: str, system_prompt: str) -> tuple[int, int]:
+    """(certain part, estimate) of a prompt's tokens: image + template (+ default system) tokens, then + text."""
+    certain = image_tokens + TEMPLATE_TOKENS + (0 if system_prompt else DEFAULT_SYSTEM_TOKENS)
+    text_chars = len(text) + len(system_prompt)
+    return certain, certain + math.ceil(text_chars / CHARS_PER_TOKEN)
+
+
+def sample_findings(
+    s: Sample, info: ImageInfo, settings: DoctorSettings
+) -> tuple[list[tuple[str, str, str]], int, int]:
+    """([(severity, check, message)], image tokens, estimated prompt tokens) of one sample whose image was inspected;
+    the token counts are 0 when the image is unusable."""
+    out: list[tuple[str, str, str]] = []
+    for token in PLACEHOLDERS:
+        if token in s.question:
+            out.append((ERROR, "placeholder_literal", f"the question contains {token}: vlgrpo inserts the image "
+                        "placeholders itself, and a literal one breaks the image-token count; remove it"))  # fmt: skip
+    if "<image>" in s.question:
+        out.append((WARNING, "image_marker", "the question contains a LLaVA-style '<image>' marker; vlgrpo puts the "
+                    "image before the question itself, so the marker is only noise text: remove it"))  # fmt: skip
+    if info.problem is not None:
+        return [(ERROR, *info.problem), *out], 0, 0
+    g, (w, h) = settings.geometry, info.decoded
+    try:
+        tokens = g.num_image_tokens(h, w)
+    except ImageError as e:
+        return [*out, (ERROR, "image_geometry", str(e))], 0, 0
+    if info.header != info.decoded:
+        pads = g.num_image_tokens(info.header[1], info.header[0])
+        if pads != tokens:
+            out.append((ERROR, "placeholder_count", f"the prompt would get {pads} <|image_pad|> tokens (header size "
+                        f"{info.header[0]}x{info.header[1]}) but the decoded {w}x{h} image gives {tokens} features"))
+    if s.image_size is not None and tuple(s.image_size) != (w, h):
+        out.append((ERROR, "image_size_mismatch", f"image_size {list(s.image_size)} but the image is {w}x{h} px; "
+                    "box rewards scale by image_size: correct it or leave it out"))  # fmt: skip
+    for box in s.boxes:
+        x1, y1, x2, y2 = box
+        if x1 < 0 or y1 < 0 or x2 > w or y2 > h:
+            out.append((ERROR, "box_out_of_image", f"box {box} lies outside the {w}x{h} image (boxes are "
+                        "original-image pixels, [x1, y1, x2, y2])"))  # fmt: skip
+    text = f"{s.question} {instruction(s.answer_type, settings.answer_format, settings.box_format)}"
+    certain, estimate = prompt_tokens(tokens, text, settings.system_prompt)
+    limit = settings.max_prompt_length
+    if certain > limit:
+        out.append((ERROR, "prompt_too_long", f"the {w}x{h} image alone gives {tokens} image tokens, {certain} with "
+                    f"the chat template, over data.max_prompt_length={limit}: lower model.max_pixels or raise "
+                    "data.max_prompt_length"))  # fmt: skip
+    elif estimate > limit:
+        out.append((WARNING, "prompt_maybe_too_long", f"about {estimate} prompt tokens ({tokens} image + ~"
+                    f"{estimate - tokens} text) may exceed data.max_prompt_length={limit}"))  # fmt: skip
+    return out, tokens, estimate
+
+
+def _count(stats: SplitStats, s: Sample, tokens: int, estimate: int) -> None:
+    stats.samples += 1
+    stats.answer_types[s.answer_type] += 1
+    stats.tasks[s.task or "(none)"] += 1
+    if s.answer_type != "box" and s.answer:
+        stats.answers.setdefault(s.answer_type, Counter())[s.answer.strip().lower()] += 1
+    if tokens:
+        stats.image_tokens.append(tokens)
+        stats.prompt_tokens_max = max(stats.prompt_tokens_max, estimate)
+
+
+def inspect_images(images: list, workers: int = 8, progress: bool = False, desc: str = "images") -> dict:
+    """{image key: ImageInfo} of each distinct image (a path, or the bytes' hash), decoded in `workers` threads
+    (Pillow releases the GIL while it reads and decodes)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tqdm import tqdm
+
+    unique = {}
+    for image in images:
+        unique.setdefault(image_key(image), image)
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        infos = list(tqdm(pool.map(inspect_image, unique.values()), total=len(unique), desc=desc, unit="image",
+                          disable=not progress, leave=False))  # fmt: skip
+    return dict(zip(unique, infos))
+
+
+def image_key(image: str | bytes) -> str:
+    return image if isinstance(image, str) else "sha256:" + hashlib.sha256(image).hexdigest()
+
+
+def check_split(
+    name: str, source: str, settings: DoctorSettings, gold_check: GoldCheck | None = None, progress: bool = False,
+    workers: int = 8,
+) -> tuple[SplitStats, list[Finding]]:  # fmt: skip
+    """Every row of one dataset: schema, image, per-sample checks, gold answers, duplicate ids, answer skew."""
+    stats, findings = SplitStats(name, source), []
+    try:
+        src_name, base, rows = iter_rows(source, settings.data_format)
+    except DataError as e:
+        return stats, [Finding(ERROR, "dataset_unreadable", name, source, None, None, e.problem)]
+
+    def add(severity: str, check: str, row: int | None, sid: str | None, msg: str, fld: str | None = None) -> None:
+        findings.append(Finding(severity, check, name, src_name, row, sid, msg, fld))
+
+    # 1. every row through the schema; ids must be unique
+    samples: list[tuple[int, Sample]] = []
+    for no, raw in rows:
+        stats.rows += 1
+        try:
+            if isinstance(raw, DataError):
+                raise raw
+            s = sample_from_dict(raw, src_name, no, base)
+        except DataError as e:  # inverted/empty boxes, boxes outside a declared image_size, missing fields, ...
+            add(ERROR, f"row_{e.field or 'json'}", no, raw.get("id") if isinstance(raw, dict) else None, e.problem,
+                e.field)  # fmt: skip
+            continue
+        if s.id in stats.ids:
+            add(ERROR, "duplicate_id", no, s.id, f"id {s.id!r} was already used at row {stats.ids[s.id]}: ids must "
+                "be unique (prompts, predictions and reward failures are keyed by them)")  # fmt: skip
+        stats.ids.setdefault(s.id, no)
+        samples.append((no, s))
+    # 2. every distinct image opened completely, once
+    images = inspect_images([s.image for _, s in samples], workers, progress, f"doctor {name}")
+    stats.images = len(images)
+    # 3. per sample: image, tokens, boxes, placeholders, then the gold answer against the reward
+    for no, s in samples:
+        info = images[image_key(s.image)]
+        problems, tokens, estimate = sample_findings(s, info, settings)
+        if gold_check is not None:
+            problems += gold_check(s, info.decoded)
+        for severity, check, msg in problems:
+            add(severity, check, no, s.id, msg)
+        _count(stats, s, tokens, estimate)
+    findings += _skew(name, src_name, stats)
+    return stats, findings
+
+
+def _skew(split: str, source: str, stats: SplitStats) -> list[Finding]:
+    """A warning when one yes/no (or option) answer dominates: always giving it would already score that share."""
+    out = []
+    for kind in SKEW_TYPES:
+        counts = stats.answers.get(kind, Counter())
+        n = sum(counts.values())
+        if n >= SKEW_MIN_SAMPLES:
+            top, k = counts.most_common(1)[0]
+            if k / n > SKEW_SHARE:
+                out.append(Finding(WARNING, "answer_skew", split, source, None, None,
+                                   f"{k} of the {n} '{kind}' answers ({k / n:.0%}) are {top!r}: a policy that always "
+                                   f"answers {top!r} scores {k / n:.0%}; balance the classes or judge accuracy "
+                                   "against that baseline"))  # fmt: skip
+    return out
+
+
+def run_doctor(
+    splits: dict[str, str], settings: DoctorSettings, gold_check: GoldCheck | None = None, progress: bool = False,
+    workers: int = 8,
+) -> DoctorReport:  # fmt: skip
+    """Check each named dataset; ids shared between splits are a warning (a test sample seen in training)."""
+    report = DoctorReport(settings)
+    ids: dict[str, dict[str, int]] = {}
+    for name, source in splits.items():
+        stats, findings = check_split(name, source, settings, gold_check, progress, workers)
+        report.splits[name], report.findings = stats, report.findings + findings
+        ids[name] = stats.ids
+    names = list(ids)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            shared = sorted(set(ids[a]) & set(ids[b]))
+            if shared:
+                report.findings.append(Finding(
+                    WARNING, "split_overlap", f"{a}/{b}", splits[b], ids[b][shared[0]], shared[0],
+                    f"{len(shared)} id(s) appear in both {a} and {b} (first: {shared[0]!r}): a held-out sample "
+                    "that is also trained on inflates the eval"))  # fmt: skip
+    return report
+
+
+# ---------------------------------------------------------------- the summary table
+
+
+def format_report(report: DoctorReport, examples: int = 5) -> str:
+    """The table `vlgrpo data doctor` prints: settings, one row per split, one per check, first findings."""
+    s, g = report.settings, report.settings.geometry
+    lines = [
+        f"geometry: patch {g.patch_size}, merge {g.merge_size}, pixels {g.min_pixels}..{g.max_pixels} "
+        f"({s.geometry_source}); box format {s.box_format}; answer format {s.answer_format}",
+        f"prompt tokens = image tokens + {TEMPLATE_TOKENS} template + {DEFAULT_SYSTEM_TOKENS} default system "
+        f"+ text chars / {CHARS_PER_TOKEN} (an estimate on the long side); data.max_prompt_length = "
+        f"{s.max_prompt_length}", "",
+    ]  # fmt: skip
+    w = max([5, *map(len, report.splits)]) + 2
+    lines.append(f"{'split':<{w}}{'rows':>8}{'samples':>9}{'images':>8}  {'image tokens min/med/max':>24}"
+                 f"{'prompt max':>12}  source")  # fmt: skip
+    for name, st in report.splits.items():
+        d = st.to_dict()
+        toks = "/".join(str(d["image_tokens"][k]) for k in ("min", "median", "max")) if d["image_tokens"] else "-"
+        lines.append(f"{name:<{w}}{st.rows:>8}{st.samples:>9}{st.images:>8}  {toks:>24}{st.prompt_tokens_max:>12}  "
+                     f"{st.source}")  # fmt: skip
+    for name, st in report.splits.items():
+        if st.samples:
+            kinds = ", ".join(f"{k} {v}" for k, v in st.answer_types.most_common())
+            tasks = ", ".join(f"{k} {v}" for k, v in st.tasks.most_common(8))
+            lines += ["", f"{name}: answer types: {kinds}", f"{name}: tasks: {tasks}"]
+            for kind, c in st.answers.items():
+                lines.append(f"{name}: top {kind} answers: " + ", ".join(f"{a!r} {n}" for a, n in c.most_common(5)))
+    checks = report.by_check()
+    if checks:
+        lines += ["", f"{'check':<24}{'severity':<10}{'count':>7}"]
+        lines += [f"{c:<24}{fs[0].severity:<10}{len(fs):>7}" for c, fs in checks.items()]
+        lines += ["", f"first {examples} findings of each check:"]
+        for fs in checks.values():
+            lines += [f"  {f.severity.upper():<8}{f.check}: {f.where()}: {f.message}" for f in fs[:examples]]
+    verdict = "fix the errors before training" if report.errors else "ready"
+    lines += ["", f"{report.errors} error(s), {report.warnings} warning(s): {verdict}"]
+    return "\n".join(lines)

@@ -1,0 +1,150 @@
+"""What `vlgrpo data doctor` compares a dataset against, from a run config: the processor geometry (read from the
+checkpoint directory, no model loaded), the model family's box convention, and the gold-answer check built from the
+configured reward recipe.
+
+Rewards are a peer layer of data: they are imported lazily inside these functions only, never at module level.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from vlgrpo.data.doctor import (
+    CORRECTNESS, ERROR, HUB_GEOMETRY, WARNING, DoctorReport, DoctorSettings, GoldCheck, run_doctor,
+)  # fmt: skip
+from vlgrpo.data.images import ProcessorGeometry
+from vlgrpo.types import Sample
+
+
+def processor_geometry(
+    name_or_path: str, min_pixels: int | None, max_pixels: int | None
+) -> tuple[ProcessorGeometry, str]:
+    """The resize geometry a run will use, without loading anything heavy: the checkpoint directory's
+    processor_config.json / preprocessor_config.json when local, else the released checkpoints' values; then the
+    model.min_pixels / max_pixels overrides. Returns (geometry, where it came from)."""
+    geometry, source = HUB_GEOMETRY, "Qwen hub defaults"
+    for name in ("preprocessor_config.json", "processor_config.json"):
+        path = Path(name_or_path) / name
+        if path.is_file():
+            ip = json.loads(path.read_text())
+            ip = ip.get("image_processor", ip)
+            size = ip.get("size") or {}
+            geometry = ProcessorGeometry(
+                patch_size=int(ip.get("patch_size", 14)), merge_size=int(ip.get("merge_size", 2)),
+                temporal_patch_size=int(ip.get("temporal_patch_size", 2)),
+                min_pixels=int(ip.get("min_pixels") or size.get("shortest_edge") or HUB_GEOMETRY.min_pixels),
+                max_pixels=int(ip.get("max_pixels") or size.get("longest_edge") or HUB_GEOMETRY.max_pixels),
+            )  # fmt: skip
+            source = str(path)
+            break
+    overrides = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
+    if overrides:
+        geometry = dataclasses.replace(geometry, **overrides)
+        source += " + model." + " / model.".join(overrides)
+    return geometry, source
+
+
+def model_arch(name_or_path: str, arch: str) -> str:
+    """model.arch, else config.json's model_type of a local checkpoint, else a guess from the name (qwen2_5_vl)."""
+    if arch != "auto":
+        return arch
+    config = Path(name_or_path) / "config.json"
+    if config.is_file():
+        model_type = json.loads(config.read_text()).get("model_type", "")
+        if model_type in ("qwen2_vl", "qwen2_5_vl"):
+            return model_type
+    low = name_or_path.lower().replace("-", "_").replace(".", "_")
+    return "qwen2_vl" if "qwen2_vl" in low else "qwen2_5_vl"
+
+
+def settings_from_config(cfg) -> tuple[DoctorSettings, Any]:
+    """(DoctorSettings, RewardContext) of a run config: geometry, prompt settings and the reward's context."""
+    from vlgrpo.rewards import context_from_config  # rewards are a peer layer: imported only here
+
+    m = cfg.model
+    geometry, source = processor_geometry(m.name_or_path, m.min_pixels, m.max_pixels)
+    ctx = context_from_config(cfg, model_arch(m.name_or_path, m.arch), geometry)
+    settings = DoctorSettings(
+        geometry=geometry, geometry_source=source, max_prompt_length=cfg.data.max_prompt_length,
+        answer_format=cfg.data.answer_format, box_format=ctx.box_format, system_prompt=cfg.data.system_prompt,
+        data_format=cfg.data.format,
+    )  # fmt: skip
+    return settings, ctx
+
+
+def gold_completion(s: Sample, answer_format: str, box_format: str, size: tuple[int, int] | None, geometry) -> str:
+    """A completion that states the gold answer in the requested format (boxes in the model's convention)."""
+    from vlgrpo.rewards.boxes import from_original_pixels
+
+    answer = s.answer or ""
+    if s.answer_type == "box" and size is not None:
+        # fixed-point decimals (the box parsers read no exponents), precise enough for an IoU of 1 - 1e-8
+        boxes = [[f"{v:.6f}" for v in b] for b in from_original_pixels([tuple(b) for b in s.boxes], box_format,
+                                                                        size, geometry)]  # fmt: skip
+        if box_format == "qwen2":
+            answer = "".join(f"<|box_start|>({b[0]},{b[1]}),({b[2]},{b[3]})<|box_end|>" for b in boxes)
+        else:
+            lists = ["[" + ", ".join(b) + "]" for b in boxes]
+            if box_format in ("qwen2_5", "qwen3"):
+                answer = "[" + ", ".join(f'{{"bbox_2d": {b}}}' for b in lists) + "]"
+            else:
+                answer = lists[0] if len(lists) == 1 else "[" + ", ".join(lists) + "]"
+    return f"<answer>{answer}</answer>" if answer_format == "answer" else f"<think>ok</think><answer>{answer}</answer>"
+
+
+def reward_checker(recipe: dict[str, float], ctx) -> GoldCheck:
+    """Score a completion that states each gold answer with the run's recipe: a reward that raises means the gold
+    answer cannot be parsed (error); a correctness reward below 1 means it can never earn full marks (warning)."""
+    from vlgrpo.rewards import check_recipe, score
+
+    check_recipe(recipe)  # an unknown reward name fails here, once
+
+    def check(s: Sample, size: tuple[int, int] | None) -> list[tuple[str, str, str]]:
+        if s.answer_type == "box" and size is None:
+            return []  # the image problem is already reported; boxes cannot be rendered without its size
+        batch = score([gold_completion(s, ctx.answer_format, ctx.box_format, size, ctx.geometry)], [s], recipe, ctx)
+        out = [(ERROR, "gold_unparseable", f"reward '{name}' cannot score the gold answer: {err}")
+               for _, name, err in batch.failures]  # fmt: skip
+        low = [n for n, v in batch.components.items() if v[0] < 1 - 1e-4 and (n == "accuracy" or (
+            s.answer_type == "box" and (n in CORRECTNESS or n.startswith("iou@"))))]  # fmt: skip
+        if low and not out:
+            gold = s.boxes if s.answer_type == "box" else s.answer
+            out.append((WARNING, "gold_not_full_marks", f"a completion stating the gold answer {gold!r} earns "
+                        f"{', '.join(f'{n}={batch.components[n][0]:.4g}' for n in low)}, not 1"))  # fmt: skip
+        return out
+
+    return check
+
+
+CONFIG_SUFFIXES = (".yaml", ".yml")
+SPLIT_KEYS = {"train": "data.train", "val": "data.val", "test": "data.test", "eval": "eval.data"}
+
+
+def diagnose(target: str, overrides: list[str] | None = None, splits: list[str] | None = None,
+             progress: bool = False, workers: int = 8) -> DoctorReport:  # fmt: skip
+    """`vlgrpo data doctor TARGET`: a run config (checks data.train / val / test and eval.data with the run's
+    geometry, lengths and reward) or one dataset (checked with the config defaults plus `overrides`)."""
+    from vlgrpo.config import ConfigError, get_key, load_config
+
+    is_config = Path(target).suffix in CONFIG_SUFFIXES
+    dataset = [] if is_config else [f"data.train={target}"]
+    cfg = load_config(target if is_config else None, dataset + list(overrides or []))
+    if is_config:
+        found: dict[str, str] = {}
+        for name, key in SPLIT_KEYS.items():
+            path = get_key(cfg, key)
+            if path and path not in found.values():  # eval.data is often data.val: check it once
+                found[name] = path
+    else:
+        found = {Path(target).name: target}
+    if splits:
+        unknown = [s for s in splits if s not in found]
+        if unknown:
+            raise ConfigError(f"--split {unknown}: this target has {', '.join(found)} "
+                              f"({', '.join(SPLIT_KEYS[n] for n in found if n in SPLIT_KEYS) or 'a dataset'})")
+        found = {n: found[n] for n in splits}
+    settings, ctx = settings_from_config(cfg)
+    return run_doctor(found, settings, reward_checker(dict(cfg.reward.recipe), ctx), progress, workers)
