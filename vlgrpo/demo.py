@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from vlgrpo.config import Config, load_config
+from vlgrpo.models import TinySpec
 
 
 @dataclass
@@ -35,6 +36,7 @@ class DemoSettings:
     max_new_tokens: int = 40
     eval_samples: int = 200
     seed: int = 0
+    spec: TinySpec = field(default_factory=TinySpec)
 
 
 def _stage_config(s: DemoSettings, out: Path, stage: str, model_dir: Path) -> Config:
@@ -84,7 +86,7 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None) -> dict:
     s = settings or DemoSettings()
     out, t0 = Path(out_dir), time.time()
     print(f"[1/6] building the tiny Qwen2.5-VL in {out / 'model'}")
-    model_dir = init_tiny(out / "model", "qwen2_5_vl", seed=s.seed)
+    model_dir = init_tiny(out / "model", "qwen2_5_vl", spec=s.spec, seed=s.seed)
     print(f"      {count_parameters(load_model(str(model_dir)).model)['total']:,} parameters")
     print(f"[2/6] synthesising {s.n_samples} shapes samples ({s.image_size} px) in {out / 'data'}")
     paths = synth_dataset(out / "data", s.n_samples, s.seed, s.image_size, s.kinds, s.max_shapes)

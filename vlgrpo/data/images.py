@@ -80,10 +80,10 @@ def image_size(src: str | bytes | Path) -> tuple[int, int]:
     data = read_image_bytes(src)
     try:
         img = Image.open(io.BytesIO(data))
-    except (UnidentifiedImageError, OSError) as e:
+        w, h = img.size
+        orientation = img.getexif().get(0x0112, 1)
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:  # truncated headers raise OSError
         raise ImageError(f"image {_describe(src)} cannot be decoded ({type(e).__name__}: {e})") from None
-    w, h = img.size
-    orientation = img.getexif().get(0x0112, 1)
     return (h, w) if orientation in (5, 6, 7, 8) else (w, h)
 
 

@@ -19,3 +19,8 @@ def run_training(cfg, run_dir: str | Path | None = None, progress: bool | None =
         return Trainer(state).train()
     finally:
         state.close()
+        import torch.distributed as dist
+
+        if dist.is_initialized():  # torchrun reports failure if a rank exits with the group still up
+            dist.barrier()
+            dist.destroy_process_group()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
+import torch.distributed as dist
 
 from vlgrpo.config import Config
 
@@ -35,6 +36,22 @@ def apply_freeze(model: torch.nn.Module, freeze_vision: bool, freeze_merger: boo
         if p.requires_grad:
             counts[part] += p.numel()
     return counts
+
+
+def average_gradients(params: list[torch.nn.Parameter]) -> None:
+    """Data parallelism for the plain and LoRA backends: all-reduce (mean) the accumulated gradients once per
+    optimiser step, flattened into one buffer. Each rank's loss is normalised by its own tokens, so the result is the
+    mean of the ranks' losses (ZeRO-3 does its own reduction)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    offset = 0
+    for p, g in zip(params, grads):
+        p.grad = flat[offset : offset + g.numel()].view_as(p).clone()
+        offset += g.numel()
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str) -> float:
@@ -83,8 +100,10 @@ class PlainBackend:
         loss.backward()
 
     def step(self) -> dict[str, float]:
-        """Clip, step optimiser and schedule, zero grads. Returns `train/grad_norm` and `train/lr`."""
+        """(Average grads over data-parallel ranks,) clip, step optimiser and schedule, zero grads.
+        Returns `train/grad_norm` and `train/lr`."""
         params = [p for p in self.model.parameters() if p.requires_grad]
+        average_gradients(params)
         norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm if self.max_grad_norm > 0 else float("inf"))
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
@@ -114,7 +133,8 @@ class PlainBackend:
 
     # ---- checkpoints
     def save(self, directory: Path) -> None:
-        torch.save(self.state_dict(), directory / "backend.pt")
+        if not dist.is_initialized() or dist.get_rank() == 0:  # replicas are identical: one copy
+            torch.save(self.state_dict(), directory / "backend.pt")
 
     def load(self, directory: Path) -> None:
         self.load_state_dict(torch.load(directory / "backend.pt", weights_only=False))

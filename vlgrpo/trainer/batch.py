@@ -39,12 +39,14 @@ class TrainBatch:
 
 
 def make_batch(
-    groups: list[RolloutGroup], features: list, pad_id: int, image_token_id: int, forbidden_ids: list[int]
+    groups: list[RolloutGroup], features: list, pad_id: int, image_token_id: int, forbidden_ids: list[int],
+    device: torch.device | str | None = None,
 ) -> TrainBatch:
-    """features: one ImageFeatures per group (embeds [N, H], grid_thw [3])."""
-    batch = collate_groups(groups, [f.grid_thw for f in features], pad_id, image_token_id)
+    """features: one ImageFeatures per group (embeds [N, H], grid_thw [3]). Tensors go to `device` (the model's)."""
+    batch = collate_groups(groups, [f.grid_thw for f in features], pad_id, image_token_id, device)
     loss_mask = batch.completion_mask.float()
-    bad = torch.isin(batch.completion_ids, torch.tensor(list(forbidden_ids), dtype=torch.long)).any(1)  # [R]
+    forbidden = torch.tensor(list(forbidden_ids), dtype=torch.long, device=batch.completion_ids.device)
+    bad = torch.isin(batch.completion_ids, forbidden).any(1)  # [R]
     if bad.any():  # a placeholder would desync image tokens and has logp = -inf: drop the row, keep the shapes
         batch.completion_ids[bad] = pad_id
         batch.completion_mask[bad] = 0

@@ -120,6 +120,11 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
     if not checkpoint_dirs(run):
         raise ConfigError(f"run directory '{run}' has no complete checkpoint under checkpoints/")
     cfg = load_config(run / "config.yaml", ["train.resume=true"])
+    newest = checkpoint_dirs(run)[-1]
+    if json.loads((newest / "meta.json").read_text())["backend"] == "zero3":
+        from vlgrpo.trainer.zero3 import export_checkpoint
+
+        return export_checkpoint(newest, cfg, out_dir)  # one process, any training world size
     state = build_state(cfg, run, progress=False, for_export=True)
     try:
         return state.backend.export(out_dir, state.lm.processor)

@@ -65,6 +65,7 @@ class Trainer:
         # 5. advantage: per group (r - mean) / (std + eps) or its variants
         with T("advantage"):
             advantages, adv_stats = self.advantage_fn(rewards, group_ids, eps=cfg.grpo.std_eps)  # [B*G]
+            advantages = advantages.to(s.device)
             batch = self._collate(groups, features)
 
         # 6. old log-probs (only when the update is off-policy) and reference log-probs (only when beta > 0)
@@ -104,7 +105,7 @@ class Trainer:
         out, parts = Scored(), []
         need = B
         while need > 0:
-            samples = s.data.next(need)  # 1. batch
+            samples = s.next_samples(need)  # 1. batch
             with s.backend.rollout_weights():  # ZeRO-3: weights gathered once for the encoder and decoding
                 with T("vision"):  # 2. each unique image encoded once; the engine and the update reuse it
                     feats = s.cache.get([x.image for x in samples])
@@ -155,7 +156,7 @@ class Trainer:
 
     def _collate(self, groups: list[RolloutGroup], features: list) -> TrainBatch:
         s = self.s
-        return make_batch(groups, features, s.pad_id, s.image_token_id, s.forbidden_ids)
+        return make_batch(groups, features, s.pad_id, s.image_token_id, s.forbidden_ids, s.device)
 
     def _micro_batches(self, batch: TrainBatch, features: list | None = None):
         """(rows, CompletionBatch, features of its prompts). With a trainable vision tower and grad enabled the
@@ -212,7 +213,7 @@ class Trainer:
     # ------------------------------------------------------------------ SFT
     def sft_step(self) -> dict[str, float]:
         s, cfg, T = self.s, self.s.cfg, self.s.timers
-        samples = s.data.next(cfg.train.prompts_per_step)  # 1. batch
+        samples = s.next_samples(cfg.train.prompts_per_step)  # 1. batch
         with T("vision"), s.backend.rollout_weights():  # 2. features from the cache
             feats = s.cache.get([x.image for x in samples])
         with T("update"):  # teacher-forced NLL of the gold answer in the target format

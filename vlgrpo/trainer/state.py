@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,11 +16,12 @@ from typing import Any, Callable
 
 import torch
 
-from vlgrpo.config import Config, save_config, to_dict
+from vlgrpo.config import Config, ConfigError, save_config, to_dict
 from vlgrpo.data.adapters import load_samples
-from vlgrpo.data.images import ProcessorGeometry
+from vlgrpo.data.images import ProcessorGeometry, image_size
 from vlgrpo.data.stream import SampleStream
 from vlgrpo.models import LoadedModel, load_model, placeholder_token_ids
+from vlgrpo.types import Sample
 from vlgrpo.rewards import check_recipe, context_from_config
 from vlgrpo.rollout.base import SamplingParams
 from vlgrpo.rollout.inputs import build_prompt, forbidden_mask
@@ -52,6 +54,7 @@ class RunState:
     timers: Timers = field(default_factory=Timers)
     skipped: list = field(default_factory=list)
     _prompts: dict = field(default_factory=dict)
+    _too_long: set = field(default_factory=set)
 
     @property
     def tokenizer(self):
@@ -88,6 +91,34 @@ class RunState:
             )
         return self._prompts[sample.id]
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.backend.model.parameters()).device
+
+    def next_samples(self, k: int) -> list[Sample]:
+        """The next k usable samples: prompts longer than data.max_prompt_length are reported once and skipped;
+        a missing image_size (needed by box rewards) is read from the image header."""
+        out: list[Sample] = []
+        for _ in range(100 * k):
+            if len(out) == k:
+                return out
+            (sample,) = self.data.next(1)
+            if sample.id in self._too_long:
+                continue
+            if sample.image_size is None:
+                sample.image_size = image_size(sample.image)
+            n = len(self.prompt(sample).input_ids)
+            if n > self.cfg.data.max_prompt_length:
+                self._too_long.add(sample.id)
+                self.log_warning(f"sample '{sample.id}' skipped: its prompt has {n} tokens (image + text), more "
+                                 f"than data.max_prompt_length={self.cfg.data.max_prompt_length}")  # fmt: skip
+                continue
+            out.append(sample)
+        raise ConfigError(
+            f"almost every sample is longer than data.max_prompt_length={self.cfg.data.max_prompt_length} tokens: "
+            "raise it or lower model.max_pixels (run `vlgrpo data doctor` for the per-sample counts)"
+        )
+
     def sampling_for(self, step: int, round_no: int = 0) -> SamplingParams:
         """Sampling params with a seed of their own per step and top-up round: reproducible across resumes."""
         seed = self.sampling.seed * 1_000_003 + step * 7919 + round_no
@@ -116,6 +147,17 @@ def _engine(cfg: Config, lm: LoadedModel, cache: VisionCache, box_format: str):
     return HFEngine(lm.model, lm.processor, cache, d.answer_format, box_format, d.system_prompt), False
 
 
+def _init_data_parallel() -> str:
+    """Under torchrun (WORLD_SIZE > 1) join the process group (NCCL on GPUs, gloo on CPUs); pick this rank's device."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local)
+    if world > 1 and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return f"cuda:{local}" if torch.cuda.is_available() else "cpu"
+
+
 def _rank_world() -> tuple[int, int]:
     return (torch.distributed.get_rank(), torch.distributed.get_world_size()) if torch.distributed.is_initialized() \
         else (0, 1)
@@ -132,11 +174,14 @@ def build_state(
         from vlgrpo.trainer.zero3 import prepare_partitioned_load
 
         prepare_partitioned_load(cfg)  # before from_pretrained: each rank loads only its shard
+        device = "cpu"  # DeepSpeed places the partitions itself
+    else:
+        device = _init_data_parallel()
     rank, world = _rank_world()
     if rank == 0 and not for_export:
         run.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run / "config.yaml")
-    lm = load_model(m.name_or_path, m.arch, m.dtype, m.attn_implementation, m.min_pixels, m.max_pixels)
+    lm = load_model(m.name_or_path, m.arch, m.dtype, m.attn_implementation, m.min_pixels, m.max_pixels, device)
     geometry = ProcessorGeometry.from_processor(lm.processor)
     reward_ctx = context_from_config(cfg, lm.arch, geometry)
     check_recipe(cfg.reward.recipe)  # unknown reward names fail here, before any compute

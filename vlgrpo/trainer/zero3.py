@@ -175,3 +175,26 @@ class Zero3Backend:
             processor.save_pretrained(out)
         torch.distributed.barrier()
         return out
+
+
+def export_checkpoint(checkpoint_dir: Path, cfg: Config, out_dir: str | Path) -> Path:
+    """A plain HF checkpoint from a ZeRO-3 checkpoint in one process, whatever the training world size: the shards
+    are consolidated offline (DeepSpeed's zero_to_fp32) and loaded into the base architecture."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    from vlgrpo.models import load_model
+
+    state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), tag="zero3")
+    m = cfg.model
+    lm = load_model(m.name_or_path, m.arch, m.dtype, m.attn_implementation, m.min_pixels, m.max_pixels)
+    missing, unexpected = lm.model.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"} if getattr(lm.model.config, "tie_word_embeddings", False) else set()
+    if unexpected or set(missing) - tied:
+        raise ValueError(
+            f"ZeRO-3 checkpoint {checkpoint_dir} does not match {m.name_or_path}: missing {sorted(missing)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]}"
+        )
+    out = Path(out_dir)
+    lm.model.to(getattr(torch, m.dtype)).save_pretrained(out)
+    lm.processor.save_pretrained(out)
+    return out

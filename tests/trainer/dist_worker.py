@@ -1,0 +1,30 @@
+"""Run under `torchrun --nproc_per_node 2`: train a few steps on the CPU (any backend), then dump each rank's full
+weights (ZeRO-3: gathered, every rank joins) to weights_rank{r}.pt and export a plain HF checkpoint.
+Used by test_distributed.py."""
+
+import sys
+
+import torch
+
+from vlgrpo.config import load_config
+from vlgrpo.trainer.loop import Trainer
+from vlgrpo.trainer.state import build_state
+
+
+def main(config_path: str, out_dir: str, *overrides: str) -> None:
+    torch.set_num_threads(1)
+    cfg = load_config(config_path, list(overrides))
+    state = build_state(cfg, progress=False)
+    Trainer(state).train()
+    weights = {k: v.clone() for k, v in state.backend.named_weights()}
+    rank = torch.distributed.get_rank()
+    torch.save(weights, f"{out_dir}/weights_rank{rank}.pt")
+    if state.backend.name == "zero3" or rank == 0:  # the ZeRO-3 export is collective
+        state.backend.export(f"{out_dir}/export", state.lm.processor)
+    state.close()
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
