@@ -3,14 +3,12 @@
 #
 # RUN_DIR (holds config.yaml + checkpoints/): evaluates the newest checkpoint on the run's data.test (else data.val)
 # with the run's answer format, box convention and dtype, writing RUN_DIR/eval/step_N/{metrics.json,
-# predictions.jsonl,report.md}. A ZeRO-3 run is first exported to RUN_DIR/export/step_N with `vlgrpo export` in as
-# many processes as it trained with (DeepSpeed reloads its shards only at the same world size); LoRA and plain runs
-# are exported by `vlgrpo eval` itself.
+# predictions.jsonl,report.md}. `vlgrpo eval` exports the run's newest checkpoint itself, in one process (LoRA
+# merged; ZeRO-3 shards consolidated offline, whatever the training world size).
 # MODEL (an HF checkpoint directory or hub id): pass --data FILE; writes to eval_out/ unless --out is given.
 # Flags after the first argument go to `vlgrpo eval` and win over the ones set here (e.g. --suite pope
 # --pope-data data/pope_coco/coco_pope_adversarial.json).
-# Environment: SUITES (pope,grounding,vqa), PYTHON (python), NPROC (export processes; default the run's
-# train.num_gpus), DRY_RUN=1 (print the commands only).
+# Environment: SUITES (pope,grounding,vqa), PYTHON (python), DRY_RUN=1 (print the commands only).
 set -euo pipefail
 
 TARGET=${1:?usage: scripts/eval.sh RUN_DIR_OR_MODEL [vlgrpo eval flags ...]}
@@ -42,14 +40,4 @@ COMMON=(--suite "$SUITES" --out "$OUT" --dtype "$(cfg_get model.dtype)")
 BOX=$(cfg_get reward.box_format)
 [[ "$BOX" == auto ]] || COMMON+=(--box-format "$BOX")
 
-if [[ "$(cfg_get train.backend)" == zero3 ]]; then
-    EXPORT="$TARGET/export/step_$STEP"
-    if [[ ! -f "$EXPORT/config.json" ]]; then
-        run "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "${NPROC:-$(cfg_get train.num_gpus)}" \
-            -m vlgrpo.cli export "$TARGET" --out "$EXPORT"
-    fi
-    run "$PYTHON" -m vlgrpo.cli eval --model "$EXPORT" "${COMMON[@]}" \
-        --answer-format "$(cfg_get data.answer_format)" "$@"
-else
-    run "$PYTHON" -m vlgrpo.cli eval --model "$TARGET" "${COMMON[@]}" "$@"
-fi
+run "$PYTHON" -m vlgrpo.cli eval --model "$TARGET" "${COMMON[@]}" --answer-format "$(cfg_get data.answer_format)" "$@"

@@ -146,7 +146,7 @@ def test_train_multinode_sh_torchrun_and_hostfile(tmp_path):
     assert rc != 0 and "set NNODES, NODE_RANK and MASTER_ADDR" in err
 
 
-def test_eval_sh_exports_zero3_runs_with_their_world_size(tmp_path):
+def test_eval_sh_evaluates_the_newest_checkpoint_with_the_runs_settings(tmp_path):
     run = tmp_path / "run"
     (run / "checkpoints" / "step_50").mkdir(parents=True)
     (run / "checkpoints" / "step_100").mkdir()
@@ -155,11 +155,8 @@ def test_eval_sh_exports_zero3_runs_with_their_world_size(tmp_path):
     rc, err = _script("eval.sh", str(run), "--max-samples", "50")
     py = sys.executable
     assert rc == 0 and err.splitlines() == [
-        f"+ {py} -m torch.distributed.run --standalone --nproc_per_node 8 -m vlgrpo.cli export {run} --out "
-        f"{run}/export/step_100",
-        f"+ {py} -m vlgrpo.cli eval --model {run}/export/step_100 --suite pope,grounding,vqa --out "
-        f"{run}/eval/step_100 --dtype bfloat16 --data data/my_task/test.jsonl --answer-format think_answer "
-        "--max-samples 50",
+        f"+ {py} -m vlgrpo.cli eval --model {run} --suite pope,grounding,vqa --out {run}/eval/step_100 "
+        "--dtype bfloat16 --data data/my_task/test.jsonl --answer-format think_answer --max-samples 50",
     ]
 
 
