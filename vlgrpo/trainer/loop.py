@@ -42,7 +42,7 @@ def _mean_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
 
 
 class Trainer:
-    """Holds the run state (model, backend, engine, cache, data) and runs steps. Built by `build_trainer`."""
+    """Runs steps over a RunState (model, backend, engine, cache, data) built by `trainer.state.build_state`."""
 
     def __init__(self, s: RunState) -> None:
         self.s = s
@@ -84,11 +84,8 @@ class Trainer:
         # 8. sync the rollout engine (a version bump for the HF engine sharing the model)
         s.step += 1
         with T("sync"):
-            s.cache.set_step(s.step)
-            if s.engine_needs_weights:
-                s.engine.update_weights(s.backend.named_weights(), s.step)
-            else:
-                s.engine.update_weights(None, s.step)
+            s.cache.set_step(s.step)  # a trainable tower's cached features are now stale
+            s.engine.update_weights(s.backend.named_weights() if s.engine_needs_weights else None, s.step)
         lengths = batch.batch.completion_mask.sum(1).float()  # [R]
         return {
             **scored.metrics, **update,
