@@ -159,11 +159,30 @@ def test_vllm_colocated_peak_takes_its_budget():
     assert not ok and "raise rollout.vllm.gpu_memory_utilization" in warnings[0]
 
 
+def test_zero3_rollout_gathers_weights_on_training_gpus():
+    inp = PlanInput(spec=Q7, zero_stage=3, num_gpus=8, engine="vllm", vllm_gpu_memory_utilization=0.4)
+    g = plan(inp)["per_gpu"]
+    vision = (Q7.vision_params() + Q7.merger_params()) * 2  # bf16 tower + merger: all vLLM needs the trainer for
+    assert g["zero3_rollout_gather"] == vision * 7 // 8  # minus the 1/8 shard already resident
+    resident = sum(g[k] for k in ("weights", "optimizer", "reference", "reward_model", "critic", "vision_cache",
+                                  "overhead"))
+    assert g["rollout_phase"] == resident + g["zero3_rollout_gather"] + g["rollout_weights"] + g["kv_cache"]
+    peak, _, _ = peak_on(inp, g, GPU_TYPES["A100-80GB"])
+    assert peak >= resident + g["zero3_rollout_gather"] + int(0.4 * GPU_TYPES["A100-80GB"])
+    hf = plan(replace(inp, engine="hf"))["per_gpu"]  # the HF engine decodes with the whole gathered policy
+    assert hf["zero3_rollout_gather"] == Q7.total_params() * 2 * 7 // 8
+    assert plan(replace(inp, zero_stage=2))["per_gpu"]["zero3_rollout_gather"] == 0
+    split = replace(inp, vllm_placement="split", rollout_gpus=4)
+    assert plan(split)["per_gpu"]["zero3_rollout_gather"] == 0  # nothing encodes or decodes on training GPUs
+
+
 def test_verdicts_and_headroom():
     inp = PlanInput(params=7_000_000_000, num_gpus=8, zero_stage=3, vision_cache_bytes=0, overhead_bytes=GB)
     v = verdicts(inp, plan(inp)["per_gpu"])
-    assert v["A100-40GB"] == {"fits": True, "headroom_bytes": GPU_TYPES["A100-40GB"] - 15 * GB,
-                              "capacity_bytes": 40960 * 2**20, "peak_bytes": 15 * GB, "warnings": []}
+    # rollout phase peaks: 1.75 GB weight shard + 10.5 GB optimiser + 1 GB overhead + 12.25 GB (the other 7/8 of the
+    # 14 GB bf16 policy, gathered for HF decoding) = 25.5 GB; training peaks at 14 + 1 = 15 GB
+    assert v["A100-40GB"] == {"fits": True, "headroom_bytes": GPU_TYPES["A100-40GB"] - int(25.5 * GB),
+                              "capacity_bytes": 40960 * 2**20, "peak_bytes": int(25.5 * GB), "warnings": []}
     big = replace(inp, zero_stage=0)  # 112 GB of model states + 1 GB overhead
     v = verdicts(big, plan(big)["per_gpu"])
     assert [k for k, x in v.items() if x["fits"]] == ["H200-141GB"]
@@ -185,7 +204,9 @@ def test_suggestions_when_it_does_not_fit():
 
 
 def test_greedy_combination_when_no_single_change_fits():
-    inp = PlanInput(spec=MODEL_TABLE["Qwen/Qwen2.5-VL-72B-Instruct"], num_gpus=8, completion_tokens=512)
+    # vLLM over 8-way tensor parallelism: with the HF engine ZeRO-3 would gather all 147 GB of bf16 weights to decode
+    inp = PlanInput(spec=MODEL_TABLE["Qwen/Qwen2.5-VL-72B-Instruct"], num_gpus=8, completion_tokens=512, engine="vllm",
+                    tensor_parallel=8)
     out = suggestions(inp, "A100-80GB")
     assert not any(s["fits"] for s in out[:-1])
     combo = out[-1]

@@ -64,3 +64,12 @@ def test_lora_data_parallel_keeps_the_ranks_identical(tmp_path, tiny_model_dir, 
     # each rank saw different prompts; averaged gradients keep the replicas equal, and training moved them
     assert all(torch.equal(w0[n], w1[n]) for n in w0)
     assert any(not torch.equal(w0[n], base[n]) for n in base if n in w0)
+
+
+def test_zero3_sft_gathers_only_the_vision_tower_to_encode(tmp_path, tiny_model_dir, shapes_dir):
+    pytest.importorskip("deepspeed")
+    _config(tmp_path, tiny_model_dir, shapes_dir, "train.backend=zero3", "train.stage=sft")
+    _torchrun(tmp_path, 29519)
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2] and rows[0]["vision/images_encoded"] >= 1
+    assert rows[-1]["train/loss"] < rows[0]["train/loss"]  # the gold answers got likelier

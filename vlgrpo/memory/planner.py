@@ -227,7 +227,13 @@ def plan(inp: PlanInput) -> dict[str, Any]:
                                   "overhead"))
     g["train_phase"] = resident + sum(g[k] for k in ("gradients", "zero3_gather", "activations", "logits"))
     split = inp.engine == "vllm" and inp.vllm_placement == "split"
-    g["rollout_phase"] = (g["overhead"] if split else resident) + roll["rollout_weights"] + roll["kv_cache"]
+    # ZeRO-3 training GPUs gather weights during rollout (the trainer's `rollout_weights`): the whole policy when the
+    # HF engine decodes with it, only the vision tower + merger when vLLM decodes with its own copy.
+    vision = (inp.spec.vision_params() + inp.spec.merger_params()) if inp.spec else 0
+    gathered = vision if inp.engine == "vllm" else total
+    g["zero3_rollout_gather"] = gathered * inp.dtype_bytes * (d - 1) // d if inp.zero_stage == 3 and not split else 0
+    g["rollout_phase"] = ((g["overhead"] if split else resident) + g["zero3_rollout_gather"] + roll["rollout_weights"]
+                          + roll["kv_cache"])
     g["total"] = max(g["train_phase"], g["rollout_phase"])
     cpu = {**states["cpu"], "reference": ref if "reference" in inp.offload else 0,
            "reward_model": reward if "reward" in inp.offload else 0,
@@ -257,6 +263,8 @@ def conventions(inp: PlanInput) -> dict[str, str]:
         "activations": "flash/SDPA attention (no T^2 term); with checkpointing only each layer's input is kept",
         "logits": "completion tokens only (logits_to_keep); lm_head output + fp32 copy + fp32 log_softmax",
         "kv_cache": "2 x layers x kv_heads x head_dim x bytes per token; vLLM stores a group's prompt once",
+        "zero3_rollout_gather": "ZeRO-3, colocated: the rest of the vision tower + merger (vLLM engine) or of the "
+                                "whole policy (HF engine) gathered on every training GPU during rollout",
     }
 
 

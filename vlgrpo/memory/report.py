@@ -72,7 +72,8 @@ _ROWS = [
     ("weights", "policy weights"), ("gradients", "gradients"), ("optimizer", "optimiser states"),
     ("model_states", "= model states"), ("zero3_gather", "ZeRO-3 gathered layer"), ("reference", "reference model"),
     ("reward_model", "reward model"), ("critic", "critic (PPO)"), ("activations", "activations (1 micro-batch)"),
-    ("logits", "log-prob logits"), ("rollout_weights", "rollout engine weights"), ("kv_cache", "rollout KV cache"),
+    ("logits", "log-prob logits"), ("zero3_rollout_gather", "ZeRO-3 weights gathered for rollout"),
+    ("rollout_weights", "rollout engine weights"), ("kv_cache", "rollout KV cache"),
     ("vision_cache", "vision-feature cache"), ("overhead", "CUDA context + NCCL + slack"),
     ("train_phase", "peak in the update"), ("rollout_phase", "peak in the rollout"), ("total", "TOTAL need per GPU"),
 ]

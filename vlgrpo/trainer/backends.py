@@ -111,8 +111,8 @@ class PlainBackend:
         self.optimizer.zero_grad(set_to_none=True)
         return {"train/grad_norm": float(norm), "train/lr": lr}
 
-    def rollout_weights(self):
-        """Context in which the rollout engine and the vision encoder run (ZeRO-3 gathers; here nothing to do)."""
+    def rollout_weights(self, full: bool = True):
+        """Context in which the rollout engine (full) or only the vision encoder runs (ZeRO-3 gathers; here: no-op)."""
         return nullcontext()
 
     def vision_fingerprint(self) -> str:

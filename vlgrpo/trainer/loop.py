@@ -103,7 +103,8 @@ class Trainer:
         need = B
         while need > 0:
             samples = s.next_samples(need)  # 1. batch
-            with s.backend.rollout_weights():  # ZeRO-3: weights gathered once for the encoder and decoding
+            # ZeRO-3: gather once for the encoder and HF decoding (vLLM decodes with its own weights: only `visual`)
+            with s.backend.rollout_weights(full=not s.engine_needs_weights):
                 with T("vision"):  # 2. each unique image encoded once; the engine and the update reuse it
                     feats = s.cache.get([x.image for x in samples])
                 with T("rollout"):  # 3. G completions per prompt, prompt prefilled once per group
@@ -211,7 +212,7 @@ class Trainer:
     def sft_step(self) -> dict[str, float]:
         s, cfg, T = self.s, self.s.cfg, self.s.timers
         samples = s.next_samples(cfg.train.prompts_per_step)  # 1. batch
-        with T("vision"), s.backend.rollout_weights():  # 2. features from the cache
+        with T("vision"), s.backend.rollout_weights(full=False):  # 2. features from the cache
             feats = s.cache.get([x.image for x in samples])
         with T("update"):  # teacher-forced NLL of the gold answer in the target format
             batch = self._collate([self._gold_group(x) for x in samples], feats)

@@ -118,13 +118,29 @@ class Zero3Backend:
         norm = self.engine.get_global_grad_norm()
         return {"train/grad_norm": float(norm) if norm is not None else 0.0, "train/lr": self.scheduler.get_last_lr()[0]}
 
-    def rollout_weights(self):
-        """Full weights on every rank with the ZeRO hooks removed, so generation and the (frozen) vision encoder
-        run locally: ranks decode different lengths and hit the cache differently, which per-module gathers (a
-        collective per forward) would deadlock on."""
-        from deepspeed.runtime.zero.stage3 import unwrap_model_for_generation
+    def rollout_weights(self, full: bool = True):
+        """Gathered weights with the ZeRO hooks removed, so the vision encoder and decoding run locally (ranks hit
+        the cache and decode lengths differently; per-module gathers, one collective per forward, would deadlock).
+        full=True: the whole policy (the HF engine decodes with it); False: only `visual` (vLLM decodes with its own
+        copy of the weights, only the encoder runs here)."""
+        from vlgrpo.vision_cache import find_visual
 
-        return unwrap_model_for_generation(self.engine)
+        module = self.engine.module if full else find_visual(self.engine.module)
+        return self._gathered_without_hooks(list(module.parameters()))
+
+    @contextmanager
+    def _gathered_without_hooks(self, params: list[torch.nn.Parameter]):
+        import deepspeed
+
+        offload = self.engine.optimizer.parameter_offload
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            for hook in offload.forward_hooks + offload.backward_hooks:
+                hook.remove()
+            offload.forward_hooks, offload.backward_hooks = [], []
+            try:
+                yield
+            finally:
+                offload._register_deepspeed_module(offload.module)
 
     def vision_fingerprint(self) -> str:
         import deepspeed
