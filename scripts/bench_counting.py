@@ -7,6 +7,8 @@ counted by the same code. Used by scripts/bench_vs_trl.py.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from vlgrpo.rollout.inputs import core_model
@@ -14,7 +16,7 @@ from vlgrpo.vision_cache import find_visual
 
 
 class PassCounter:
-    """Vision-encoder images and prompt tokens forwarded, counted by hooks.
+    """Vision-encoder images, prompt tokens and decode steps forwarded, counted by hooks.
 
     - `encoder_calls` / `images_encoded`: calls of `visual`, and the rows of the `grid_thw` each call receives
       (one row per image).
@@ -24,6 +26,8 @@ class PassCounter:
       against the known prompt token ids of the data set; a row that matches none raises, so a mismatch between the
       two trainers' prompts cannot go unnoticed. Decode steps and vlgrpo's completion pass carry no image token and
       add nothing.
+    - `decode_forwards` / `decode_seconds`: forwards of one new token per row (generation decode steps) and their
+      wall time, to compare the decode work that both trainers share.
     """
 
     def __init__(self, prompts: list[list[int]], image_token_id: int, pad_id: int) -> None:
@@ -38,10 +42,12 @@ class PassCounter:
 
     def reset(self) -> None:
         self.encoder_calls = self.images_encoded = self.prompt_tokens = self.prompt_forwards = 0
+        self.decode_forwards, self.decode_seconds, self._t0 = 0, 0.0, None
 
-    def pop(self) -> dict[str, int]:
+    def pop(self) -> dict[str, float]:
         out = {"encoder_calls": self.encoder_calls, "images_encoded": self.images_encoded,
-               "prompt_tokens": self.prompt_tokens, "prompt_forwards": self.prompt_forwards}  # fmt: skip
+               "prompt_tokens": self.prompt_tokens, "prompt_forwards": self.prompt_forwards,
+               "decode_forwards": self.decode_forwards, "decode_seconds": self.decode_seconds}  # fmt: skip
         self.reset()
         return out
 
@@ -49,6 +55,7 @@ class PassCounter:
         """Hook one model (policy or reference copy); call once per distinct model object."""
         self._handles.append(find_visual(model).register_forward_pre_hook(self._on_visual, with_kwargs=True))
         self._handles.append(core_model(model).register_forward_pre_hook(self._on_core, with_kwargs=True))
+        self._handles.append(core_model(model).register_forward_hook(self._after_core))
         return self
 
     def detach(self) -> None:
@@ -70,11 +77,20 @@ class PassCounter:
             if kwargs.get("inputs_embeds") is not None:
                 raise RuntimeError("Qwen-VL model called with inputs_embeds only: prompt tokens cannot be counted")
             return
+        if ids.shape[1] == 1:  # a decode step: timed until the forward returns
+            self._t0 = time.perf_counter()
+            return
         rows = (ids == self.image_token_id).any(dim=1).nonzero().flatten().tolist()
         if rows:
             self.prompt_forwards += 1
         for r in rows:
             self.prompt_tokens += self.prompt_length(ids[r])
+
+    def _after_core(self, module, args, output) -> None:
+        if self._t0 is not None:
+            self.decode_forwards += 1
+            self.decode_seconds += time.perf_counter() - self._t0
+            self._t0 = None
 
     def prompt_length(self, row: torch.Tensor) -> int:
         """Length of the known prompt this row starts with (after left padding); raises when none matches."""
@@ -97,8 +113,6 @@ class PhaseTimer:
         self._acc: dict[str, float] = {}
 
     def wrap(self, obj, method: str, phase: str) -> None:
-        import time
-
         inner = getattr(obj, method)
 
         def timed(*args, **kwargs):

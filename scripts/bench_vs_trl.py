@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from transformers import TrainerCallback
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the helper module next to this script
 from bench_counting import PassCounter, PhaseTimer  # noqa: E402
@@ -160,9 +161,55 @@ def attach_counter(counter: PassCounter, policy, reference) -> None:
 # ---------------------------------------------------------------- alternating steps
 
 
-def run_setting(workdir: Path, model_dir: Path, train: Path, s: Setting, a) -> dict:
-    from transformers import TrainerCallback
+def vlgrpo_stepper(trainer, state, counter: PassCounter, rec: Record):
+    """One vlgrpo step as `Trainer.train()` runs it (without its final checkpoint), recorded into `rec`."""
 
+    def step() -> None:
+        t0 = time.perf_counter()
+        metrics = trainer.step_fn()
+        metrics.update(state.timers.pop())
+        own = {**state.cache.stats(), **state.engine.stats()}
+        state.cache.reset_stats()
+        state.engine.reset_stats()
+        metrics.update(memory_metrics())
+        state.logger.log(state.step, metrics)
+        rec.seconds.append(time.perf_counter() - t0)
+        rec.counts.append(counter.pop())
+        rec.phases.append({k[len("timing/") :]: v for k, v in metrics.items() if k.startswith("timing/")})
+        rec.phases[-1].update({f"rollout.{k}": v for k, v in ROLLOUT_PARTS.pop().items()})
+        rec.lengths.append(metrics["grpo/response_length"])
+        rec.own.append({"images_encoded": own["images_encoded"], "prefill_tokens": own["rollout/prefill_tokens"]})
+
+    return step
+
+
+class Alternate(TrainerCallback):
+    """After each TRL optimiser step: record it, then run one vlgrpo step outside TRL's clock."""
+
+    def __init__(self, threads: int, rec: Record, vlgrpo_step) -> None:
+        self.threads, self.rec, self.vlgrpo_step = threads, rec, vlgrpo_step
+        self.count: PassCounter | None = None  # set once the TRL model is built
+        self.phases = PhaseTimer()
+        self.t = 0.0
+
+    def on_train_begin(self, *args, **kwargs):
+        torch.set_num_threads(self.threads)  # in case TRL or accelerate changed it
+        self.t = time.perf_counter()
+
+    def on_step_end(self, *args, **kwargs):
+        self.rec.seconds.append(time.perf_counter() - self.t)
+        self.rec.counts.append(self.count.pop())
+        self.rec.phases.append(self.phases.pop())
+        self.vlgrpo_step()
+        self.t = time.perf_counter()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "completions/mean_length" in logs:
+            self.rec.lengths.append(float(logs["completions/mean_length"]))
+            self.rec.own.append({"step_time": float(logs.get("step_time", math.nan))})
+
+
+def run_setting(workdir: Path, model_dir: Path, train: Path, s: Setting, a) -> dict:
     tag = f"{s.backend}-{s.beta:g}"
     trainer, state = build_vlgrpo(model_dir, train, workdir / f"vlgrpo-{tag}", s, a)
     prompts = [state.prompt(x).input_ids for x in state.data.samples]
@@ -170,50 +217,12 @@ def run_setting(workdir: Path, model_dir: Path, train: Path, s: Setting, a) -> d
     with state.backend.reference() as ref:
         attach_counter(vl_count, state.lm.model, ref)
     trl_rec, vl_rec = Record(), Record()
-    trl_phases = PhaseTimer()
-
-    def vlgrpo_step() -> None:
-        t0 = time.perf_counter()
-        metrics = trainer.step_fn()  # the per-step work of Trainer.train() without its final checkpoint
-        metrics.update(state.timers.pop())
-        own = {**state.cache.stats(), **state.engine.stats()}
-        state.cache.reset_stats()
-        state.engine.reset_stats()
-        metrics.update(memory_metrics())
-        state.logger.log(state.step, metrics)
-        vl_rec.seconds.append(time.perf_counter() - t0)
-        vl_rec.counts.append(vl_count.pop())
-        vl_rec.phases.append({k[len("timing/") :]: v for k, v in metrics.items() if k.startswith("timing/")})
-        vl_rec.phases[-1].update({f"rollout.{k}": v for k, v in ROLLOUT_PARTS.pop().items()})
-        vl_rec.lengths.append(metrics["grpo/response_length"])
-        vl_rec.own.append({"images_encoded": own["images_encoded"], "prefill_tokens": own["rollout/prefill_tokens"]})
-
-    class Alternate(TrainerCallback):
-        """After each TRL optimiser step: record it, then run one vlgrpo step outside TRL's clock."""
-
-        t = 0.0
-
-        def on_train_begin(self, *args, **kwargs):
-            torch.set_num_threads(a.threads)
-            self.t = time.perf_counter()
-
-        def on_step_end(self, *args, **kwargs):
-            trl_rec.seconds.append(time.perf_counter() - self.t)
-            trl_rec.counts.append(trl_count.pop())
-            trl_rec.phases.append(trl_phases.pop())
-            vlgrpo_step()
-            self.t = time.perf_counter()
-
-        def on_log(self, args, state_, control, logs=None, **kwargs):
-            if logs and "completions/mean_length" in logs:
-                trl_rec.lengths.append(float(logs["completions/mean_length"]))
-                trl_rec.own.append({"step_time": float(logs.get("step_time", math.nan))})
-
-    trl, trl_model = build_trl(model_dir, state, workdir / f"trl-{tag}", s, a, Alternate())
-    trl_count = PassCounter(prompts, state.image_token_id, state.pad_id)
-    attach_counter(trl_count, trl_model, trl.ref_model)
-    trl_phases.wrap(trl, "_generate", "generate")  # processor + model.generate
-    trl_phases.wrap(trl, "_generate_and_score_completions", "rollout_and_score")  # + processor, ref pass, reward
+    alternate = Alternate(a.threads, trl_rec, vlgrpo_stepper(trainer, state, vl_count, vl_rec))
+    trl, trl_model = build_trl(model_dir, state, workdir / f"trl-{tag}", s, a, alternate)
+    alternate.count = PassCounter(prompts, state.image_token_id, state.pad_id)
+    attach_counter(alternate.count, trl_model, trl.ref_model)
+    alternate.phases.wrap(trl, "_generate", "generate")  # processor + model.generate
+    alternate.phases.wrap(trl, "_generate_and_score_completions", "rollout_and_score")  # + processor, ref, reward
     ROLLOUT_PARTS.pop()
     trl.train()
     if a.profile_rollout:
@@ -225,7 +234,7 @@ def profile_rollout(state, a) -> None:
     """torch.profiler over one vlgrpo rollout of fresh prompts (features cached first): where its time goes."""
     from torch.profiler import ProfilerActivity, profile
 
-    samples = state.data.next(a.prompts)
+    samples = state.next_samples(a.prompts)
     state.cache.get([x.image for x in samples])
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         state.engine.generate(samples, state.sampling_for(10_000))
@@ -270,6 +279,9 @@ def summarise(s: Setting, trl: Record, vl: Record, warmup: int) -> dict:
         "trl_images": per_step(trl, "images_encoded"), "vlgrpo_images": per_step(vl, "images_encoded"),
         "trl_encoder_calls": per_step(trl, "encoder_calls"), "vlgrpo_encoder_calls": per_step(vl, "encoder_calls"),
         "trl_prefill": per_step(trl, "prompt_tokens"), "vlgrpo_prefill": per_step(vl, "prompt_tokens"),
+        "trl_decode_s": per_step(trl, "decode_seconds"), "vlgrpo_decode_s": per_step(vl, "decode_seconds"),
+        "trl_decode_forwards": per_step(trl, "decode_forwards"),
+        "vlgrpo_decode_forwards": per_step(vl, "decode_forwards"),
         "vlgrpo_own_images": _median(o["images_encoded"] for o in vl.own[warmup:]),
         "vlgrpo_own_rollout_prefill": _median(o["prefill_tokens"] for o in vl.own[warmup:]),
         "trl_length": _median(trl.lengths[warmup:]), "vlgrpo_length": _median(vl.lengths[warmup:]),
@@ -294,11 +306,14 @@ def print_report(rows: list[dict], a, params: dict) -> None:
               f"| {r['trl_images']:.0f} → {r['vlgrpo_images']:.0f} | {r['trl_prefill']:.0f} → {r['vlgrpo_prefill']:.0f} "
               f"| {r['trl_length']:.1f}, {r['vlgrpo_length']:.1f} |")  # fmt: skip
     print("\nCross-checks (medians per step): vlgrpo's own vision/images_encoded and rollout/prefill_tokens; "
-          "encoder calls (hooks) TRL → vlgrpo; TRL's own `step_time` log vs this script's clock.")
+          "encoder calls (hooks) TRL → vlgrpo; decode-step forwards (hooks; one new token per row), count and "
+          "seconds, TRL → vlgrpo; TRL's own `step_time` log vs this script's clock.")
     for r in rows:
         print(f"- {r['setting']}: vlgrpo counters {r['vlgrpo_own_images']:.0f} images, "
               f"{r['vlgrpo_own_rollout_prefill']:.0f} rollout prefill tokens; encoder calls "
-              f"{r['trl_encoder_calls']:.0f} → {r['vlgrpo_encoder_calls']:.0f}; TRL step_time "
+              f"{r['trl_encoder_calls']:.0f} → {r['vlgrpo_encoder_calls']:.0f}; decode forwards "
+              f"{r['trl_decode_forwards']:.0f} in {r['trl_decode_s']:.2f} s → {r['vlgrpo_decode_forwards']:.0f} in "
+              f"{r['vlgrpo_decode_s']:.2f} s; TRL step_time "
               f"{r['trl_own_step_time']:.2f} s vs {r['trl_s']:.2f} s")  # fmt: skip
     cols = (*PHASES, "other")
     print("\nvlgrpo step by phase (timing/*, median seconds; other = step − phases, per step):")

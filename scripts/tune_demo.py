@@ -4,7 +4,9 @@
         --stages sft,grpo --eval-every 50
 
 Stages reuse what an earlier call left in --out (model/, data/, sft_model/), so several GRPO settings can be tried
-from one SFT model (`--stages grpo --tag lr1e-4`). Prints the val VQA accuracy after each stage.
+from one SFT model (`--stages grpo --tag lr1e-4`). Prints the val VQA accuracy after each stage. `--extra` applies
+raw dotted overrides to the stage config (e.g. model.freeze_merger=false); `--init-std` re-draws the language model's
+weights (an experiment only: the demo uses the stock init).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def main() -> None:
     ap.add_argument("--stages", default="sft,grpo")
     ap.add_argument("--tag", default="", help="suffix of the grpo run directory")
     ap.add_argument("--eval-every", type=int, default=0)
+    ap.add_argument("--init-std", type=float, default=0.0, help="re-draw the LM's weights with this std")
     ap.add_argument("--extra", nargs="*", default=[], help="raw config overrides for the stage(s) run")
     a = ap.parse_args()
     spec = dataclasses.replace(DemoSettings().spec, **_parse(a.spec, TinySpec))
@@ -55,6 +58,8 @@ def main() -> None:
 
     if not (out / "model" / "config.json").is_file():
         init_tiny(out / "model", "qwen2_5_vl", spec=s.spec, seed=s.seed)
+        if a.init_std:
+            _reinit_language(out / "model", a.init_std)
     if not (out / "data" / "val.jsonl").is_file():
         synth_dataset(out / "data", s.n_samples, s.seed, s.image_size, s.kinds, s.max_shapes)
     results = {}
@@ -81,6 +86,21 @@ def main() -> None:
         print(f"== {name}: {time.time() - t0:.0f} s  val " + " ".join(
             f"{k}={v:.3f}" for k, v in m.items() if "task" not in k) + f"  tail {tail}", flush=True)
     (out / f"tune{a.tag}.json").write_text(json.dumps(results, indent=2))
+
+
+def _reinit_language(model_dir: Path, std: float) -> None:
+    """Experiment: the language model's Linear/Embedding weights re-drawn from N(0, std) (vision untouched)."""
+    import torch
+
+    from vlgrpo.models import load_model
+
+    lm = load_model(str(model_dir))
+    torch.manual_seed(1)
+    for name, mod in lm.model.named_modules():
+        if ".visual" in f".{name}" or not isinstance(mod, (torch.nn.Linear, torch.nn.Embedding)):
+            continue
+        torch.nn.init.normal_(mod.weight, 0.0, std)
+    lm.model.save_pretrained(model_dir)
 
 
 def _set(cfg, pair: str) -> None:
