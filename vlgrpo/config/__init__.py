@@ -1,0 +1,31 @@
+"""The whole run configuration: the dataclass tree (`schema`) and how it is loaded and validated (`load`).
+
+YAML files hold only what differs from the defaults; `a.b=c` overrides apply on top; `validate` explains every
+rejection (the key, the accepted values, why). Knows nothing of models or data.
+"""
+
+from vlgrpo.config.load import field_docs, get_key, load_config, save_config, to_dict, validate
+from vlgrpo.config.schema import (
+    CHOICES,
+    EVAL_SUITES,
+    Config,
+    ConfigError,
+    DataConfig,
+    EvalConfig,
+    GRPOConfig,
+    LoggingConfig,
+    LoRAConfig,
+    ModelConfig,
+    OverlongConfig,
+    RewardConfig,
+    RolloutConfig,
+    TrainConfig,
+    VLLMConfig,
+    Zero3Config,
+)
+
+__all__ = [
+    "CHOICES", "EVAL_SUITES", "Config", "ConfigError", "DataConfig", "EvalConfig", "GRPOConfig", "LoggingConfig",
+    "LoRAConfig", "ModelConfig", "OverlongConfig", "RewardConfig", "RolloutConfig", "TrainConfig", "VLLMConfig",
+    "Zero3Config", "field_docs", "get_key", "load_config", "save_config", "to_dict", "validate",
+]  # fmt: skip

@@ -1,0 +1,210 @@
+"""Loading the configuration: defaults <- YAML (only what differs) <- `a.b=c` overrides, then validation that
+explains every rejection (the key, the accepted values, why). Also saving, dotted lookup and attribute docstrings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vlgrpo.config.schema import CHOICES, EVAL_SUITES, Config, ConfigError
+
+# ---------------------------------------------------------------- merging dicts into dataclasses
+
+
+def _unknown_key(key: str, valid: list[str]) -> ConfigError:
+    close = difflib.get_close_matches(key.rsplit(".", 1)[-1], valid, n=1)
+    hint = f" Did you mean '{key.rsplit('.', 1)[0] + '.' if '.' in key else ''}{close[0]}'?" if close else ""
+    return ConfigError(f"unknown config key '{key}'. Accepted keys here: {', '.join(sorted(valid))}.{hint}")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Convert a YAML value to the annotated field type, or explain why it cannot be."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], key)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"config key '{key}' must be true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+            raise ConfigError(f"config key '{key}' must be an integer, got {value!r}")
+        return int(value)
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads "1e-4" (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"config key '{key}' must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(f"config key '{key}' must be a string, got {value!r}")
+        return str(value)
+    if origin is list:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"config key '{key}' must be a list, got {value!r}")
+        return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key '{key}' must be a mapping, got {value!r}")
+        return {str(k): _coerce(v, args[1], f"{key}.{k}") for k, v in value.items()}
+    return value
+
+
+def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
+    hints = typing.get_type_hints(type(obj))
+    names = [f.name for f in dataclasses.fields(obj)]
+    for k, v in values.items():
+        key = f"{prefix}{k}"
+        if k not in names:
+            raise _unknown_key(key, names)
+        current = getattr(obj, k)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(v, dict):
+                raise ConfigError(f"config key '{key}' is a section; give a mapping of its keys, got {v!r}")
+            _apply(current, v, key + ".")
+        else:
+            setattr(obj, k, _coerce(v, hints[k], key))
+
+
+def _dotted_to_nested(overrides: list[str]) -> dict[str, Any]:
+    nested: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' must look like section.key=value (e.g. train.lr=1e-5)")
+        path, raw = item.split("=", 1)
+        value = yaml.safe_load(raw) if raw.strip() else ""
+        node = nested
+        parts = path.strip().split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return nested
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Defaults <- YAML file (only what differs) <- dotted overrides; then validate."""
+    cfg = Config()
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file '{path}' does not exist")
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file '{path}' must hold a mapping of sections, got {type(data).__name__}")
+        try:
+            _apply(cfg, data)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
+    if overrides:
+        _apply(cfg, _dotted_to_nested(overrides))
+    validate(cfg)
+    return cfg
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Write the fully resolved config (every key) as YAML; a run directory always holds one."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def get_key(cfg: Config, dotted: str) -> Any:
+    node: Any = cfg
+    for p in dotted.split("."):
+        node = getattr(node, p)
+    return node
+
+
+# ---------------------------------------------------------------- validation that explains why
+
+
+def validate(cfg: Config) -> None:
+    """Reject invalid values and combinations with a message naming the key, accepted values and why."""
+    for key, accepted in CHOICES.items():
+        value = get_key(cfg, key)
+        if value not in accepted:
+            raise ConfigError(f"config key '{key}' = {value!r} is not accepted; use one of: {', '.join(accepted)}")
+    r, t, g = cfg.rollout, cfg.train, cfg.grpo
+    checks = [
+        (r.completions_per_prompt >= 1, "rollout.completions_per_prompt", "must be >= 1"),
+        (t.prompts_per_step >= 1, "train.prompts_per_step", "must be >= 1"),
+        (t.micro_batch_completions >= 1, "train.micro_batch_completions", "must be >= 1"),
+        (r.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1"),
+        (r.temperature > 0, "rollout.temperature", "must be > 0 (GRPO samples; use eval for greedy decoding)"),
+        (0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]"),
+        (t.steps >= 0, "train.steps", "must be >= 0"),
+        (t.lr > 0, "train.lr", "must be > 0"),
+        (g.clip_low >= 0 and g.clip_high >= 0, "grpo.clip_low/clip_high", "must be >= 0"),
+        (g.beta >= 0, "grpo.beta", "must be >= 0"),
+        (g.num_iterations >= 1, "grpo.num_iterations", "must be >= 1"),
+        (g.dual_clip is None or g.dual_clip > 1, "grpo.dual_clip", "must be > 1 (or null to disable)"),
+        (t.lora.rank >= 1, "train.lora.rank", "must be >= 1"),
+        (0 < r.vllm.gpu_memory_utilization <= 1, "rollout.vllm.gpu_memory_utilization", "must be in (0, 1]"),
+        (cfg.data.max_prompt_length >= 1, "data.max_prompt_length", "must be >= 1"),
+    ]
+    for ok, key, why in checks:
+        if not ok:
+            raise ConfigError(f"config key '{key}' {why} (got {get_key(cfg, key) if '/' not in key else ''})")
+    if t.stage == "grpo" and g.advantage != "batch" and r.completions_per_prompt < 2:
+        raise ConfigError(
+            "rollout.completions_per_prompt must be >= 2 for GRPO: a group of one has no baseline to compare with"
+        )
+    total = t.prompts_per_step * r.completions_per_prompt
+    if total % t.micro_batch_completions:
+        raise ConfigError(
+            f"completions per step ({t.prompts_per_step} prompts x {r.completions_per_prompt} = {total}) must be "
+            f"divisible by train.micro_batch_completions ({t.micro_batch_completions}), so every micro-batch is full"
+        )
+    if r.engine == "vllm" and r.vllm.placement == "split" and r.vllm.rollout_gpus < 1:
+        raise ConfigError("rollout.vllm.placement=split needs rollout.vllm.rollout_gpus >= 1 (GPUs reserved for vLLM)")
+    if r.vllm.placement == "split" and r.vllm.rollout_gpus >= t.num_gpus and r.engine == "vllm":
+        raise ConfigError(
+            f"rollout.vllm.rollout_gpus ({r.vllm.rollout_gpus}) must leave training GPUs out of "
+            f"train.num_gpus ({t.num_gpus})"
+        )
+    if cfg.model.freeze_vision and cfg.model.freeze_merger and cfg.model.freeze_language and t.backend != "lora":
+        raise ConfigError("model.freeze_vision, freeze_merger and freeze_language are all true: nothing would train")
+    bad = [s for s in cfg.eval.suites if s not in EVAL_SUITES]
+    if bad:
+        raise ConfigError(f"config key 'eval.suites' has {bad}; accepted suites: {', '.join(EVAL_SUITES)}")
+    if not cfg.reward.recipe:
+        raise ConfigError("config key 'reward.recipe' is empty: name at least one reward, e.g. {accuracy: 1.0}")
+    o = cfg.reward.overlong
+    if o.enabled and not 0 < o.cache_length <= o.max_length:
+        raise ConfigError(
+            f"reward.overlong.cache_length ({o.cache_length}) must be in (0, reward.overlong.max_length={o.max_length}]"
+        )
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings of a config dataclass (the string literal under each field), for docs/--help."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = str(nxt.value.value).strip()  # type: ignore[union-attr]
+    return docs
