@@ -22,3 +22,8 @@ def test_demo_runs_every_stage_and_writes_a_checkable_summary(tmp_path):
         assert (out / name).is_file(), name
     report = (out / "report.md").read_text()
     assert "after SFT" in report and "eval/vqa/accuracy" in report and "KL to the SFT policy" in report
+    # `make demo` twice: the second run replaces the first one's stages instead of resuming or refusing them
+    assert main(["demo", "--out", str(out), "--n", "120", "--sft-steps", "2", "--grpo-steps", "1",
+                 "--eval-samples", "6"]) == 0
+    assert json.loads((out / "summary.json").read_text())["steps"] == {"sft": 2, "grpo": 1}
+    assert len((out / "grpo" / "metrics.jsonl").read_text().splitlines()) == 1

@@ -9,6 +9,7 @@ call, each stage's resolved config is saved in its run directory.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +86,8 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None) -> dict:
 
     s = settings or DemoSettings()
     out, t0 = Path(out_dir), time.time()
+    for stale in ("sft", "grpo", "sft_model", "grpo_model", "eval_sft", "eval_grpo"):  # the demo owns its directory
+        shutil.rmtree(out / stale, ignore_errors=True)
     print(f"[1/6] building the tiny Qwen2.5-VL in {out / 'model'}")
     model_dir = init_tiny(out / "model", "qwen2_5_vl", spec=s.spec, seed=s.seed)
     print(f"      {count_parameters(load_model(str(model_dir)).model)['total']:,} parameters")

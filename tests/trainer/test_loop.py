@@ -73,3 +73,15 @@ def test_trainable_vision_tower_is_updated_through_re_encoded_features(tmp_path,
     assert any(".merger." in n for n in moved_vision) and any(".blocks." in n for n in moved_vision)
     # phase 2 encodes each step's 2 images; the update pass re-encodes them with grad (one call per micro-batch)
     assert all(h["vision/images_encoded"] >= 4 for h in history)
+
+
+def test_a_fresh_run_refuses_to_mix_with_an_earlier_runs_checkpoints(tmp_path, tiny_model_dir, shapes_dir):
+    from vlgrpo.config import ConfigError
+    import pytest
+
+    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", "train.steps=1")
+    run_training(cfg, progress=False)
+    again = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", "train.steps=1", "train.resume=false")
+    with pytest.raises(ConfigError, match="train.resume is false"):
+        build_state(again, progress=False)
+    assert len(read_metrics(tmp_path / "run")) == 1  # nothing was appended or overwritten

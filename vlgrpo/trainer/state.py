@@ -213,4 +213,9 @@ def build_state(
     )  # fmt: skip
     if cfg.train.resume or for_export:
         checkpoint.resume(state)
+    elif checkpoint.checkpoint_dirs(run):
+        raise ConfigError(
+            f"train.output_dir '{run}' holds checkpoints of an earlier run and train.resume is false: set "
+            "train.resume=true to continue it, or choose a new train.output_dir (nothing was overwritten)"
+        )
     return state
