@@ -15,6 +15,12 @@ def _print_json(obj) -> None:
     print(json.dumps(obj, indent=2, sort_keys=False, default=str))
 
 
+def _emit(obj, as_json: bool, formatter) -> int:
+    """Print a command's result as JSON (--json) or as its readable table."""
+    print(json.dumps(obj, indent=2, default=str) if as_json else formatter(obj))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vlgrpo", description="GRPO for Qwen-VL-style vision-language models")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -199,11 +205,7 @@ def _cmd_plan(args) -> int:
                "critic": args.critic or None, "logits_chunk": args.logits_chunk}
     inp = dataclasses.replace(inp, **{k: v for k, v in changes.items() if v is not None})
     report = build_report(inp, args.gpu_type)
-    if args.json:
-        _print_json(report)
-    else:
-        print(format_report(report))
-    return 0
+    return _emit(report, args.json, format_report)
 
 
 def _add_data_doctor(dsub) -> None:
@@ -342,11 +344,7 @@ def _cmd_eval_score(args) -> int:
 
     result = {"suite": args.suite, "pred": args.pred,
               **score_predictions(read_predictions(args.pred, args.split), args.parser)}  # fmt: skip
-    if args.json:
-        _print_json(result)
-    else:
-        print(format_report(result))
-    return 0
+    return _emit(result, args.json, format_report)
 
 
 def add_train_command(sub) -> None:
