@@ -17,7 +17,7 @@ import json
 import time
 from pathlib import Path
 
-from vlgrpo.demo import DemoSettings, _evaluate, _stage_config
+from vlgrpo.demo import DemoSettings, _evaluate, _stage_config, build_model_and_data
 from vlgrpo.models import TinySpec
 
 
@@ -50,18 +50,14 @@ def main() -> None:
     spec = dataclasses.replace(DemoSettings().spec, **_parse(a.spec, TinySpec))
     s = dataclasses.replace(DemoSettings(), spec=spec, **_parse(a.set, DemoSettings))
     out = Path(a.out)
-    from vlgrpo.data.synth import synth_dataset
     from vlgrpo.evals.run import make_evaluator
-    from vlgrpo.models import init_tiny
     from vlgrpo.trainer import run_training
     from vlgrpo.trainer.checkpoint import export_run
 
     if not (out / "model" / "config.json").is_file():
-        init_tiny(out / "model", "qwen2_5_vl", spec=s.spec, seed=s.seed)
+        build_model_and_data(s, out)
         if a.init_std:
             _reinit_language(out / "model", a.init_std)
-    if not (out / "data" / "val.jsonl").is_file():
-        synth_dataset(out / "data", s.n_samples, s.seed, s.image_size, s.kinds, s.max_shapes)
     results = {}
     for stage in a.stages.split(","):
         t0 = time.time()

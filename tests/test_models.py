@@ -50,3 +50,47 @@ def test_pixel_overrides_reach_the_processor(tiny_model_dir):
     assert out["image_grid_thw"][0].tolist() == [1, 4, 4]  # capped at 4 merged tokens
     with pytest.raises(ModelLoadError, match="min_pixels"):
         load_model(tiny_model_dir("qwen2_5_vl"), max_pixels=100, min_pixels=1000)
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl"])
+def test_calibrate_merger_centres_and_scales_image_features(tmp_path, tiny_model_dir, shapes_dir, arch):
+    import shutil
+
+    from vlgrpo.models import calibrate_merger, load_model
+
+    model_dir = tmp_path / "m"
+    shutil.copytree(tiny_model_dir(arch), model_dir)
+    images = sorted(str(p) for p in (shapes_dir / "images").glob("*.png"))[:12]
+    before = load_model(str(model_dir)).model.state_dict()
+    stats = calibrate_merger(model_dir, images, target_std=0.2)
+    lm = load_model(str(model_dir))
+    after = lm.model.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert sorted(k.split("merger.")[-1] for k in changed) == ["mlp.2.bias", "mlp.2.weight"]  # only its last Linear
+    assert len(changed) == 2 and stats["std_before"] < 0.1
+    from vlgrpo.data.images import load_image
+
+    inputs = lm.processor.image_processor(images=[load_image(p) for p in images], return_tensors="pt")
+    with torch.no_grad():
+        out = lm.model.model.visual(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"])
+    feats = getattr(out, "pooler_output", None)
+    feats = (feats if feats is not None else out[0] if isinstance(out, tuple) else out).float()
+    assert feats.mean(0).abs().max() < 1e-4  # centred over the calibration images
+    assert feats.std(0).mean() == pytest.approx(0.2, rel=1e-3)
+
+
+def test_calibrate_merger_needs_images(tiny_model_dir):
+    from vlgrpo.models import calibrate_merger
+    from vlgrpo.types import InputError
+
+    with pytest.raises(InputError, match="no images"):
+        calibrate_merger(tiny_model_dir(), [])
+
+
+def test_init_tiny_cli_calibrates_on_an_image_folder(tmp_path, shapes_dir, capsys):
+    out = tmp_path / "tiny"
+    assert main(["model", "init-tiny", "--out", str(out), "--calibrate-images", str(shapes_dir / "images")]) == 0
+    assert "merger calibrated on 40 images" in capsys.readouterr().out
+    (tmp_path / "empty").mkdir()
+    assert main(["model", "init-tiny", "--out", str(tmp_path / "t2"), "--calibrate-images", str(tmp_path / "empty")]) == 2
+    assert "no .png/.jpg files" in capsys.readouterr().err

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def _print_json(obj) -> None:
@@ -60,6 +61,8 @@ def add_model_command(sub) -> None:
     tiny.add_argument("--arch", choices=["qwen2_5_vl", "qwen2_vl"], default="qwen2_5_vl")
     tiny.add_argument("--out", required=True, help="directory to save the checkpoint and processor into")
     tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--calibrate-images", metavar="DIR", help="centre and scale the merger's output over the "
+                      "images in DIR (png/jpg, up to 256; labels unused) so a fresh model learns to read them sooner")
     tiny.set_defaults(handler=_cmd_init_tiny)
 
 
@@ -67,6 +70,18 @@ def _cmd_init_tiny(args) -> int:
     from vlgrpo.models import count_parameters, init_tiny, load_model
 
     out = init_tiny(args.out, args.arch, seed=args.seed)
+    if args.calibrate_images:
+        from vlgrpo.models import calibrate_merger
+
+        from vlgrpo.types import InputError
+
+        found = Path(args.calibrate_images).rglob("*")
+        images = sorted(p for p in found if p.suffix.lower() in (".png", ".jpg", ".jpeg"))
+        if not images:
+            raise InputError(f"--calibrate-images {args.calibrate_images}: no .png/.jpg files in it")
+        stats = calibrate_merger(out, images[:256])
+        print(f"merger calibrated on {min(len(images), 256)} images: feature std {stats['std_before']:.4f} -> "
+              f"{stats['std_after']:.4f}")  # fmt: skip
     counts = count_parameters(load_model(str(out)).model)
     print(f"tiny {args.arch} saved to {out}: {counts['total']:,} parameters ({counts['vision']:,} in the vision tower)")
     return 0
@@ -104,6 +119,9 @@ def add_demo_command(sub) -> None:
     p.add_argument("--sft-steps", type=int)
     p.add_argument("--grpo-steps", type=int)
     p.add_argument("--eval-samples", type=int, help="test samples per eval suite")
+    p.add_argument("--kinds", help="question kinds, comma-separated, of count,colour,exist,ground (default colour: "
+                   "the kind the tiny model learns within the time budget)")
+    p.add_argument("--max-shapes", type=int, help="shapes per image, 1..N (default 1)")
     p.set_defaults(handler=_cmd_demo)
 
 
@@ -113,7 +131,8 @@ def _cmd_demo(args) -> int:
     from vlgrpo.demo import DemoSettings, run_demo
 
     given = {"n_samples": args.n, "sft_steps": args.sft_steps, "grpo_steps": args.grpo_steps,
-             "eval_samples": args.eval_samples, "seed": args.seed}  # fmt: skip
+             "eval_samples": args.eval_samples, "seed": args.seed, "max_shapes": args.max_shapes,
+             "kinds": tuple(args.kinds.split(",")) if args.kinds else None}  # fmt: skip
     run_demo(args.out, dataclasses.replace(DemoSettings(), **{k: v for k, v in given.items() if v is not None}))
     return 0
 

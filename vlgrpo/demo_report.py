@@ -51,15 +51,20 @@ def _rows(before: dict, after: dict) -> list[str]:
     return lines
 
 
+def _headline(summary: dict, key: str, title: str) -> str:
+    b, a = summary[f"sft_{key}"], summary[f"grpo_{key}"]
+    if b is None or a is None:
+        return f"{title}: not evaluated (no such questions among the demo's kinds {summary['kinds']})."
+    return f"{title}: **{b:.3f} after SFT → {a:.3f} after GRPO** ({(a - b) * 100:+.1f} points)."
+
+
 def write_report(out: Path, summary: dict, sft: list[dict], grpo: list[dict], before: dict, after: dict) -> Path:
     has_plot = plot_curves(out / "curves.png", sft, grpo)
-    lift = summary["grpo_test_accuracy"] - summary["sft_test_accuracy"]
     lines = [
         "# vlgrpo demo report",
         "",
-        f"Held-out test accuracy (VQA questions): **{summary['sft_test_accuracy']:.3f} after SFT → "
-        f"{summary['grpo_test_accuracy']:.3f} after GRPO** ({lift * 100:+.1f} points). "
-        f"Grounding Acc@0.5: {summary['sft_grounding_acc50']:.3f} → {summary['grpo_grounding_acc50']:.3f}. "
+        f"{_headline(summary, 'test_accuracy', 'Held-out test accuracy (VQA questions)')} "
+        f"{_headline(summary, 'grounding_acc50', 'Grounding Acc@0.5')} "
         f"Wall time {summary['wall_seconds']:.0f} s.",
         "",
         "Collapse indicators over the last 10 GRPO steps: entropy "

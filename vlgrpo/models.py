@@ -273,3 +273,38 @@ def count_parameters(model: torch.nn.Module) -> dict[str, int]:
     total = sum(p.numel() for p in model.parameters())
     vision = sum(p.numel() for n, p in model.named_parameters() if ".visual." in f".{n}")
     return {"total": total, "vision": vision, "language": total - vision}
+
+
+def calibrate_merger(model_dir: str | Path, images: list[str | Path], target_std: float = 0.05) -> dict[str, float]:
+    """Data-dependent init of a *random* model's merger output layer (LSUV-style), saved in place.
+
+    Over `images` (no labels), the merger's last Linear is shifted and rescaled so the image features it emits have
+    mean zero and a mean per-dimension std of `target_std`. A random vision tower maps every image close to one common
+    direction (two shapes scenes differ by about a third of the feature norm), so the language model first sees image
+    tokens that barely vary and needs many more steps to start reading them; a pretrained checkpoint's merger is
+    already aligned and never needs this. Returns the feature mean norm and std before and after.
+    """
+    if not images:
+        raise InputError("calibrate_merger: no images given")
+    from vlgrpo.data.images import load_image
+
+    lm = load_model(str(model_dir))
+    last = lm.model.model.visual.merger.mlp[-1]
+    outputs: list[torch.Tensor] = []
+    hook = last.register_forward_hook(lambda _m, _i, out: outputs.append(out.detach()))
+    try:
+        with torch.no_grad():
+            for start in range(0, len(images), 32):
+                batch = [load_image(p) for p in images[start : start + 32]]
+                inputs = lm.processor.image_processor(images=batch, return_tensors="pt")
+                lm.model.model.visual(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"])
+    finally:
+        hook.remove()
+    feats = torch.cat(outputs).float()
+    mean, std = feats.mean(0), feats.std(0).mean()
+    scale = target_std / float(std)
+    with torch.no_grad():
+        last.weight.mul_(scale)
+        last.bias.sub_(mean.to(last.bias.dtype)).mul_(scale)
+    lm.model.save_pretrained(str(model_dir))
+    return {"mean_norm_before": float(mean.norm()), "std_before": float(std), "std_after": target_std}
