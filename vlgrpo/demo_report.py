@@ -14,7 +14,7 @@ def _smooth(values: list[float], k: int = 10) -> list[float]:
 
 
 def plot_curves(path: Path, sft: list[dict], grpo: list[dict]) -> bool:
-    """SFT loss, GRPO reward and accuracy (smoothed), entropy and response length. False without matplotlib."""
+    """SFT loss, GRPO reward and train accuracy (10-step means) with val accuracy, entropy and response length. False without matplotlib."""
     try:
         import matplotlib
 
@@ -28,7 +28,10 @@ def plot_curves(path: Path, sft: list[dict], grpo: list[dict]) -> bool:
     steps = [h["step"] for h in grpo]
     for key, label in (("reward/total", "reward"), ("reward/accuracy", "accuracy (train rollouts)")):
         axes[1].plot(steps, _smooth([h.get(key, 0.0) for h in grpo]), label=label)
-    axes[1].set(title="GRPO reward (10-step mean)", xlabel="step")
+    val = [(h["step"], h["eval/vqa/accuracy"]) for h in grpo if "eval/vqa/accuracy" in h]
+    if val:
+        axes[1].plot(*zip(*val), "o-", label="accuracy (val, greedy)")
+    axes[1].set(title="GRPO reward and accuracy", xlabel="step")
     axes[1].legend()
     axes[2].plot(steps, [h.get("grpo/entropy", 0.0) for h in grpo], label="entropy")
     axes[2].plot(steps, [h.get("grpo/kl", 0.0) * 10 for h in grpo], label="KL to SFT x10")
@@ -58,6 +61,13 @@ def _headline(summary: dict, key: str, title: str) -> str:
     return f"{title}: **{b:.3f} after SFT → {a:.3f} after GRPO** ({(a - b) * 100:+.1f} points)."
 
 
+def _pope_note(summary: dict) -> list[str]:
+    if "exist" in summary["kinds"]:
+        return []
+    return ["POPE probes ask yes/no questions the demo never trains (no `exist` among its kinds): they exercise the "
+            "eval path, and the POPE parser reads any answer without 'no' as yes.", ""]  # fmt: skip
+
+
 def write_report(out: Path, summary: dict, sft: list[dict], grpo: list[dict], before: dict, after: dict) -> Path:
     has_plot = plot_curves(out / "curves.png", sft, grpo)
     lines = [
@@ -67,6 +77,7 @@ def write_report(out: Path, summary: dict, sft: list[dict], grpo: list[dict], be
         f"{_headline(summary, 'grounding_acc50', 'Grounding Acc@0.5')} "
         f"Wall time {summary['wall_seconds']:.0f} s.",
         "",
+        *_pope_note(summary),
         "Collapse indicators over the last 10 GRPO steps: entropy "
         f"{summary['final_grpo_entropy']:.3f}, KL to the SFT policy {summary['final_grpo_kl']:.4f}, mean response "
         f"length {summary['final_response_length']:.1f} tokens.",
