@@ -92,5 +92,6 @@ def test_init_tiny_cli_calibrates_on_an_image_folder(tmp_path, shapes_dir, capsy
     assert main(["model", "init-tiny", "--out", str(out), "--calibrate-images", str(shapes_dir / "images")]) == 0
     assert "merger calibrated on 40 images" in capsys.readouterr().out
     (tmp_path / "empty").mkdir()
-    assert main(["model", "init-tiny", "--out", str(tmp_path / "t2"), "--calibrate-images", str(tmp_path / "empty")]) == 2
+    empty = ["model", "init-tiny", "--out", str(tmp_path / "t2"), "--calibrate-images", str(tmp_path / "empty")]
+    assert main(empty) == 2
     assert "no .png/.jpg files" in capsys.readouterr().err

@@ -72,7 +72,6 @@ def _cmd_init_tiny(args) -> int:
     out = init_tiny(args.out, args.arch, seed=args.seed)
     if args.calibrate_images:
         from vlgrpo.models import calibrate_merger
-
         from vlgrpo.types import InputError
 
         found = Path(args.calibrate_images).rglob("*")

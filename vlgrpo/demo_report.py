@@ -14,7 +14,8 @@ def _smooth(values: list[float], k: int = 10) -> list[float]:
 
 
 def plot_curves(path: Path, sft: list[dict], grpo: list[dict]) -> bool:
-    """SFT loss, GRPO reward and train accuracy (10-step means) with val accuracy, entropy and response length. False without matplotlib."""
+    """SFT loss; GRPO reward and train accuracy (10-step means) with the val accuracy points; entropy, KL and
+    response length. False without matplotlib."""
     try:
         import matplotlib
 

@@ -1,5 +1,3 @@
-import json
-
 import torch
 
 from vlgrpo.trainer import run_training
