@@ -94,4 +94,4 @@ def test_init_tiny_cli_calibrates_on_an_image_folder(tmp_path, shapes_dir, capsy
     (tmp_path / "empty").mkdir()
     empty = ["model", "init-tiny", "--out", str(tmp_path / "t2"), "--calibrate-images", str(tmp_path / "empty")]
     assert main(empty) == 2
-    assert "no .png/.jpg files" in capsys.readouterr().err
+    assert "no image files" in capsys.readouterr().err

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 
 def _print_json(obj) -> None:
@@ -62,22 +61,17 @@ def add_model_command(sub) -> None:
     tiny.add_argument("--out", required=True, help="directory to save the checkpoint and processor into")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--calibrate-images", metavar="DIR", help="centre and scale the merger's output over the "
-                      "images in DIR (png/jpg, up to 256; labels unused) so a fresh model learns to read them sooner")
+                      "images in DIR (png/jpg/webp/bmp, up to 256; labels unused) so a fresh model learns to read them sooner")
     tiny.set_defaults(handler=_cmd_init_tiny)
 
 
 def _cmd_init_tiny(args) -> int:
-    from vlgrpo.models import count_parameters, init_tiny, load_model
+    from vlgrpo.data.images import image_files
+    from vlgrpo.models import calibrate_merger, count_parameters, init_tiny, load_model
 
+    images = image_files(args.calibrate_images) if args.calibrate_images else []  # fails before building anything
     out = init_tiny(args.out, args.arch, seed=args.seed)
-    if args.calibrate_images:
-        from vlgrpo.models import calibrate_merger
-        from vlgrpo.types import InputError
-
-        found = Path(args.calibrate_images).rglob("*")
-        images = sorted(p for p in found if p.suffix.lower() in (".png", ".jpg", ".jpeg"))
-        if not images:
-            raise InputError(f"--calibrate-images {args.calibrate_images}: no .png/.jpg files in it")
+    if images:
         stats = calibrate_merger(out, images[:256])
         print(f"merger calibrated on {min(len(images), 256)} images: feature std {stats['std_before']:.4f} -> "
               f"{stats['std_after']:.4f}")  # fmt: skip

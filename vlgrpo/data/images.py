@@ -136,3 +136,14 @@ class ProcessorGeometry:
         """Language-model tokens of one image (<|image_pad|> count) after the 2x2 merge."""
         _, gh, gw = self.grid_thw(height, width)
         return gh * gw // (self.merge_size**2)
+
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+
+
+def image_files(folder: str | Path) -> list[Path]:
+    """The image files under a folder (recursive, sorted); a clear error when there are none."""
+    found = sorted(p for p in Path(folder).rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+    if not found:
+        raise InputError(f"{folder}: no image files ({', '.join(IMAGE_SUFFIXES)}) in it")
+    return found
