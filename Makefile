@@ -6,7 +6,10 @@ export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: demo test install bench clean
+VLLM_VENV ?= .venv-vllm
+VLLM_TESTS := tests/rollout/test_vllm_engine.py tests/trainer/test_vllm_train.py tests/evals/test_vllm_eval.py
+
+.PHONY: demo test test-main test-vllm install bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,8 +22,17 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(VENV)/bin/vlgrpo demo --out runs/demo
 
-test: $(VENV)/.installed
-	$(PY) -m pytest -q -m "not gpu"
+# The main suite, then the vLLM tests in vLLM's own environment (its CPU build: see scripts/vllm_env.sh).
+test: test-main test-vllm
+
+test-main: $(VENV)/.installed
+	$(PY) -m pytest -q -m "not gpu and not vllm"
+
+$(VLLM_VENV)/.installed: pyproject.toml scripts/vllm_env.sh
+	bash scripts/vllm_env.sh $(VLLM_VENV)
+
+test-vllm: $(VLLM_VENV)/.installed
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm -p no:cacheprovider $(VLLM_TESTS)
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

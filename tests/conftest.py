@@ -8,10 +8,16 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import importlib.util  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+# The vLLM tests run in vLLM's own environment (`make test-vllm`); elsewhere they are not even collected.
+VLLM_TESTS = ["rollout/test_vllm_engine.py", "trainer/test_vllm_train.py", "evals/test_vllm_eval.py"]
+collect_ignore = [] if importlib.util.find_spec("vllm") else VLLM_TESTS
 
 
 @pytest.fixture(scope="session")

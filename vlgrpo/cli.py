@@ -178,9 +178,11 @@ def add_plan_command(sub) -> None:
     p.add_argument("--params", type=float, help="plan model states for N trainable parameters, no model spec")
     p.add_argument("--largest-layer", type=float, help="with --params: largest layer's parameters (ZeRO-3 buffer)")
     p.add_argument("--gpus", type=int, help="GPUs of the run (train.num_gpus)")
-    p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="ZeRO stage (default: from train.backend)")
+    p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="ZeRO stage (default: from train.backend); "
+                   "1 and 2 are for comparison: the trainer runs 0 (plain, lora) and 3 (train.backend=zero3)")
     p.add_argument("--lora-rank", type=int, help="plan LoRA with this rank (train.backend=lora)")
-    p.add_argument("--offload", help="comma list of optimizer, param, reference, reward; or none")
+    p.add_argument("--offload", help="comma list of optimizer, param, reference, reward; or none. The trainer "
+                   "offloads optimizer and param with ZeRO-3 only; the rest are for comparison")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], help="model.dtype")
     p.add_argument("--optimizer-states", choices=["fp32", "bf16"], help="fp32 master + moments (default) or bf16")
     p.add_argument("--convention", choices=["16-byte", "18-byte"], help="18-byte: DeepSpeed's estimator convention")
@@ -211,7 +213,9 @@ def _cmd_plan(args) -> int:
     inp = plan_input_from_config(cfg, params=int(args.params) if args.params else None,
                                  image_size=parse_image_size(args.image_size), text_tokens=args.text_tokens)
     changes = {"zero_stage": args.zero, "offload": parse_offload(args.offload) if args.offload else None,
-               "optimizer_states": args.optimizer_states, "convention": args.convention,
+               # --zero plans DeepSpeed's ZeRO, whose mixed precision keeps an fp32 master copy and fp32 moments
+               "optimizer_states": args.optimizer_states or ("fp32" if args.zero is not None else None),
+               "convention": args.convention,
                "largest_layer": int(args.largest_layer) if args.largest_layer else None,
                "reward_model_params": int(args.reward_model_params) if args.reward_model_params else None,
                "critic": args.critic or None, "logits_chunk": args.logits_chunk}
@@ -311,6 +315,11 @@ def add_eval_command(sub) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     p.add_argument("--vision-cache-dir", help="on-disk vision-feature cache (reused across evals of one model)")
+    p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
+                   help="greedy decoder: hf (transformers, default) or vllm (needs vllm; same predictions, faster)")
+    p.add_argument("--engine-kwargs", type=json.loads, default=None,
+                   help='JSON keyword arguments of vllm.LLM, e.g. \'{"enforce_eager": true}\'')
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.8, help="vLLM's share of the GPU (default 0.8)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     # Actions are subcommands; without one, the flags above run the model (handler _cmd_eval_run).
     esub = p.add_subparsers(dest="eval_command", required=False, metavar="ACTION")
@@ -343,7 +352,8 @@ def _cmd_eval_run(args) -> int:
         batch_prompts=args.batch_prompts, pope_data=args.pope_data, pope_images=args.pope_images,
         pope_splits=tuple(args.pope_splits.split(",")) if args.pope_splits else None,
         pope_per_image=args.pope_per_image, pope_min_objects=args.pope_min_objects, dtype=args.dtype,
-        device=args.device, cache_dir=args.vision_cache_dir, progress=not args.no_progress,
+        device=args.device, cache_dir=args.vision_cache_dir, progress=not args.no_progress, engine=args.engine,
+        engine_kwargs=args.engine_kwargs, gpu_memory_utilization=args.gpu_memory_utilization,
     )  # fmt: skip
     for key, value in result.metrics.items():
         print(f"{key:<48} {value:.4f}")

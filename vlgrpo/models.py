@@ -240,8 +240,14 @@ def _tiny_config(arch: str, spec: TinySpec, tokenizer):
     )
 
 
-def init_tiny(out_dir: str | Path, arch: str = "qwen2_5_vl", spec: TinySpec | None = None, seed: int = 0) -> Path:
-    """Build a randomly initialised tiny Qwen-VL with its processor and save it as a HF checkpoint."""
+def init_tiny(
+    out_dir: str | Path, arch: str = "qwen2_5_vl", spec: TinySpec | None = None, seed: int = 0,
+    dtype: str = "float32", device: str = "cpu",
+) -> Path:
+    """Build a randomly initialised tiny Qwen-VL with its processor and save it as a HF checkpoint.
+
+    `spec` can make it large too (scripts/gpu_check.py builds a ~2 B one); `device` is where the random init runs
+    (a GPU initialises billions of weights in seconds) and `dtype` what is saved."""
     import transformers as tf
 
     if arch not in ARCHS:
@@ -260,7 +266,8 @@ def init_tiny(out_dir: str | Path, arch: str = "qwen2_5_vl", spec: TinySpec | No
         chat_template=CHAT_TEMPLATE,
     )  # fmt: skip
     torch.manual_seed(seed)
-    model = model_cls(_tiny_config(arch, spec, tokenizer))
+    with torch.device(device):
+        model = model_cls(_tiny_config(arch, spec, tokenizer)).to(getattr(torch, dtype))
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out)

@@ -1,4 +1,6 @@
-"""DAPO overlong shaping and dynamic sampling: exact penalties, dropped-group counts, refill arithmetic."""
+"""DAPO overlong shaping and dynamic sampling: exact penalties, dropped-group counts, refill arithmetic.
+
+The refill loop itself is driven through the Trainer in tests/trainer/test_dynamic_sampling.py."""
 
 from __future__ import annotations
 
@@ -54,36 +56,6 @@ def test_prompts_needed_refill_loop():
     # extra rounds spent (or disabled) -> stop asking even if short
     assert prompts_needed(6, 8, rounds_done=2, max_rounds=2) == 0
     assert prompts_needed(0, 8, rounds_done=0, max_rounds=0) == 0
-
-
-def _refill(rounds: list[torch.Tensor], target: int, max_rounds: int) -> tuple[int, list[int]]:
-    """The loop the trainer will write: sample, drop constant groups, ask for more until full or out of rounds."""
-    kept, asked, done = 0, [target], 0
-    for r in rounds:
-        assert len(r) == 2 * asked[-1]  # G = 2 completions for each prompt asked for
-        keep, _ = filter_zero_variance_groups(r, torch.arange(len(r) // 2).repeat_interleave(2))
-        kept += int(keep.sum()) // 2
-        need = prompts_needed(kept, target, rounds_done=done, max_rounds=max_rounds)
-        if need == 0:
-            break
-        asked.append(need)
-        done += 1
-    return kept, asked
-
-
-ROUNDS = [
-    torch.tensor([0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0]),  # groups (0,1) (1,1) (0,0) (1,0): 2 kept
-    torch.tensor([1.0, 1.0, 0.0, 1.0]),  # (1,1) (0,1): 1 kept
-    torch.tensor([0.0, 1.0]),  # (0,1): 1 kept
-]
-
-
-def test_refill_loop_fills_the_batch_within_the_rounds():
-    assert _refill(ROUNDS, target=4, max_rounds=2) == (4, [4, 2, 1])
-
-
-def test_refill_loop_stops_short_when_rounds_are_spent():
-    assert _refill(ROUNDS, target=4, max_rounds=1) == (3, [4, 2])
 
 
 def test_prompts_needed_rejects_nonsense():

@@ -194,9 +194,12 @@ def test_suggestions_when_it_does_not_fit():
     assert not verdicts(inp, plan(inp)["per_gpu"])["A100-80GB"]["fits"]
     out = suggestions(inp, "A100-80GB")
     changes = {s["change"]: s for s in out}
-    assert {"model.gradient_checkpointing=true", "train.micro_batch_completions=4", "train.backend=lora (rank 16)",
-            "--zero 1", "train.backend=zero3", "--offload optimizer", "--offload reference"} == set(changes)
-    assert changes["train.backend=lora (rank 16)"]["peak_bytes"] < plan(inp)["per_gpu"]["total"]
+    # only what the trainer runs: no ZeRO-1/2, no offloading outside ZeRO-3, no reference offload
+    assert {"model.gradient_checkpointing=true", "train.micro_batch_completions=4",
+            "train.backend=lora train.lora.rank=16", "train.backend=zero3",
+            "train.backend=zero3 train.zero3.offload_optimizer=true"} == set(changes)
+    assert {s["status"] for s in out} == {"runs"}
+    assert changes["train.backend=lora train.lora.rank=16"]["peak_bytes"] < plan(inp)["per_gpu"]["total"]
     assert any(s["fits"] for s in out)
     assert suggestions(replace(inp, lora_rank=16, gradient_checkpointing=True), "A100-80GB") == []
     with pytest.raises(PlanError, match="accepted: A100-40GB"):
@@ -212,8 +215,9 @@ def test_greedy_combination_when_no_single_change_fits():
     combo = out[-1]
     assert combo["fits"] and combo["peak_bytes"] <= GPU_TYPES["A100-80GB"]
     # ZeRO-3 shards the 147 GB of bf16 weights; the optimiser goes to the CPU; checkpointing cuts activations
-    assert set(combo["change"].split(" + ")) == {"train.backend=zero3", "model.gradient_checkpointing=true",
-                                                 "train.zero3.offload_optimizer=true"}
+    assert set(combo["overrides"]) == {"train.backend=zero3", "model.gradient_checkpointing=true",
+                                       "train.zero3.offload_optimizer=true"}
+    assert combo["change"] == " ".join(combo["overrides"]) and combo["status"] == "runs"
 
 
 def test_bad_inputs_are_named():

@@ -1,7 +1,9 @@
 """Run under `torchrun --nproc_per_node 2`: train a few steps on the CPU (any backend), then dump each rank's full
 weights (ZeRO-3: gathered, every rank joins) to weights_rank{r}.pt and export a plain HF checkpoint.
-Used by test_distributed.py."""
+rank{r}.json holds the rank's history and, after each step, its optimiser step count and a fingerprint of its full
+weights (observed around the Trainer's own step, which runs unchanged). Used by test_distributed.py."""
 
+import json
 import sys
 
 import torch
@@ -15,10 +17,24 @@ def main(config_path: str, out_dir: str, *overrides: str) -> None:
     torch.set_num_threads(1)
     cfg = load_config(config_path, list(overrides))
     state = build_state(cfg, progress=False)
-    Trainer(state).train()
+    trainer, progress = Trainer(state), []
+    run_step = trainer.step_fn
+
+    def step_and_record() -> dict:
+        metrics = run_step()
+        progress.append({
+            "optimizer_steps": state.backend.scheduler.last_epoch,  # LambdaLR: stepped once per optimiser step
+            "fingerprint": [float(w.double().sum()) for _, w in state.backend.named_weights()],  # collective
+        })  # fmt: skip
+        return metrics
+
+    trainer.step_fn = step_and_record
+    history = trainer.train()
     weights = {k: v.clone() for k, v in state.backend.named_weights()}
     rank = torch.distributed.get_rank()
     torch.save(weights, f"{out_dir}/weights_rank{rank}.pt")
+    with open(f"{out_dir}/rank{rank}.json", "w") as f:
+        json.dump({"history": history, "progress": progress}, f)
     if state.backend.name == "zero3" or rank == 0:  # the ZeRO-3 export is collective
         state.backend.export(f"{out_dir}/export", state.lm.processor)
     state.close()

@@ -1,3 +1,4 @@
+import json
 import os
 import subprocess
 import sys
@@ -8,19 +9,30 @@ import torch
 
 from vlgrpo.config import save_config
 from vlgrpo.models import load_model
+from vlgrpo.trainer.loop import Trainer
 from vlgrpo.trainer.metrics import read_metrics
+from vlgrpo.trainer.state import build_state
 
 from trainer_helpers import tiny_config, write_reward_module
 
 WORKER = Path(__file__).with_name("dist_worker.py")
 
 
-def _torchrun(tmp_path, port: int, *overrides: str) -> None:
+def _torchrun(tmp_path, port: int, *overrides: str, timeout: int = 600) -> list[dict]:
+    """Train on 2 ranks; returns each rank's {"history", "progress"} (see dist_worker.py). A run that outlives
+    `timeout` (a deadlock) fails the test and is stopped, torchrun and both ranks."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
            str(WORKER), str(tmp_path / "cfg.yaml"), str(tmp_path), *overrides]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # torchrun stops its ranks (they run in sessions of their own)
+        _, stderr = proc.communicate(timeout=60)
+        pytest.fail(f"2-rank run still going after {timeout} s (deadlocked?):\n{stderr[-3000:]}")
+    assert proc.returncode == 0, stderr[-3000:]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
 def _config(tmp_path, tiny_model_dir, shapes_dir, *extra):
@@ -66,10 +78,63 @@ def test_lora_data_parallel_keeps_the_ranks_identical(tmp_path, tiny_model_dir, 
     assert any(not torch.equal(w0[n], base[n]) for n in base if n in w0)
 
 
-def test_zero3_sft_gathers_only_the_vision_tower_to_encode(tmp_path, tiny_model_dir, shapes_dir):
+def test_zero3_sft_steps_the_optimiser_every_step_and_learns_a_fixed_batch(tmp_path, tiny_model_dir, shapes_dir):
     pytest.importorskip("deepspeed")
-    _config(tmp_path, tiny_model_dir, shapes_dir, "train.backend=zero3", "train.stage=sft")
-    _torchrun(tmp_path, 29519)
+    # 4 samples over 2 ranks and 2 prompts per step: each rank trains on the same 2 gold answers every step
+    _config(tmp_path, tiny_model_dir, shapes_dir, "train.backend=zero3", "train.stage=sft", "train.steps=5",
+            "data.max_samples=4", "train.save_every=0")  # fmt: skip
+    ranks = _torchrun(tmp_path, 29519)
     rows = read_metrics(tmp_path / "run")
-    assert [r["step"] for r in rows] == [1, 2] and rows[0]["vision/images_encoded"] >= 1
-    assert rows[-1]["train/loss"] < rows[0]["train/loss"]  # the gold answers got likelier
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5] and rows[0]["vision/images_encoded"] >= 1
+    for rank in ranks:
+        assert [p["optimizer_steps"] for p in rank["progress"]] == [1, 2, 3, 4, 5]  # one per SFT step
+        prints = [p["fingerprint"] for p in rank["progress"]]
+        assert all(a != b for a, b in zip(prints, prints[1:]))  # the weights move every step
+        losses = [h["train/loss"] for h in rank["history"]]
+        assert all(b < a for a, b in zip(losses, losses[1:])), losses  # the same gold answers get likelier
+
+
+def test_zero3_steps_once_per_pass_over_the_batch_like_the_plain_backend(tmp_path, tiny_model_dir, shapes_dir):
+    pytest.importorskip("deepspeed")
+    # grpo.num_iterations=2: two passes per GRPO step, each ending in backend.step(); a 4-step warm-up makes the
+    # logged LR follow the optimiser step count
+    extra = ("grpo.num_iterations=2", "train.warmup_steps=4", "train.save_every=0")
+    _config(tmp_path, tiny_model_dir, shapes_dir, "train.backend=zero3", *extra)
+    ranks = _torchrun(tmp_path, 29520)
+    spec = write_reward_module(tmp_path)
+    plain = build_state(tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "plain", *extra,
+                                    f"reward.recipe={{'{spec}': 1.0}}"), progress=False)  # fmt: skip
+    plain_history = Trainer(plain).train()
+    plain.close()
+    assert plain.backend.scheduler.last_epoch == 4  # 2 steps x 2 passes
+    for rank in ranks:
+        assert [p["optimizer_steps"] for p in rank["progress"]] == [2, 4]
+        lrs = [h["train/lr"] for h in rank["history"]]
+        assert lrs == pytest.approx([h["train/lr"] for h in plain_history])  # [2/4, 4/4] x lr
+
+
+RANK_REWARD = '''
+import os
+
+
+def rank_one_constant(completion):
+    """Every group on rank 1 has zero variance (dynamic sampling wants top-ups there); rank 0's groups vary."""
+    return 0.5 if os.environ["RANK"] == "1" else len(completion) / 10.0
+'''
+
+
+def test_zero3_dynamic_sampling_ranks_agree_on_the_top_up_rounds(tmp_path, tiny_model_dir, shapes_dir):
+    pytest.importorskip("deepspeed")
+    (tmp_path / "rank_reward.py").write_text(RANK_REWARD)
+    # the ZeRO-3 7B recipe: dynamic sampling and gradient checkpointing on
+    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", "train.backend=zero3",
+                      f"reward.recipe={{'{tmp_path}/rank_reward.py:rank_one_constant': 1.0}}",
+                      "grpo.dynamic_sampling=true", "grpo.max_topup_rounds=2", "model.gradient_checkpointing=true")
+    save_config(cfg, tmp_path / "cfg.yaml")
+    rank0, rank1 = _torchrun(tmp_path, 29521, timeout=300)
+    assert [h["step"] for h in rank0["history"]] == [h["step"] for h in rank1["history"]] == [1, 2]
+    for h0, h1 in zip(rank0["history"], rank1["history"]):
+        # rank 1 never fills its batch: 1 + 2 top-up rounds; rank 0 joins each round (the gather is collective)
+        assert h0["grpo/sampling_rounds"] == h1["grpo/sampling_rounds"] == 3
+        assert h1["grpo/dropped_groups"] == 6 and h1["grpo/zero_adv_frac"] == 1.0  # filled with constant groups
+        assert h0["grpo/zero_adv_frac"] == 0.0

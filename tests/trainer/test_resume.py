@@ -1,21 +1,66 @@
+"""Kill -9 mid-run, resume, and get exactly the metrics of an uninterrupted run: plain, LoRA and 2-rank ZeRO-3.
+
+Each run is the production entry point (`python -m vlgrpo.cli train cfg.yaml`; ZeRO-3 under torchrun) in its own
+process group, so SIGKILL takes the launcher and every rank at once, as a preempted job would lose them. The run to
+be killed is held inside a step by its (user) reward function, so the kill lands mid-run however busy the machine is.
+"""
+
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+import pytest
 
 from vlgrpo.config import save_config
+from vlgrpo.trainer.checkpoint import checkpoint_dirs
 
-from trainer_helpers import tiny_config, write_reward_module
+from trainer_helpers import tiny_config
 
-STEPS = 6
+# The trainer tests' length reward, plus a hold: with VLGRPO_TEST_HOLD=<metrics.jsonl>:<K> in the environment it
+# sleeps once K steps are logged, i.e. inside step K + 1, after checkpoint K is complete.
+HELD_REWARD = '''
+import os
+import time
+from pathlib import Path
 
 
-def _launch(cfg_path, **kw):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.Popen([sys.executable, "-m", "vlgrpo.cli", "train", str(cfg_path)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
+def length(completion, **fields):
+    hold = os.environ.get("VLGRPO_TEST_HOLD")
+    if hold:
+        path, k = hold.rsplit(":", 1)
+        while Path(path).exists() and len(Path(path).read_text().splitlines()) >= int(k):
+            time.sleep(0.5)
+    return len(completion) / 10.0
+'''
+
+# backend -> (overrides, ranks, optimiser steps). Few steps keep the 2-rank ZeRO-3 case (3 launches) near a minute.
+BACKENDS = {
+    "plain": (["train.lr_schedule=cosine", "train.warmup_steps=2"], 1, 6),
+    "lora": (["train.backend=lora", "train.lora.rank=4", "train.lr=1e-2", "train.lr_schedule=cosine",
+              "train.warmup_steps=1"], 1, 5),
+    "zero3": (["train.backend=zero3", "train.lr_schedule=cosine", "train.warmup_steps=1"], 2, 4),
+}
+
+
+def _launch(cfg_path, ranks: int, **extra_env: str) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "DS_ACCELERATOR": "cpu",
+           **extra_env}
+    cli = ["-m", "vlgrpo.cli", "train", str(cfg_path)]
+    if ranks > 1:  # --standalone: a free rendezvous port per launch (the killed run's port may still be held)
+        cli = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks), *cli]
+    return subprocess.Popen([sys.executable, *cli], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)  # its own process group: killpg reaches every rank
+
+
+def _finish(proc: subprocess.Popen) -> str:
+    """Wait for a launch to succeed; returns its stdout."""
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    return out.decode()
 
 
 def _metrics(run_dir):
@@ -25,33 +70,75 @@ def _metrics(run_dir):
     return [{k: v for k, v in r.items() if not k.startswith(("timing/", "memory/", "vision/"))} for r in rows]
 
 
-def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_model_dir, shapes_dir):
-    spec = write_reward_module(tmp_path)
+def _tree(root: int) -> dict[int, int]:
+    """pid -> process group of `root` and all its descendants, read from /proc."""
+    info: dict[int, tuple[int, int]] = {}  # pid -> (parent, group)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "(comm)": state, ppid, pgrp, ...
+        except OSError:
+            continue  # exited meanwhile
+        info[int(stat.parent.name)] = (int(fields[1]), int(fields[2]))
+    tree, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        tree[pid] = info.get(pid, (0, pid))[1]
+        todo += [child for child, (parent, _) in info.items() if parent == pid]
+    return tree
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _kill_when_held(proc: subprocess.Popen, run_dir, k: int, ranks: int) -> None:
+    """Once checkpoint K is complete (the run is then held in step K + 1), SIGKILL the launcher and every rank.
+
+    torchrun starts each rank in a session (process group) of its own: killing the launcher's group alone leaves the
+    ranks running on, writing checkpoints and metrics next to the resumed run. Every group of the tree is killed."""
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if [p.name for p in checkpoint_dirs(run_dir)][-1:] == [f"step_{k}"]:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed: " + proc.stderr.read().decode()[-2000:]
+    assert [p.name for p in checkpoint_dirs(run_dir)][-1:] == [f"step_{k}"], "checkpoint K never appeared"
+    tree = _tree(proc.pid)
+    if ranks > 1:
+        assert len(set(tree.values())) >= 1 + ranks  # the launcher's group and one per rank
+    for group in set(tree.values()):
+        os.killpg(group, signal.SIGKILL)
+    proc.communicate(timeout=60)  # EOF on its pipes: no rank holds them any more
+    deadline = time.time() + 60
+    while any(_alive(p) for p in tree) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in tree), "a process of the killed run survived"
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(backend, tmp_path, tiny_model_dir, shapes_dir):
+    if backend == "zero3":
+        pytest.importorskip("deepspeed")
+    overrides, ranks, steps = BACKENDS[backend]
+    (tmp_path / "held_reward.py").write_text(HELD_REWARD)
+    spec = f"{tmp_path / 'held_reward.py'}:length"
     configs = {}
     for name in ("straight", "killed"):
         cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / name, f"reward.recipe={{'{spec}': 1.0}}",
-                          f"train.steps={STEPS}", "train.save_every=1", "grpo.beta=0.04", "train.warmup_steps=2",
-                          "train.lr_schedule=cosine")
+                          f"train.steps={steps}", "train.save_every=1", "grpo.beta=0.04", *overrides)
         configs[name] = tmp_path / f"{name}.yaml"
         save_config(cfg, configs[name])
 
-    straight = _launch(configs["straight"])
-    assert straight.wait(timeout=600) == 0, straight.stderr.read().decode()[-2000:]
+    _finish(_launch(configs["straight"], ranks))
 
-    victim = _launch(configs["killed"])
-    metrics = tmp_path / "killed" / "metrics.jsonl"
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
-            break
-        time.sleep(0.01)
-    assert victim.poll() is None, "the run finished before it could be killed"
-    os.kill(victim.pid, signal.SIGKILL)
-    victim.wait()
-    done = sorted((tmp_path / "killed" / "checkpoints").glob("step_*"))
-    assert done and int(done[-1].name.split("_")[1]) < STEPS  # really killed mid-way
+    k = steps // 2
+    victim = _launch(configs["killed"], ranks, VLGRPO_TEST_HOLD=f"{tmp_path / 'killed' / 'metrics.jsonl'}:{k}")
+    _kill_when_held(victim, tmp_path / "killed", k, ranks)
 
-    resumed = _launch(configs["killed"])
-    assert resumed.wait(timeout=600) == 0, resumed.stderr.read().decode()[-2000:]
-    assert [r["step"] for r in _metrics(tmp_path / "killed")] == list(range(1, STEPS + 1))
+    resumed = _finish(_launch(configs["killed"], ranks))  # not held: the hold is an environment variable
+    assert f"resumed from {tmp_path / 'killed' / 'checkpoints' / f'step_{k}'} (step {k})" in resumed
+    assert [r["step"] for r in _metrics(tmp_path / "killed")] == list(range(1, steps + 1))
     assert _metrics(tmp_path / "killed") == _metrics(tmp_path / "straight")

@@ -157,6 +157,7 @@ def validate(cfg: Config) -> None:
         (g.beta >= 0, "grpo.beta", "must be >= 0"),
         (g.num_iterations >= 1, "grpo.num_iterations", "must be >= 1"),
         (g.dual_clip is None or g.dual_clip > 1, "grpo.dual_clip", "must be > 1 (or null to disable)"),
+        (g.rollout_is_cap > 0, "grpo.rollout_is_cap", "must be > 0"),
         (t.lora.rank >= 1, "train.lora.rank", "must be >= 1"),
         (0 < r.vllm.gpu_memory_utilization <= 1, "rollout.vllm.gpu_memory_utilization", "must be in (0, 1]"),
         (cfg.data.max_prompt_length >= 1, "data.max_prompt_length", "must be >= 1"),
@@ -173,6 +174,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"completions per step ({t.prompts_per_step} prompts x {r.completions_per_prompt} = {total}) must be "
             f"divisible by train.micro_batch_completions ({t.micro_batch_completions}), so every micro-batch is full"
+        )
+    if r.engine == "hf" and g.rollout_is not in ("auto", "none"):
+        raise ConfigError(
+            f"grpo.rollout_is={g.rollout_is} corrects for a rollout engine with its own copy of the weights "
+            "(rollout.engine=vllm); the hf engine samples with the trainer's model itself: use auto or none"
         )
     if r.engine == "vllm" and r.vllm.placement == "split" and r.vllm.rollout_gpus < 1:
         raise ConfigError("rollout.vllm.placement=split needs rollout.vllm.rollout_gpus >= 1 (GPUs reserved for vLLM)")

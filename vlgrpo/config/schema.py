@@ -73,6 +73,8 @@ class VLLMConfig:
     """With placement=colocate: free vLLM memory while the trainer updates."""
     mm_input: str = "embeds"
     """What vLLM receives for images: embeds (our cached features) or pixels (PIL images)."""
+    engine_kwargs: dict = field(default_factory=dict)
+    """Extra keyword arguments of `vllm.LLM`, over vlgrpo's own (e.g. {enforce_eager: true, block_size: 16})."""
 
 
 @dataclass
@@ -149,6 +151,13 @@ class GRPOConfig:
     """Drop zero-variance groups and top the batch up with fresh prompts."""
     max_topup_rounds: int = 2
     """Extra sampling rounds allowed to refill a batch under dynamic sampling."""
+    rollout_is: str = "auto"
+    """Rollout importance sampling against the engine/trainer log-prob gap: token_truncate, token_mask,
+    sequence_truncate, sequence_mask or none; auto = sequence_mask with vLLM (TRL 1.16's default), none with hf."""
+    rollout_is_cap: float = 3.0
+    """Cap of the rollout IS weight: truncate modes clip at it, mask modes zero weights above it (TRL: 3.0)."""
+    rollout_is_sequence: str = "product"
+    """Sequence modes' ratio: product of the token ratios (TRL) or geometric_mean (ms-swift)."""
 
 
 @dataclass
@@ -265,6 +274,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "grpo.advantage": ("group", "group_mean", "batch"),
     "grpo.loss": ("grpo", "gspo", "gspo_token"),
     "grpo.aggregation": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+    "grpo.rollout_is": ("auto", "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
+    "grpo.rollout_is_sequence": ("product", "geometric_mean"),
     "train.stage": ("grpo", "sft"),
     "train.backend": ("plain", "lora", "zero3"),
     "train.lr_schedule": ("constant", "cosine"),

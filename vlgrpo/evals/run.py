@@ -361,12 +361,15 @@ def run_eval_cli(
     max_new_tokens: int = 128, batch_prompts: int = 8, pope_data: str | None = None,
     pope_splits: tuple[str, ...] | None = None, pope_images: int | None = None, pope_per_image: int = 3,
     pope_min_objects: int = 3, dtype: str = "float32", device: str | None = None, cache_dir: str | None = None,
-    progress: bool = True,
+    progress: bool = True, engine: str = "hf", engine_kwargs: dict | None = None,
+    gpu_memory_utilization: float = 0.8,
 ) -> EvalResult:  # fmt: skip
     """Load the model, pick the suites' samples, evaluate, write metrics.json / predictions.jsonl / report.md.
 
     A run directory also supplies the defaults of answer format, system prompt, box convention, tolerances and data
-    (data.test, else data.val); otherwise the answer format is think_answer and boxes follow the model family."""
+    (data.test, else data.val); otherwise the answer format is think_answer and boxes follow the model family.
+    engine: hf (transformers) or vllm (greedy decoding through vLLM, with our cached image features: the same
+    predictions, faster on a GPU; `engine_kwargs` go to `vllm.LLM`)."""
     import dataclasses
 
     from vlgrpo.data.images import ProcessorGeometry
@@ -391,11 +394,22 @@ def run_eval_cli(
         )  # fmt: skip
         cache = VisionCache(lm.model, lm.processor, disk_dir=cache_dir)
         system_prompt = run_cfg.data.system_prompt if run_cfg is not None else ""
-        engine = HFEngine(lm.model.eval(), lm.processor, cache, ctx.answer_format, ctx.box_format, system_prompt,
-                          batch_prompts)  # fmt: skip
-        result = evaluate(engine, eval_data, ctx, pope_parser=pope_parser, batch_prompts=batch_prompts,
+        prompt_kw = dict(answer_format=ctx.answer_format, box_format=ctx.box_format, system_prompt=system_prompt)
+        if engine == "vllm":
+            from vlgrpo.rollout.vllm import VLLMEngine
+
+            max_len = min(4096, int(getattr(lm.model.config.get_text_config(), "max_position_embeddings", 4096)))
+            decoder = VLLMEngine.launch(lm.path, lm.processor, cache, max_model_len=max_len,
+                                        gpu_memory_utilization=gpu_memory_utilization,
+                                        llm_kwargs={"dtype": dtype, **(engine_kwargs or {})}, **prompt_kw)  # fmt: skip
+        elif engine == "hf":
+            decoder = HFEngine(lm.model.eval(), lm.processor, cache, **prompt_kw, batch_prompts=batch_prompts)
+        else:
+            raise InputError(f"--engine must be hf or vllm, got {engine!r}")
+        result = evaluate(decoder, eval_data, ctx, pope_parser=pope_parser, batch_prompts=batch_prompts,
                           max_new_tokens=max_new_tokens, progress=progress)  # fmt: skip
     result.info.update(model=str(model), data=str(data), pope_data=pope_data, answer_format=ctx.answer_format,
-                       arch=lm.arch, vision_cache={k: int(v) for k, v in cache.stats().items()})  # fmt: skip
+                       arch=lm.arch, engine=engine,
+                       vision_cache={k: int(v) for k, v in cache.stats().items()})  # fmt: skip
     write_outputs(result, out)
     return result

@@ -11,7 +11,7 @@ from vlgrpo.grpo.advantages import (
     group_advantages,
     group_mean_advantages,
 )
-from vlgrpo.grpo.logprobs import token_logprobs
+from vlgrpo.grpo.logprobs import token_logprobs, truncated_token_logprobs
 from vlgrpo.grpo.losses import (
     AGGREGATIONS,
     RATIOS,
@@ -26,12 +26,15 @@ from vlgrpo.grpo.losses import (
     token_log_ratio,
     token_mean,
 )
+from vlgrpo.grpo.rollout_is import ROLLOUT_IS_MODES, logprob_gap, rollout_is_weights
+from vlgrpo.grpo.rollout_is import resolve_mode as resolve_rollout_is
 from vlgrpo.grpo.sampling import filter_zero_variance_groups, overlong_penalty, prompts_needed
 
 __all__ = [
     "ADVANTAGES",
     "AGGREGATIONS",
     "RATIOS",
+    "ROLLOUT_IS_MODES",
     "batch_advantages",
     "clipped_surrogate",
     "constant_groups",
@@ -39,9 +42,12 @@ __all__ = [
     "group_advantages",
     "group_mean_advantages",
     "k3_kl",
+    "logprob_gap",
     "overlong_penalty",
     "policy_loss",
     "prompts_needed",
+    "resolve_rollout_is",
+    "rollout_is_weights",
     "select",
     "seq_mean_token_mean",
     "seq_mean_token_sum_norm",
@@ -50,4 +56,5 @@ __all__ = [
     "token_log_ratio",
     "token_logprobs",
     "token_mean",
+    "truncated_token_logprobs",
 ]

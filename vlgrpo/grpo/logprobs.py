@@ -119,3 +119,46 @@ def token_logprobs(
         return _ChunkedLogProbs.apply(logits, ids, temperature, forbidden, chunk_tokens)
     logp, ent, _ = _forward(logits, ids, temperature, forbidden, chunk_tokens)
     return logp, ent
+
+
+def _truncate(x: Tensor, top_k: int, top_p: float) -> Tensor:
+    """Keep mask [n, t, V] of vLLM's top-k then top-p truncation of scaled logits x (`apply_top_k_top_p`: ties at the
+    k-th value stay; top-p keeps the smallest head whose mass reaches p, measured after top-k, at least one token)."""
+    keep = torch.ones_like(x, dtype=torch.bool)
+    if top_k > 0 and top_k < x.shape[-1]:
+        kth = x.topk(top_k, dim=-1).values[..., -1:]  # [n, t, 1]
+        keep &= x >= kth
+    if top_p < 1.0:
+        sorted_x, order = torch.where(keep, x, torch.full_like(x, -torch.inf)).sort(dim=-1)  # ascending
+        tail = sorted_x.softmax(-1).cumsum(-1) <= 1 - top_p  # the low-probability tail that top-p drops
+        tail[..., -1] = False
+        keep &= ~torch.zeros_like(tail).scatter_(-1, order, tail)
+    return keep
+
+
+@torch.no_grad()
+def truncated_token_logprobs(
+    logits: Tensor, ids: Tensor, *, temperature: float = 1.0, forbidden: Tensor | None = None, top_k: int = 0,
+    top_p: float = 1.0, chunk_tokens: int = 1024,
+) -> Tensor:
+    """log-probs [N, T] of ids under the distribution the engine samples from and reports (vLLM's
+    `processed_logprobs`): softmax(logits / T) truncated to the top-k / top-p support and renormalised there.
+
+    Replaying the truncation is what makes the trainer's log-probs comparable with the engine's (TRL issue 6789: a
+    full-vocabulary log-prob differs from the engine's by log of the kept mass). A sampled id that falls just outside
+    the replayed support (a rounding tie) is kept. No autograd: only old (behaviour) log-probs need it.
+    """
+    if top_k <= 0 and top_p >= 1.0:
+        return token_logprobs(logits, ids, temperature=temperature, forbidden=forbidden, chunk_tokens=chunk_tokens)[0]
+    n, t, _ = logits.shape
+    out = torch.empty(n, t, dtype=torch.promote_types(logits.dtype, torch.float32), device=logits.device)
+    forbidden = None if forbidden is None else forbidden.to(logits.device)
+    for r, c in _blocks(n, t, chunk_tokens):
+        x = logits[r, c].to(out.dtype) / temperature  # [n', t', V]
+        if forbidden is not None:
+            x = x.masked_fill(forbidden, -torch.inf)
+        target = ids[r, c].long().unsqueeze(-1)
+        keep = _truncate(x, top_k, top_p).scatter_(-1, target, True)
+        x = x.masked_fill(~keep, -torch.inf)
+        out[r, c] = (x.gather(-1, target) - torch.logsumexp(x, -1, keepdim=True)).squeeze(-1)
+    return out

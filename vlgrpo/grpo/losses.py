@@ -161,11 +161,14 @@ def policy_loss(
     num_tokens: float | Tensor | None = None,
     num_sequences: float | None = None,
     max_completion_length: int | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped-surrogate GRPO loss + beta * k3 KL added after clipping (TRL `GRPOTrainer._compute_loss`).
 
     logp [N, T] (with grad), old_logp [N, T] (None: on-policy, logp.detach()), advantages [N], mask [N, T] (1 on
-    completion tokens), ref_logp [N, T] (needed when beta > 0), entropy [N, T] (from `token_logprobs`, optional).
+    completion tokens), ref_logp [N, T] (needed when beta > 0), entropy [N, T] (from `token_logprobs`, optional),
+    is_weights [N, T] (rollout importance-sampling weights, `rollout_is.rollout_is_weights`: they multiply the
+    clipped surrogate before the KL term is added, as TRL does).
     Returns (scalar loss, stats of 0-d detached tensors: clip_frac_low, clip_frac_high, clip_frac_dual, ratio_mean,
     approx_kl (k3 of old vs current), and kl (k3 vs ref) / entropy when given).
     """
@@ -182,6 +185,8 @@ def policy_loss(
     adv = advantages.unsqueeze(-1)  # [N, 1]
     ratio = torch.exp(log_ratio(logp, old_logp, mask))  # [N, T] or [N, 1]
     per_token = clipped_surrogate(ratio, adv, clip_low, clip_high, dual_clip).expand_as(logp)  # [N, T]
+    if is_weights is not None:
+        per_token = per_token * is_weights
     stats = {
         "clip_frac_low": _mean((ratio < 1 - clip_low) & (adv < 0), mask),
         "clip_frac_high": _mean((ratio > 1 + clip_high) & (adv > 0), mask),

@@ -1,4 +1,4 @@
-"""Per-GPU memory arithmetic of a GRPO run: one term per memory consumer, phase peaks, verdicts, suggestions.
+"""Per-GPU memory arithmetic of a GRPO run: one term per memory consumer, phase peaks, verdicts per GPU type.
 
 Pure arithmetic on a small `PlanInput` (no torch, no config tree: `report.plan_input_from_config` maps the
 config onto it). Every formula and assumption is written out in docs/memory.md. All sizes are bytes.
@@ -6,7 +6,6 @@ config onto it). Every formula and assumption is written out in docs/memory.md. 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -114,6 +113,13 @@ def bytes_per_param(inp: PlanInput) -> dict[str, int]:
         # ZeRO-3 counts 18 B in all, i.e. one 4-byte gradient copy next to the 2-byte weights.
         extra_grad = 2 if inp.zero_stage == 3 else 4
     return {"weights": w, "gradients": w + extra_grad, "optimizer": master + 8}
+
+
+def trainer_optimizer_states(backend: str, dtype_bytes: int) -> str:
+    """The optimiser states a trainer backend keeps: plain runs torch's AdamW on the weights themselves (16-bit weights
+    get 16-bit moments, no fp32 master copy); DeepSpeed (zero3) keeps an fp32 master and moments; LoRA adapters are
+    fp32, so their moments are too."""
+    return "bf16" if backend == "plain" and dtype_bytes == 2 else "fp32"
 
 
 def train_gpus(inp: PlanInput) -> int:
@@ -268,7 +274,7 @@ def conventions(inp: PlanInput) -> dict[str, str]:
     }
 
 
-# ---------------------------------------------------------------- verdicts and suggestions
+# ---------------------------------------------------------------- verdicts (suggestions: suggest.py)
 
 
 def peak_on(inp: PlanInput, per_gpu: dict[str, int], capacity: int) -> tuple[int, bool, list[str]]:
@@ -305,67 +311,4 @@ def verdicts(inp: PlanInput, per_gpu: dict[str, int]) -> dict[str, dict[str, Any
         peak, startable, warnings = peak_on(inp, per_gpu, capacity)
         out[name] = {"fits": peak <= capacity and startable, "headroom_bytes": capacity - peak,
                      "capacity_bytes": capacity, "peak_bytes": peak, "warnings": warnings}
-    return out
-
-
-def _candidates(inp: PlanInput) -> list[tuple[str, PlanInput]]:
-    """Single changes that lower the peak, cheapest in speed first: (config key or flag, changed input)."""
-    rep, c = dataclasses.replace, []
-    if not inp.gradient_checkpointing and inp.spec is not None:
-        c.append(("model.gradient_checkpointing=true", rep(inp, gradient_checkpointing=True)))
-    if inp.micro_batch > 1 and inp.micro_batch % 2 == 0:
-        c.append((f"train.micro_batch_completions={inp.micro_batch // 2}", rep(inp, micro_batch=inp.micro_batch // 2)))
-    if inp.beta > 0 and not inp.lora_rank and "reference" not in inp.offload:
-        c.append(("--offload reference", rep(inp, offload=inp.offload | {"reference"})))
-    for stage in sorted({inp.zero_stage + 1, 3}) if inp.zero_stage < 3 and train_gpus(inp) > 1 else []:
-        c.append(("train.backend=zero3" if stage == 3 else f"--zero {stage}", rep(inp, zero_stage=stage)))
-    if not inp.lora_rank and inp.spec is not None:
-        c.append(("train.backend=lora (rank 16)", rep(inp, lora_rank=16)))
-    if "optimizer" not in inp.offload:
-        key = "train.zero3.offload_optimizer=true" if inp.zero_stage == 3 else "--offload optimizer"
-        c.append((key, rep(inp, offload=inp.offload | {"optimizer"})))
-    if inp.zero_stage == 3 and "param" not in inp.offload:
-        c.append(("train.zero3.offload_param=true", rep(inp, offload=inp.offload | {"param"})))
-    if inp.engine == "vllm" and inp.vllm_placement == "colocate" and inp.num_gpus >= 2:
-        r = max(1, inp.num_gpus // 4)
-        c.append((f"rollout.vllm.placement=split rollout.vllm.rollout_gpus={r}",
-                  rep(inp, vllm_placement="split", rollout_gpus=r)))
-    return c
-
-
-def _knob(change: str) -> str:
-    """What a suggested change turns: later steps on the same knob replace earlier ones in a combination."""
-    if change.startswith("--zero") or change == "train.backend=zero3":
-        return "zero"
-    return "lora" if "lora" in change else change.split("=")[0]
-
-
-def suggestions(inp: PlanInput, gpu_type: str) -> list[dict[str, Any]]:
-    """When the plan does not fit `gpu_type`: each single change with its new peak, then (when no single change
-    fits) a greedy combination that takes the change lowering the peak most until it fits."""
-    if gpu_type not in GPU_TYPES:
-        raise PlanError(f"GPU type {gpu_type!r}; accepted: {', '.join(GPU_TYPES)}")
-    cap = GPU_TYPES[gpu_type]
-
-    def peak(x: PlanInput) -> int:
-        p, startable, _ = peak_on(x, plan(x)["per_gpu"], cap)
-        return p if startable else cap + p  # an engine that cannot start never fits
-
-    if peak(inp) <= cap:
-        return []
-    out = [{"change": change, "peak_bytes": peak(alt), "fits": peak(alt) <= cap, "gpu_type": gpu_type}
-           for change, alt in _candidates(inp)]
-    if any(o["fits"] for o in out):
-        return out
-    combo: dict[str, str] = {}  # config key -> change, so a later micro-batch or ZeRO step replaces an earlier one
-    current = inp
-    while peak(current) > cap:
-        options = [(peak(alt), change, alt) for change, alt in _candidates(current)]
-        best = min(options, key=lambda o: o[0], default=None)
-        if best is None or best[0] >= peak(current):
-            break
-        combo[_knob(best[1])] = best[1]
-        current = best[2]
-    out.append({"change": " + ".join(combo.values()) or "nothing helps enough", "peak_bytes": peak(current),
-                "fits": peak(current) <= cap, "gpu_type": gpu_type})
     return out

@@ -10,8 +10,9 @@ import dataclasses
 from typing import Any
 
 from vlgrpo.config import Config
-from vlgrpo.memory.planner import DTYPE_BYTES, GB, OFFLOAD_TARGETS, PlanInput, plan, suggestions, verdicts
+from vlgrpo.memory.planner import DTYPE_BYTES, GB, OFFLOAD_TARGETS, PlanInput, plan, trainer_optimizer_states, verdicts
 from vlgrpo.memory.specs import ModelSpec, PlanError, resolve_model
+from vlgrpo.memory.suggest import PLANNED, not_run_by_trainer, suggestions
 
 
 def image_tokens_for(width: int, height: int, min_pixels: int | None, max_pixels: int | None,
@@ -39,6 +40,7 @@ def plan_input_from_config(cfg: Config, *, params: int | None = None, image_size
         lora_rank=t.lora.rank if t.backend == "lora" else None, lora_targets=tuple(t.lora.target_modules),
         zero_stage=3 if t.backend == "zero3" else 0, num_gpus=t.num_gpus,
         offload=frozenset(k for k, on in offload.items() if on), beta=cfg.grpo.beta,
+        optimizer_states=trainer_optimizer_states(t.backend, DTYPE_BYTES[m.dtype]),
         micro_batch=t.micro_batch_completions, prompts_per_step=t.prompts_per_step,
         completions_per_prompt=r.completions_per_prompt, text_tokens=text_tokens,
         image_tokens=image_tokens_for(*image_size, m.min_pixels, m.max_pixels, patch, merge),
@@ -64,7 +66,8 @@ def build_report(inp: PlanInput, gpu_type: str = "A100-80GB") -> dict[str, Any]:
     result = plan(inp)
     return {"inputs": _inputs_dict(inp), "counts": result["counts"], "per_gpu": result["per_gpu"],
             "cpu": result["cpu"], "conventions": result["conventions"], "warnings": result["warnings"],
-            "verdicts": verdicts(inp, result["per_gpu"]), "suggestions": suggestions(inp, gpu_type)}
+            "not_run_by_trainer": not_run_by_trainer(inp), "verdicts": verdicts(inp, result["per_gpu"]),
+            "suggestions": suggestions(inp, gpu_type)}
 
 
 # One row per term: (key, label). Phase totals follow.
@@ -120,11 +123,11 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"{name:<12} {_gb(v['capacity_bytes'])}  {_gb(v['peak_bytes'])}  {_gb(v['headroom_bytes'])}  "
                      f"{verdict}")
     warnings = report["warnings"] + [f"{name}: {w}" for name, v in report["verdicts"].items() for w in v["warnings"]]
-    lines += [f"warning: {w}" for w in warnings]
+    lines += [f"warning: {w}" for w in warnings] + [f"note: {n}" for n in report["not_run_by_trainer"]]
     if report["suggestions"]:
         lines += ["", f"suggestions (to fit {report['suggestions'][0]['gpu_type']}):"]
         lines += [f"  peak {_gb(s['peak_bytes'])} GB  {'fits ' if s['fits'] else 'over '}  {s['change']}"
-                  for s in report["suggestions"]]
+                  + (f"  [{PLANNED}]" if s["status"] == PLANNED else "") for s in report["suggestions"]]
     lines += ["", "conventions:"] + [f"  {k}: {v}" for k, v in report["conventions"].items()]
     return "\n".join(lines)
 

@@ -47,6 +47,12 @@ class SamplingParams:
         return self.temperature == 0
 
 
+def cut_at_stop(text: str, stop: list[str]) -> str:
+    """The completion text as every engine reports it: cut before the first stop string (the tokens keep it)."""
+    found = [text.index(s) for s in stop if s in text]
+    return text[: min(found)] if found else text
+
+
 class RolloutEngine(Protocol):
     """What the trainer needs from a generation backend."""
 

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from vlgrpo.data.images import ProcessorGeometry
-from vlgrpo.rollout.base import SamplingParams
+from vlgrpo.rollout.base import SamplingParams, cut_at_stop
 from vlgrpo.rollout.inputs import PromptInputs, build_prompt, forbidden_mask, left_pad, prefill, vocab_size
 from vlgrpo.types import Completion, RolloutGroup, Sample
 
@@ -70,8 +70,7 @@ class _StopCheck:
         return any(s in text for s in self.stop)
 
     def cut(self, text: str) -> str:
-        found = [text.index(s) for s in self.stop if s in text]
-        return text[: min(found)] if found else text
+        return cut_at_stop(text, self.stop)
 
 
 def decode_loop(model, last, cache, next_pos, prompt_mask, params, forbidden, eos_ids, stop, generator, counts):

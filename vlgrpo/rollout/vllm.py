@@ -1,14 +1,15 @@
 """vLLM rollout backend, and the only module that imports vllm (lazily, inside `VLLMEngine.launch`).
 
-Prompts carry our cached image embeddings + grid (or PIL images), `SamplingParams(n=G)` samples a group per request,
-prefix caching shares the prompt. Weight sync pushes the trainer's tensors through `load_weights`, then resets the
-prefix cache and, when `visual.*` changed, the encoder cache (which `reset_prefix_cache` does not clear). After each
-sync the sampled log-probs are compared with the trainer's (`rollout/logprob_abs_diff`). Knows nothing of rewards.
+Prompts carry our token ids with ONE `<|image_pad|>` per image (vLLM expands it itself) and the image as our cached
+embeddings + grid or as pixels; `SamplingParams(n=G)` samples a group per request with a seed of its own, prefix
+caching shares the prompt. Weight sync goes through vLLM's supported in-place reload (`reload_weights` on every
+worker), then resets the prefix cache and the engine-side encoder cache. The engine reports the sampled tokens'
+log-probs after temperature and top-k / top-p (`processed_logprobs`); the trainer compares them with its own and
+corrects the loss (`grpo.rollout_is`). Knows nothing of rewards or losses.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 from typing import Iterable, Iterator
 
@@ -16,19 +17,13 @@ import torch
 from torch import Tensor
 
 from vlgrpo.data.images import ProcessorGeometry, image_sha256, load_image
-from vlgrpo.rollout.base import SamplingParams
-from vlgrpo.rollout.inputs import (
-    PromptInputs,
-    build_prompt,
-    collate_groups,
-    completion_logprobs,
-    forbidden_mask,
-    vocab_size,
-)
+from vlgrpo.rollout.base import SamplingParams, cut_at_stop
+from vlgrpo.rollout.inputs import IMAGE_PAD, PromptInputs, build_prompt, forbidden_mask
 from vlgrpo.types import Completion, RolloutGroup, Sample
 
 MM_INPUTS = ("embeds", "pixels")
 PLACEHOLDER_BIAS = -1.0e4  # exp(-1e4) == 0 in fp32: the same distribution as a -inf mask
+SLEEP_TAGS = ("weights", "kv_cache")  # vLLM's sleep-mode allocations, in the order they must wake
 _WRAPPER_PREFIXES = ("module.", "base_model.model.", "_orig_mod.")
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "base_layer.", "modules_to_save.default.")
 
@@ -57,8 +52,8 @@ def is_visual(name: str) -> bool:
     return ".visual." in f".{name}"
 
 
-def sampling_kwargs(params: SamplingParams, forbidden_ids: list[int]) -> dict:
-    """Keyword arguments of `vllm.SamplingParams` for our params (greedy runs n=1; the engine copies the result)."""
+def sampling_kwargs(params: SamplingParams, forbidden_ids: list[int], seed: int | None = None) -> dict:
+    """Keyword arguments of one request's `vllm.SamplingParams` (greedy runs n=1; the engine copies the result)."""
     return {
         "n": 1 if params.greedy else params.n,
         "temperature": params.temperature,
@@ -66,23 +61,41 @@ def sampling_kwargs(params: SamplingParams, forbidden_ids: list[int]) -> dict:
         "top_k": params.top_k if params.top_k > 0 else -1,
         "max_tokens": params.max_new_tokens,
         "stop": list(params.stop) or None,
-        "seed": params.seed,
-        "logprobs": 0,  # the sampled token's log-prob (logprobs_mode=processed_logprobs: after temperature)
+        "seed": seed,
+        "logprobs": 0,  # the sampled token's log-prob (logprobs_mode=processed_logprobs: after temperature, top-k/p)
         "logit_bias": {int(i): PLACEHOLDER_BIAS for i in forbidden_ids},
         "skip_special_tokens": True,
     }
 
 
-def build_request(prompt: PromptInputs, features=None, mm_input: str = "embeds") -> dict:
-    """One vLLM prompt: our token ids (image pads already expanded) plus the image as embeddings or pixels."""
+def request_seeds(seed: int | None, count: int) -> list[int | None]:
+    """One seed per request of a batch (the same seed on every prompt would correlate their samples)."""
+    return [None] * count if seed is None else [(seed * 1_000_003 + i) % 2**63 for i in range(count)]
+
+
+def engine_prompt_ids(input_ids: list[int], image_token_id: int) -> list[int]:
+    """Our prompt ids with every run of image pads collapsed to ONE pad: vLLM expands each placeholder to the image's
+    token count itself, so an already expanded run would be expanded again (a 16-token image became 16 x 16)."""
+    out: list[int] = []
+    for i in input_ids:
+        if not (i == image_token_id and out and out[-1] == image_token_id):
+            out.append(i)
+    return out
+
+
+def build_request(prompt: PromptInputs, image_token_id: int, features=None, mm_input: str = "embeds") -> dict:
+    """One vLLM prompt: our token ids with one image pad, plus the image as embeddings or pixels."""
+    ids = engine_prompt_ids(prompt.input_ids, image_token_id)
+    if ids.count(image_token_id) != 1:
+        raise ValueError(f"a vlgrpo prompt holds exactly one image, found {ids.count(image_token_id)} image pad runs")
     if mm_input == "embeds":
         if features is None:
             raise ValueError("mm_input='embeds' needs the image's cached features")
         image = {"image_embeds": features.embeds, "image_grid_thw": features.grid_thw.reshape(1, 3)}
-        return {"prompt_token_ids": list(prompt.input_ids), "multi_modal_data": {"image": image}}
+        return {"prompt_token_ids": ids, "multi_modal_data": {"image": image}}
     if mm_input == "pixels":
         return {
-            "prompt_token_ids": list(prompt.input_ids),
+            "prompt_token_ids": ids,
             "multi_modal_data": {"image": load_image(prompt.image)},
             "multi_modal_uuids": {"image": [image_sha256(prompt.image)]},  # skips re-hashing the pixels
         }
@@ -93,7 +106,9 @@ def to_completions(output, params: SamplingParams, forbidden_ids: set[int], deco
     """A vLLM RequestOutput -> G Completions, and how many sampled a vision placeholder.
 
     A completion that sampled a placeholder is cut just before it and marked finish_reason "placeholder" (the trainer
-    masks it); its id must never reach a forward pass ("Image features and image tokens do not match").
+    masks it); its id must never reach a forward pass ("Image features and image tokens do not match"). The text is
+    decoded from the ids with our tokenizer, as the HF engine does (vLLM's incremental detokenizer holds back a
+    trailing partial UTF-8 character), so rewards and evals see the same text from either engine.
     """
     outs = list(output.outputs)
     if params.greedy and params.n > 1:
@@ -102,69 +117,51 @@ def to_completions(output, params: SamplingParams, forbidden_ids: set[int], deco
     for o in outs:
         ids = list(o.token_ids)
         logps = [lp[t].logprob for lp, t in zip(o.logprobs, ids)] if o.logprobs else None
-        text, reason = o.text, "stop" if o.finish_reason == "stop" else "length"
+        reason = "stop" if o.finish_reason == "stop" else "length"
         hit = next((i for i, t in enumerate(ids) if t in forbidden_ids), None)
         if hit is not None:
             bad += 1
             ids, logps, reason = ids[:hit], (logps[:hit] if logps else logps), "placeholder"
-            text = decode(ids)
-        completions.append(Completion(ids, text, reason, logps))
+        completions.append(Completion(ids, cut_at_stop(decode(ids), params.stop), reason, logps))
     return completions, bad
 
 
-def logprob_abs_diff(groups: list[RolloutGroup], trainer_logps: Tensor) -> tuple[float, float]:
-    """(mean, max) |engine - trainer| log-prob over the completion tokens; trainer_logps [R, C] in row order."""
-    diffs = []
-    rows = [c for g in groups for c in g.completions]
-    for r, c in enumerate(rows):
-        if c.logprobs:
-            engine = torch.tensor(c.logprobs, dtype=torch.float32)
-            diffs.append((engine - trainer_logps[r, : len(engine)].float().cpu()).abs())
-    if not diffs:
-        return float("nan"), float("nan")
-    d = torch.cat(diffs)
-    return float(d.mean()), float(d.max())
+def checkpoint_weights(named_params: Iterable[tuple[str, Tensor]], push_visual: bool, pushed: dict) -> Iterator:
+    """(checkpoint name, tensor) pairs for vLLM's reload, counting into `pushed` (`params`, `visual`)."""
+    for name, tensor in named_params:
+        vname = vllm_param_name(name)
+        if vname is None or (is_visual(vname) and not push_visual):
+            continue
+        pushed["params"] += 1
+        pushed["visual"] = pushed["visual"] or is_visual(vname)
+        yield vname, tensor
 
 
-@contextlib.contextmanager
-def merged_lora(model) -> Iterator[None]:
-    """Merge a peft model's adapters into the base weights for the duration of a push, then unmerge."""
-    merge = getattr(model, "merge_adapter", None)
-    if merge is None:
-        yield
-        return
-    merge()
-    try:
-        yield
-    finally:
-        model.unmerge_adapter()
+def _refresh_tied_lm_head(worker) -> int:
+    """Worker-side (through `collective_rpc`): re-run the LM head's post-load step after a reload.
 
-
-def sync_params(model) -> Iterator[tuple[str, Tensor]]:
-    """(name, tensor) of a local model for `update_weights`; LoRA: inside `merged_lora(model)` (merge -> push ->
-    unmerge). ZeRO-3 backends gather each parameter themselves and feed the same names."""
-    with merged_lora(model), torch.no_grad():
-        for name, p in model.named_parameters():
-            if vllm_param_name(name) is not None:
-                yield name, p.data
+    With tied embeddings vLLM's loader skips `lm_head.weight` (it is the embedding), but on the CPU backend the LM
+    head keeps a packed copy of the weight made after loading, which the in-place reload leaves stale (measured:
+    1.7e-2 log-prob error). Re-processing the head repacks it from the (reloaded) shared weight; on GPUs the head
+    reads the shared weight directly and this is a cheap no-op. Returns how many heads were refreshed."""
+    refreshed = 0
+    for name, module in worker.get_model().named_modules():
+        method = getattr(module, "quant_method", None)
+        if name.endswith("lm_head") and method is not None and hasattr(module, "weight"):
+            method.process_weights_after_loading(module)
+            refreshed += 1
+    return refreshed
 
 
 # ---------------------------------------------------------------- the engine
 
 
-def _vllm_model(llm):
-    """The in-process model of an `LLM` built with an in-process executor (as TRL's colocate mode does)."""
-    worker = llm.llm_engine.model_executor.driver_worker
-    runner = getattr(getattr(worker, "worker", worker), "model_runner", None) or worker.model_runner
-    return runner.model
-
-
 class VLLMEngine:
-    """RolloutEngine on a vLLM `LLM`. `check_model`: the trainer's policy, for the post-sync log-prob check."""
+    """RolloutEngine on a vLLM `LLM` (in-process engine core, as in TRL's colocate mode)."""
 
     def __init__(self, llm, processor, vision_cache=None, answer_format: str = "think_answer",
                  box_format: str = "qwen2_5", system_prompt: str = "", mm_input: str = "embeds",
-                 push_visual: bool = True, sleep_level: int = 0, check_model=None, check_groups: int = 1):  # fmt: skip
+                 push_visual: bool = True, sleep_level: int = 0, tied_embeddings: bool = False):  # fmt: skip
         if mm_input not in MM_INPUTS:
             raise ValueError(f"rollout.vllm.mm_input must be one of {', '.join(MM_INPUTS)}, got {mm_input!r}")
         if mm_input == "embeds" and vision_cache is None:
@@ -172,11 +169,13 @@ class VLLMEngine:
         self.llm, self.processor, self.cache, self.mm_input = llm, processor, vision_cache, mm_input
         self.prompt_kw = dict(answer_format=answer_format, box_format=box_format, system_prompt=system_prompt)
         self.geometry = ProcessorGeometry.from_processor(processor)
+        self.image_token_id = processor.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
         self.forbidden_ids = sorted(set(torch.nonzero(forbidden_mask(processor.tokenizer, len(processor.tokenizer)))
                                         .flatten().tolist()))  # fmt: skip
-        self.push_visual, self.sleep_level = push_visual, sleep_level
-        self.check_model, self.check_groups = check_model, check_groups
-        self.policy_version, self.sleeping, self._check_pending = 0, False, False
+        self.push_visual, self.sleep_level, self.tied_embeddings = push_visual, sleep_level, tied_embeddings
+        self.policy_version = 0
+        self.asleep: set[str] = set()
+        """Sleep-mode allocations currently released (subset of SLEEP_TAGS)."""
         self.reset_stats()
 
     @classmethod
@@ -184,27 +183,36 @@ class VLLMEngine:
                gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1, max_model_len: int = 4096,
                enable_sleep_mode: bool = False, seed: int = 0, llm_kwargs: dict | None = None,
                **engine_kw):  # fmt: skip
-        """Build the `LLM` (prefix caching on, image embeddings accepted, one image per prompt) and wrap it.
+        """Build the `LLM` (prefix caching on, image embeddings accepted, one image per prompt, stats on for the
+        prefix-cache counters) and wrap it. The engine core runs in this process so weight reloads reach it.
 
-        The engine core runs in this process (as in TRL's colocate mode) so `update_weights` reaches the model.
-        """
+        mm_input=pixels: vLLM runs its own image processor with the trainer's min/max pixels, so both see the same
+        resized image and the same number of image tokens."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM  # the project's only vllm import
 
-        llm = LLM(
+        geometry = ProcessorGeometry.from_processor(processor)
+        kwargs = dict(llm_kwargs or {})
+        if mm_input == "pixels":
+            kwargs.setdefault("mm_processor_kwargs", {"min_pixels": geometry.min_pixels,
+                                                      "max_pixels": geometry.max_pixels})  # fmt: skip
+        args = dict(
             model=model_path, enable_prefix_caching=True, enable_mm_embeds=(mm_input == "embeds"),
             limit_mm_per_prompt={"image": 1, "video": 0}, logprobs_mode="processed_logprobs",
             gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
-            max_model_len=max_model_len, enable_sleep_mode=enable_sleep_mode, seed=seed, **(llm_kwargs or {}),
+            max_model_len=max_model_len, enable_sleep_mode=enable_sleep_mode, seed=seed, disable_log_stats=False,
         )  # fmt: skip
-        return cls(llm, processor, vision_cache, mm_input=mm_input, **engine_kw)
+        llm = LLM(**{**args, **kwargs})
+        config = llm.llm_engine.model_config  # Qwen2.5-VL keeps the flag on the top-level config
+        tied = any(getattr(c, "tie_word_embeddings", False) for c in (config.hf_config, config.hf_text_config))
+        return cls(llm, processor, vision_cache, mm_input=mm_input, tied_embeddings=tied, **engine_kw)
 
     @classmethod
     def from_config(cls, cfg, lm, vision_cache, box_format: str) -> "VLLMEngine":
-        """The engine a run config asks for (`rollout.vllm.*`); `lm` is the trainer's LoadedModel (log-prob check)."""
+        """The engine a run config asks for (`rollout.vllm.*`); `lm` is the trainer's LoadedModel."""
         v, m = cfg.rollout.vllm, cfg.model
         colocate = v.placement == "colocate"
-        llm_kwargs = {"dtype": m.dtype}
+        llm_kwargs = {"dtype": m.dtype, **v.engine_kwargs}
         if colocate and torch.distributed.is_available() and torch.distributed.is_initialized():
             llm_kwargs["distributed_executor_backend"] = "external_launcher"  # one engine per training rank
         return cls.launch(
@@ -214,7 +222,7 @@ class VLLMEngine:
             enable_sleep_mode=colocate and v.enable_sleep_mode, seed=cfg.train.seed, llm_kwargs=llm_kwargs,
             answer_format=cfg.data.answer_format, box_format=box_format, system_prompt=cfg.data.system_prompt,
             push_visual=not (m.freeze_vision and m.freeze_merger),
-            sleep_level=1 if colocate and v.enable_sleep_mode else 0, check_model=lm.model,
+            sleep_level=1 if colocate and v.enable_sleep_mode else 0,
         )  # fmt: skip
 
     def generate(self, samples: list[Sample], params: SamplingParams) -> list[RolloutGroup]:
@@ -222,14 +230,23 @@ class VLLMEngine:
 
         prompts = [build_prompt(s, self.processor, self.geometry, **self.prompt_kw) for s in samples]
         feats = self._features(prompts) if self.mm_input == "embeds" else [None] * len(prompts)
-        requests = [build_request(p, f, self.mm_input) for p, f in zip(prompts, feats)]
+        requests = [build_request(p, self.image_token_id, f, self.mm_input) for p, f in zip(prompts, feats)]
+        per_request = [VLLMSamplingParams(**sampling_kwargs(params, self.forbidden_ids, seed))
+                       for seed in request_seeds(params.seed, len(requests))]  # fmt: skip
         self.wake_up()
-        outputs = self.llm.generate(requests, VLLMSamplingParams(**sampling_kwargs(params, self.forbidden_ids)),
-                                    use_tqdm=False)  # fmt: skip
+        hits = self._prefix_cache_hits()
+        outputs = self.llm.generate(requests, per_request, use_tqdm=False)
+        self._counts["prefix_cache_hit_tokens"] += self._prefix_cache_hits() - hits
         if self.sleep_level:
             self.sleep(self.sleep_level)
         groups = []
         for s, p, out in zip(samples, prompts, outputs):
+            engine_ids = getattr(out, "prompt_token_ids", None)
+            if engine_ids is not None and len(engine_ids) != len(p.input_ids):
+                raise RuntimeError(
+                    f"vLLM expanded sample '{s.id}' to {len(engine_ids)} prompt tokens, the trainer has "
+                    f"{len(p.input_ids)}: its image token count differs (check min/max pixels)"
+                )
             completions, bad = to_completions(out, params, set(self.forbidden_ids), self._decode)
             self._counts["placeholder_sampled"] += bad
             self._counts["prefill_tokens"] += len(p.input_ids)
@@ -237,8 +254,6 @@ class VLLMEngine:
             groups.append(RolloutGroup(s, list(p.input_ids), completions, self.policy_version))
         self._counts["prompts"] += len(samples)
         self._counts["completions"] += len(samples) * params.n
-        if self._check_pending and self.check_model is not None:
-            self._check_logprobs(groups[: self.check_groups], params)
         return groups
 
     def _decode(self, ids: list[int]) -> str:
@@ -251,59 +266,54 @@ class VLLMEngine:
             self._counts[key] += self.cache.stats()[key] - before[key]
         return feats
 
-    def _check_logprobs(self, groups: list[RolloutGroup], params: SamplingParams) -> None:
-        """Trainer log-probs of the sampled tokens vs vLLM's, once after each weight sync."""
-        model, tok = self.check_model, self.processor.tokenizer
-        feats = self.cache.get([g.sample.image for g in groups]) if self.cache else None
-        if feats is None or not any(c.token_ids for g in groups for c in g.completions):
-            return
-        device = next(model.parameters()).device
-        batch = collate_groups(groups, [f.grid_thw for f in feats], tok.pad_token_id,
-                               tok.convert_tokens_to_ids("<|image_pad|>"), device)  # fmt: skip
-        forbidden = forbidden_mask(tok, vocab_size(model), device)
-        with torch.no_grad():
-            logps = completion_logprobs(model, batch, feats, forbidden, params.temperature or 1.0)
-        mean, worst = logprob_abs_diff(groups, logps)
-        self._metrics.update({"rollout/logprob_abs_diff": mean, "rollout/logprob_abs_diff_max": worst})
-        self._check_pending = False
+    def _prefix_cache_hits(self) -> int:
+        """vLLM's own prefix-cache hit counter (tokens), from its Prometheus metrics; 0 where it keeps none. vLLM
+        registers one set of collectors per process: with a second `LLM` in the process the first one's counters
+        are no longer read (production runs one engine per process)."""
+        get = getattr(self.llm, "get_metrics", None)
+        if get is None:
+            return 0
+        return int(sum(getattr(m, "value", 0) for m in get() if m.name == "vllm:prefix_cache_hits"))
 
-    def update_weights(self, named_params: Iterable[tuple[str, Tensor]], version: int) -> None:
-        """Push (HF name, tensor) pairs, then reset the prefix cache and, if `visual.*` changed, the encoder cache."""
-        self.wake_up(tags=["weights"])
-        model = _vllm_model(self.llm)
-        pushed, visual = 0, False
-        for name, tensor in named_params:
-            vname = vllm_param_name(name)
-            if vname is None or (is_visual(vname) and not self.push_visual):
-                continue
-            model.load_weights([(vname, tensor)])
-            pushed += 1
-            visual = visual or is_visual(vname)
+    def update_weights(self, named_params: Iterable[tuple[str, Tensor]] | None, version: int) -> None:
+        """Reload (HF name, tensor) pairs in place on every worker (vLLM's `reload_weights`, which also resets the
+        workers' encoder and multimodal caches), refresh a tied LM head, then reset the prefix cache and the
+        scheduler's encoder-cache bookkeeping (else it believes stale image embeddings are still cached)."""
+        self.wake_up(tags=["weights"])  # weights before the KV cache: vLLM's sleep-mode order
+        pushed = {"params": 0, "visual": False}
+        if named_params is not None:
+            weights = checkpoint_weights(named_params, self.push_visual, pushed)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
+                                                              "is_checkpoint_format": True})  # fmt: skip
+            if self.tied_embeddings:
+                self.llm.collective_rpc(_refresh_tied_lm_head)
         self.llm.reset_prefix_cache()
-        if visual:
-            reset = getattr(self.llm, "reset_encoder_cache", None) or self.llm.llm_engine.reset_encoder_cache
-            reset()
+        self.llm.llm_engine.reset_encoder_cache()
         self._counts["weight_syncs"] += 1
-        self._counts["params_pushed"] += pushed
-        self.policy_version, self._check_pending = int(version), True
+        self._counts["params_pushed"] += pushed["params"]
+        self.policy_version = int(version)
         if self.cache is not None:
             self.cache.set_step(int(version))
 
     def sleep(self, level: int = 1) -> None:
-        """Colocated mode: free vLLM's GPU memory for the update (level 1 keeps weights in CPU RAM)."""
-        if not self.sleeping:
+        """Colocated mode: free vLLM's GPU memory for the update (level 1 keeps weights in CPU RAM). vLLM's sleep
+        needs the engine fully awake; a second sleep is a no-op."""
+        if not self.asleep:
             self.llm.sleep(level=level)
-            self.sleeping = True
+            self.asleep = set(SLEEP_TAGS)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
-        if self.sleeping:
-            self.llm.wake_up(tags=tags) if tags else self.llm.wake_up()
-            self.sleeping = tags is not None and "kv_cache" not in tags
+        """Wake the named allocations (all when None) that are asleep, weights before the KV cache, each once:
+        vLLM refuses (warns and does nothing) a tag that is already awake, and memory is never mapped twice."""
+        for tag in SLEEP_TAGS:
+            if tag in self.asleep and (tags is None or tag in tags):
+                self.llm.wake_up(tags=[tag])
+                self.asleep.discard(tag)
 
     def stats(self) -> dict[str, float]:
-        return {**{f"rollout/{k}": v for k, v in self._counts.items()}, **self._metrics}
+        return {f"rollout/{k}": v for k, v in self._counts.items()}
 
     def reset_stats(self) -> None:
         keys = ("prompts", "completions", "prefill_tokens", "generated_tokens", "encoder_calls", "images_encoded",
-                "placeholder_sampled", "weight_syncs", "params_pushed")  # fmt: skip
-        self._counts, self._metrics = {k: 0 for k in keys}, {}
+                "placeholder_sampled", "weight_syncs", "params_pushed", "prefix_cache_hit_tokens")  # fmt: skip
+        self._counts = {k: 0 for k in keys}

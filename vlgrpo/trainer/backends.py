@@ -2,7 +2,8 @@
 
 A backend owns the trainable module, the optimiser and the schedule, and answers three questions for the loop:
 how to step, how to get reference log-probs (a frozen copy, the adapter disabled, or none), and how to save/export.
-The freeze switches and the LR schedule are shared here. peft and deepspeed live in lora.py / zero3.py only.
+The freeze switches, the LR schedule, the data-parallel helpers and the modes of the passes (eval for no-grad
+log-probs, dropout-free train mode for backward) are shared here. peft and deepspeed live in lora.py / zero3.py only.
 """
 
 from __future__ import annotations
@@ -52,6 +53,17 @@ def average_gradients(params: list[torch.nn.Parameter]) -> None:
     for p, g in zip(params, grads):
         p.grad = flat[offset : offset + g.numel()].view_as(p).clone()
         offset += g.numel()
+
+
+def max_over_ranks(value: int) -> int:
+    """The largest `value` over the data-parallel ranks (the value itself in a single process): lets every rank run
+    the same number of collective rounds, e.g. dynamic sampling's top-ups."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([value], dtype=torch.long, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str) -> float:
@@ -161,13 +173,46 @@ class PlainBackend:
 
 @contextmanager
 def eval_mode(model: torch.nn.Module):
-    """Dropout off for log-prob passes that must match sampling; restores the previous mode."""
+    """Dropout off for the no-grad log-prob passes (old, reference); restores the previous mode. Eval mode keeps the
+    shared-prefix forward (each prompt computed once per group) even when gradient checkpointing is on."""
     was = model.training
     model.eval()
     try:
         yield model
     finally:
         model.train(was)
+
+
+DROPOUT_ATTRIBUTES = ("attention_dropout", "dropout")
+"""Float attributes that attention modules pass to the attention kernel as its dropout probability."""
+
+
+@contextmanager
+def no_dropout(model: torch.nn.Module):
+    """Train mode with every dropout probability at 0, for the passes that backpropagate (update, SFT).
+
+    Train mode, because transformers checkpoints a layer only when `self.training` is true: in eval mode gradient
+    checkpointing never engages. No dropout, because the update's log-probs must equal the ones the rollout sampled
+    from (eval mode): the ratio is exactly 1 on an on-policy pass. Sets p = 0 on every `torch.nn.Dropout*` module
+    (peft's LoRA dropout included) and on float `attention_dropout` / `dropout` attributes (the Qwen attention
+    modules); restores the mode and every probability afterwards, so the model's config is never changed for good.
+    """
+    was = model.training
+    saved: list[tuple[torch.nn.Module, str, float]] = []
+    for module in model.modules():
+        names = ("p",) if isinstance(module, torch.nn.modules.dropout._DropoutNd) else DROPOUT_ATTRIBUTES
+        for name in names:
+            value = getattr(module, name, None)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+                saved.append((module, name, value))
+                setattr(module, name, 0.0)
+    model.train()
+    try:
+        yield model
+    finally:
+        model.train(was)
+        for module, name, value in saved:
+            setattr(module, name, value)
 
 
 def make_backend(model: torch.nn.Module, cfg: Config, need_reference: bool):

@@ -26,6 +26,9 @@ class TrainBatch:
     loss_mask: torch.Tensor
     masked_rows: int = 0
     """Completions dropped from the loss because they contain a vision placeholder token."""
+    engine_logp: torch.Tensor | None = None
+    """[R, C] the engine's sampling log-prob of each completion token (NaN where it reported none); None when no
+    completion carries engine log-probs."""
 
     @property
     def rows(self) -> int:
@@ -51,5 +54,19 @@ def make_batch(
         batch.completion_ids[bad] = pad_id
         batch.completion_mask[bad] = 0
         loss_mask[bad] = 0.0
-    return TrainBatch(batch, [f.embeds for f in features], [g.sample.image for g in groups], loss_mask, int(bad.sum()))
+    images = [g.sample.image for g in groups]
+    return TrainBatch(batch, [f.embeds for f in features], images, loss_mask, int(bad.sum()), _engine_logps(groups, batch))
+
+
+def _engine_logps(groups: list[RolloutGroup], batch) -> torch.Tensor | None:
+    """The engine's per-token log-probs as [R, C] (NaN padding), in row order; None when the engine gave none."""
+    rows = [c.logprobs for g in groups for c in g.completions]
+    if not any(rows):
+        return None
+    out = torch.full(batch.completion_ids.shape, float("nan"), device=batch.completion_ids.device)
+    for r, lps in enumerate(rows):
+        if lps:
+            n = min(len(lps), out.shape[1])
+            out[r, :n] = torch.tensor(lps[:n], dtype=torch.float32)
+    return out
 

@@ -13,10 +13,10 @@ import torch
 
 from vlgrpo import grpo
 from vlgrpo.rewards import score
-from vlgrpo.rollout.inputs import completion_logprobs_and_entropy
+from vlgrpo.rollout.inputs import completion_logits, completion_logprobs_and_entropy
 from vlgrpo.trainer.batch import TrainBatch, make_batch
 from vlgrpo.trainer.metrics import memory_metrics
-from vlgrpo.trainer.backends import eval_mode
+from vlgrpo.trainer.backends import eval_mode, max_over_ranks, no_dropout
 from vlgrpo.trainer.sft import render_target
 from vlgrpo.trainer.state import RunState
 from vlgrpo.types import Completion, RolloutGroup, Sample
@@ -35,6 +35,13 @@ class Scored:
     dropped_groups: int = 0
     rounds: int = 0
 
+    def take(self, groups: list[RolloutGroup], features: list, rewards: list[float], G: int, picks: list[int]) -> None:
+        """Append the picked groups of one round (indices into its lists) with their features and G rewards each."""
+        for gi in picks:
+            self.groups.append(groups[gi])
+            self.features.append(features[gi])
+            self.rewards.extend(rewards[gi * G : (gi + 1) * G])
+
 
 def _mean_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
     keys = {k for p in parts for k in p}
@@ -51,6 +58,7 @@ class Trainer:
         self.ratio_fn = grpo.select(grpo.RATIOS, g.loss, "grpo.loss")
         self.aggregate_fn = grpo.select(grpo.AGGREGATIONS, g.aggregation, "grpo.aggregation")
         self.step_fn = self.sft_step if s.cfg.train.stage == "sft" else self.grpo_step
+        self.rollout_is = grpo.resolve_rollout_is(g.rollout_is, s.engine_needs_weights)
 
     # ------------------------------------------------------------------ GRPO
     def grpo_step(self) -> dict[str, float]:
@@ -68,18 +76,25 @@ class Trainer:
             advantages = advantages.to(s.device)
             batch = self._collate(groups, features)
 
-        # 6. old log-probs (only when the update is off-policy) and reference log-probs (only when beta > 0)
-        old_logp = ref_logp = None
-        if cfg.grpo.num_iterations > 1:
+        # 6. old log-probs when the update is off-policy (num_iterations > 1) or the engine sampled with its own
+        #    copy of the weights (vLLM: its gap to the trainer is measured and corrected by the rollout IS
+        #    weights); reference log-probs only when beta > 0
+        old_logp = ref_logp = is_weights = None
+        correction: dict[str, float] = {}
+        if cfg.grpo.num_iterations > 1 or s.engine_needs_weights:
             with T("old_logprob"):
-                old_logp = self._logprobs(s.backend.model, batch)
+                old_logp, behaviour_logp = self._old_logprobs(batch)
+            if s.engine_needs_weights:
+                is_weights, correction = self._rollout_correction(batch, behaviour_logp)
+            if cfg.grpo.num_iterations == 1:
+                old_logp = None  # on-policy: ratio exactly 1 (the trainer's own pass, not its re-run, is the base)
         if cfg.grpo.beta > 0:
             with T("ref_logprob"), s.backend.reference() as ref_model:
                 ref_logp = self._logprobs(ref_model, batch, self._reference_features(ref_model, batch))
 
         # 7. update: num_iterations passes over micro-batches; token-mean normalises by the whole batch
         with T("update"):
-            update = self._update(batch, advantages, old_logp, ref_logp)
+            update = self._update(batch, advantages, old_logp, ref_logp, is_weights)
 
         # 8. sync the rollout engine (a version bump for the HF engine sharing the model)
         s.step += 1
@@ -88,7 +103,7 @@ class Trainer:
             s.engine.update_weights(s.backend.named_weights() if s.engine_needs_weights else None, s.step)
         lengths = batch.batch.completion_mask.sum(1).float()  # [R]
         return {
-            **scored.metrics, **update,
+            **scored.metrics, **update, **correction,
             **{f"grpo/{k}": v for k, v in adv_stats.items()},
             "grpo/response_length": float(lengths.mean()),
             "grpo/dropped_groups": float(scored.dropped_groups),
@@ -97,42 +112,57 @@ class Trainer:
         }  # fmt: skip
 
     def _sample_and_score(self, B: int) -> Scored:
-        s, cfg, T = self.s, self.s.cfg, self.s.timers
+        """Phases 1-4, repeated while dynamic sampling tops the batch up with fresh prompts.
+
+        Every round enters `backend.rollout_weights`, a collective gather under ZeRO-3, so the data-parallel ranks
+        agree on the round count: rounds go on while any rank still needs prompts (all-reduce MAX). A rank that
+        already holds its B informative groups joins such a round but samples nothing: no rollout is generated only
+        to be thrown away, and its batch never depends on the other ranks' draws.
+        """
+        cfg = self.s.cfg
         G = cfg.rollout.completions_per_prompt
         out, parts = Scored(), []
         need = B
-        while need > 0:
-            samples = s.next_samples(need)  # 1. batch
-            # ZeRO-3: gather once for the encoder and HF decoding (vLLM decodes with its own weights: only `visual`)
-            with s.backend.rollout_weights(full=not s.engine_needs_weights):
-                with T("vision"):  # 2. each unique image encoded once; the engine and the update reuse it
-                    feats = s.cache.get([x.image for x in samples])
-                with T("rollout"):  # 3. G completions per prompt, prompt prefilled once per group
-                    groups = s.engine.generate(samples, s.sampling_for(s.step, out.rounds))
-            with T("reward"):  # 4. named components + weighted total; failures are counted zeros
-                rewards, metrics = self._rewards(groups)
-            parts.append(metrics)
+        while max_over_ranks(need) > 0:
+            groups, feats, rewards = self._sample_round(need, out.rounds, parts)
             out.rounds += 1
             if not cfg.grpo.dynamic_sampling:
                 out.groups, out.features, out.rewards = groups, feats, rewards
                 break
-            r = torch.tensor(rewards)
-            keep, dropped = grpo.filter_zero_variance_groups(r, torch.arange(len(groups)).repeat_interleave(G))
-            out.dropped_groups += dropped
-            for gi in range(len(groups)):
-                if keep[gi * G]:
-                    out.groups.append(groups[gi])
-                    out.features.append(feats[gi])
-                    out.rewards.extend(rewards[gi * G : (gi + 1) * G])
+            informative = [False] * len(groups)
+            if groups:  # drop zero-variance groups: their advantages are all 0
+                keep, _ = grpo.filter_zero_variance_groups(
+                    torch.tensor(rewards), torch.arange(len(groups)).repeat_interleave(G)
+                )  # [len(groups)*G]
+                informative = [bool(keep[gi * G]) for gi in range(len(groups))]
+            out.dropped_groups += informative.count(False)
+            out.take(groups, feats, rewards, G, [gi for gi, ok in enumerate(informative) if ok])
             need = grpo.prompts_needed(len(out.groups), B, out.rounds - 1, cfg.grpo.max_topup_rounds)
-            if need == 0 and len(out.groups) < B:  # rounds exhausted: fill with the last round's groups
-                fill = [gi for gi in range(len(groups)) if not keep[gi * G]][: B - len(out.groups)]
-                for gi in fill:
-                    out.groups.append(groups[gi])
-                    out.features.append(feats[gi])
-                    out.rewards.extend(rewards[gi * G : (gi + 1) * G])
+            if need == 0 and len(out.groups) < B:  # rounds exhausted: fill with the last round's dropped groups
+                dropped = [gi for gi, ok in enumerate(informative) if not ok]
+                out.take(groups, feats, rewards, G, dropped[: B - len(out.groups)])
         out.metrics = _mean_metrics(parts)
         return out
+
+    def _sample_round(self, need: int, round_no: int, parts: list) -> tuple[list[RolloutGroup], list, list[float]]:
+        """One round for `need` prompts -> (groups, features, rewards [need*G]); the reward metrics go to `parts`.
+        need = 0: the rank only joins the weight gather (collective under ZeRO-3) and returns empty lists."""
+        s, T = self.s, self.s.timers
+        samples = s.next_samples(need) if need else []  # 1. batch
+        feats, groups = [], []
+        # ZeRO-3: gather once for the encoder and HF decoding (vLLM decodes with its own weights: only `visual`)
+        with s.backend.rollout_weights(full=not s.engine_needs_weights):
+            if samples:
+                with T("vision"):  # 2. each unique image encoded once; the engine and the update reuse it
+                    feats = s.cache.get([x.image for x in samples])
+                with T("rollout"):  # 3. G completions per prompt, prompt prefilled once per group
+                    groups = s.engine.generate(samples, s.sampling_for(s.step, round_no))
+        if not groups:
+            return [], [], []
+        with T("reward"):  # 4. named components + weighted total; failures are counted zeros
+            rewards, metrics = self._rewards(groups)
+        parts.append(metrics)
+        return groups, feats, rewards
 
     def _rewards(self, groups: list[RolloutGroup]) -> tuple[list[float], dict[str, float]]:
         s, cfg = self.s, self.s.cfg
@@ -184,12 +214,43 @@ class Trainer:
                 out.append(completion_logprobs_and_entropy(model, part, feats, self.s.forbidden, self.s.temperature)[0])
         return torch.cat(out)  # [R, C]
 
-    def _update(self, batch: TrainBatch, advantages, old_logp, ref_logp) -> dict[str, float]:
+    @torch.no_grad()
+    def _old_logprobs(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(old log-probs [R, C] over the full vocabulary, for the policy ratio; the same tokens under the engine's
+        sampling distribution — top-k / top-p replayed, as vLLM reports them — for the engine comparison), one
+        forward per micro-batch."""
+        s, r = self.s, self.s.cfg.rollout
+        full, behaviour = [], []
+        with eval_mode(s.backend.model):
+            for _, part, feats in self._micro_batches(batch):
+                logits = completion_logits(s.backend.model, part, feats)  # [r, C, V]
+                full.append(grpo.token_logprobs(logits, part.completion_ids, temperature=s.temperature,
+                                                forbidden=s.forbidden)[0])  # fmt: skip
+                behaviour.append(grpo.truncated_token_logprobs(
+                    logits, part.completion_ids, temperature=s.temperature, forbidden=s.forbidden, top_k=r.top_k,
+                    top_p=r.top_p))  # fmt: skip
+        return torch.cat(full), torch.cat(behaviour)
+
+    def _rollout_correction(self, batch: TrainBatch, behaviour_logp: torch.Tensor):
+        """The engine/trainer log-prob gap of this step's samples (`rollout/logprob_abs_diff*`) and the rollout IS
+        weights [R, C] (None with grpo.rollout_is=none) with their stats (`grpo/is_*`)."""
+        g = self.s.cfg.grpo
+        if batch.engine_logp is None:
+            return None, {}
+        mean, worst = grpo.logprob_gap(behaviour_logp, batch.engine_logp, batch.loss_mask)
+        metrics = {"rollout/logprob_abs_diff": mean, "rollout/logprob_abs_diff_max": worst}
+        if self.rollout_is == "none":
+            return None, metrics
+        weights, stats = grpo.rollout_is_weights(behaviour_logp, batch.engine_logp, batch.loss_mask,
+                                                 self.rollout_is, g.rollout_is_cap, g.rollout_is_sequence)  # fmt: skip
+        return weights, {**metrics, **{f"grpo/{k}": float(v) for k, v in stats.items()}}
+
+    def _update(self, batch: TrainBatch, advantages, old_logp, ref_logp, is_weights=None) -> dict[str, float]:
         s, g = self.s, self.s.cfg.grpo
         num_tokens = batch.loss_mask.sum()  # global normaliser: micro-batch losses add up to the batch loss
         stats_all, opt_stats, losses = [], {}, []
         model = s.backend.model
-        with eval_mode(model):  # no dropout: the ratio must be exactly 1 on the first on-policy pass
+        with no_dropout(model):  # train mode so checkpointing engages; p = 0 so the on-policy ratio is exactly 1
             for _ in range(g.num_iterations):
                 for rows, part, feats in self._micro_batches(batch):
                     logp, entropy = completion_logprobs_and_entropy(model, part, feats, s.forbidden, s.temperature)
@@ -200,6 +261,7 @@ class Trainer:
                         ref_logp=None if ref_logp is None else ref_logp[rows], entropy=entropy.detach(),
                         num_tokens=num_tokens, num_sequences=batch.rows,
                         max_completion_length=s.cfg.rollout.max_new_tokens,
+                        is_weights=None if is_weights is None else is_weights[rows],
                     )  # fmt: skip
                     s.backend.backward(loss)
                     losses.append(loss.item())
@@ -217,7 +279,7 @@ class Trainer:
         with T("update"):  # teacher-forced NLL of the gold answer in the target format
             batch = self._collate([self._gold_group(x) for x in samples], feats)
             num_tokens, total = batch.loss_mask.sum(), 0.0
-            with eval_mode(s.backend.model):
+            with no_dropout(s.backend.model):  # train mode: gradient checkpointing engages
                 for rows, part, feats in self._micro_batches(batch):
                     logp, _ = completion_logprobs_and_entropy(s.backend.model, part, feats, s.forbidden, 1.0)
                     loss = -(logp * batch.loss_mask[rows]).sum() / num_tokens

@@ -7,6 +7,7 @@ one parameter at a time when the rollout engine or an export needs them; checkpo
 from __future__ import annotations
 
 import json
+import math
 import os
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -26,13 +27,22 @@ def init_distributed() -> None:
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
 
 
+def micro_batches_per_step(cfg: Config) -> int:
+    """Backward passes the loop runs per `backend.step()`: one pass over the step's rows in micro-batches. Rows are
+    B x G completions in GRPO (each of the grpo.num_iterations passes ends in its own step) and B gold answers in
+    SFT (one per prompt)."""
+    t = cfg.train
+    rows = t.prompts_per_step * (cfg.rollout.completions_per_prompt if t.stage == "grpo" else 1)
+    return math.ceil(rows / t.micro_batch_completions)
+
+
 def ds_config(cfg: Config, world_size: int) -> dict:
-    """The DeepSpeed JSON: train.zero3.deepspeed_config when given (batch keys filled in), else built here."""
-    t, r = cfg.train, cfg.rollout
+    """The DeepSpeed JSON: train.zero3.deepspeed_config when given (batch keys filled in), else built here.
+    gradient_accumulation_steps is exactly the micro-batch count of one update pass, so DeepSpeed's accumulation
+    boundary (its optimiser step) falls on the last backward before each `backend.step()`."""
+    t = cfg.train
     micro = t.micro_batch_completions
-    accumulation = t.prompts_per_step * r.completions_per_prompt // micro
-    if cfg.train.stage == "grpo":
-        accumulation *= cfg.grpo.num_iterations
+    accumulation = micro_batches_per_step(cfg)
     if t.zero3.deepspeed_config:
         path = Path(t.zero3.deepspeed_config)
         if not path.is_file():
@@ -106,17 +116,33 @@ class Zero3Backend:
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config
         )
         self.model = self.engine.module  # ZeRO-3 hooks gather parameters inside its forward
+        self._pass_start: int | None = None  # DeepSpeed's step count at the first backward of this update pass
+        self._backwards, self._lr = 0, t.lr
 
     # ---- the loop's interface
     def backward(self, loss: torch.Tensor) -> None:
+        if self._pass_start is None:
+            self._pass_start, self._lr = self.engine.global_steps, self.scheduler.get_last_lr()[0]
+        self._backwards += 1
         # Our loss is already normalised over the whole batch: no extra 1/accumulation scaling.
         self.engine.backward(loss, scale_wrt_gas=False)
-        self.engine.step()  # a no-op except at the accumulation boundary
+        self.engine.step()  # a no-op except at the accumulation boundary: the last micro-batch of the pass
 
     def step(self) -> dict[str, float]:
-        """DeepSpeed already stepped at the accumulation boundary inside the last backward(); report it."""
+        """DeepSpeed stepped at the accumulation boundary inside the last backward(): check that it did, exactly
+        once in this pass (as the plain and LoRA backends step once per call), and report it."""
+        start = self.engine.global_steps if self._pass_start is None else self._pass_start
+        taken = self.engine.global_steps - start
+        if taken != 1:
+            raise RuntimeError(
+                f"ZeRO-3 took {taken} optimiser steps over the {self._backwards} micro-batches of this update pass, "
+                f"expected 1: DeepSpeed's gradient_accumulation_steps is {self.engine.gradient_accumulation_steps()} "
+                "but the loop ran a different number of backward passes (vlgrpo.trainer.zero3.micro_batches_per_step "
+                "must count what Trainer runs between two backend.step() calls)"
+            )
+        self._pass_start, self._backwards = None, 0
         norm = self.engine.get_global_grad_norm()
-        return {"train/grad_norm": float(norm) if norm is not None else 0.0, "train/lr": self.scheduler.get_last_lr()[0]}
+        return {"train/grad_norm": float(norm) if norm is not None else 0.0, "train/lr": self._lr}
 
     def rollout_weights(self, full: bool = True):
         """Gathered weights with the ZeRO hooks removed, so the vision encoder and decoding run locally (ranks hit
@@ -137,9 +163,15 @@ class Zero3Backend:
             for hook in offload.forward_hooks + offload.backward_hooks:
                 hook.remove()
             offload.forward_hooks, offload.backward_hooks = [], []
+            # The top module's start-of-forward hook resets the fetch trace, which is collective until a trace is
+            # recorded: ranks that decode a different number of tokens (or, under dynamic sampling, none) would
+            # deadlock on it. The next update forward resets the trace anyway.
+            start_of_forward = offload.module._forward_pre_hooks[offload.fwd_pre_hook.id]
+            offload.fwd_pre_hook.remove()
             try:
                 yield
             finally:
+                offload.fwd_pre_hook = offload.module.register_forward_pre_hook(start_of_forward)
                 offload._register_deepspeed_module(offload.module)
 
     def vision_fingerprint(self) -> str:

@@ -1,0 +1,36 @@
+"""`vlgrpo eval --engine vllm` (vLLM's CPU build, `make test-vllm`): exactly the predictions and metrics of the HF
+engine on the tiny model (greedy, fp32), so large checkpoints can be evaluated fast on a GPU."""
+
+import json
+
+import pytest
+import torch
+
+from vlgrpo.cli import main
+from vlgrpo.models import load_model
+
+pytestmark = pytest.mark.vllm
+pytest.importorskip("vllm", reason="vLLM runs in its own environment: make test-vllm")
+
+
+def test_vllm_eval_writes_the_hf_engines_predictions_and_metrics(tiny_model_dir, shapes_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    lm = load_model(tiny_model_dir("qwen2_5_vl"))
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # spread the LM weights: varied answers make "the same predictions" a real check
+        for name, p in lm.model.named_parameters():
+            if ".visual." not in f".{name}" and p.dim() == 2:
+                p.add_(torch.randn(p.shape, generator=gen) * 0.5)
+    model = tmp_path / "model"
+    lm.model.save_pretrained(model)
+    lm.processor.save_pretrained(model)
+    common = ["eval", "--model", str(model), "--suite", "pope,grounding,vqa", "--data", str(shapes_dir / "train.jsonl"),
+              "--max-samples", "12", "--max-new-tokens", "12", "--no-progress"]  # fmt: skip
+    assert main([*common, "--out", str(tmp_path / "hf")]) == 0
+    assert main([*common, "--out", str(tmp_path / "vllm"), "--engine", "vllm",
+                 "--engine-kwargs", '{"enforce_eager": true, "block_size": 32}']) == 0  # fmt: skip
+    hf, vl = ([json.loads(x) for x in (tmp_path / d / "predictions.jsonl").read_text().splitlines()] for d in ("hf", "vllm"))
+    assert len(hf) >= 20 and [p["completion"] for p in vl] == [p["completion"] for p in hf]
+    assert len({p["completion"] for p in hf}) > 5
+    m_hf, m_vl = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("hf", "vllm"))
+    assert m_vl["metrics"] == m_hf["metrics"] and m_vl["info"]["engine"] == "vllm"

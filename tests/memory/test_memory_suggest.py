@@ -1,0 +1,107 @@
+"""Every change `vlgrpo plan` can suggest is one the trainer runs, or is labelled planned.
+
+The suggestions are enumerated over a grid of run configs (backend x engine x GPUs x beta x checkpointing x
+micro-batch x ZeRO-3 offload): each suggested override must pass config validation, name a backend the trainer
+builds, and give back exactly the input the planner priced when mapped through the same config path.
+"""
+
+import itertools
+
+import pytest
+
+from vlgrpo.cli import main
+from vlgrpo.config import ConfigError, load_config
+from vlgrpo.config.schema import CHOICES
+from vlgrpo.memory import GPU_TYPES, PlanInput, plan, suggestions
+from vlgrpo.memory.planner import peak_on
+from vlgrpo.memory.report import plan_input_from_config
+from vlgrpo.memory.suggest import PLANNED, RUNS, candidates, merge_overrides, not_run_by_trainer, status
+
+MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
+BIG = "Qwen/Qwen2.5-VL-72B-Instruct"
+
+
+def _grid():
+    axes = itertools.product(["plain", "lora", "zero3"], ["hf", "vllm"], [1, 8], [0.0, 0.04], [False, True], [6, 3],
+                             [False, True])
+    for backend, engine, gpus, beta, checkpointing, micro, offload in axes:
+        if offload and backend != "zero3":
+            continue
+        yield [f"model.name_or_path={MODEL}", "model.dtype=bfloat16", f"train.backend={backend}",
+               f"rollout.engine={engine}", f"train.num_gpus={gpus}", f"grpo.beta={beta}",
+               f"model.gradient_checkpointing={checkpointing}", f"train.micro_batch_completions={micro}",
+               "rollout.completions_per_prompt=6", f"train.zero3.offload_optimizer={offload}"]
+
+
+def _check_runs(base: list[str], overrides: tuple[str, ...] | list[str], priced: PlanInput) -> None:
+    """The override passes validation, names a built backend, and the config maps back onto the priced input."""
+    try:
+        cfg = load_config(None, base + list(overrides))
+    except ConfigError as e:
+        pytest.fail(f"suggested {overrides} on {base} is rejected by the config: {e}")
+    assert cfg.train.backend in CHOICES["train.backend"]
+    assert plan_input_from_config(cfg) == priced, f"{overrides} on {base} is not what the planner priced"
+    assert not_run_by_trainer(priced) == []
+
+
+def _peak_on_a100(cfg) -> int:
+    inp = plan_input_from_config(cfg)
+    return peak_on(inp, plan(inp)["per_gpu"], GPU_TYPES["A100-80GB"])[0]
+
+
+def test_every_single_change_runs_or_is_labelled_planned():
+    seen = set()
+    for base in _grid():
+        inp = plan_input_from_config(load_config(None, base))
+        assert not_run_by_trainer(inp) == []  # a run config is something the trainer runs
+        for overrides, alt in candidates(inp):
+            seen.add(tuple(o.split("=")[0] for o in overrides))
+            if status(overrides) == PLANNED:
+                assert "rollout.vllm.placement=split" in overrides and "split" in not_run_by_trainer(alt)[0]
+                continue
+            _check_runs(base, overrides, alt)
+    # the grid reached every kind of suggestion the planner has
+    assert seen == {("model.gradient_checkpointing",), ("train.micro_batch_completions",), ("train.backend",),
+                    ("train.backend", "train.zero3.offload_optimizer"), ("train.backend", "train.lora.rank"),
+                    ("train.zero3.offload_optimizer",), ("train.zero3.offload_param",),
+                    ("rollout.vllm.placement", "rollout.vllm.rollout_gpus")}
+
+
+@pytest.mark.parametrize("backend", ["plain", "zero3"])
+def test_printed_suggestions_and_the_greedy_combination_run(backend):
+    base = [f"model.name_or_path={BIG}", "model.dtype=bfloat16", f"train.backend={backend}", "train.num_gpus=8",
+            "rollout.engine=vllm", "rollout.vllm.tensor_parallel_size=8", "rollout.max_new_tokens=512"]
+    inp = plan_input_from_config(load_config(None, base))
+    out = suggestions(inp, "A100-80GB")
+    assert not any(s["fits"] for s in out[:-1]) and out[-1]["fits"]  # the last entry: a combination that fits
+    assert {s["status"] for s in out} <= {RUNS, PLANNED}
+    for s in out:
+        if s["status"] == RUNS:
+            # the priced input of a suggestion: apply its overrides and plan again
+            cfg = load_config(None, base + s["overrides"])
+            assert s["peak_bytes"] == _peak_on_a100(cfg)
+    combo = out[-1]
+    assert combo["status"] == RUNS and "rollout.vllm.placement=split" not in combo["overrides"]
+
+
+def test_split_placement_is_printed_as_planned(capsys):
+    argv = ["plan", "--model", BIG, "--gpus", "8", "--set", "rollout.engine=vllm"]
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    split = [line for line in table.splitlines() if "rollout.vllm.placement=split" in line]
+    assert split and all(line.endswith(f"[{PLANNED}]") for line in split)
+
+
+def test_comparison_only_inputs_are_labelled(capsys):
+    assert main(["plan", "--params", "7e9", "--gpus", "8", "--zero", "2", "--offload", "optimizer,reference"]) == 0
+    table = capsys.readouterr().out
+    assert "note: ZeRO-2 is planned for comparison" in table
+    assert "note: --offload optimizer,reference is planned for comparison" in table
+
+
+def test_merging_overrides_keeps_the_last_backend_and_its_section():
+    steps = [("train.backend=zero3", "train.zero3.offload_optimizer=true"), ("model.gradient_checkpointing=true",),
+             ("train.backend=lora", "train.lora.rank=16")]
+    assert merge_overrides(steps) == ("model.gradient_checkpointing=true", "train.backend=lora", "train.lora.rank=16")
+    assert merge_overrides([("train.micro_batch_completions=4",), ("train.micro_batch_completions=2",)]) == (
+        "train.micro_batch_completions=2",)

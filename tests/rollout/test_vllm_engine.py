@@ -1,0 +1,186 @@
+"""The real vLLM engine (vLLM's CPU build, `make test-vllm`) on the tiny Qwen2.5-VL in fp32: greedy tokens equal the
+HF engine's, the prompt vLLM expands equals ours, weight sync through vLLM's reload (language, vision and tied
+embeddings; plain and merged-LoRA weights) keeps its log-probs within 1e-3 of the trainer's, prefix caching hits,
+and the vision tower runs once per unique image. One engine per image-input mode is launched per module."""
+
+import os
+
+import pytest
+import torch
+
+from vlgrpo.config import load_config
+from vlgrpo.grpo.logprobs import token_logprobs, truncated_token_logprobs
+from vlgrpo.grpo.rollout_is import logprob_gap
+from vlgrpo.models import load_model, placeholder_token_ids
+from vlgrpo.rollout.base import SamplingParams
+from vlgrpo.rollout.hf import HFEngine
+from vlgrpo.rollout.inputs import completion_logits, forbidden_mask
+from vlgrpo.trainer.batch import make_batch
+from vlgrpo.vision_cache import VisionCache
+
+pytestmark = pytest.mark.vllm
+vllm = pytest.importorskip("vllm", reason="vLLM runs in its own environment: make test-vllm")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+ENGINE_KWARGS = {"dtype": "float32", "enforce_eager": True, "block_size": 32}  # CPU attention: blocks of 32
+
+
+@pytest.fixture(scope="module")
+def spread_model(tmp_path_factory, tiny_model_dir):
+    """The tiny model with its LM weights spread out (seeded), saved: greedy decoding then varies per sample."""
+    lm = load_model(tiny_model_dir("qwen2_5_vl"))
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in lm.model.named_parameters():
+            if ".visual." not in f".{name}" and p.dim() == 2:
+                p.add_(torch.randn(p.shape, generator=gen) * 0.5)
+    out = tmp_path_factory.mktemp("spread")
+    lm.model.save_pretrained(out)
+    lm.processor.save_pretrained(out)
+    return str(out)
+
+
+def _launch(path, mm_input):
+    from vlgrpo.rollout.vllm import VLLMEngine
+
+    lm = load_model(path)
+    cache = VisionCache(lm.model.eval(), lm.processor, trainable=True)  # the tests change vision weights
+    engine = VLLMEngine.launch(path, lm.processor, cache, mm_input=mm_input, max_model_len=512,
+                               gpu_memory_utilization=0.5, llm_kwargs=ENGINE_KWARGS)  # fmt: skip
+    return lm, cache, engine
+
+
+@pytest.fixture(scope="module")
+def embeds_engine(spread_model):
+    return _launch(spread_model, "embeds")
+
+
+@pytest.fixture(scope="module")
+def pixels_engine(spread_model):
+    return _launch(spread_model, "pixels")
+
+
+def _trainer_logps(model, processor, cache, groups, top_k=0, top_p=1.0, temperature=1.0):
+    """(trainer log-probs replayed on the engine's support, full-vocabulary log-probs, batch) of sampled groups."""
+    tok = processor.tokenizer
+    feats = cache.get([g.sample.image for g in groups])
+    b = make_batch(groups, feats, tok.pad_token_id, model.config.image_token_id, placeholder_token_ids(tok))
+    forbidden = forbidden_mask(tok, model.config.get_text_config().vocab_size)
+    with torch.no_grad():
+        logits = completion_logits(model, b.batch, b.features)
+    ids = b.batch.completion_ids
+    replay = truncated_token_logprobs(logits, ids, temperature=temperature, forbidden=forbidden, top_k=top_k,
+                                      top_p=top_p)  # fmt: skip
+    full = token_logprobs(logits, ids, temperature=temperature, forbidden=forbidden)[0]
+    return replay, full, b
+
+
+def test_prefix_cache_hits_and_one_encoder_call_per_unique_image(embeds_engine, samples):
+    lm, cache, engine = embeds_engine
+    # first test of the module: vLLM reads its metrics from the newest engine of the process (see _prefix_cache_hits)
+    engine.update_weights(None, engine.policy_version + 1)  # resets the prefix cache
+    cache.set_step(engine.policy_version)
+    engine.reset_stats()
+    images = [samples[5], samples[6], samples[5]]  # two unique images, one asked twice
+    groups = engine.generate(images, SamplingParams(n=4, temperature=1.0, max_new_tokens=8, seed=6))
+    stats = engine.stats()
+    print(f"prefix-cache hit tokens for 3 prompts x G=4: {stats['rollout/prefix_cache_hit_tokens']}")
+    assert stats["rollout/encoder_calls"] == 1 and stats["rollout/images_encoded"] == 2
+    # hits count whole 32-token blocks: at least G - 1 = 3 completions of each prompt reuse its full blocks
+    assert stats["rollout/prefix_cache_hit_tokens"] >= sum(3 * (len(g.prompt_ids) // 32) * 32 for g in groups) > 0
+
+
+def _request(engine, sample):
+    """The request the engine sends for one sample (its own build path)."""
+    from vlgrpo.rollout.inputs import build_prompt
+    from vlgrpo.rollout.vllm import build_request
+
+    p = build_prompt(sample, engine.processor, engine.geometry, **engine.prompt_kw)
+    feats = engine.cache.get([p.image])[0] if engine.mm_input == "embeds" else None
+    return p, build_request(p, engine.image_token_id, feats, engine.mm_input)
+
+
+@pytest.mark.parametrize("mode", ["embeds", "pixels"])
+def test_greedy_tokens_and_prompt_lengths_equal_the_hf_engine(mode, embeds_engine, pixels_engine, samples):
+    lm, cache, engine = embeds_engine if mode == "embeds" else pixels_engine
+    greedy = SamplingParams(n=1, temperature=0, max_new_tokens=12)
+    want = [g.completions[0].token_ids for g in HFEngine(lm.model, lm.processor, cache).generate(samples[:8], greedy)]
+    assert [g.completions[0].token_ids for g in engine.generate(samples[:8], greedy)] == want
+    assert len({tuple(w) for w in want}) == 8  # varied sequences: agreement is not one token repeated
+    # the prompt vLLM expands (one image pad sent) has exactly the trainer's length (16 image tokens at 112 px)
+    prompt, request = _request(engine, samples[0])
+    out = engine.llm.generate([request], vllm.SamplingParams(max_tokens=1), use_tqdm=False)
+    assert len(out[0].prompt_token_ids) == len(prompt.input_ids) and prompt.input_ids.count(engine.image_token_id) == 16
+    assert request["prompt_token_ids"].count(engine.image_token_id) == 1
+
+
+def _perturb(model, scale=1.01):
+    """Change every weight: language, vision tower and the tied embedding / LM head."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(scale)
+
+
+@pytest.mark.parametrize("mode", ["embeds", "pixels"])
+def test_logprobs_match_the_trainer_after_syncing_changed_weights(mode, embeds_engine, pixels_engine, samples):
+    lm, cache, engine = embeds_engine if mode == "embeds" else pixels_engine
+    assert engine.tied_embeddings and lm.model.config.tie_word_embeddings
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=12, seed=3)
+    replay, _, b = _trainer_logps(lm.model, lm.processor, cache, engine.generate(samples[:4], params))
+    assert logprob_gap(replay, b.engine_logp, b.loss_mask)[1] < 1e-3  # before any sync
+    _perturb(lm.model)
+    version = engine.policy_version + 1
+    cache.set_step(version)
+    stale, _, b = _trainer_logps(lm.model, lm.processor, cache, engine.generate(samples[:4], params))
+    assert logprob_gap(stale, b.engine_logp, b.loss_mask)[1] > 1e-2  # without a sync the engine is off-policy
+    engine.update_weights(lm.model.state_dict().items(), version)  # what PlainBackend.named_weights yields
+    groups = engine.generate(samples[:4], params)
+    replay, _, b = _trainer_logps(lm.model, lm.processor, cache, groups)
+    mean, worst = logprob_gap(replay, b.engine_logp, b.loss_mask)
+    print(f"[{mode}] after sync: |vLLM - trainer| log-prob mean {mean:.2e}, max {worst:.2e}")
+    assert worst < 1e-3 and groups[0].policy_version == version
+    assert engine.stats()["rollout/params_pushed"] > 0
+
+
+def test_merged_lora_weights_sync_through_the_lora_backend(embeds_engine, samples, tmp_path):
+    from vlgrpo.trainer.lora import LoRABackend
+
+    lm, cache, engine = embeds_engine
+    cfg = load_config(None, ["train.backend=lora", "train.lora.rank=4", "grpo.beta=0"])
+    backend = LoRABackend(lm.model, cfg, need_reference=False)
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():  # a trained adapter: B != 0
+        for name, p in backend.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    engine.update_weights(backend.named_weights(), engine.policy_version + 1)
+    groups = engine.generate(samples[:4], SamplingParams(n=4, temperature=1.0, max_new_tokens=12, seed=4))
+    replay, _, b = _trainer_logps(backend.model.eval(), lm.processor, cache, groups)
+    mean, worst = logprob_gap(replay, b.engine_logp, b.loss_mask)
+    print(f"[lora] after sync: |vLLM - trainer| log-prob mean {mean:.2e}, max {worst:.2e}")
+    assert worst < 1e-3
+    with torch.no_grad(), backend._peft.disable_adapter():  # the adapter really changed the policy
+        base, _, _ = _trainer_logps(backend.model, lm.processor, cache, groups)
+    assert (base - replay).abs()[b.loss_mask.bool()].max() > 1e-2
+
+
+def test_truncated_sampling_is_compared_on_the_engines_support(pixels_engine, samples):
+    lm, cache, engine = pixels_engine
+    params = SamplingParams(n=4, temperature=0.8, top_k=5, top_p=0.9, max_new_tokens=12, seed=5)
+    groups = engine.generate(samples[:4], params)
+    replay, full, b = _trainer_logps(lm.model, lm.processor, cache, groups, top_k=5, top_p=0.9, temperature=0.8)
+    assert logprob_gap(replay, b.engine_logp, b.loss_mask)[1] < 1e-3  # like with like
+    assert logprob_gap(full, b.engine_logp, b.loss_mask)[1] > 1e-2  # the kept-mass bias a full softmax carries
+
+
+def test_our_top_k_top_p_replay_equals_vllms_own_sampler_op():
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+
+    from vlgrpo.grpo.logprobs import _truncate
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 200, generator=gen) * 3
+    for k, p in [(5, 1.0), (0, 0.9), (20, 0.7), (1, 0.5)]:
+        kk = torch.full((64,), k, dtype=torch.long) if k else None
+        pp = torch.full((64,), p) if p < 1 else None
+        theirs = torch.isfinite(apply_top_k_top_p_pytorch(logits.clone(), kk, pp))
+        assert torch.equal(_truncate(logits.unsqueeze(0), k, p)[0], theirs), (k, p)

@@ -1,0 +1,125 @@
+"""Suggestions of `vlgrpo plan`: single config changes that lower the per-GPU peak, then a greedy combination.
+
+Every suggestion is a list of `key=value` config overrides that the trainer runs (applied to the run config they give
+exactly the input that was planned), or carries the status PLANNED: a config value the schema names but the trainer
+does not run yet. Pure arithmetic on `PlanInput`s, like the planner; no torch, no config tree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from vlgrpo.memory.planner import GPU_TYPES, PlanInput, peak_on, plan, train_gpus, trainer_optimizer_states
+from vlgrpo.memory.specs import PlanError
+
+RUNS = "runs"
+PLANNED = "planned (not yet implemented)"
+PLANNED_OVERRIDES = frozenset({"rollout.vllm.placement=split"})
+"""Overrides the config accepts but the trainer does not run yet (split placement: vLLM on GPUs of its own)."""
+
+Candidate = tuple[tuple[str, ...], PlanInput]
+
+
+def status(overrides: tuple[str, ...] | list[str]) -> str:
+    """RUNS, or PLANNED when any override names something the trainer does not run yet."""
+    return PLANNED if PLANNED_OVERRIDES & set(overrides) else RUNS
+
+
+def not_run_by_trainer(inp: PlanInput) -> list[str]:
+    """What in the planned input itself the trainer does not run (the `vlgrpo plan` flags that exist for comparison)."""
+    notes = []
+    if inp.zero_stage in (1, 2):
+        notes.append(f"ZeRO-{inp.zero_stage} is planned for comparison: the trainer runs ZeRO-0 (train.backend=plain "
+                     "or lora) and ZeRO-3 (train.backend=zero3)")
+    if inp.lora_rank and inp.zero_stage == 3:
+        notes.append("LoRA with ZeRO-3 is planned for comparison: train.backend is either lora or zero3")
+    no_offload = {"reference", "reward"} | ({"optimizer"} if inp.zero_stage != 3 else set())
+    if inp.offload & no_offload:
+        notes.append(f"--offload {','.join(sorted(inp.offload & no_offload))} is planned for comparison: the trainer "
+                     "offloads only with train.backend=zero3 (train.zero3.offload_optimizer / offload_param)")
+    if inp.engine == "vllm" and inp.vllm_placement == "split":
+        notes.append(f"rollout.vllm.placement=split is {PLANNED}: the trainer colocates vLLM with training")
+    return notes
+
+
+def candidates(inp: PlanInput) -> list[Candidate]:
+    """Single changes that lower the peak, cheapest in speed first: (config overrides, changed input)."""
+    rep, c = dataclasses.replace, []
+    if not inp.gradient_checkpointing and inp.spec is not None:
+        c.append((("model.gradient_checkpointing=true",), rep(inp, gradient_checkpointing=True)))
+    if inp.micro_batch > 1 and inp.micro_batch % 2 == 0:
+        half = inp.micro_batch // 2
+        c.append(((f"train.micro_batch_completions={half}",), rep(inp, micro_batch=half)))
+    full = not inp.lora_rank  # the trainer has no LoRA + ZeRO-3 backend: ZeRO-3 means a full fine-tune
+    zero3 = {"zero_stage": 3, "optimizer_states": trainer_optimizer_states("zero3", inp.dtype_bytes)}
+    if full and inp.zero_stage != 3:
+        if train_gpus(inp) > 1:
+            c.append((("train.backend=zero3",), rep(inp, **zero3)))
+        # ZeRO-Offload: optimiser states in CPU memory, on any number of GPUs (train.backend=zero3 is the only
+        # backend that offloads)
+        c.append((("train.backend=zero3", "train.zero3.offload_optimizer=true"),
+                  rep(inp, **zero3, offload=inp.offload | {"optimizer"})))
+    if full and inp.spec is not None:
+        c.append((("train.backend=lora", "train.lora.rank=16"),
+                  rep(inp, lora_rank=16, zero_stage=0, offload=inp.offload - {"optimizer", "param"},
+                      optimizer_states=trainer_optimizer_states("lora", inp.dtype_bytes))))
+    if inp.zero_stage == 3 and "optimizer" not in inp.offload:
+        c.append((("train.zero3.offload_optimizer=true",), rep(inp, offload=inp.offload | {"optimizer"})))
+    if inp.zero_stage == 3 and "param" not in inp.offload:
+        c.append((("train.zero3.offload_param=true",), rep(inp, offload=inp.offload | {"param"})))
+    if inp.engine == "vllm" and inp.vllm_placement == "colocate" and inp.num_gpus >= 2:
+        r = max(1, inp.num_gpus // 4)
+        c.append((("rollout.vllm.placement=split", f"rollout.vllm.rollout_gpus={r}"),
+                  rep(inp, vllm_placement="split", rollout_gpus=r)))
+    return c
+
+
+def merge_overrides(steps: list[tuple[str, ...]]) -> tuple[str, ...]:
+    """Overrides of several changes in order (a later value of a key replaces an earlier one); keys of a backend
+    section (`train.lora.*`, `train.zero3.*`) are dropped when the final train.backend is another one."""
+    merged: dict[str, str] = {}
+    for overrides in steps:
+        for item in overrides:
+            key, value = item.split("=", 1)
+            merged.pop(key, None)  # re-insert: the dict keeps the order of the latest change
+            merged[key] = value
+    backend = merged.get("train.backend")
+    if backend is not None:
+        merged = {k: v for k, v in merged.items()
+                  if not k.startswith(("train.lora.", "train.zero3.")) or k.startswith(f"train.{backend}.")}
+    return tuple(f"{k}={v}" for k, v in merged.items())
+
+
+def _entry(overrides: tuple[str, ...], peak: int, cap: int, gpu_type: str) -> dict[str, Any]:
+    return {"change": " ".join(overrides) or "nothing helps enough", "overrides": list(overrides),
+            "status": status(overrides), "peak_bytes": peak, "fits": peak <= cap, "gpu_type": gpu_type}
+
+
+def suggestions(inp: PlanInput, gpu_type: str) -> list[dict[str, Any]]:
+    """When the plan does not fit `gpu_type`: each single change with its new peak, then (when no single change that
+    the trainer runs fits) a greedy combination of runnable changes, each time the one that lowers the peak most."""
+    if gpu_type not in GPU_TYPES:
+        raise PlanError(f"GPU type {gpu_type!r}; accepted: {', '.join(GPU_TYPES)}")
+    cap = GPU_TYPES[gpu_type]
+
+    def peak(x: PlanInput) -> int:
+        p, startable, _ = peak_on(x, plan(x)["per_gpu"], cap)
+        return p if startable else cap + p  # an engine that cannot start never fits
+
+    if peak(inp) <= cap:
+        return []
+    out = [_entry(overrides, peak(alt), cap, gpu_type) for overrides, alt in candidates(inp)]
+    if any(o["fits"] and o["status"] == RUNS for o in out):
+        return out
+    steps: list[tuple[str, ...]] = []
+    current = inp
+    while peak(current) > cap:
+        options = [(peak(alt), o, alt) for o, alt in candidates(current) if status(o) == RUNS]
+        best = min(options, key=lambda o: o[0], default=None)
+        if best is None or best[0] >= peak(current):
+            break
+        steps.append(best[1])
+        current = best[2]
+    out.append(_entry(merge_overrides(steps), peak(current), cap, gpu_type))
+    return out
