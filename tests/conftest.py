@@ -20,6 +20,22 @@ VLLM_TESTS = ["rollout/test_vllm_engine.py", "trainer/test_vllm_train.py", "eval
 collect_ignore = [] if importlib.util.find_spec("vllm") else VLLM_TESTS
 
 
+def spread_language_weights(model, scale: float, seed: int = 1) -> None:
+    """Add seeded noise (std `scale`) to the 2-D language-model weights in place: a random tiny model decodes one
+    repeated token, a spread one varied sequences, which makes "the same greedy tokens" a check that can fail."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".visual." not in f".{name}" and p.dim() == 2:
+                p.add_(torch.randn(p.shape, generator=gen) * scale)
+
+
+@pytest.fixture(scope="session")
+def spread():
+    """`spread_language_weights` (tests in any folder can use it as a fixture)."""
+    return spread_language_weights
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """Factory: arch -> directory of a saved tiny checkpoint (built once per arch per session)."""

@@ -114,16 +114,12 @@ def test_eval_data_from_a_pope_file_and_errors(tmp_path, shapes_dir):
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_model_dir):
+def tiny(tiny_model_dir, spread):
     """The tiny Qwen2.5-VL with its LM weights spread out (seeded), so greedy answers vary between prompts."""
     from vlgrpo.models import load_model
 
     lm = load_model(tiny_model_dir("qwen2_5_vl"))
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in lm.model.named_parameters():
-            if ".visual." not in f".{name}" and p.dim() == 2:
-                p.add_(torch.randn(p.shape, generator=gen) * 0.1)
+    spread(lm.model, 0.1)
     return lm
 
 

@@ -4,7 +4,6 @@ engine on the tiny model (greedy, fp32), so large checkpoints can be evaluated f
 import json
 
 import pytest
-import torch
 
 from vlgrpo.cli import main
 from vlgrpo.models import load_model
@@ -13,14 +12,10 @@ pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm", reason="vLLM runs in its own environment: make test-vllm")
 
 
-def test_vllm_eval_writes_the_hf_engines_predictions_and_metrics(tiny_model_dir, shapes_dir, tmp_path, monkeypatch):
+def test_vllm_eval_writes_the_hf_engines_predictions_and_metrics(tiny_model_dir, shapes_dir, tmp_path, monkeypatch, spread):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     lm = load_model(tiny_model_dir("qwen2_5_vl"))
-    gen = torch.Generator().manual_seed(3)
-    with torch.no_grad():  # spread the LM weights: varied answers make "the same predictions" a real check
-        for name, p in lm.model.named_parameters():
-            if ".visual." not in f".{name}" and p.dim() == 2:
-                p.add_(torch.randn(p.shape, generator=gen) * 0.5)
+    spread(lm.model, 0.5, seed=3)  # varied answers make "the same predictions" a real check
     model = tmp_path / "model"
     lm.model.save_pretrained(model)
     lm.processor.save_pretrained(model)

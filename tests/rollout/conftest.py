@@ -10,21 +10,17 @@ from vlgrpo.models import load_model
 
 
 @pytest.fixture(scope="module")
-def load(tiny_model_dir):
+def load(tiny_model_dir, spread):
     """arch -> a freshly loaded tiny model, its LM weights spread out (seeded) so that greedy decoding varies.
 
     The random init decodes one repeated token; scaled-up weights give varied sequences, which makes
     "same greedy tokens" a test that can fail.
     """
 
-    def get(arch: str = "qwen2_5_vl", spread: float = 0.0, **kw):
+    def get(arch: str = "qwen2_5_vl", spread_by: float = 0.0, **kw):
         lm = load_model(tiny_model_dir(arch), **kw)
-        if spread:
-            gen = torch.Generator().manual_seed(1)
-            with torch.no_grad():
-                for name, p in lm.model.named_parameters():
-                    if ".visual." not in f".{name}" and p.dim() == 2:
-                        p.add_(torch.randn(p.shape, generator=gen) * spread)
+        if spread_by:
+            spread(lm.model, spread_by)
         return lm.model.eval(), lm.processor
 
     return get

@@ -36,7 +36,7 @@ def _engine(model, processor, **kw):
 
 @pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl"])
 def test_greedy_equals_transformers_generate_on_pixels(load, samples, arch):
-    model, processor = load(arch, spread=0.1)
+    model, processor = load(arch, spread_by=0.1)
     engine = _engine(model, processor, batch_prompts=3)  # three prompts of different lengths in one left-padded batch
     batch = [samples[0], samples[5], samples[2]]
     groups = engine.generate(batch, SamplingParams(n=2, temperature=0, max_new_tokens=10))
@@ -84,7 +84,7 @@ def test_prefill_once_per_prompt_and_one_encoder_call_per_unique_image(load, sam
 
 
 def test_sampling_logprobs_equal_the_trainers_pass(load, samples):
-    model, processor = load("qwen2_5_vl", spread=0.1)
+    model, processor = load("qwen2_5_vl", spread_by=0.1)
     engine = _engine(model, processor, batch_prompts=2)
     params = SamplingParams(n=3, temperature=0.7, top_p=0.9, top_k=50, max_new_tokens=8, seed=0)
     groups = engine.generate(samples[:3], params)

@@ -25,14 +25,10 @@ ENGINE_KWARGS = {"dtype": "float32", "enforce_eager": True, "block_size": 32}  #
 
 
 @pytest.fixture(scope="module")
-def spread_model(tmp_path_factory, tiny_model_dir):
+def spread_model(tmp_path_factory, tiny_model_dir, spread):
     """The tiny model with its LM weights spread out (seeded), saved: greedy decoding then varies per sample."""
     lm = load_model(tiny_model_dir("qwen2_5_vl"))
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in lm.model.named_parameters():
-            if ".visual." not in f".{name}" and p.dim() == 2:
-                p.add_(torch.randn(p.shape, generator=gen) * 0.5)
+    spread(lm.model, 0.5)
     out = tmp_path_factory.mktemp("spread")
     lm.model.save_pretrained(out)
     lm.processor.save_pretrained(out)
