@@ -1,4 +1,4 @@
-"""The training loop: one GRPO (or SFT) step that reads top to bottom as the numbered phases of DESIGN.md.
+"""The training loop: one GRPO (or SFT) step that reads top to bottom as the numbered phases of docs/design.md.
 
 Recipes glue, components compute: every phase calls a library function (vision cache, rollout engine, rewards,
 grpo math, backend) inside a `timing/<phase>` timer. Variants (advantage, ratio, aggregation) are picked once.
