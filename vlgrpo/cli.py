@@ -343,7 +343,7 @@ def _cmd_eval_run(args) -> int:
         print("error: pass --model to evaluate a model (`vlgrpo eval --model DIR --data FILE --out DIR`) or choose an "
               "action, e.g. `vlgrpo eval score --suite pope --pred FILE` (see vlgrpo eval --help)", file=sys.stderr)
         return 2
-    from vlgrpo.evals.run import run_eval_cli
+    from vlgrpo.evals.offline import run_eval_cli
 
     out = args.eval_out or "eval_out"
     result = run_eval_cli(

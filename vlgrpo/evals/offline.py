@@ -1,0 +1,96 @@
+"""`vlgrpo eval --model PATH_OR_RUN`: load a checkpoint (or export a run's newest checkpoint), choose the decoder
+(transformers or vLLM), run the suites through `evals.run.evaluate` and write the outputs.
+
+Knows nothing of losses or optimisers; the training side is reached only through `export_run` for run directories.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import torch
+
+from vlgrpo.evals.run import EvalResult, build_eval_data, evaluate
+from vlgrpo.evals.report import write_outputs
+from vlgrpo.rewards.context import RewardContext
+from vlgrpo.types import InputError
+
+
+def load_for_eval(model: str, workdir: Path, dtype: str = "float32", device: str = "cpu"):
+    """(LoadedModel, the run's Config or None) from an HF checkpoint directory (config.json), a run directory
+    (config.yaml + checkpoints/: its newest checkpoint is exported to `workdir` first, LoRA merged) or a hub id."""
+    from vlgrpo.models import load_model
+
+    path = Path(model)
+    if (path / "config.yaml").is_file() and (path / "checkpoints").is_dir():
+        from vlgrpo.config import load_config
+        from vlgrpo.trainer.checkpoint import export_run
+
+        cfg = load_config(path / "config.yaml")
+        exported = export_run(path, workdir / "export")
+        return load_model(str(exported), cfg.model.arch, dtype, device=device), cfg
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise InputError(f"--model '{model}' is neither an HF checkpoint directory (config.json) nor a run "
+                         "directory (config.yaml + checkpoints/)")  # fmt: skip
+    return load_model(model, dtype=dtype, device=device), None
+
+
+def run_eval_cli(
+    model: str, suites: str, data: str | None, out: str | Path, *, max_samples: int | None = None,
+    pope_parser: str = "pope", answer_format: str | None = None, box_format: str | None = None,
+    max_new_tokens: int = 128, batch_prompts: int = 8, pope_data: str | None = None,
+    pope_splits: tuple[str, ...] | None = None, pope_images: int | None = None, pope_per_image: int = 3,
+    pope_min_objects: int = 3, dtype: str = "float32", device: str | None = None, cache_dir: str | None = None,
+    progress: bool = True, engine: str = "hf", engine_kwargs: dict | None = None,
+    gpu_memory_utilization: float = 0.8,
+) -> EvalResult:  # fmt: skip
+    """Load the model, pick the suites' samples, evaluate, write metrics.json / predictions.jsonl / report.md.
+
+    A run directory also supplies the defaults of answer format, system prompt, box convention, tolerances and data
+    (data.test, else data.val); otherwise the answer format is think_answer and boxes follow the model family.
+    engine: hf (transformers) or vllm (greedy decoding through vLLM, with our cached image features: the same
+    predictions, faster on a GPU; `engine_kwargs` go to `vllm.LLM`)."""
+    import dataclasses
+
+    from vlgrpo.data.images import ProcessorGeometry
+    from vlgrpo.rewards import box_format_for_arch, context_from_config
+    from vlgrpo.rollout.hf import HFEngine
+    from vlgrpo.vision_cache import VisionCache
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    with tempfile.TemporaryDirectory(prefix="vlgrpo-eval-") as tmp:
+        lm, run_cfg = load_for_eval(model, Path(tmp), dtype, device)
+        geometry = ProcessorGeometry.from_processor(lm.processor)
+        if run_cfg is not None:
+            ctx = context_from_config(run_cfg, lm.arch, geometry)
+            data = data or run_cfg.data.test or run_cfg.data.val
+        else:
+            ctx = RewardContext(box_format=box_format_for_arch(lm.arch), geometry=geometry)
+        ctx = dataclasses.replace(ctx, box_format=box_format or ctx.box_format,
+                                  answer_format=answer_format or ctx.answer_format)  # fmt: skip
+        eval_data = build_eval_data(
+            data, suites, max_samples=max_samples, pope_data=pope_data, pope_splits=pope_splits,
+            pope_images=pope_images, pope_per_image=pope_per_image, pope_min_objects=pope_min_objects, ctx=ctx,
+        )  # fmt: skip
+        cache = VisionCache(lm.model, lm.processor, disk_dir=cache_dir)
+        system_prompt = run_cfg.data.system_prompt if run_cfg is not None else ""
+        prompt_kw = dict(answer_format=ctx.answer_format, box_format=ctx.box_format, system_prompt=system_prompt)
+        if engine == "vllm":
+            from vlgrpo.rollout.vllm import VLLMEngine
+
+            max_len = min(4096, int(getattr(lm.model.config.get_text_config(), "max_position_embeddings", 4096)))
+            decoder = VLLMEngine.launch(lm.path, lm.processor, cache, max_model_len=max_len,
+                                        gpu_memory_utilization=gpu_memory_utilization,
+                                        llm_kwargs={"dtype": dtype, **(engine_kwargs or {})}, **prompt_kw)  # fmt: skip
+        elif engine == "hf":
+            decoder = HFEngine(lm.model.eval(), lm.processor, cache, **prompt_kw, batch_prompts=batch_prompts)
+        else:
+            raise InputError(f"--engine must be hf or vllm, got {engine!r}")
+        result = evaluate(decoder, eval_data, ctx, pope_parser=pope_parser, batch_prompts=batch_prompts,
+                          max_new_tokens=max_new_tokens, progress=progress)  # fmt: skip
+    result.info.update(model=str(model), data=str(data), pope_data=pope_data, answer_format=ctx.answer_format,
+                       arch=lm.arch, engine=engine,
+                       vision_cache={k: int(v) for k, v in cache.stats().items()})  # fmt: skip
+    write_outputs(result, out)
+    return result
