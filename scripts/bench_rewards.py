@@ -1,7 +1,10 @@
-"""Reward parser timing: every parser on ~100 kB adversarial completions, and scoring throughput on normal ones.
+"""Reward timing: one `score()` with every built-in reward on ~100 kB adversarial completions, per answer type
+(the bound: < 5 ms per completion), each parser alone on the same inputs, and throughput on normal completions.
 
-The issue's bound: a 100 kB adversarial completion (50,000 "<answer>" or "[1," repeats, ...) scores in < 5 ms per
-parser, i.e. no catastrophic backtracking. Usage: OMP_NUM_THREADS=1 python scripts/bench_rewards.py [--json].
+Each time is the median of --repeat runs on one thread. math_verify's own caches are cleared before every run, so a
+repeated input is parsed again (a cached parse would time nothing); gold answers are parsed before timing, as
+score() does once per prompt for its G completions.
+Usage: OMP_NUM_THREADS=1 python scripts/bench_rewards.py [--json] (wrap in `flock /tmp/cpu-heavy.lock` when shared).
 """
 
 from __future__ import annotations
@@ -18,36 +21,80 @@ from vlgrpo.rewards.format import answer_only_ok, think_answer_ok
 from vlgrpo.rewards.verifiable import parse_choice, parse_number, parse_yesno, text_match
 from vlgrpo.types import Sample
 
+RECIPE = {"accuracy": 1.0, "format": 0.5, "iou": 1.0, "iou_threshold": 1.0, "iou@0.75": 1.0, "giou": 1.0}
+"""Every built-in reward (iou@<tau> once)."""
+SAMPLES = {
+    "number": Sample("n", "How many?", "-3", "number"),
+    "choice": Sample("c", "Which?", "B", "choice"),
+    "yesno": Sample("y", "Is there?", "yes", "yesno"),
+    "text": Sample("t", "Colour?", "red", "text"),
+    "math": Sample("m", "Solve.", r"\frac{1}{2}", "math"),
+    "box": Sample("b", "Locate.", None, "box", boxes=[[10, 10, 50, 50], [60, 60, 90, 90]],
+                  image_size=(1920, 1080)),
+}
+
 
 def adversarial(size: int) -> dict[str, str]:
-    """Completions of about `size` characters built to provoke backtracking or quadratic scans, plus the issue's
-    two literal examples: 50,000 "<answer>" (400 kB) and 50,000 "[1," (150 kB)."""
+    """Completions of about `size` characters built to provoke backtracking, quadratic scans or slow math parsing,
+    plus the issue's literal examples (50,000 "<answer>" = 400 kB, 50,000 "[1," = 150 kB)."""
+
     def rep(unit: str) -> str:
         return unit * max(1, size // len(unit))
 
-    return {
-        "50,000 <answer>": "<answer>" * 50_000,
-        "50,000 [1,": "[1," * 50_000,
-        "<answer>": rep("<answer>"),
-        "[1,": rep("[1,"),
-        "(1,": rep("(1,"),
-        "(1,2),": rep("(1,2),"),
-        '"bbox_2d": [1,': rep('"bbox_2d": [1,'),
-        "\\boxed{": rep("\\boxed{"),
-        "{ after one boxed": "\\boxed{" + rep("{"),
-        "digits": rep("1"),
-        "1,000,": rep("1,000,"),
-        "1.1.": rep("1."),
-        "spaces then x": rep(" ") + "x",
-        "A or B ": rep("A or B "),
-        "B B ": rep("B "),
-        "answer answer": rep("answer "),
-        "answer: spaces": "answer" + rep(" "),
-        "yes/no/": rep("yes/no/"),
-        "<think></think>": rep("<think></think>"),
-        "newlines": rep("a\n"),
-        "unicode": rep("é漢\u2028"),
-    }
+    units = ["<answer>", "[1,", "(1,", "(1,2),", '"bbox_2d": [1,', "\\boxed{", "1", "1,000,", "1.", "A or B ", "B ",
+             "answer ", "yes/no/", "<think></think>", "a\n", "é漢\u2028", "1 ", "1+", "x^", "$x^", "$1$ ", "$", "−",
+             "\\sqrt{", "\\frac{1}{", "(", "{", "i", "answer: İ\n", "İ Answer: 3\n", "yes and no ", "\\left("]  # fmt: skip
+    out = {"50,000 <answer>": "<answer>" * 50_000, "50,000 [1,": "[1," * 50_000, "spaces then x": rep(" ") + "x",
+           "answer: spaces": "answer" + rep(" "), "{ after one boxed": "\\boxed{" + rep("{")}  # fmt: skip
+    out.update({unit: rep(unit) for unit in units})
+    for unit in ("1 ", "x^", "a", "\\sqrt{", "[1, "):  # runaway text inside one answer block / one \boxed{}
+        out[f"<answer>{unit}…</answer>"] = f"<think>t</think><answer>{rep(unit)}</answer>"
+        out[f"\\boxed{{{unit}…}}"] = f"\\boxed{{{rep(unit)[:1990]}}}"
+    out["İ then tags"] = rep("İ") + "<think>t</think><answer>3</answer>"
+    return out
+
+
+def realistic_tails(size: int) -> dict[str, str]:
+    """~`size` characters of reasoning, then a real answer of each kind (what a long but honest completion costs)."""
+    reasoning = "<think>" + "Let me look at the image again.\n" * (size // 32) + "</think>"
+    answers = {"number": "−3", "choice": "(B)", "yesno": "Yes", "text": "red", "math-frac": r"\frac{1}{2}",
+               "math-interval": r"\left(\frac{1}{2}, \frac{\sqrt{3}}{2}\right)", "math-poly": "2x^3 + 3x^2 - x + 7",
+               "box": '[{"bbox_2d": [10, 10, 50, 50]}, {"bbox_2d": [61, 60, 91, 90]}]'}  # fmt: skip
+    return {f"long + {k}": f"{reasoning}<answer>{v}</answer>" for k, v in answers.items()}
+
+
+def clear_math_caches() -> None:
+    """math_verify memoises its last parses (lru_cache); clear them so a repeated input is really re-parsed."""
+    import math_verify.parser
+
+    for value in vars(math_verify.parser).values():
+        if hasattr(value, "cache_clear"):
+            value.cache_clear()
+
+
+def time_call(fn, arg, repeat: int, clear: bool = False) -> float:
+    """Median seconds of fn(arg) over `repeat` runs."""
+    times = []
+    for _ in range(repeat):
+        if clear:
+            clear_math_caches()
+        t0 = time.perf_counter()
+        fn(arg)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bench_score(inputs: dict[str, str], repeat: int) -> dict[str, dict]:
+    """Per answer type: the worst median time of one score() with RECIPE over `inputs`."""
+    ctx = RewardContext(box_format="qwen2_5")
+    out = {}
+    for kind, sample in SAMPLES.items():
+        score(["<answer>1</answer>"], [sample], RECIPE, ctx)  # warm-up: imports, the gold parse
+        per_input = {label: time_call(lambda t: score([t], [sample], RECIPE, ctx), text, repeat, clear=True)
+                     for label, text in inputs.items()}  # fmt: skip
+        worst = max(per_input, key=per_input.get)
+        out[kind] = {"worst_ms": per_input[worst] * 1e3, "worst_input": worst}
+    return out
 
 
 PARSERS = {
@@ -66,18 +113,7 @@ PARSERS = {
 }
 
 
-def time_call(fn, arg, repeat: int) -> float:
-    """Median seconds of fn(arg) over `repeat` runs."""
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn(arg)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def bench_parsers(size: int, repeat: int) -> dict[str, dict]:
-    inputs = adversarial(size)
+def bench_parsers(inputs: dict[str, str], repeat: int) -> dict[str, dict]:
     out = {}
     for name, fn in PARSERS.items():
         per_input = {label: time_call(fn, text, repeat) for label, text in inputs.items()}
@@ -86,56 +122,53 @@ def bench_parsers(size: int, repeat: int) -> dict[str, dict]:
     return out
 
 
-def bench_score(n: int) -> dict[str, float]:
-    """Throughput of score() with the default recipes on realistic completions (no math: that is sympy's time)."""
+def bench_throughput(n: int) -> dict[str, float]:
+    """Completions per second of score() with accuracy + format + iou on short, normal completions (no math)."""
     ctx = RewardContext(box_format="qwen2_5")
-    cases = [
-        (Sample("c", "How many?", "3", "number"), "<think>I count three.</think><answer>3</answer>"),
-        (Sample("t", "Colour?", "red", "text"), "<think>It is red.</think><answer>Red</answer>"),
-        (Sample("y", "Is there?", "no", "yesno"), "<think>none seen</think><answer>No</answer>"),
-        (Sample("b", "Locate.", None, "box", boxes=[[10, 10, 50, 50]], image_size=(112, 112)),
-         '<think>top left</think><answer>[{"bbox_2d": [12, 9, 51, 48], "label": "red circle"}]</answer>'),
-    ]  # fmt: skip
+    cases = [(SAMPLES["number"], "<think>I count three.</think><answer>-3</answer>"),
+             (SAMPLES["text"], "<think>It is red.</think><answer>Red</answer>"),
+             (SAMPLES["yesno"], "<think>one seen</think><answer>Yes</answer>"),
+             (SAMPLES["box"], '<think>top left</think><answer>[{"bbox_2d": [12, 9, 51, 48]}]</answer>')]  # fmt: skip
     samples = [cases[i % len(cases)][0] for i in range(n)]
     completions = [cases[i % len(cases)][1] for i in range(n)]
     score(completions[:8], samples[:8], {"accuracy": 1.0}, ctx)  # warm-up: lazy imports (smart_resize)
     t0 = time.perf_counter()
     score(completions, samples, {"accuracy": 1.0, "format": 0.5, "iou": 1.0}, ctx)
     dt = time.perf_counter() - t0
-    big = adversarial(100_000)
-    t1 = time.perf_counter()
-    for text in big.values():
-        for sample, _ in cases:
-            score([text], [sample], {"accuracy": 1.0, "format": 0.5, "iou": 1.0, "giou": 1.0}, ctx)
-    worst_100k = (time.perf_counter() - t1) / (len(big) * len(cases))
-    return {
-        "completions_per_s": n / dt,
-        "us_per_completion": dt / n * 1e6,
-        "mean_ms_100kB_adversarial": worst_100k * 1e3,
-    }
+    return {"completions_per_s": n / dt, "us_per_completion": dt / n * 1e6}
+
+
+def _table(title: str, rows: dict[str, dict], bound: float | None) -> list[str]:
+    lines = [title]
+    for name, r in rows.items():
+        flag = "  <-- over 5 ms" if bound is not None and r["worst_ms"] >= bound else ""
+        lines.append(f"  {name:<22} {r['worst_ms']:9.3f} ms   (worst: {r['worst_input']}){flag}")
+    return lines
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size", type=int, default=100_000, help="characters of each adversarial completion")
-    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--n", type=int, default=20_000, help="completions in the throughput run")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    parsers = bench_parsers(args.size, args.repeat)
-    throughput = bench_score(args.n)
+    inputs, honest = adversarial(args.size), realistic_tails(args.size)
+    result = {"score_adversarial": bench_score(inputs, args.repeat),
+              "score_realistic": bench_score(honest, args.repeat),
+              "parsers": bench_parsers(inputs, args.repeat), "throughput": bench_throughput(args.n)}  # fmt: skip
     if args.json:
-        print(json.dumps({"parsers": parsers, "score": throughput}, indent=2))
+        print(json.dumps(result, indent=2))
         return
-    n_inputs = len(adversarial(args.size))
-    print(f"worst-case time per parser over {n_inputs} adversarial inputs of >= {args.size // 1000} kB (median of "
-          f"{args.repeat} runs)")
-    for name, r in parsers.items():
-        flag = "" if r["worst_ms"] < 5 else "  <-- over 5 ms"
-        print(f"  {name:<22} {r['worst_ms']:8.3f} ms   (worst: {r['worst_input']}){flag}")
-    print(f"score(): {throughput['completions_per_s']:,.0f} completions/s "
-          f"({throughput['us_per_completion']:.1f} us each, accuracy+format+iou); "
-          f"{throughput['mean_ms_100kB_adversarial']:.2f} ms mean per 100 kB adversarial completion, 4 rewards")
+    lines = _table(f"one score() with {', '.join(RECIPE)}: worst of {len(inputs)} adversarial inputs of >= "
+                   f"{args.size // 1000} kB, median of {args.repeat} (bound 5 ms)", result["score_adversarial"], 5.0)
+    lines += _table(f"the same on {len(honest)} long completions ending in a real answer (math: math_verify's "
+                    "LaTeX parser, not the length)", result["score_realistic"], None)
+    lines += _table("each parser alone, worst adversarial input", result["parsers"], 5.0)
+    t = result["throughput"]
+    lines.append(f"score() on short completions: {t['completions_per_s']:,.0f} completions/s "
+                 f"({t['us_per_completion']:.1f} us each, accuracy + format + iou)")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -81,6 +81,14 @@ def test_batch_divisibility_explains_why():
         ("eval.suites=pope,mmmu", "accepted suites"),
         ("train", "section.key=value"),
         ("train=3", "is a section"),
+        # issue #17: each of these was accepted and failed (or silently never learnt) later
+        ("logging.log_every=0", "'logging.log_every' must be >= 1"),
+        ("train.lr=.inf", "'train.lr' must be a finite number, got inf"),
+        ("grpo.beta=.nan", "'grpo.beta' must be a finite number"),
+        ("train.max_grad_norm=-1", "'train.max_grad_norm' must be >= 0"),
+        ("train.save_every=-1", "'train.save_every' must be >= 0"),
+        ("train.max_nonfinite_steps=0", "'train.max_nonfinite_steps' must be >= 1"),
+        ("train.lr=[1", "override 'train.lr=[1' is not valid YAML"),
     ],
 )
 def test_bad_values_fail_with_reason(override, fragment):
@@ -92,3 +100,20 @@ def test_bad_values_fail_with_reason(override, fragment):
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_a_group_of_one_is_refused_for_every_advantage_estimator():
+    for advantage in CHOICES["grpo.advantage"]:  # batch too: it centres on the group mean before scaling
+        with pytest.raises(ConfigError, match=f"grpo.advantage={advantage} included.*never learns"):
+            load_config(None, ["rollout.completions_per_prompt=1", f"grpo.advantage={advantage}"])
+    sft = load_config(None, ["rollout.completions_per_prompt=1", "train.stage=sft", "train.micro_batch_completions=2"])
+    assert sft.rollout.completions_per_prompt == 1  # SFT samples nothing
+
+
+def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("train:\n  lr: 1e-5\n  steps: [3\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    msg = str(e.value)
+    assert f"config file '{path}' is not valid YAML at line 4, column 1" in msg and "<unicode string>" not in msg

@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 from vlgrpo.cli import main
 from vlgrpo.data.adapters import load_samples
-from vlgrpo.data.images import load_image
+from vlgrpo.data.images import image_sha256, load_image
 from vlgrpo.models import load_model
 from vlgrpo.vision_cache import (
     CacheDirError,
@@ -48,7 +48,7 @@ def test_features_equal_the_pixel_path_and_duplicates_are_encoded_once(lm, image
     assert feats[0].embeds.shape == (16, 128)  # 8*8 / 2*2 merged tokens, LM hidden 128
     assert feats[2] is feats[0]
     assert cache.stats() == {"hits": 0, "misses": 2, "encoder_calls": 1, "images_encoded": 2, "disk_hits": 0,
-                             "corrupt": 0, "bytes": 2 * (16 * 128 * 4 + 3 * 8)}  # fmt: skip
+                             "corrupt": 0, "write_errors": 0, "bytes": 2 * (16 * 128 * 4 + 3 * 8)}  # fmt: skip
     # bytes of the same image under another path are the same cache entry
     cache.get([b, c, open(a, "rb").read()])
     s = cache.stats()
@@ -173,3 +173,38 @@ def test_cli_cache_stats_and_clear(lm, images, tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     with pytest.raises(CacheDirError, match="vision_cache_dir"):
         disk_stats(disk)
+
+
+def test_an_entry_copied_over_another_key_is_not_served(lm, images, tmp_path):
+    disk = tmp_path / "vc"
+    a, b = images[:2]
+    first = VisionCache(lm.model, lm.processor, disk_dir=disk)
+    fa, fb = first.get([a, b])
+    assert not torch.equal(fa.embeds, fb.embeds)
+    path_a, path_b = (first._path(first.key(image_sha256(x))) for x in (a, b))
+    shutil.copyfile(path_a, path_b)  # a valid entry (checksum and shapes fine) under B's name
+    cache = VisionCache(lm.model, lm.processor, disk_dir=disk)
+    (got,) = cache.get([b])
+    assert torch.equal(got.embeds, fb.embeds)  # B's own features, recomputed: A's entry was refused
+    s = cache.stats()
+    assert (s["corrupt"], s["disk_hits"], s["images_encoded"]) == (1, 0, 1)
+    assert read_entry(path_b, key=cache.key(image_sha256(b))) is not None  # rewritten under its own key
+
+
+def test_a_cache_write_that_fails_is_skipped_and_counted(lm, images, tmp_path, monkeypatch, capsys):
+    import errno
+
+    import safetensors.torch
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", disk_full)
+    disk = tmp_path / "vc"
+    cache = VisionCache(lm.model, lm.processor, disk_dir=disk)
+    feats = cache.get(images[:3])
+    assert len(feats) == 3 and cache.stats()["write_errors"] == 3  # served from memory all the same
+    assert not list(disk.rglob("*.safetensors")) and not list(disk.rglob(".tmp-*"))
+    err = capsys.readouterr().err
+    assert err.count("not written") == 1 and "No space left on device" in err and str(disk) in err
+    assert cache.get(images[:1])[0] is feats[0] and cache.stats()["hits"] == 1

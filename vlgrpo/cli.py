@@ -91,6 +91,7 @@ def add_data_command(sub) -> None:
     synth.add_argument("--kinds", default="count,colour,exist,ground", help="question kinds, comma-separated")
     synth.add_argument("--max-shapes", type=int, default=6, help="most shapes per scene (1-6)")
     synth.set_defaults(handler=_cmd_synth)
+    _add_data_convert(dsub)
     _add_data_pope(dsub)
     _add_data_doctor(dsub)
 
@@ -155,13 +156,15 @@ def add_reward_command(sub) -> None:
 def _cmd_reward(args) -> int:
     import dataclasses
 
+    from vlgrpo.data.images import DEFAULT_GEOMETRY
     from vlgrpo.rewards import RewardContext, context_from_config
     from vlgrpo.rewards.explain import explain, format_report, load_sample, read_completion, read_recipe
 
     sample = load_sample(args.sample, args.index, args.id)
     recipe, cfg = read_recipe(args.recipe, sample.answer_type)
-    # Without a run config the completion is read as Qwen2.5-VL output (the default model family).
-    ctx = RewardContext(box_format="qwen2_5")
+    # Without a run config the completion is read as Qwen2.5-VL output (the default model family), resized as the
+    # released processors resize (the geometry rewards, doctor and prompts share).
+    ctx = RewardContext(box_format="qwen2_5", geometry=DEFAULT_GEOMETRY)
     if cfg is not None:
         ctx = context_from_config(cfg, arch="qwen2_5_vl" if cfg.model.arch == "auto" else None)
     flags = {"box_format": args.box_format, "answer_format": args.answer_format, "gate_accuracy_on_format": args.gate}
@@ -222,6 +225,42 @@ def _cmd_plan(args) -> int:
     inp = dataclasses.replace(inp, **{k: v for k, v in changes.items() if v is not None})
     report = build_report(inp, args.gpu_type)
     return _emit(report, args.json, format_report)
+
+
+def _add_data_convert(dsub) -> None:
+    from vlgrpo.data.presets import PRESETS
+
+    p = dsub.add_parser(
+        "convert", help="rewrite a dataset in another project's shape (LLaVA, chat messages, R1-V, EasyR1) as JSONL",
+        description="Reads SRC through a preset (or a column mapping), infers each row's answer_type (numbers, option "
+        "letters, yes/no, math, boxes), converts boxes to original-image pixels and writes vlgrpo JSONL; embedded "
+        "images go to OUT_images/. Prints what was inferred, assumed and skipped (several images, several turns, no "
+        "image) by row. Exit status 1 when a row is malformed. Presets: "
+        + "; ".join(f"{name}: {fn.__doc__.splitlines()[0].rstrip('.')}" for name, fn in PRESETS.items()),
+    )  # fmt: skip
+    p.add_argument("source", help="a .json / .jsonl file, a .parquet file or a saved HF dataset directory")
+    p.add_argument("--preset", choices=list(PRESETS), help="the row shape of SRC (data.preset in a run config)")
+    p.add_argument("--columns", help="renames target=source,... applied first; without --preset the targets are row "
+                   "fields, e.g. question=problem,answer=solution,image=img (data.columns)")  # fmt: skip
+    p.add_argument("--out", required=True, help="the JSONL file to write")
+    p.add_argument("--image-root", help="directory the rows' image paths are relative to (default: SRC's directory)")
+    p.add_argument("--split", default="train", help="split of a saved DatasetDict (default train)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (every row number)")
+    p.set_defaults(handler=_cmd_data_convert)
+
+
+def _cmd_data_convert(args) -> int:
+    from vlgrpo.data.convert import conversion_summary, convert_dataset, format_summary
+    from vlgrpo.data.presets import parse_columns
+    from vlgrpo.types import InputError
+
+    if not args.preset and not args.columns:
+        raise InputError("vlgrpo data convert needs --preset NAME or --columns target=source,...")
+    columns = parse_columns(args.columns) if args.columns else None
+    result = convert_dataset(args.source, args.out, args.preset or "none", columns, args.image_root, args.split)
+    summary = conversion_summary(result)
+    print(json.dumps(summary, indent=2) if args.json else format_summary(summary, args.source, args.out))
+    return 1 if summary["invalid"] else 0
 
 
 def _add_data_doctor(dsub) -> None:

@@ -1,5 +1,7 @@
 """Vision-encoder features keyed by (image sha256, vision-weights version, processor fingerprint), so every image is
-encoded once per weights version: an in-memory LRU with a byte budget in front of an optional on-disk store.
+encoded once per weights version: an in-memory LRU with a byte budget in front of an optional on-disk store. A disk
+entry carries its own key and checksum (a file copied over another key is never served); a disk write that fails
+(full, read-only) is skipped and counted, and the run goes on.
 
 Knows the model only through its vision tower (`visual`, merger included); knows nothing of prompts or rollout.
 """
@@ -10,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
+import sys
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -21,10 +24,10 @@ from torch import Tensor
 from vlgrpo.data.images import ProcessorGeometry, image_sha256, load_image
 from vlgrpo.types import InputError
 
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"  # 2: entries carry their key
 SUFFIX = ".safetensors"
 TMP_PREFIX = ".tmp-"
-STAT_KEYS = ("hits", "misses", "encoder_calls", "images_encoded", "bytes", "disk_hits", "corrupt")
+STAT_KEYS = ("hits", "misses", "encoder_calls", "images_encoded", "bytes", "disk_hits", "corrupt", "write_errors")
 
 
 @dataclass
@@ -136,6 +139,7 @@ class VisionCache:
         self.step = 0
         self._lru: OrderedDict[str, ImageFeatures] = OrderedDict()
         self._bytes = 0
+        self._write_warned = False
         self.reset_stats()
 
     # -- versioning
@@ -234,8 +238,8 @@ class VisionCache:
         path = self._path(k)
         if not path.is_file():
             return None
-        feats = read_entry(path, self.merge)
-        if feats is None:  # corrupt or truncated: count it, delete it, recompute
+        feats = read_entry(path, self.merge, key=k)
+        if feats is None:  # corrupt, truncated or another key's entry: count it, delete it, recompute
             self._stats["corrupt"] += 1
             path.unlink(missing_ok=True)
             return None
@@ -245,18 +249,30 @@ class VisionCache:
         return feats
 
     def _disk_put(self, k: str, sha: str, feats: ImageFeatures) -> None:
+        """Write one entry atomically. A failed write (disk full, read-only) is skipped and counted in
+        `write_errors`, reported once per cache; the features stay in memory and the run goes on."""
         if self.disk_dir is None or self.trainable:
             return
+        from safetensors import SafetensorError
         from safetensors.torch import save_file
 
         path = self._path(k)
-        path.parent.mkdir(parents=True, exist_ok=True)
         embeds, grid = feats.embeds.detach().cpu().contiguous(), feats.grid_thw.cpu().contiguous()
-        meta = {"format": FORMAT_VERSION, "image_sha256": sha, "vision": self.version,
+        meta = {"format": FORMAT_VERSION, "key": k, "image_sha256": sha, "vision": self.version,
                 "processor": self.processor_fp, "sha256": _checksum(embeds, grid)}  # fmt: skip
         tmp = path.parent / f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex}{SUFFIX}"
-        save_file({"embeds": embeds, "grid_thw": grid}, str(tmp), metadata=meta)
-        os.replace(tmp, path)  # atomic: readers see the old state or the whole new file, never half of it
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            save_file({"embeds": embeds, "grid_thw": grid}, str(tmp), metadata=meta)
+            os.replace(tmp, path)  # atomic: readers see the old state or the whole new file, never half of it
+        except (OSError, SafetensorError) as e:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            if not self._write_warned:
+                print(f"[vlgrpo] warning: vision cache entry '{path}' not written ({e}); entries that cannot be "
+                      "written are skipped and counted in vision/write_errors", file=sys.stderr)  # fmt: skip
+                self._write_warned = True
+            self._stats["write_errors"] += 1
 
     # -- counters
 
@@ -268,8 +284,9 @@ class VisionCache:
         self._stats = {k: 0 for k in STAT_KEYS if k != "bytes"}
 
 
-def read_entry(path: Path, merge_size: int = 2) -> ImageFeatures | None:
-    """Load one disk entry and verify its checksum and shapes; None if it is corrupt, truncated or foreign."""
+def read_entry(path: Path, merge_size: int = 2, key: str | None = None) -> ImageFeatures | None:
+    """Load one disk entry and verify its checksum, shapes and (given `key`) the key it was written under; None if it
+    is corrupt, truncated, foreign or another key's entry copied here."""
     from safetensors import safe_open
 
     try:
@@ -279,6 +296,8 @@ def read_entry(path: Path, merge_size: int = 2) -> ImageFeatures | None:
     except Exception:  # noqa: BLE001 - any unreadable file is a corrupt entry, whatever safetensors raises
         return None
     if meta.get("sha256") != _checksum(embeds, grid) or grid.shape != (3,) or embeds.dim() != 2:
+        return None
+    if key is not None and meta.get("key") != key:
         return None
     if embeds.shape[0] != int(grid.prod()) // merge_size**2:
         return None

@@ -105,3 +105,13 @@ def test_write_jsonl_round_trip(tmp_path, shapes_dir):
     write_jsonl(samples, tmp_path / "copy.jsonl")
     again = load_samples(tmp_path / "copy.jsonl").samples
     assert [s.to_dict() for s in again] == [s.to_dict() for s in samples]
+
+
+def test_a_json_array_file_is_read_element_by_element(tmp_path):
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps([_row(), _row(id="b", answer_type="nope")], indent=2))  # LLaVA's .json layout
+    result = load_samples(path, errors="skip")
+    assert [s.id for s in result.samples] == ["a"] and [(e.row, e.field) for e in result.errors] == [(2, "answer_type")]
+    path.write_text('[\n  {"id": "a",\n   "image": }\n]')
+    with pytest.raises(DataError, match=r"d.json, row 3: malformed JSON array \(Expecting value at line 3"):
+        load_samples(path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from vlgrpo.data.images import ProcessorGeometry
 from vlgrpo.evals.grounding import box_iou, grounding_metrics
 from vlgrpo.evals.vqa import check_gold, judge, ungated, vqa_metrics
 from vlgrpo.rewards import RewardContext
@@ -16,9 +17,9 @@ def _box(sid: str, gold, size=None, task: str = "") -> Sample:
     return Sample(sid, "Locate it.", answer_type="box", boxes=boxes, image_size=size, task=task)
 
 
-def _grounding(pairs, box_format: str):
+def _grounding(pairs, box_format: str, geometry=None):
     """(metrics, counts, ious) of [(completion, sample)] under one box convention."""
-    ctx = RewardContext(box_format=box_format)
+    ctx = RewardContext(box_format=box_format, geometry=geometry)
     scored = [box_iou(text, s, ctx) for text, s in pairs]
     ious = [v for v, _ in scored]
     metrics, counts = grounding_metrics(ious, [b is not None for _, b in scored], [s.task for _, s in pairs])
@@ -50,12 +51,13 @@ def test_qwen2_boxes_on_0_1000_are_converted_to_pixels():
 
 
 def test_qwen2_5_resized_pixel_boxes_are_mapped_back_before_iou():
-    # 2800x1400 is resized to 1400x700 (scale 2); 500x300 to 504x308 (x 500/504, y 300/308: per-axis scales).
+    # With model.max_pixels = 1,003,520 (28*28*1280), 2800x1400 is resized to 1400x700 (scale 2); 500x300 to
+    # 504x308 (x 500/504, y 300/308: per-axis scales).
     pairs = [
         ('<answer>[{"bbox_2d": [0, 0, 700, 700]}]</answer>', _box("big", [0, 0, 1400, 1400], (2800, 1400))),
         ('<answer>{"bbox_2d": [0, 0, 504, 154]}</answer>', _box("small", [0, 0, 500, 300], (500, 300))),
     ]
-    metrics, _, ious = _grounding(pairs, "qwen2_5")
+    metrics, _, ious = _grounding(pairs, "qwen2_5", ProcessorGeometry(max_pixels=1_003_520))
     assert ious == [1.0, 0.5]  # (0,0,1400,1400) and (0,0,500,150) in original pixels
     assert metrics == {"acc50": 1.0, "acc75": 0.5, "miou": 0.75, "parse_fail": 0.0}
     # Read without the conversion the same answers score 700²/1400² = 0.25 and 77000/150616.

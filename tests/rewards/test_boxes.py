@@ -107,3 +107,32 @@ def test_ambiguous_answer_blocks_give_no_boxes():
     text = "<answer>[0, 0, 10, 10]</answer><answer>[0, 0, 10, 10]</answer>"
     assert predicted_boxes(text, sample, RewardContext()) == []
     assert iou(text, sample, RewardContext()) == 0.0
+
+
+def test_default_geometry_is_the_released_processors():
+    """1920x1080 (2,073,600 px) is under the released processors' 12,845,056 px, so it is only rounded to
+    multiples of 28: round(1080/28) = 39 -> 1092, round(1920/28) = 69 -> 1932. (transformers' class default of
+    1,003,520 px would shrink it to 728 x 1316.)"""
+    from vlgrpo.data.doctor import HUB_GEOMETRY
+    from vlgrpo.data.images import DEFAULT_GEOMETRY, checkpoint_geometry
+
+    assert (DEFAULT_GEOMETRY.min_pixels, DEFAULT_GEOMETRY.max_pixels) == (3136, 12_845_056)
+    assert ProcessorGeometry() == DEFAULT_GEOMETRY and HUB_GEOMETRY is DEFAULT_GEOMETRY  # the doctor's too
+    assert DEFAULT_GEOMETRY.resized_hw(1080, 1920) == (1092, 1932)
+    assert checkpoint_geometry("Qwen/Qwen2.5-VL-7B-Instruct")[0] == DEFAULT_GEOMETRY
+    assert checkpoint_geometry("Qwen/Qwen2.5-VL-7B-Instruct", None, 401_408)[0].max_pixels == 401_408
+
+
+def test_qwen2_5_box_on_full_hd_restating_the_gold_scores_1_by_default():
+    """Gold [480, 270, 1440, 810]; in the 1932 x 1092 resized input the model writes it as
+    [480 * 1932/1920, 270 * 1092/1080, ...] = [483, 273, 1449, 819]. RewardContext() and a config without a model
+    must map it back exactly."""
+    from vlgrpo.config import load_config
+    from vlgrpo.rewards import context_from_config
+
+    sample = _box_sample([[480, 270, 1440, 810]], size=(1920, 1080))
+    text = '<answer>[{"bbox_2d": [483, 273, 1449, 819], "label": "car"}]</answer>'
+    for ctx in (RewardContext(box_format="qwen2_5"),
+                context_from_config(load_config(overrides=["model.arch=qwen2_5_vl"]))):  # fmt: skip
+        assert predicted_boxes(text, sample, ctx) == [pytest.approx((480.0, 270.0, 1440.0, 810.0))]
+        assert iou(text, sample, ctx) == pytest.approx(1.0)

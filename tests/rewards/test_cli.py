@@ -92,3 +92,16 @@ def test_completion_from_file(shapes_dir, capsys, tmp_path):
     path.write_text(f"<think>looked\ncarefully</think>\n<answer>{row['answer'].capitalize()}.</answer>\n")
     code, out, _ = _run(capsys, "--sample", json.dumps(row), "--completion", f"@{path}", "--json")
     assert code == 0 and json.loads(out)["total"] == pytest.approx(1.5)
+
+
+def test_without_a_config_boxes_use_the_released_processor_geometry(capsys):
+    """A 1920 x 1080 image is resized to 1932 x 1092 by the released Qwen2.5-VL processors (round(1920/28) = 69,
+    round(1080/28) = 39 patches of 28): the gold [480, 270, 1440, 810] written in that space is
+    [483, 273, 1449, 819]."""
+    row = {"id": "hd", "question": "Where is the car?", "answer_type": "box", "boxes": [[480, 270, 1440, 810]],
+           "image": "car.png", "image_size": [1920, 1080]}  # fmt: skip
+    completion = '<think>t</think><answer>[{"bbox_2d": [483, 273, 1449, 819], "label": "car"}]</answer>'
+    code, out, _ = _run(capsys, "--sample", json.dumps(row), "--completion", completion, "--json")
+    report = json.loads(out)
+    assert code == 0 and report["predicted_boxes"] == [[480.0, 270.0, 1440.0, 810.0]]
+    assert report["components"] == {"iou": 1.0, "format": 1.0}

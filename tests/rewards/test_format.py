@@ -1,8 +1,12 @@
-"""The format reward: strict think/answer structure and the answer-only variant."""
+"""The format reward: strict think/answer structure, the answer-only variant, and an answer that parses for the
+row's answer type (reward.format_requires_answer)."""
 
 import pytest
 
+from vlgrpo.config import load_config
+from vlgrpo.rewards import RewardContext, context_from_config, score
 from vlgrpo.rewards.format import answer_only_ok, format_ok, think_answer_ok
+from vlgrpo.types import Sample
 
 
 @pytest.mark.parametrize(
@@ -52,3 +56,36 @@ def test_answer_only(text, expected):
 def test_unknown_answer_format_is_named():
     with pytest.raises(ValueError, match="'json' is not accepted; use one of: think_answer, answer"):
         format_ok("<answer>3</answer>", "json")
+
+
+ROWS = {
+    "number": Sample("n", "How many?", "3", "number"),
+    "choice": Sample("c", "Which?", "B", "choice"),
+    "yesno": Sample("y", "Is there?", "yes", "yesno"),
+    "math": Sample("m", "Half?", "0.5", "math"),
+    "box": Sample("b", "Where?", None, "box", boxes=[[10, 10, 50, 50]], image_size=(112, 112)),
+    "text": Sample("t", "Colour?", "red", "text"),
+}
+PARSABLE = {"number": "−7", "choice": "(D)", "yesno": "No.", "math": r"\frac{3}{4}", "box": "[1, 2, 3, 4]",
+            "text": "banana"}  # wrong answers, but answers of the right kind  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", list(ROWS))
+def test_format_needs_an_answer_of_the_rows_type(kind):
+    """`<answer>banana</answer>` farmed the full format reward on every row type; now only text accepts it."""
+    ctx = RewardContext(box_format="qwen2_5")
+    think = "<think>looked</think><answer>{}</answer>"
+    batch = score([think.format("banana"), think.format(PARSABLE[kind]), think.format("3 or 4")], [ROWS[kind]] * 3,
+                  {"format": 1.0}, ctx)  # fmt: skip
+    hedge_parses = kind in ("text", "math")  # for math_verify "3 or 4" is the set {3, 4}
+    assert batch.components["format"] == [1.0 if kind == "text" else 0.0, 1.0, 1.0 if hedge_parses else 0.0]
+    assert batch.failures == []
+
+
+def test_format_requires_answer_is_a_config_switch():
+    cfg = load_config()
+    assert cfg.reward.format_requires_answer is True and RewardContext().format_requires_answer is True
+    off = context_from_config(load_config(overrides=["reward.format_requires_answer=false", "reward.box_format=plain"]))
+    assert off.format_requires_answer is False
+    banana = "<think>t</think><answer>banana</answer>"
+    assert score([banana], [ROWS["number"]], {"format": 1.0}, off).components["format"] == [1.0]

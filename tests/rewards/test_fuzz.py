@@ -87,8 +87,9 @@ def test_every_builtin_reward_stays_in_range_without_failures(text):
 @settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(TEXTS)
 def test_math_reward_never_fails_on_junk(text):
-    batch = score([text], [Sample("m", "1/2?", "0.5", "math")], {"accuracy": 1.0}, RewardContext())
+    batch = score([text], [Sample("m", "1/2?", "0.5", "math")], {"accuracy": 1.0, "format": 0.5}, RewardContext())
     assert batch.failures == [] and batch.components["accuracy"][0] in (0.0, 1.0)
+    assert batch.components["format"][0] in (0.0, 1.0)
 
 
 def _adversarial(size: int = 100_000) -> dict[str, str]:
@@ -126,8 +127,10 @@ def test_100kB_adversarial_completions_parse_in_linear_time():
 
 def test_100kB_adversarial_completion_scores_without_failure():
     ctx = RewardContext(box_format="qwen2_5")
-    for label, text in _adversarial().items():
-        batch = score([text] * len(SAMPLES), SAMPLES, RECIPE, ctx)
+    samples = [*SAMPLES, Sample("m", "Half?", r"\frac{1}{2}", "math")]
+    inputs = {**_adversarial(), "x^": "x^" * 50_000, "$x^": "$x^" * 33_000, "1 1": "1 " * 50_000}
+    for label, text in inputs.items():
+        batch = score([text] * len(samples), samples, RECIPE, ctx)
         assert batch.failures == [], label
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from vlgrpo.data.adapters import load_samples
 from vlgrpo.models import load_model

@@ -8,7 +8,6 @@ import types
 from types import SimpleNamespace as NS
 
 import pytest
-import torch
 from PIL import Image
 
 from vlgrpo.rollout.base import SamplingParams

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import typing
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"config key '{key}' must be a number, got {value!r}")
+        if not math.isfinite(value):  # .inf / .nan would only surface later, as a NaN loss
+            raise ConfigError(f"config key '{key}' must be a finite number, got {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
@@ -88,13 +91,24 @@ def _dotted_to_nested(overrides: list[str]) -> dict[str, Any]:
         if "=" not in item:
             raise ConfigError(f"override '{item}' must look like section.key=value (e.g. train.lr=1e-5)")
         path, raw = item.split("=", 1)
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = _parse_yaml(raw, f"override '{item}'") if raw.strip() else ""
         node = nested
         parts = path.strip().split(".")
         for p in parts[:-1]:
             node = node.setdefault(p, {})
         node[parts[-1]] = value
     return nested
+
+
+def _parse_yaml(text: str, source: str) -> Any:
+    """YAML text -> data; a syntax error names `source` (the file or the override) and the line and column."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(f"{source} is not valid YAML{where}: {problem}") from None
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
@@ -104,7 +118,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file '{path}' does not exist")
-        data = yaml.safe_load(path.read_text()) or {}
+        data = _parse_yaml(path.read_text(), f"config file '{path}'") or {}
         if not isinstance(data, dict):
             raise ConfigError(f"config file '{path}' must hold a mapping of sections, got {type(data).__name__}")
         try:
@@ -137,14 +151,10 @@ def get_key(cfg: Config, dotted: str) -> Any:
 # ---------------------------------------------------------------- validation that explains why
 
 
-def validate(cfg: Config) -> None:
-    """Reject invalid values and combinations with a message naming the key, accepted values and why."""
-    for key, accepted in CHOICES.items():
-        value = get_key(cfg, key)
-        if value not in accepted:
-            raise ConfigError(f"config key '{key}' = {value!r} is not accepted; use one of: {', '.join(accepted)}")
+def _range_checks(cfg: Config) -> list[tuple[bool, str, str]]:
+    """(holds, key, why) for every key whose value has a range."""
     r, t, g = cfg.rollout, cfg.train, cfg.grpo
-    checks = [
+    return [
         (r.completions_per_prompt >= 1, "rollout.completions_per_prompt", "must be >= 1"),
         (t.prompts_per_step >= 1, "train.prompts_per_step", "must be >= 1"),
         (t.micro_batch_completions >= 1, "train.micro_batch_completions", "must be >= 1"),
@@ -153,6 +163,12 @@ def validate(cfg: Config) -> None:
         (0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]"),
         (t.steps >= 0, "train.steps", "must be >= 0"),
         (t.lr > 0, "train.lr", "must be > 0"),
+        (t.max_grad_norm >= 0, "train.max_grad_norm", "must be >= 0 (0 disables clipping)"),
+        (t.save_every >= 0, "train.save_every", "must be >= 0 (0: checkpoint only at the end)"),
+        (t.warmup_steps >= 0, "train.warmup_steps", "must be >= 0"),
+        (t.max_nonfinite_steps >= 1, "train.max_nonfinite_steps", "must be >= 1"),
+        (cfg.logging.log_every >= 1, "logging.log_every", "must be >= 1 (1 logs every step)"),
+        (cfg.eval.every_steps >= 0, "eval.every_steps", "must be >= 0 (0 disables)"),
         (g.clip_low >= 0 and g.clip_high >= 0, "grpo.clip_low/clip_high", "must be >= 0"),
         (g.beta >= 0, "grpo.beta", "must be >= 0"),
         (g.num_iterations >= 1, "grpo.num_iterations", "must be >= 1"),
@@ -162,12 +178,23 @@ def validate(cfg: Config) -> None:
         (0 < r.vllm.gpu_memory_utilization <= 1, "rollout.vllm.gpu_memory_utilization", "must be in (0, 1]"),
         (cfg.data.max_prompt_length >= 1, "data.max_prompt_length", "must be >= 1"),
     ]
-    for ok, key, why in checks:
+
+
+def validate(cfg: Config) -> None:
+    """Reject invalid values and combinations with a message naming the key, accepted values and why."""
+    for key, accepted in CHOICES.items():
+        value = get_key(cfg, key)
+        if value not in accepted:
+            raise ConfigError(f"config key '{key}' = {value!r} is not accepted; use one of: {', '.join(accepted)}")
+    r, t, g = cfg.rollout, cfg.train, cfg.grpo
+    for ok, key, why in _range_checks(cfg):
         if not ok:
             raise ConfigError(f"config key '{key}' {why} (got {get_key(cfg, key) if '/' not in key else ''})")
-    if t.stage == "grpo" and g.advantage != "batch" and r.completions_per_prompt < 2:
+    if t.stage == "grpo" and r.completions_per_prompt < 2:
         raise ConfigError(
-            "rollout.completions_per_prompt must be >= 2 for GRPO: a group of one has no baseline to compare with"
+            f"rollout.completions_per_prompt must be >= 2 for GRPO (got {r.completions_per_prompt}): every advantage "
+            f"estimator (grpo.advantage={g.advantage} included) subtracts the group's mean reward, so a group of one "
+            "has advantage 0 and never learns"
         )
     total = t.prompts_per_step * r.completions_per_prompt
     if total % t.micro_batch_completions:

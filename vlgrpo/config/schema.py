@@ -47,6 +47,13 @@ class DataConfig:
     """Held-out test set, used by `vlgrpo eval` and the demo's before/after report."""
     format: str = "auto"
     """Adapter: auto (from the path), jsonl, hf, parquet or folder."""
+    preset: str = "none"
+    """Row shape of the data files: none (vlgrpo's row schema), llava (`conversations`), messages (chat messages with
+    image parts), r1v (R1-V / VLM-R1 / Visual-RFT `problem` + `solution`) or easyr1 (`images`, `problem`, `answer`);
+    see docs/adapt-your-dataset.md."""
+    columns: dict[str, str] = field(default_factory=dict)
+    """Column renames {target: source} applied before the preset; without one the targets are row fields, e.g.
+    {question: problem, answer: solution}."""
     max_samples: int | None = None
     """Use at most this many training samples (None: all)."""
     shuffle: bool = True
@@ -118,6 +125,9 @@ class RewardConfig:
     """Box convention of the model's output: auto (from model.arch), qwen2, qwen2_5, qwen3 or plain."""
     gate_accuracy_on_format: bool = False
     """Count accuracy only when the format holds (closes the format-up, accuracy-flat hack)."""
+    format_requires_answer: bool = True
+    """The format reward also needs an answer that parses for the row's answer_type: a number, an option letter,
+    yes/no, a math_verify expression, a box, or non-empty text (so `<answer>banana</answer>` cannot farm it)."""
     number_atol: float = 0.0
     """Absolute tolerance of numeric answers."""
     number_rtol: float = 0.0
@@ -206,12 +216,17 @@ class TrainConfig:
     """AdamW weight decay."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm (0 disables)."""
+    max_nonfinite_steps: int = 3
+    """Stop the run after this many steps in a row whose loss or gradient was NaN/inf (each one's optimiser step is
+    skipped and counted in train/nonfinite_steps); the newest checkpoint is kept."""
     seed: int = 0
     """Seed of data order, sampling and initialisation."""
     output_dir: str = "runs/default"
     """Run directory: resolved config, metrics.jsonl, checkpoints."""
-    save_every: int = 0
-    """Checkpoint every N steps (0: only at the end)."""
+    save_every: int = 25
+    """Checkpoint every N steps (0: only at the end), so a killed run resumes near where it stopped. A tiny run's
+    checkpoint takes milliseconds; a 7B ZeRO-3 one holds ~110 GB (weights and Adam states) and takes a few minutes to
+    write and checksum: its recipes set their own (docs/reliability.md)."""
     resume: bool = True
     """Resume from the newest checkpoint in output_dir when one exists."""
     num_gpus: int = 1
@@ -266,6 +281,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.dtype": ("float32", "bfloat16", "float16"),
     "model.attn_implementation": ("sdpa", "eager", "flash_attention_2"),
     "data.format": ("auto", "jsonl", "hf", "parquet", "folder"),
+    "data.preset": ("none", "llava", "messages", "r1v", "easyr1"),  # vlgrpo.data.presets.PRESETS; a test pins both
     "data.answer_format": ("think_answer", "answer"),
     "rollout.engine": ("hf", "vllm"),
     "rollout.vllm.placement": ("colocate", "split"),

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from vlgrpo.data.presets import ConversionReport, RowSkipped, convert_rows
 from vlgrpo.data.schema import DataError, sample_from_dict
 from vlgrpo.types import Sample
 
@@ -23,7 +24,10 @@ LABEL_FILES = ("labels.jsonl", "labels.csv")
 class LoadResult:
     samples: list[Sample]
     errors: list[DataError] = field(default_factory=list)
-    """Rows that were skipped (errors="skip"), each naming its file, row and field."""
+    """Rows that were skipped (errors="skip"), each naming its file, row and field; a preset's RowSkipped rows
+    (several images, several turns, ...) are always here, whatever `errors`."""
+    conversion: ConversionReport | None = None
+    """What the preset inferred and assumed, when one was used."""
 
 
 def detect_format(path: str | Path) -> str:
@@ -48,7 +52,22 @@ def detect_format(path: str | Path) -> str:
 
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
-    """(1-based line number, parsed row); blank lines are skipped, malformed JSON raises with the line number."""
+    """(1-based line number, parsed row); blank lines are skipped, malformed JSON raises with the line number.
+    A file holding one JSON array (LLaVA's and VLM-R1's .json files) yields its elements, numbered from 1."""
+    with path.open(encoding="utf-8") as f:
+        head = f.read(4096).lstrip()[:1]
+    if head == "[":
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            if e.msg != "Extra data":  # "Extra data": several values, i.e. JSONL whose first row is a list
+                yield e.lineno, DataError(str(path), e.lineno, None, f"malformed JSON array ({e.msg} at line "
+                                          f"{e.lineno}, column {e.colno})")  # fmt: skip
+                return
+            rows = None
+        if isinstance(rows, list):
+            yield from enumerate(rows, start=1)
+            return
     with path.open(encoding="utf-8") as f:
         for no, line in enumerate(f, start=1):
             if not line.strip():
@@ -113,9 +132,12 @@ def _folder_rows(folder: Path) -> tuple[Path, Iterator[tuple[int, Any]]]:
 
 def load_samples(
     source: str | Path | Any, format: str = "auto", errors: str = "raise", split: str = "train",
-    max_samples: int | None = None,
+    max_samples: int | None = None, preset: str = "none", columns: dict[str, str] | None = None,
+    image_root: str | Path | None = None,
 ) -> LoadResult:  # fmt: skip
-    """Read a dataset into Samples. errors="raise" fails on the first bad row; "skip" reports and skips it."""
+    """Read a dataset into Samples. errors="raise" fails on the first bad row; "skip" reports and skips it.
+    `preset` / `columns` read rows in another project's shape (vlgrpo.data.presets); `image_root` is the directory
+    relative image paths resolve against (default: the file's directory)."""
     if errors not in ("raise", "skip"):
         raise ValueError(f"errors must be 'raise' or 'skip', got {errors!r}")
     if format not in FORMATS:
@@ -133,14 +155,18 @@ def load_samples(
     else:
         label_file, rows = _folder_rows(Path(source))
         base, name = Path(source), str(label_file)
+    base = Path(image_root) if image_root is not None else base
     result = LoadResult(samples=[])
+    if preset != "none" or columns:
+        result.conversion = ConversionReport(preset)
+        rows = convert_rows(rows, preset, columns or {}, name, base, result.conversion)
     for no, row in rows:
         try:
             if isinstance(row, DataError):
                 raise row
             result.samples.append(sample_from_dict(row, name, no, base))
         except DataError as e:
-            if errors == "raise":
+            if errors == "raise" and not isinstance(e, RowSkipped):
                 raise
             result.errors.append(e)
         if max_samples is not None and len(result.samples) >= max_samples:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from vlgrpo.data.adapters import _folder_rows, _hf_rows, _load_hf, detect_format, iter_jsonl
-from vlgrpo.data.images import ImageError, ProcessorGeometry, image_size, load_image
+from vlgrpo.data.images import DEFAULT_GEOMETRY, ImageError, ProcessorGeometry, image_size, load_image
 from vlgrpo.data.prompts import instruction
 from vlgrpo.data.schema import DataError, sample_from_dict
 from vlgrpo.types import Sample
@@ -31,8 +31,8 @@ DEFAULT_SYSTEM_TOKENS = 6
 CHARS_PER_TOKEN = 3
 """Text estimate: Qwen's BPE averages ~4 characters per English token; 3 errs on the long side."""
 PLACEHOLDERS = ("<|image_pad|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|video_pad|>")
-HUB_GEOMETRY = ProcessorGeometry(min_pixels=3136, max_pixels=12845056)
-"""Resize bounds in the released Qwen2-VL / Qwen2.5-VL checkpoints' preprocessor_config.json (up to 16,384 tokens)."""
+HUB_GEOMETRY = DEFAULT_GEOMETRY
+"""The released Qwen2-VL / Qwen2.5-VL processors' geometry (up to 16,384 tokens); defined once in data.images."""
 SKEW_TYPES, SKEW_MIN_SAMPLES, SKEW_SHARE = ("yesno", "choice"), 20, 0.75
 CORRECTNESS = ("accuracy", "iou", "iou_threshold", "giou")
 
@@ -62,7 +62,7 @@ class DoctorSettings:
     """What the checks compare against: the processor geometry and the run's prompt settings."""
 
     geometry: ProcessorGeometry = HUB_GEOMETRY
-    geometry_source: str = "Qwen hub defaults"
+    geometry_source: str = "released Qwen processor defaults"
     max_prompt_length: int = 1024
     answer_format: str = "think_answer"
     box_format: str = "qwen2_5"

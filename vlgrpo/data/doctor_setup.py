@@ -7,44 +7,18 @@ Rewards are a peer layer of data: they are imported lazily inside these function
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 from vlgrpo.data.doctor import (
-    CORRECTNESS, ERROR, HUB_GEOMETRY, WARNING, DoctorReport, DoctorSettings, GoldCheck, run_doctor,
+    CORRECTNESS, ERROR, WARNING, DoctorReport, DoctorSettings, GoldCheck, run_doctor,
 )  # fmt: skip
-from vlgrpo.data.images import ProcessorGeometry
+from vlgrpo.data.images import checkpoint_geometry
 from vlgrpo.types import Sample
 
-
-def processor_geometry(
-    name_or_path: str, min_pixels: int | None, max_pixels: int | None
-) -> tuple[ProcessorGeometry, str]:
-    """The resize geometry a run will use, without loading anything heavy: the checkpoint directory's
-    processor_config.json / preprocessor_config.json when local, else the released checkpoints' values; then the
-    model.min_pixels / max_pixels overrides. Returns (geometry, where it came from)."""
-    geometry, source = HUB_GEOMETRY, "Qwen hub defaults"
-    for name in ("preprocessor_config.json", "processor_config.json"):
-        path = Path(name_or_path) / name
-        if path.is_file():
-            ip = json.loads(path.read_text())
-            ip = ip.get("image_processor", ip)
-            size = ip.get("size") or {}
-            geometry = ProcessorGeometry(
-                patch_size=int(ip.get("patch_size", 14)), merge_size=int(ip.get("merge_size", 2)),
-                temporal_patch_size=int(ip.get("temporal_patch_size", 2)),
-                min_pixels=int(ip.get("min_pixels") or size.get("shortest_edge") or HUB_GEOMETRY.min_pixels),
-                max_pixels=int(ip.get("max_pixels") or size.get("longest_edge") or HUB_GEOMETRY.max_pixels),
-            )  # fmt: skip
-            source = str(path)
-            break
-    overrides = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
-    if overrides:
-        geometry = dataclasses.replace(geometry, **overrides)
-        source += " + model." + " / model.".join(overrides)
-    return geometry, source
+processor_geometry = checkpoint_geometry
+"""The resize geometry a run will use; defined once in `vlgrpo.data.images`."""
 
 
 def model_arch(name_or_path: str, arch: str) -> str:

@@ -1,7 +1,8 @@
 """Images: robust loading (EXIF, every colour mode), content hashing, and Qwen's resize geometry.
 
 The resize geometry comes from the processor's own `smart_resize` (never re-derived here), so image-token
-counts and box conversions agree with what the model sees. Knows nothing of models or datasets.
+counts and box conversions agree with what the model sees; DEFAULT_GEOMETRY (the released processors') is the one
+default every layer uses. Knows nothing of models or datasets.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -87,15 +88,23 @@ def image_size(src: str | bytes | Path) -> tuple[int, int]:
     return (h, w) if orientation in (5, 6, 7, 8) else (w, h)
 
 
+RELEASED_MIN_PIXELS, RELEASED_MAX_PIXELS = 56 * 56, 16384 * 28 * 28
+"""Resize bounds of the released Qwen2-VL / Qwen2.5-VL processors (3,136 and 12,845,056 px in their
+preprocessor_config.json; qwen-vl-utils' MIN_PIXELS / MAX_PIXELS). transformers' Qwen2VLImageProcessor class defaults
+to 1,003,520 (28 x 28 x 1280) instead, which no released checkpoint uses."""
+
+
 @dataclass(frozen=True)
 class ProcessorGeometry:
-    """The image-processor settings that decide resize and token count (second part of a cache key)."""
+    """The image-processor settings that decide resize and token count (second part of a cache key).
+
+    The defaults are the released checkpoints' processors (see DEFAULT_GEOMETRY)."""
 
     patch_size: int = 14
     merge_size: int = 2
     temporal_patch_size: int = 2
-    min_pixels: int = 3136
-    max_pixels: int = 1003520
+    min_pixels: int = RELEASED_MIN_PIXELS
+    max_pixels: int = RELEASED_MAX_PIXELS
 
     @classmethod
     def from_processor(cls, processor) -> "ProcessorGeometry":
@@ -111,6 +120,10 @@ class ProcessorGeometry:
             min_pixels=int(min_pixels),
             max_pixels=int(max_pixels),
         )
+
+    def with_pixels(self, min_pixels: int | None = None, max_pixels: int | None = None) -> "ProcessorGeometry":
+        """This geometry with model.min_pixels / model.max_pixels applied where they are set (not None or 0)."""
+        return replace(self, min_pixels=min_pixels or self.min_pixels, max_pixels=max_pixels or self.max_pixels)
 
     @property
     def factor(self) -> int:
@@ -136,6 +149,39 @@ class ProcessorGeometry:
         """Language-model tokens of one image (<|image_pad|> count) after the 2x2 merge."""
         _, gh, gw = self.grid_thw(height, width)
         return gh * gw // (self.merge_size**2)
+
+
+DEFAULT_GEOMETRY = ProcessorGeometry()
+"""The geometry every layer assumes when no processor, checkpoint or config says otherwise: rewards (qwen2_5 boxes),
+`vlgrpo data doctor`, `vlgrpo reward`, the memory planner and the exported prompt contract."""
+
+
+def checkpoint_geometry(
+    name_or_path: str, min_pixels: int | None = None, max_pixels: int | None = None
+) -> tuple[ProcessorGeometry, str]:
+    """The resize geometry a run will use, without loading anything heavy: the checkpoint directory's
+    preprocessor_config.json / processor_config.json when local, else DEFAULT_GEOMETRY; then the
+    model.min_pixels / max_pixels overrides. Returns (geometry, where it came from)."""
+    geometry, source = DEFAULT_GEOMETRY, "released Qwen processor defaults"
+    for name in ("preprocessor_config.json", "processor_config.json"):
+        path = Path(name_or_path) / name
+        if path.is_file():
+            ip = json.loads(path.read_text())
+            ip = ip.get("image_processor", ip)
+            size = ip.get("size") or {}
+            geometry = ProcessorGeometry(
+                patch_size=int(ip.get("patch_size", 14)), merge_size=int(ip.get("merge_size", 2)),
+                temporal_patch_size=int(ip.get("temporal_patch_size", 2)),
+                min_pixels=int(ip.get("min_pixels") or size.get("shortest_edge") or RELEASED_MIN_PIXELS),
+                max_pixels=int(ip.get("max_pixels") or size.get("longest_edge") or RELEASED_MAX_PIXELS),
+            )  # fmt: skip
+            source = str(path)
+            break
+    overrides = [key for key, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v]
+    if overrides:
+        geometry = geometry.with_pixels(min_pixels, max_pixels)
+        source += " + model." + " / model.".join(overrides)
+    return geometry, source
 
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")

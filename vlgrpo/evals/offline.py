@@ -72,6 +72,7 @@ def run_eval_cli(
         eval_data = build_eval_data(
             data, suites, max_samples=max_samples, pope_data=pope_data, pope_splits=pope_splits,
             pope_images=pope_images, pope_per_image=pope_per_image, pope_min_objects=pope_min_objects, ctx=ctx,
+            **({"preset": run_cfg.data.preset, "columns": dict(run_cfg.data.columns)} if run_cfg is not None else {}),
         )  # fmt: skip
         cache = VisionCache(lm.model, lm.processor, disk_dir=cache_dir)
         system_prompt = run_cfg.data.system_prompt if run_cfg is not None else ""

@@ -145,7 +145,8 @@ def _with_sizes(samples: list[Sample]) -> list[Sample]:
 def build_eval_data(
     data: str | Path | None, suites: str | list[str], *, max_samples: int | None = None,
     pope_data: str | Path | None = None, pope_splits: tuple[str, ...] | None = None, pope_images: int | None = None,
-    pope_per_image: int = 3, pope_min_objects: int = 3, ctx: RewardContext | None = None,
+    pope_per_image: int = 3, pope_min_objects: int = 3, ctx: RewardContext | None = None, preset: str = "none",
+    columns: dict[str, str] | None = None,
 ) -> EvalData:  # fmt: skip
     """Each suite's samples from one dataset (`load_samples`): vqa = number/choice/yesno/text/math samples,
     grounding = box samples, pope = probes built from the samples' objects (split `random` unless `pope_splits`;
@@ -159,7 +160,7 @@ def build_eval_data(
     if data is None and pope_data is None:
         raise InputError("no eval data: pass --data (a Sample dataset or a POPE question file) or set eval.data")
     pope_file = pope_data if pope_data is not None else (data if is_pope_file(data) else None)
-    samples = [] if data is None or pope_file == data else load_samples(data).samples
+    samples = [] if data is None or pope_file == data else load_samples(data, preset=preset, columns=columns).samples
     cap = slice(None, max_samples)
     out = EvalData()
     if "vqa" in names:
@@ -317,7 +318,8 @@ def make_evaluator(cfg) -> Callable[[Any], dict[str, float]]:
 
         e = cfg.eval
         if "data" not in held:
-            held["data"] = build_eval_data(source, e.suites, max_samples=e.max_samples, ctx=state.reward_ctx)
+            held["data"] = build_eval_data(source, e.suites, max_samples=e.max_samples, ctx=state.reward_ctx,
+                                           preset=cfg.data.preset, columns=dict(cfg.data.columns))  # fmt: skip
         model = state.backend.model
         if held.get("model") is not model:
             held["engine"] = HFEngine(model, state.lm.processor, state.cache, cfg.data.answer_format,

@@ -76,7 +76,8 @@ def to_original_pixels(
     """Convert parsed boxes to original-image pixels. image_size is the original (width, height).
 
     qwen2 / qwen3: v / 1000 * side. qwen2_5: x * (orig_w / resized_w), y * (orig_h / resized_h), where the resized
-    size is the processor's smart_resize of the original (`geometry`, default Qwen2.5-VL settings). plain: as is.
+    size is the processor's smart_resize of the original (`geometry`, default: the released processors', see
+    `vlgrpo.data.images.DEFAULT_GEOMETRY`). plain: as is.
     """
     if box_format == "plain":
         return list(boxes)
@@ -87,9 +88,9 @@ def to_original_pixels(
         sx, sy = w / 1000.0, h / 1000.0
     elif box_format == "qwen2_5":
         if geometry is None:
-            from vlgrpo.data.images import ProcessorGeometry
+            from vlgrpo.data.images import DEFAULT_GEOMETRY
 
-            geometry = ProcessorGeometry()
+            geometry = DEFAULT_GEOMETRY
         rh, rw = geometry.resized_hw(h, w)
         sx, sy = w / rw, h / rh
     else:

@@ -1,7 +1,8 @@
 """Weighted composition of named rewards over a batch: components, total, counted failures, `reward/*` metrics.
 
-A recipe is a dict name -> weight (reward.recipe). An exception, NaN or inf inside a reward becomes 0 for that
-completion and is recorded with the sample id; scoring never crashes the run. Knows nothing of models or configs.
+A recipe is a dict name -> weight (reward.recipe). Each completion is parsed once (`Parsed`) for all components. An
+exception, NaN or inf inside a reward becomes 0 for that completion and is recorded with the sample id; scoring never
+crashes the run. Knows nothing of models or configs.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from vlgrpo.rewards.context import RewardContext
+from vlgrpo.rewards.parsed import Parsed
 from vlgrpo.rewards.registry import RewardError, RewardFn, resolve_reward
 from vlgrpo.types import ANSWER_TYPES, Sample
 
@@ -63,7 +65,9 @@ class RewardBatch:
         return out
 
 
-def _safe_call(fn: RewardFn, name: str, completion: str, sample: Sample, ctx: RewardContext, failures: list) -> float:
+def _safe_call(
+    fn: RewardFn, name: str, completion: Parsed, sample: Sample, ctx: RewardContext, failures: list
+) -> float:
     try:
         value = float(fn(completion, sample, ctx))
     except Exception as e:  # noqa: BLE001 - any reward bug is a counted zero, never a crashed run
@@ -85,9 +89,10 @@ def score(completions: list[str], samples: list[Sample], recipe: dict[str, float
     total: list[float] = []
     failures: list[tuple[str, str, str]] = []
     for completion, sample in zip(completions, samples):  # B*G
+        view = Parsed(completion, ctx)  # parsed once, lazily, for every component (user rewards get the text)
         row = 0.0
         for name, fn in fns.items():
-            value = _safe_call(fn, name, completion, sample, ctx, failures)
+            value = _safe_call(fn, name, view, sample, ctx, failures)
             components[name].append(value)
             row += recipe[name] * value
         total.append(row)

@@ -1,12 +1,12 @@
 """RewardContext: the few settings reward functions need, frozen, built once from the config.
 
 Reward functions never see the Config object; they get this record (box convention, answer format, tolerances,
-IoU threshold, the accuracy gate and the processor geometry for resized-pixel boxes). Knows nothing of models.
+IoU threshold, the accuracy gate, what the format reward requires and the processor geometry for resized-pixel
+boxes). Knows nothing of models.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,11 +31,15 @@ class RewardContext:
     iou_threshold: float = 0.5
     """tau of the thresholded IoU (and of `accuracy` on box samples)."""
     gate_accuracy_on_format: bool = False
-    """Correctness rewards (accuracy, iou*, giou) count only when the format holds."""
+    """Correctness rewards (accuracy, iou*, giou) count only when the format holds (the tags, not the content)."""
+    format_requires_answer: bool = True
+    """The format reward also needs an answer that parses for the sample's answer type (a number, an option letter,
+    yes/no, a math expression, a box, non-empty text), so `<answer>banana</answer>` earns no format reward."""
     answer_fallback: tuple[str, ...] = FALLBACKS
     """Extractors tried when a completion has no answer block and no \\boxed{} (empty tuple: none)."""
     geometry: ProcessorGeometry | None = None
-    """Processor resize geometry for qwen2_5 boxes (None: Qwen2.5-VL's default smart_resize settings)."""
+    """Processor resize geometry for qwen2_5 boxes (None: `vlgrpo.data.images.DEFAULT_GEOMETRY`, the released
+    Qwen2.5-VL processors' settings)."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -58,7 +62,9 @@ def context_from_config(
     """Build the context from a Config (reads `reward.*`, `data.answer_format`, `model.*`).
 
     reward.box_format = "auto" resolves from `arch` (the loaded model's family, e.g. "qwen2_5_vl"), else from
-    model.arch. Without `geometry`, the default Qwen geometry with model.min_pixels / max_pixels applied is used.
+    model.arch. Without `geometry`, the one a run would use is read without loading the model: the checkpoint
+    directory's processor config when local, else the released processors' defaults, then model.min_pixels /
+    max_pixels (`vlgrpo.data.images.checkpoint_geometry`).
     """
     from vlgrpo.config import ConfigError
 
@@ -76,12 +82,9 @@ def context_from_config(
         except ValueError as e:
             raise ConfigError(f"reward.box_format=auto: {e}") from None
     if geometry is None and box_format == "qwen2_5":
-        from vlgrpo.data.images import ProcessorGeometry
+        from vlgrpo.data.images import checkpoint_geometry
 
-        base = ProcessorGeometry()
-        geometry = dataclasses.replace(
-            base, min_pixels=cfg.model.min_pixels or base.min_pixels, max_pixels=cfg.model.max_pixels or base.max_pixels
-        )
+        geometry, _ = checkpoint_geometry(cfg.model.name_or_path, cfg.model.min_pixels, cfg.model.max_pixels)
     try:
         return RewardContext(
             box_format=box_format,
@@ -90,6 +93,7 @@ def context_from_config(
             number_rtol=r.number_rtol,
             iou_threshold=r.iou_threshold,
             gate_accuracy_on_format=r.gate_accuracy_on_format,
+            format_requires_answer=r.format_requires_answer,
             geometry=geometry,
         )
     except ValueError as e:

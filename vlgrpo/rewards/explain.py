@@ -1,7 +1,8 @@
 """Debugging one completion against one sample: read the `vlgrpo reward` arguments, score, lay out the report.
 
-Backs `vlgrpo reward`; the report shows what the parsers saw (extracted answer, format verdict, boxes in original
-pixels) next to each component and the weighted total. Knows nothing of models or the training loop.
+Backs `vlgrpo reward`; the report shows what the parsers saw (extracted answer, format verdict, whether the answer
+parses for the answer type, boxes in original pixels) next to each component and the weighted total. Knows
+nothing of models or the training loop.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ import yaml
 
 from vlgrpo.rewards.compose import DEFAULT_RECIPES, check_recipe, default_recipe, score
 from vlgrpo.rewards.context import RewardContext
-from vlgrpo.rewards.extract import extract_answer
-from vlgrpo.rewards.format import format_ok
+from vlgrpo.rewards.parsed import Parsed
 from vlgrpo.rewards.registry import RewardError, predicted_boxes
 from vlgrpo.types import InputError, Sample
 
@@ -102,14 +102,19 @@ def _mapping(data: Any, where: str) -> dict[str, float]:
 def explain(completion: str, sample: Sample, recipe: dict[str, float], ctx: RewardContext) -> dict[str, Any]:
     """Score one completion and return everything needed to see why it earned what it earned."""
     batch = score([completion], [sample], recipe, ctx)
+    view = Parsed(completion, ctx)
     report: dict[str, Any] = {
         "sample_id": sample.id,
         "answer_type": sample.answer_type,
         "gold": sample.answer,
-        "extracted_answer": extract_answer(completion, ctx.answer_fallback),
+        "extracted_answer": view.answer,
         "answer_format": ctx.answer_format,
-        "format_ok": format_ok(completion, ctx.answer_format),
+        "format_ok": view.format_ok,
     }
+    try:  # what the format reward asks of the content (reward.format_requires_answer)
+        report["answer_parses"] = view.typed_answer(sample.answer_type) is not None
+    except ValueError as e:
+        report["answer_parses"] = f"error: {e}"
     if sample.answer_type == "box":
         report["box_format"] = ctx.box_format
         report["gold_boxes"] = [list(b) for b in sample.boxes]
@@ -130,7 +135,8 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [
         f"sample {report['sample_id']} ({report['answer_type']}), gold: {gold}",
         f"extracted answer: {report['extracted_answer']!r}",
-        f"format ({report['answer_format']}): {'ok' if report['format_ok'] else 'FAILED'}",
+        f"format ({report['answer_format']}): {'ok' if report['format_ok'] else 'FAILED'}; the answer "
+        f"{'parses' if report['answer_parses'] is True else 'does not parse'} as {report['answer_type']}",
     ]
     if "predicted_boxes" in report:
         lines.append(f"predicted boxes ({report['box_format']} -> original px): {report['predicted_boxes']}")

@@ -15,22 +15,16 @@ import inspect
 from pathlib import Path
 from typing import Any, Callable
 
-from vlgrpo.rewards.boxes import Box, parse_boxes, to_original_pixels
+from vlgrpo.rewards.boxes import Box, to_original_pixels
 from vlgrpo.rewards.context import RewardContext
-from vlgrpo.rewards.extract import answer_region, extract_answer
-from vlgrpo.rewards.format import format_ok
 from vlgrpo.rewards.grounding import giou_reward, iou_reward, iou_threshold_reward
-from vlgrpo.rewards.verifiable import (
-    math_match,
-    number_match,
-    parse_choice,
-    parse_number,
-    parse_yesno,
-    text_match,
-)
+from vlgrpo.rewards.mathanswer import parse_gold, verify_parsed
+from vlgrpo.rewards.parsed import ANSWER_PARSERS, Parsed, parsed
+from vlgrpo.rewards.verifiable import number_match, text_match
 from vlgrpo.types import InputError, Sample
 
-RewardFn = Callable[[str, Sample, RewardContext], float]
+RewardFn = Callable[[str | Parsed, Sample, RewardContext], float]
+"""fn(completion, sample, ctx): the completion is its text, or the `Parsed` that score() shares between components."""
 
 
 class RewardError(InputError):
@@ -40,10 +34,10 @@ class RewardError(InputError):
 # ---------------------------------------------------------------- helpers shared by the built-ins
 
 
-def _gate_closed(completion: str, ctx: RewardContext) -> bool:
+def _gate_closed(p: Parsed, ctx: RewardContext) -> bool:
     """With reward.gate_accuracy_on_format, correctness counts only when the format holds (closes the hack where
     the format reward rises while accuracy stays flat)."""
-    return ctx.gate_accuracy_on_format and not format_ok(completion, ctx.answer_format)
+    return ctx.gate_accuracy_on_format and not p.format_ok
 
 
 def gold_boxes(sample: Sample) -> list[Box]:
@@ -52,82 +46,92 @@ def gold_boxes(sample: Sample) -> list[Box]:
     return [tuple(float(v) for v in b) for b in sample.boxes]  # type: ignore[misc]
 
 
-def predicted_boxes(completion: str, sample: Sample, ctx: RewardContext) -> list[Box]:
+def predicted_boxes(completion: str | Parsed, sample: Sample, ctx: RewardContext) -> list[Box]:
     """The completion's boxes in original-image pixels (ctx.box_format decides how they are read)."""
     if ctx.box_format != "plain" and sample.image_size is None:
         raise ValueError(
             f"sample '{sample.id}' has no image_size: box format '{ctx.box_format}' needs the original (width, "
             "height) to convert boxes; set Sample.image_size (vlgrpo.data.images.image_size reads it from the file)"
         )
-    region = answer_region(completion)
-    if region is None:  # several or malformed answer blocks: no answer
-        return []
-    return to_original_pixels(parse_boxes(region, ctx.box_format), ctx.box_format, sample.image_size, ctx.geometry)
+    boxes = parsed(completion, ctx).boxes
+    return to_original_pixels(boxes, ctx.box_format, sample.image_size, ctx.geometry) if boxes else []
 
 
-def _not_scored_as_box(completion: str, sample: Sample, ctx: RewardContext) -> bool:
-    """Box rewards give 0 on non-box samples (so a mixed dataset can share one recipe) and when the gate is closed."""
-    return sample.answer_type != "box" or _gate_closed(completion, ctx)
-
-
-def _gold_value(sample: Sample, parser: Callable[[str], Any], kind: str) -> Any:
-    value = parser(sample.answer) if sample.answer else None
+def _gold_value(sample: Sample) -> Any:
+    """The sample's gold answer read by its answer type's parser; a ValueError naming the sample when unreadable."""
+    kind = sample.answer_type
+    if kind == "math":
+        try:
+            return parse_gold(sample.answer or "")
+        except ValueError as e:
+            raise ValueError(f"sample '{sample.id}': {e}") from None
+    if kind not in ANSWER_PARSERS:
+        raise ValueError(f"sample '{sample.id}': answer_type {kind!r} has no accuracy reward")
+    value = ANSWER_PARSERS[kind](sample.answer) if sample.answer else None
     if value is None:
-        raise ValueError(f"sample '{sample.id}': gold answer {sample.answer!r} is not a valid {kind} answer")
+        what = {"choice": "choice (option letter)", "yesno": "yes/no"}.get(kind, kind)
+        raise ValueError(f"sample '{sample.id}': gold answer {sample.answer!r} is not a valid {what} answer")
     return value
 
 
 # ---------------------------------------------------------------- the built-in rewards
 
 
-def accuracy(completion: str, sample: Sample, ctx: RewardContext) -> float:
-    """1.0 when the answer is right for the sample's answer_type, else 0.0 (box: IoU >= ctx.iou_threshold)."""
+def accuracy(completion: str | Parsed, sample: Sample, ctx: RewardContext) -> float:
+    """1.0 when the answer is right for the sample's answer_type, else 0.0 (box: IoU >= ctx.iou_threshold).
+    The gold answer is read first, so a bad gold row fails even for an empty completion."""
     kind = sample.answer_type
     if kind == "box":
         return iou_threshold(completion, sample, ctx)
-    if _gate_closed(completion, ctx):
+    gold = _gold_value(sample)
+    p = parsed(completion, ctx)
+    if _gate_closed(p, ctx):
         return 0.0
     if kind == "math":
-        region = answer_region(completion)
-        return float(region is not None and math_match(region, _gold_value(sample, str.strip, "math")))
-    pred = extract_answer(completion, ctx.answer_fallback)
+        return float(verify_parsed(gold, p.math))
     if kind == "number":
-        gold = _gold_value(sample, parse_number, "number")
-        return float(number_match(parse_number(pred), gold, ctx.number_atol, ctx.number_rtol))
-    if kind == "choice":
-        return float(parse_choice(pred) == _gold_value(sample, parse_choice, "choice (option letter)"))
-    if kind == "yesno":
-        return float(parse_yesno(pred) == _gold_value(sample, parse_yesno, "yes/no"))
+        return float(number_match(p.typed_answer(kind), gold, ctx.number_atol, ctx.number_rtol))
     if kind == "text":
-        return float(text_match(pred, _gold_value(sample, str.strip, "text")))
-    raise ValueError(f"sample '{sample.id}': answer_type {kind!r} has no accuracy reward")
+        return float(text_match(p.answer, gold))
+    return float(p.typed_answer(kind) == gold)
 
 
-def format_reward(completion: str, sample: Sample, ctx: RewardContext) -> float:
-    """1.0 when the completion follows ctx.answer_format (think_answer or answer), else 0.0."""
-    return float(format_ok(completion, ctx.answer_format))
+def format_reward(completion: str | Parsed, sample: Sample, ctx: RewardContext) -> float:
+    """1.0 when the completion follows ctx.answer_format (think_answer or answer) and, with
+    ctx.format_requires_answer, its answer parses for the sample's answer_type; else 0.0."""
+    p = parsed(completion, ctx)
+    if not p.format_ok:
+        return 0.0
+    return float(not ctx.format_requires_answer or p.typed_answer(sample.answer_type) is not None)
 
 
-def iou(completion: str, sample: Sample, ctx: RewardContext) -> float:
+def _box_scores(completion: str | Parsed, sample: Sample, ctx: RewardContext) -> tuple[list[Box], list[Box]] | None:
+    """(predicted, gold) boxes in original pixels; None on non-box samples (box rewards give 0 there, so a mixed
+    dataset can share one recipe) and when the accuracy gate is closed."""
+    p = parsed(completion, ctx)
+    if sample.answer_type != "box" or _gate_closed(p, ctx):
+        return None
+    return predicted_boxes(p, sample, ctx), gold_boxes(sample)
+
+
+def iou(completion: str | Parsed, sample: Sample, ctx: RewardContext) -> float:
     """Continuous IoU, greedily matched; extra and missed boxes count as 0 in the mean."""
-    if _not_scored_as_box(completion, sample, ctx):
-        return 0.0
-    return iou_reward(predicted_boxes(completion, sample, ctx), gold_boxes(sample))
+    boxes = _box_scores(completion, sample, ctx)
+    return 0.0 if boxes is None else iou_reward(*boxes)
 
 
-def iou_threshold(completion: str, sample: Sample, ctx: RewardContext, threshold: float | None = None) -> float:
+def iou_threshold(
+    completion: str | Parsed, sample: Sample, ctx: RewardContext, threshold: float | None = None
+) -> float:
     """Share of boxes matched with IoU >= threshold (default ctx.iou_threshold); Acc@tau for one box."""
-    if _not_scored_as_box(completion, sample, ctx):
-        return 0.0
-    tau = ctx.iou_threshold if threshold is None else threshold
-    return iou_threshold_reward(predicted_boxes(completion, sample, ctx), gold_boxes(sample), tau)
+    boxes = _box_scores(completion, sample, ctx)
+    return 0.0 if boxes is None else iou_threshold_reward(*boxes, ctx.iou_threshold if threshold is None else threshold)
 
 
-def giou(completion: str, sample: Sample, ctx: RewardContext) -> float:
+def giou(completion: str | Parsed, sample: Sample, ctx: RewardContext) -> float:
     """Generalised IoU in [-1, 1], greedily matched; extra and missed boxes count as -1."""
-    if _not_scored_as_box(completion, sample, ctx):
-        return 0.0
-    return giou_reward(predicted_boxes(completion, sample, ctx), gold_boxes(sample))
+    boxes = _box_scores(completion, sample, ctx)
+    return 0.0 if boxes is None else giou_reward(*boxes)
 
 
 REWARDS: dict[str, RewardFn] = {
@@ -194,10 +198,10 @@ def user_reward(spec: str) -> RewardFn:
             f"{', '.join(sorted(_FIELD_NAMES))} (or **kwargs)"
         )
 
-    def call(completion: str, sample: Sample, ctx: RewardContext) -> float:
+    def call(completion: str | Parsed, sample: Sample, ctx: RewardContext) -> float:
         available = {**sample_fields(sample), "sample": sample, "ctx": ctx}
         kwargs = {k: v for k, v in available.items() if k in wanted or (takes_all and k not in ("sample", "ctx"))}
-        return fn(completion, **kwargs)
+        return fn(completion.text if isinstance(completion, Parsed) else completion, **kwargs)
 
     call.__name__ = call.__qualname__ = spec
     return call

@@ -1,4 +1,4 @@
-"""Verifiable answer checks by answer type: number, choice, yesno, text and math (via math_verify).
+"""Verifiable answer checks by answer type: number, choice, yesno and text (math lives in `mathanswer.py`).
 
 Each parser turns an extracted answer string into a canonical value, or None when it is missing or *ambiguous*
 (a hedge such as "3 or 4", "A or B", "yes/no" earns nothing). Patterns are bounded and linear-time.
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import re
-import threading
 import unicodedata
 
 MAX_ANSWER_CHARS = 4000
@@ -32,12 +31,18 @@ MAX_NUMBER_CHARS = 64
 """A numeric token longer than this is not an answer (and never reaches float())."""
 
 
+MINUS_SIGNS = str.maketrans({"\u2212": "-", "\ufe63": "-", "\uff0d": "-"})
+"""U+2212 MINUS SIGN, U+FE63 SMALL HYPHEN-MINUS and U+FF0D FULLWIDTH HYPHEN-MINUS read as "-". An en dash is not a
+minus: "3–5" is a range (two numbers, so no answer)."""
+
+
 def parse_number(text: str | None) -> float | None:
-    """The one number an answer states: digits ("3", "3.0", "-2.5", "1,000", "1e3") or, when no digit is present,
-    a small-integer word ("three"). None when absent, ambiguous (two different values), not finite or the text is
-    longer than MAX_ANSWER_CHARS."""
+    """The one number an answer states: digits ("3", "3.0", "-2.5", "−2.5", "1,000", "1e3") or, when no digit is
+    present, a small-integer word ("three"). None when absent, ambiguous (two different values), not finite or the
+    text is longer than MAX_ANSWER_CHARS."""
     if not text or len(text) > MAX_ANSWER_CHARS:
         return None
+    text = text.translate(MINUS_SIGNS)
     values = set()
     for m in _NUMBER.finditer(text):
         token = m.group()
@@ -117,12 +122,16 @@ def parse_choice(text: str | None) -> str | None:
 # ---------------------------------------------------------------- yes / no
 
 _FIRST_WORD = re.compile(r"[^A-Za-z]{0,16}([A-Za-z]+)")
-_YESNO_HEDGE = re.compile(r"\s*(?:/|\bor\b|\|)\s*(?:yes|no)\b", re.IGNORECASE)
+_YESNO_HEDGE = re.compile(
+    r"\s*,?\s*(?:(?:/|\bor\b|\|)\s*(?:yes|no)\b|(?:\band\b|&)\s*(?:yes|no)(?!\s*[A-Za-z]))", re.IGNORECASE
+)
+"""Right after the first word: "or"/"/"/"|" and the other answer ("yes or no", "No/yes"), or "and"/"&" and the other
+answer ending the phrase ("yes and no", "Yes & no."); "Yes, and no other animals" is a yes."""
 
 
 def parse_yesno(text: str | None) -> str | None:
     """"yes" or "no" from the first word (whole word: "not", "know", "eyes", "nope" are not answers); None for
-    anything else and for "yes or no" / "no/yes" hedges."""
+    anything else and for hedges ("yes or no", "no/yes", "yes and no")."""
     if not text:
         return None
     m = _FIRST_WORD.match(text)
@@ -154,28 +163,3 @@ def text_match(pred: str | None, gold: str) -> bool:
         return False
     p = normalize_text(pred)
     return bool(p) and p == normalize_text(gold)
-
-
-# ---------------------------------------------------------------- math
-
-MAX_MATH_CHARS = 2000
-"""Only the last this-many characters of a completion without an answer block reach math_verify."""
-
-
-def math_match(pred_text: str, gold: str) -> bool:
-    """math_verify's `verify(gold, pred)` (gold first) on the parsed expressions.
-
-    math_verify guards parsing and comparison with a SIGALRM timeout, which only works on the main thread; on any
-    other thread (trainer reward workers) the timeouts are switched off and the input length bound above is the
-    guard instead. A gold answer that does not parse is an error (it is a data problem, not a wrong completion).
-    """
-    from math_verify import parse, verify
-
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None
-    gold_parsed = parse(gold, parsing_timeout=timeout) or parse(f"${gold}$", parsing_timeout=timeout)
-    if not gold_parsed:
-        raise ValueError(f"gold math answer {gold!r} cannot be parsed by math_verify")
-    pred_parsed = parse(pred_text[-MAX_MATH_CHARS:], parsing_timeout=timeout)
-    if not pred_parsed:
-        return False
-    return bool(verify(gold_parsed, pred_parsed, timeout_seconds=timeout))

@@ -1,7 +1,8 @@
 """Training backends behind one small interface: plain (single process, full weights), LoRA, ZeRO-3.
 
 A backend owns the trainable module, the optimiser and the schedule, and answers three questions for the loop:
-how to step, how to get reference log-probs (a frozen copy, the adapter disabled, or none), and how to save/export.
+how to step (a non-finite loss or gradient skips the step on every rank alike), how to get reference log-probs (a
+frozen copy, the adapter disabled, or none), and how to save/export.
 The freeze switches, the LR schedule, the data-parallel helpers and the modes of the passes (eval for no-grad
 log-probs, dropout-free train mode for backward) are shared here. peft and deepspeed live in lora.py / zero3.py only.
 """
@@ -18,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from vlgrpo.config import Config
+from vlgrpo.trainer.safe_state import load_tensors
 
 
 def part_of(name: str) -> str:
@@ -66,6 +68,17 @@ def max_over_ranks(value: int) -> int:
     return int(t.item())
 
 
+def from_rank0(value: int) -> int:
+    """Rank 0's `value` on every rank (the value itself in a single process): a decision rank 0 took alone, e.g.
+    which checkpoint verified."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([value], dtype=torch.long, device=device)
+    dist.broadcast(t, src=0)
+    return int(t.item())
+
+
 def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str) -> float:
     """Multiplier of the peak LR at optimiser step `step` (0-based): linear warm-up, then constant or cosine to 0."""
     if warmup_steps > 0 and step < warmup_steps:
@@ -106,20 +119,31 @@ class PlainBackend:
             self.optimizer, lambda s: lr_factor(s, t.warmup_steps, t.steps, t.lr_schedule)
         )
         self.max_grad_norm = t.max_grad_norm
+        self.skipped_steps = 0
+        """Optimiser steps skipped for a non-finite loss or gradient (the loop counts and limits them)."""
+        self._nonfinite_loss = False
 
     # ---- the loop's interface
     def backward(self, loss: torch.Tensor) -> None:
+        if not bool(torch.isfinite(loss.detach()).all()):
+            self._nonfinite_loss = True
         loss.backward()
 
     def step(self) -> dict[str, float]:
-        """(Average grads over data-parallel ranks,) clip, step optimiser and schedule, zero grads.
+        """(Average grads over data-parallel ranks,) clip, step optimiser and schedule, zero grads. A non-finite loss
+        or gradient norm on any rank skips the optimiser and schedule step on every rank alike (`skipped_steps`).
         Returns `train/grad_norm` and `train/lr`."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         average_gradients(params)
         norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm if self.max_grad_norm > 0 else float("inf"))
         lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
-        self.scheduler.step()
+        # NaN gradients reach every rank through the all-reduce, a non-finite loss does not: the ranks vote
+        if max_over_ranks(int(self._nonfinite_loss or not math.isfinite(float(norm)))):
+            self.skipped_steps += 1
+        else:
+            self.optimizer.step()
+            self.scheduler.step()
+        self._nonfinite_loss = False
         self.optimizer.zero_grad(set_to_none=True)
         return {"train/grad_norm": float(norm), "train/lr": lr}
 
@@ -149,7 +173,7 @@ class PlainBackend:
             torch.save(self.state_dict(), directory / "backend.pt")
 
     def load(self, directory: Path) -> None:
-        self.load_state_dict(torch.load(directory / "backend.pt", weights_only=False))
+        self.load_state_dict(load_tensors(directory / "backend.pt"))  # tensors and plain containers only
 
     def state_dict(self) -> dict:
         return {

@@ -1,116 +1,207 @@
 """Checkpoints: everything needed to continue a run bit-for-bit (weights or adapter, optimiser, schedule, RNG
-states, data position, step, policy version, resolved config), written atomically; resume; HF export.
+states, data position, step, non-finite counters, resolved config), written atomically with a manifest of sizes and
+checksums as its last file; resume from the newest checkpoint that verifies; HF export.
 
-A run killed at any moment resumes from its newest complete checkpoint; metrics logged after it are dropped.
+A run killed at any moment resumes from its newest complete checkpoint; metrics logged after it are dropped. Nothing
+in a run directory is unpickled beyond tensors and plain containers (safe_state.py, manifest.py).
 """
 
 from __future__ import annotations
 
-import json
-import random
 import shutil
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from vlgrpo.config import to_dict
+from vlgrpo.trainer.backends import from_rank0, max_over_ranks
+from vlgrpo.trainer.manifest import check_manifest, refuse_pickled_code, write_manifest
+from vlgrpo.trainer.metrics import truncate_metrics
+from vlgrpo.trainer.rundir import RunDirError, describe, is_write_error
+from vlgrpo.trainer.safe_state import CheckpointError, load_json, rng_state, set_rng_state, write_json
 
 if TYPE_CHECKING:
     from vlgrpo.trainer.state import RunState
 
 KEEP = 2
 """Complete checkpoints kept per run (older ones are deleted after a new one is written)."""
-
-
-def _rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+REJECTED = "rejected-"
+"""Prefix a checkpoint that failed verification is renamed with (kept for inspection, never loaded)."""
 
 
 def checkpoint_dirs(run_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first (a directory is complete once renamed from its .tmp name)."""
-    root = run_dir / "checkpoints"
-    found = [p for p in root.glob("step_*") if p.is_dir() and (p / "meta.json").is_file()] if root.is_dir() else []
-    return sorted(found, key=lambda p: int(p.name.split("_")[1]))
+    """Checkpoints their writer completed (renamed from .tmp-step_N), oldest first; `select` verifies them."""
+    root = Path(run_dir) / "checkpoints"
+    found = [p for p in root.glob("step_*") if p.is_dir() and p.name[5:].isdigit()] if root.is_dir() else []
+    return sorted(found, key=lambda p: int(p.name[5:]))
 
 
 def _rank() -> int:
     return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
 
 
-def _barrier() -> None:
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
+# ---------------------------------------------------------------- save
+
+
+def _make_tmp(state: RunState, tmp: Path, final: Path, rank: int) -> None:
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+
+
+def _write_parts(state: RunState, tmp: Path, final: Path, rank: int) -> None:
+    state.backend.save(tmp)  # collective for ZeRO-3
+    write_json(tmp / f"rng_rank{rank}.json", rng_state())
+    write_json(tmp / f"data_rank{rank}.json", state.data.state_dict())
+    if rank == 0:
+        meta = {"step": state.step, "policy_version": state.step, "backend": state.backend.name,
+                "nonfinite_steps": state.nonfinite_steps, "nonfinite_streak": state.nonfinite_streak}  # fmt: skip
+        write_json(tmp / "meta.json", meta)
+        write_json(tmp / "config.json", to_dict(state.cfg))
+
+
+def _seal(state: RunState, tmp: Path, final: Path, rank: int) -> None:
+    """Rank 0, once every rank's files are written: the manifest last, then the atomic rename, then pruning."""
+    if rank == 0:
+        write_manifest(tmp, state.step)
+        tmp.rename(final)  # a checkpoint directory either exists whole or not at all
+        for old in checkpoint_dirs(state.run_dir)[:-KEEP]:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def save(state: RunState) -> Path:
-    """Write checkpoints/step_N atomically: every rank writes into .tmp-step_N, rank 0 renames it when all are done."""
+    """Write checkpoints/step_N atomically: every rank writes into .tmp-step_N, rank 0 adds the manifest and renames
+    it when all are done. A write that fails (disk full, read-only) on any rank stops every rank alike with a
+    RunDirError naming the path and what was kept; the partial directory is removed."""
     root = state.run_dir / "checkpoints"
     final, tmp = root / f"step_{state.step}", root / f".tmp-step_{state.step}"
     if final.exists():
         return final
     rank = _rank()
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    _barrier()
-    state.backend.save(tmp)  # collective for ZeRO-3
-    torch.save(_rng_state(), tmp / f"rng_rank{rank}.pt")
-    torch.save({"data": state.data.state_dict()}, tmp / f"data_rank{rank}.pt")
-    if rank == 0:
-        meta = {"step": state.step, "policy_version": state.step, "backend": state.backend.name}
-        (tmp / "meta.json").write_text(json.dumps(meta))
-        (tmp / "config.json").write_text(json.dumps(to_dict(state.cfg), indent=1))
-    _barrier()
-    if rank == 0:
-        tmp.rename(final)  # atomic: a checkpoint directory either exists whole or not at all
-        for old in checkpoint_dirs(state.run_dir)[:-KEEP]:
-            shutil.rmtree(old, ignore_errors=True)
-    _barrier()
+    for phase in (_make_tmp, _write_parts, _seal):
+        error = None
+        try:
+            phase(state, tmp, final, rank)
+        except Exception as e:
+            if not is_write_error(e):
+                raise
+            error = e
+        if max_over_ranks(int(error is not None)):  # every rank reaches this: they agree to go on or to stop
+            _fail(state, tmp, error)
     return final
 
 
-def resume(state: RunState) -> bool:
-    """Load the newest complete checkpoint of the run directory, if any. Returns whether one was loaded."""
-    found = checkpoint_dirs(state.run_dir)
+def _fail(state: RunState, tmp: Path, error: BaseException | None) -> None:
+    if _rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    kept = [p.name for p in checkpoint_dirs(state.run_dir)]
+    where = getattr(error, "filename", None) or tmp
+    cause = describe(error) if error is not None else "another rank could not write its part"
+    resume = f"resume continues from {kept[-1]}" if kept else "no checkpoint to resume from"
+    raise RunDirError(
+        f"could not write checkpoint step_{state.step}: '{where}': {cause}. Kept: {', '.join(kept) or 'nothing'} "
+        f"under '{tmp.parent}' ({resume}) and metrics.jsonl up to step {state.step}; the partial {tmp.name} was "
+        "removed. Free space or make train.output_dir writable, then rerun with train.resume=true"
+    ) from error
+
+
+# ---------------------------------------------------------------- verify and resume
+
+
+def _allowed_classes(ckpt: Path) -> set[str]:
+    """Classes a checkpoint's torch files may name besides tensors: DeepSpeed's records in ZeRO-3 checkpoints."""
+    if load_json(ckpt / "meta.json", "step and backend").get("backend") == "zero3":
+        from vlgrpo.trainer.zero3 import PICKLED_CLASSES
+
+        return set(PICKLED_CLASSES)
+    return set()
+
+
+def _newest_verified(found: list[Path], quarantine: bool) -> int:
+    """Index of the newest checkpoint whose files match its manifest (rank 0). Newer ones that do not are reported
+    and, when `quarantine`, renamed rejected-step_N so that no later save or resume trips on them."""
+    rejected: list[tuple[Path, str]] = []
+    for i in reversed(range(len(found))):
+        why = check_manifest(found[i])
+        if why is not None:
+            rejected.append((found[i], why))
+            continue
+        refuse_pickled_code(found[i], _allowed_classes(found[i]))  # verified yet crafted: refuse, never fall back
+        for bad, reason in rejected:
+            note = ""
+            if quarantine:
+                moved = bad.with_name(f"{REJECTED}{bad.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+                try:
+                    bad.rename(moved)
+                    note = f"; moved to {moved}"
+                except OSError as e:
+                    note = f"; could not move it aside ({describe(e)})"
+            print(f"[vlgrpo] checkpoint {bad} is not usable: {reason}{note}. Falling back to {found[i].name}")
+        return i
+    reasons = "; ".join(f"{p.name}: {why}" for p, why in rejected)
+    raise CheckpointError(
+        f"no checkpoint under '{found[0].parent}' verifies ({reasons}). Nothing was changed: move checkpoints/ "
+        "away to start the run over, or choose another train.output_dir"
+    )
+
+
+def select(run_dir: Path, quarantine: bool = True) -> Path | None:
+    """The newest checkpoint that verifies, None when the run has none; raises CheckpointError when none verifies
+    or the chosen one would unpickle code. Rank 0 checks; every rank gets its choice."""
+    found = checkpoint_dirs(run_dir)
     if not found:
+        return None
+    choice, error = -1, None
+    if _rank() == 0:
+        try:
+            choice = _newest_verified(found, quarantine)
+        except Exception as e:  # noqa: BLE001 - re-raised below, once every rank knows there is no choice
+            error = e
+    choice = from_rank0(choice)
+    if choice >= 0:
+        return found[choice]
+    raise error or CheckpointError(f"rank 0 found no usable checkpoint under '{found[0].parent}' (see its error)")
+
+
+def resume(state: RunState, for_export: bool = False) -> bool:
+    """Load the newest verified checkpoint of the run directory, if any. Returns whether one was loaded. Training
+    (not an export) also drops metrics rows logged after it, a half-written last line included."""
+    rank, log = _rank(), _rank() == 0 and not for_export
+    ckpt = select(state.run_dir, quarantine=not for_export)
+    if ckpt is None:
+        if log:
+            _report_truncation(state.run_dir / "metrics.jsonl", 0)
         return False
-    ckpt, rank = found[-1], _rank()
+    meta = load_json(ckpt / "meta.json", "step and counters")
     state.backend.load(ckpt)
-    state.data.load_state_dict(torch.load(ckpt / f"data_rank{rank}.pt", weights_only=False)["data"])
-    state.step = json.loads((ckpt / "meta.json").read_text())["step"]
+    state.data.load_state_dict(load_json(ckpt / f"data_rank{rank}.json", "data position of this rank"))
+    state.step = int(meta["step"])
+    state.nonfinite_steps, state.nonfinite_streak = meta.get("nonfinite_steps", 0), meta.get("nonfinite_streak", 0)
     state.cache.set_step(state.step)
     if state.engine is not None:
         state.engine.update_weights(state.backend.named_weights() if state.engine_needs_weights else None, state.step)
-    _set_rng_state(torch.load(ckpt / f"rng_rank{rank}.pt", weights_only=False))
-    if rank == 0:
-        _truncate_metrics(state.run_dir / "metrics.jsonl", state.step)
+    set_rng_state(load_json(ckpt / f"rng_rank{rank}.json", "RNG state"), ckpt / f"rng_rank{rank}.json")
+    if log:
+        _report_truncation(state.run_dir / "metrics.jsonl", state.step)
         print(f"[vlgrpo] resumed from {ckpt} (step {state.step})")
     return True
 
 
-def _truncate_metrics(path: Path, step: int) -> None:
-    """Drop rows logged after the checkpoint (the resumed run logs those steps again)."""
-    if not path.exists():
-        return
-    rows = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-    path.write_text("".join(r + "\n" for r in rows))
+def _report_truncation(path: Path, step: int) -> None:
+    later, broken = truncate_metrics(path, step)
+    if later or broken:
+        print(f"[vlgrpo] {path}: dropped {later} rows logged after step {step} and {broken} unreadable lines "
+              "(a half-written last line): the resumed run logs those steps again")  # fmt: skip
+
+
+# ---------------------------------------------------------------- export
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
-    """A plain HF checkpoint (LoRA merged, ZeRO-3 gathered) of a run's newest checkpoint, processor included."""
+    """A plain HF checkpoint (LoRA merged, ZeRO-3 gathered) of a run's newest verified checkpoint, processor
+    included. The run directory is only read."""
     from vlgrpo.config import ConfigError, load_config
     from vlgrpo.trainer.state import build_state
 
@@ -120,11 +211,10 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
     if not checkpoint_dirs(run):
         raise ConfigError(f"run directory '{run}' has no complete checkpoint under checkpoints/")
     cfg = load_config(run / "config.yaml", ["train.resume=true"])
-    newest = checkpoint_dirs(run)[-1]
-    if json.loads((newest / "meta.json").read_text())["backend"] == "zero3":
+    if cfg.train.backend == "zero3":
         from vlgrpo.trainer.zero3 import export_checkpoint
 
-        return export_checkpoint(newest, cfg, out_dir)  # one process, any training world size
+        return export_checkpoint(select(run, quarantine=False), cfg, out_dir)  # one process, any world size
     state = build_state(cfg, run, progress=False, for_export=True)
     try:
         return state.backend.export(out_dir, state.lm.processor)

@@ -15,12 +15,17 @@ from vlgrpo import grpo
 from vlgrpo.rewards import score
 from vlgrpo.rollout.inputs import completion_logits, completion_logprobs_and_entropy
 from vlgrpo.trainer.batch import TrainBatch, make_batch
+from vlgrpo.trainer.checkpoint import checkpoint_dirs
 from vlgrpo.trainer.metrics import memory_metrics
 from vlgrpo.trainer.backends import eval_mode, max_over_ranks, no_dropout
 from vlgrpo.trainer.sft import render_target
 from vlgrpo.trainer.state import RunState
-from vlgrpo.types import Completion, RolloutGroup, Sample
+from vlgrpo.types import Completion, InputError, RolloutGroup, Sample
 from vlgrpo.vision_cache import VisionCache
+
+
+class NonFiniteError(InputError):
+    """The loss or gradient stayed non-finite for train.max_nonfinite_steps steps in a row: the run stopped."""
 
 
 @dataclass
@@ -313,12 +318,22 @@ class Trainer:
         return out
 
     def train(self) -> list[dict]:
-        """Run until train.steps; log, evaluate and checkpoint on schedule. Returns the logged rows."""
+        """Run until train.steps; log, evaluate and checkpoint on schedule. Returns the logged rows.
+
+        A step whose loss or gradient is non-finite leaves the weights alone (the backend skips its optimiser step,
+        on every rank alike) and is counted in `train/nonfinite_steps`; after train.max_nonfinite_steps such steps in
+        a row the run logs the step and stops with NonFiniteError, without writing a checkpoint of its own."""
         s, cfg = self.s, self.s.cfg
         history = []
         while s.step < cfg.train.steps:
             t0 = time.perf_counter()
+            skipped_before = s.backend.skipped_steps
             metrics = self.step_fn()
+            nonfinite = s.backend.skipped_steps > skipped_before
+            s.nonfinite_steps += nonfinite
+            s.nonfinite_streak = s.nonfinite_streak + 1 if nonfinite else 0
+            metrics["train/nonfinite_steps"] = float(s.nonfinite_steps)
+            stop = s.nonfinite_streak >= cfg.train.max_nonfinite_steps
             if s.evaluator is not None and cfg.eval.every_steps and s.step % cfg.eval.every_steps == 0:
                 with s.timers("eval"), s.backend.rollout_weights():
                     metrics.update(s.evaluator(s))
@@ -326,10 +341,23 @@ class Trainer:
             metrics.update(self._counters())
             metrics.update(memory_metrics())
             metrics["timing/step"] = time.perf_counter() - t0
-            if s.step % cfg.logging.log_every == 0 or s.step == cfg.train.steps:
+            if stop or s.step % cfg.logging.log_every == 0 or s.step == cfg.train.steps:
                 s.logger.log(s.step, metrics)
             history.append({"step": s.step, **metrics})
+            if stop:
+                raise self._nonfinite_error()
             if cfg.train.save_every and s.step % cfg.train.save_every == 0:
                 s.save_checkpoint()
         s.save_checkpoint()
         return history
+
+    def _nonfinite_error(self) -> NonFiniteError:
+        s, limit = self.s, self.s.cfg.train.max_nonfinite_steps
+        kept = [p.name for p in checkpoint_dirs(s.run_dir)]
+        return NonFiniteError(
+            f"stopped at step {s.step}: the loss or gradient was NaN or infinite in {s.nonfinite_streak} steps in a "
+            f"row (train.max_nonfinite_steps={limit}). Their optimiser steps were skipped, so the weights are those "
+            f"after step {s.step - s.nonfinite_streak}; kept checkpoints: {', '.join(kept) or 'none'}. Look at "
+            "train/loss, train/grad_norm and reward/* in metrics.jsonl: a reward returning huge or infinite values, or "
+            "a train.lr that is too high, are the usual causes"
+        )

@@ -1,5 +1,5 @@
 """Metrics: phase timers (`timing/*`), memory probes (`memory/*`), and the logger that writes metrics.jsonl
-(always), TensorBoard and wandb (when configured), plus the progress bar.
+(always), TensorBoard and wandb (when configured), plus the progress bar; resume's truncation of metrics.jsonl.
 
 Knows nothing of models or GRPO; callers pass flat dicts of numbers with namespaced keys.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import resource
 import sys
 import time
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from vlgrpo.trainer.rundir import RunDirError, describe
 
 
 class Timers:
@@ -90,8 +93,14 @@ class MetricsLogger:
         if not self.enabled:
             return
         row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
-        with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        try:
+            with self.path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+        except OSError as e:
+            raise RunDirError(
+                f"could not append the metrics of step {step} to '{self.path}': {describe(e)}. Rows of the earlier "
+                "steps and the checkpoints are kept; free space and rerun with train.resume=true"
+            ) from e
         numeric = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}
         if self._tb is not None:
             for k, v in numeric.items():
@@ -116,3 +125,28 @@ class MetricsLogger:
 def read_metrics(run_dir: str | Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def truncate_metrics(path: Path, step: int) -> tuple[int, int]:
+    """Keep the rows of steps <= `step` (a resumed run logs the later ones again); drop unreadable lines too, such as
+    the half-written last line of a killed run. Rewritten atomically. Returns (rows dropped, lines unreadable)."""
+    if not path.exists():
+        return 0, 0
+    kept, later, broken = [], 0, 0
+    for line in path.read_text(errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            row_step = json.loads(line)["step"]
+        except (ValueError, KeyError, TypeError):
+            broken += 1
+            continue
+        if isinstance(row_step, int) and row_step <= step:
+            kept.append(line)
+        else:
+            later += 1
+    if later or broken:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(r + "\n" for r in kept))
+        os.replace(tmp, path)
+    return later, broken

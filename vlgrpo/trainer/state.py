@@ -1,7 +1,8 @@
 """Everything a run holds, built once from the config: model, backend, vision cache, rollout engine, rewards,
 data stream, logger — and checkpoint save/resume of all of it.
 
-`build_state` is the only place that turns config strings into objects; the loop then only calls methods.
+`build_state` is the only place that turns config strings into objects; the loop then only calls methods. While a run
+trains, rank 0 holds the run directory's lock (`close()` releases it; so does the process's death).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from vlgrpo.rewards import check_recipe, context_from_config
 from vlgrpo.rollout.base import SamplingParams
 from vlgrpo.rollout.inputs import build_prompt, forbidden_mask
 from vlgrpo.trainer import checkpoint
-from vlgrpo.trainer.backends import make_backend
+from vlgrpo.trainer.backends import make_backend, max_over_ranks
 from vlgrpo.trainer.metrics import MetricsLogger, Timers
+from vlgrpo.trainer.rundir import RunDirError, RunLock, describe
 from vlgrpo.vision_cache import VisionCache
 
 
@@ -51,6 +53,12 @@ class RunState:
     ref_cache: VisionCache | None = None
     """Features of the reference policy's own vision tower (only when the policy's tower trains)."""
     step: int = 0
+    nonfinite_steps: int = 0
+    """Steps whose optimiser step was skipped for a non-finite loss or gradient (`train/nonfinite_steps`)."""
+    nonfinite_streak: int = 0
+    """Such steps in a row, up to now; the run stops at train.max_nonfinite_steps."""
+    lock: RunLock | None = None
+    """The run directory's lock (rank 0 while training; None on other ranks and for exports)."""
     timers: Timers = field(default_factory=Timers)
     skipped: list = field(default_factory=list)
     _prompts: dict = field(default_factory=dict)
@@ -132,6 +140,9 @@ class RunState:
 
     def close(self) -> None:
         self.logger.close()
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
 
 def _engine(cfg: Config, lm: LoadedModel, cache: VisionCache, box_format: str):
@@ -163,29 +174,72 @@ def _rank_world() -> tuple[int, int]:
         else (0, 1)
 
 
+def _lock_run_dir(cfg: Config, run: Path) -> RunLock | None:
+    """Rank 0, the only process that writes the run directory, locks it and writes the resolved config.yaml; every
+    rank learns whether it could (a second run on the directory, or one that cannot write it, stops every rank)."""
+    lock, error = None, None
+    if _rank_world()[0] == 0:
+        try:
+            lock = RunLock(run)
+            try:
+                save_config(cfg, run / "config.yaml")
+            except OSError as e:
+                lock.release()
+                raise RunDirError(f"could not write '{run / 'config.yaml'}': {describe(e)}; nothing else was "
+                                  "written: free space or choose a writable train.output_dir") from e  # fmt: skip
+        except RunDirError as e:
+            error = e
+    if max_over_ranks(int(error is not None)):
+        raise error or RunDirError(f"rank 0 could not lock or write train.output_dir '{run}' (see its error)")
+    return lock
+
+
 def build_state(
     cfg: Config, run_dir: str | Path | None = None, progress: bool | None = None, for_export: bool = False
 ) -> RunState:
-    """Load model and data, build backend/cache/engine/rewards, save the resolved config, resume if asked."""
+    """Join the ranks, lock the run directory and save the resolved config (training, rank 0), build everything,
+    resume if asked. An export only reads the run directory: no lock, nothing written."""
     torch.manual_seed(cfg.train.seed)
     run = Path(run_dir or cfg.train.output_dir)
-    m = cfg.model
     if cfg.train.backend == "zero3":
         from vlgrpo.trainer.zero3 import prepare_partitioned_load
 
         prepare_partitioned_load(cfg)  # before from_pretrained: each rank loads only its shard
+    device = _init_data_parallel()  # ZeRO-3 joined the group above; this picks the rank's GPU
+    if cfg.train.backend == "zero3":
         device = "cpu"  # DeepSpeed places the partitions itself
-    else:
-        device = _init_data_parallel()
+    lock = None if for_export else _lock_run_dir(cfg, run)
+    try:
+        state = _build(cfg, run, device, progress, for_export)
+        state.lock = lock
+        if cfg.train.resume or for_export:
+            checkpoint.resume(state, for_export)
+        elif checkpoint.checkpoint_dirs(run) or _has_rows(run / "metrics.jsonl"):
+            raise ConfigError(
+                f"train.output_dir '{run}' holds checkpoints or metrics of an earlier run and train.resume is false: "
+                "set train.resume=true to continue it, or choose a new train.output_dir (nothing was overwritten)"
+            )
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    return state
+
+
+def _has_rows(path: Path) -> bool:
+    return path.is_file() and path.stat().st_size > 0
+
+
+def _build(cfg: Config, run: Path, device: str, progress: bool | None, for_export: bool) -> RunState:
+    """Load model and data, build backend/cache/engine/rewards/logger into a RunState at step 0."""
+    m = cfg.model
     rank, world = _rank_world()
-    if rank == 0 and not for_export:
-        run.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run / "config.yaml")
     lm = load_model(m.name_or_path, m.arch, m.dtype, m.attn_implementation, m.min_pixels, m.max_pixels, device)
     geometry = ProcessorGeometry.from_processor(lm.processor)
     reward_ctx = context_from_config(cfg, lm.arch, geometry)
     check_recipe(cfg.reward.recipe)  # unknown reward names fail here, before any compute
-    loaded = load_samples(cfg.data.train, cfg.data.format, errors="skip", max_samples=cfg.data.max_samples)
+    loaded = load_samples(cfg.data.train, cfg.data.format, errors="skip", max_samples=cfg.data.max_samples,
+                          preset=cfg.data.preset, columns=dict(cfg.data.columns))  # fmt: skip
     for err in loaded.errors if rank == 0 else []:
         print(f"[vlgrpo] skipped bad sample: {err}", file=sys.stderr)
     need_ref = cfg.train.stage == "grpo" and cfg.grpo.beta > 0
@@ -205,17 +259,9 @@ def build_state(
         run, cfg.logging.tensorboard and rank == 0, cfg.logging.wandb_project if rank == 0 else None,
         to_dict(cfg), cfg.train.steps, show, enabled=rank == 0 and not for_export,
     )  # fmt: skip
-    state = RunState(
+    return RunState(
         cfg=cfg, run_dir=run, lm=lm, backend=backend, cache=cache, engine=engine,
         data=SampleStream(loaded.samples[rank::world], cfg.train.seed, cfg.data.shuffle), logger=logger,
         reward_ctx=reward_ctx, recipe=dict(cfg.reward.recipe), geometry=geometry, sampling=sampling,
         engine_needs_weights=needs_weights, skipped=loaded.errors,
     )  # fmt: skip
-    if cfg.train.resume or for_export:
-        checkpoint.resume(state)
-    elif checkpoint.checkpoint_dirs(run):
-        raise ConfigError(
-            f"train.output_dir '{run}' holds checkpoints of an earlier run and train.resume is false: set "
-            "train.resume=true to continue it, or choose a new train.output_dir (nothing was overwritten)"
-        )
-    return state

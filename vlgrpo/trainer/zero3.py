@@ -1,7 +1,8 @@
 """DeepSpeed ZeRO-3 backend: parameters, gradients and optimiser states partitioned over the data-parallel ranks.
 
 The only module that imports deepspeed. Runs on GPUs (NCCL) and on the CPU (gloo, for tests). Weights are gathered
-one parameter at a time when the rollout engine or an export needs them; checkpoints are DeepSpeed's own.
+one parameter at a time when the rollout engine or an export needs them; checkpoints are DeepSpeed's own, read
+with every `torch.load` forced to weights_only=True (PICKLED_CLASSES are the only classes allowed besides tensors).
 """
 
 from __future__ import annotations
@@ -16,7 +17,22 @@ from typing import Iterator
 import torch
 
 from vlgrpo.config import Config
-from vlgrpo.trainer.backends import apply_freeze, lr_factor
+from vlgrpo.trainer.backends import apply_freeze, lr_factor, max_over_ranks
+from vlgrpo.trainer.safe_state import weights_only_loads
+
+PICKLED_CLASSES = (
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+)
+"""Classes DeepSpeed pickles into its ZeRO-3 optimiser files (plain records: a loss scale, an int enum): the only
+ones allowed, besides tensors and plain containers, when a checkpoint is loaded or scanned."""
+
+
+def _pickled_classes() -> list[type]:
+    import importlib
+
+    return [getattr(importlib.import_module(n.rsplit(".", 1)[0]), n.rsplit(".", 1)[1]) for n in PICKLED_CLASSES]
 
 
 def init_distributed() -> None:
@@ -118,12 +134,19 @@ class Zero3Backend:
         self.model = self.engine.module  # ZeRO-3 hooks gather parameters inside its forward
         self._pass_start: int | None = None  # DeepSpeed's step count at the first backward of this update pass
         self._backwards, self._lr = 0, t.lr
+        self.skipped_steps = 0
+        """Optimiser steps DeepSpeed skipped for a non-finite loss or gradient (its grad-norm check, agreed over the
+        ranks). With fp16, an overflow of the loss-scaled gradients is DeepSpeed's loss scaler at work, not counted."""
+        self._nonfinite_loss = False
 
     # ---- the loop's interface
     def backward(self, loss: torch.Tensor) -> None:
         if self._pass_start is None:
             self._pass_start, self._lr = self.engine.global_steps, self.scheduler.get_last_lr()[0]
         self._backwards += 1
+        if not bool(torch.isfinite(loss.detach()).all()):
+            # make every gradient NaN: DeepSpeed's grad-norm check (all-reduced) then skips the step on every rank
+            loss, self._nonfinite_loss = loss * float("nan"), True
         # Our loss is already normalised over the whole batch: no extra 1/accumulation scaling.
         self.engine.backward(loss, scale_wrt_gas=False)
         self.engine.step()  # a no-op except at the accumulation boundary: the last micro-batch of the pass
@@ -141,6 +164,11 @@ class Zero3Backend:
                 "must count what Trainer runs between two backend.step() calls)"
             )
         self._pass_start, self._backwards = None, 0
+        if not self.engine.was_step_applied():  # a non-finite grad norm: DeepSpeed skipped the optimiser and LR step
+            # fp16: DeepSpeed's dynamic loss scale overflows now and then by design; count only non-finite losses
+            if not self.engine.fp16_enabled() or max_over_ranks(int(self._nonfinite_loss)):
+                self.skipped_steps += 1
+        self._nonfinite_loss = False
         norm = self.engine.get_global_grad_norm()
         return {"train/grad_norm": float(norm) if norm is not None else 0.0, "train/lr": self._lr}
 
@@ -210,7 +238,8 @@ class Zero3Backend:
         self.engine.save_checkpoint(str(directory), tag="zero3")
 
     def load(self, directory: Path) -> None:
-        path, _ = self.engine.load_checkpoint(str(directory), tag="zero3")
+        with weights_only_loads(_pickled_classes()):  # DeepSpeed turns weights_only off: forced on here
+            path, _ = self.engine.load_checkpoint(str(directory), tag="zero3")
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory}")
 
@@ -232,7 +261,8 @@ def export_checkpoint(checkpoint_dir: Path, cfg: Config, out_dir: str | Path) ->
 
     from vlgrpo.models import load_model
 
-    state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), tag="zero3")
+    with weights_only_loads(_pickled_classes()):  # zero_to_fp32 turns weights_only off: forced on
+        state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), tag="zero3")
     m = cfg.model
     lm = load_model(m.name_or_path, m.arch, m.dtype, m.attn_implementation, m.min_pixels, m.max_pixels)
     missing, unexpected = lm.model.load_state_dict(state, strict=False)

@@ -1,0 +1,49 @@
+"""One run per output directory: a second run is refused while the first lives, naming its PID; a run killed with
+SIGKILL leaves no stale lock. A directory that cannot be written is named before anything runs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from vlgrpo.config import save_config
+from vlgrpo.trainer.checkpoint import checkpoint_dirs
+from vlgrpo.trainer.metrics import read_metrics
+from vlgrpo.trainer.rundir import RunDirError
+from vlgrpo.trainer.state import build_state
+
+from test_resume import HELD_REWARD, _launch
+from trainer_helpers import tiny_config
+
+
+def test_a_second_run_on_a_locked_directory_is_refused_until_the_first_dies(tmp_path, tiny_model_dir, shapes_dir):
+    (tmp_path / "held_reward.py").write_text(HELD_REWARD)
+    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", "train.steps=3", "train.save_every=1",
+                      f"reward.recipe={{'{tmp_path / 'held_reward.py'}:length': 1.0}}")  # fmt: skip
+    save_config(cfg, tmp_path / "cfg.yaml")
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    first = _launch(tmp_path / "cfg.yaml", 1, VLGRPO_TEST_HOLD=f"{metrics}:1")  # held inside step 2
+    try:
+        deadline = time.time() + 300
+        while not checkpoint_dirs(tmp_path / "run") and first.poll() is None and time.time() < deadline:
+            time.sleep(0.1)  # checkpoint 1 complete: the run is now held inside step 2
+        assert first.poll() is None, first.stderr.read().decode()[-2000:]
+        with pytest.raises(RunDirError, match=rf"'{tmp_path / 'run'}' is in use by another run \(pid {first.pid} on "):
+            build_state(cfg, progress=False)
+        assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1]  # the second run wrote nothing
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # its own process group (start_new_session)
+        first.communicate(timeout=60)
+    state = build_state(cfg, progress=False)  # the OS dropped the dead run's lock: no stale lock to clear
+    assert state.step == 1  # and it resumes the killed run
+    state.close()
+
+
+def test_an_output_dir_that_cannot_be_written_is_named(tmp_path, tiny_model_dir, shapes_dir):
+    (tmp_path / "file").write_text("not a directory")
+    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "file" / "run")
+    with pytest.raises(RunDirError, match=rf"train.output_dir '{tmp_path / 'file' / 'run'}' is not writable"):
+        build_state(cfg, progress=False)

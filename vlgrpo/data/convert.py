@@ -1,0 +1,100 @@
+"""`vlgrpo data convert`: read a dataset through a preset (or a column mapping), write vlgrpo JSONL, and report what
+was inferred, what was assumed and which rows were skipped. Images embedded in parquet / HF datasets are written to
+files next to the JSONL (deduplicated by content). Knows nothing of models.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from vlgrpo.data.adapters import LoadResult, load_samples, write_jsonl
+from vlgrpo.data.presets import RowSkipped
+from vlgrpo.types import Sample
+
+SHOWN_ROWS = 10
+"""Row numbers listed per reason in the text report (the JSON report lists them all)."""
+
+
+def convert_dataset(
+    source: str | Path, out: str | Path, preset: str = "none", columns: dict[str, str] | None = None,
+    image_root: str | Path | None = None, split: str = "train", fmt: str = "auto",
+) -> LoadResult:  # fmt: skip
+    """Convert every row it can, skip (and keep in `errors`) the rest, write `out` (JSONL) and return the result."""
+    result = load_samples(source, fmt, errors="skip", split=split, preset=preset, columns=columns,
+                          image_root=image_root)  # fmt: skip
+    write_samples(result.samples, out)
+    return result
+
+
+def write_samples(samples: list[Sample], out: str | Path) -> None:
+    """Write Samples as JSONL; images held as bytes (parquet, HF datasets, lmms-lab hub copies) become files in
+    `<out stem>_images/`, named by content hash so a shared image is written once (the Sample's image becomes that
+    path)."""
+    from PIL import Image, UnidentifiedImageError
+
+    out = Path(out)
+    folder = out.with_name(out.stem + "_images")
+    for s in samples:
+        if not isinstance(s.image, bytes):
+            continue
+        try:
+            ext = "." + (Image.open(io.BytesIO(s.image)).format or "img").lower().replace("jpeg", "jpg")
+        except (UnidentifiedImageError, OSError):
+            ext = ".img"  # the doctor reports it as unreadable; the bytes are kept as they are
+        path = folder / (hashlib.sha256(s.image).hexdigest()[:20] + ext)
+        if not path.exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(s.image)
+        s.image = str(path)
+    write_jsonl(samples, out)
+
+
+def conversion_summary(result: LoadResult) -> dict[str, Any]:
+    """Counts and row numbers of a conversion: answer types, rows left as text, box conventions, skipped rows by
+    reason, malformed rows (file, row, field, problem)."""
+    rep = result.conversion
+    skipped: dict[str, list[int | None]] = {}
+    for e in result.errors:
+        if isinstance(e, RowSkipped):
+            skipped.setdefault(e.reason, []).append(e.row)
+    return {
+        "preset": rep.preset if rep else "none",
+        "rows": rep.rows if rep else len(result.samples) + len(result.errors),
+        "samples": len(result.samples),
+        "answer_types": dict(Counter(s.answer_type for s in result.samples).most_common()),
+        "answer_type_not_inferred_rows": rep.not_inferred if rep else [],
+        "box_conventions": dict(rep.boxes) if rep else {},
+        "notes": dict(rep.notes) if rep else {},
+        "skipped": skipped,
+        "invalid": [str(e) for e in result.errors if not isinstance(e, RowSkipped)],
+    }
+
+
+def _rows(rows: list) -> str:
+    more = f", … ({len(rows)} in all)" if len(rows) > SHOWN_ROWS else ""
+    return ", ".join(str(r) for r in rows[:SHOWN_ROWS]) + more
+
+
+def format_summary(summary: dict[str, Any], source: str, out: str) -> str:
+    """The readable report of `conversion_summary`."""
+    s = summary
+    skipped = sum(map(len, s["skipped"].values()))
+    lines = [
+        f"{source} (preset {s['preset']}) -> {out}",
+        f"  rows {s['rows']}: {s['samples']} samples written, {skipped} skipped, {len(s['invalid'])} invalid",
+        "  answer types: " + (", ".join(f"{k} {v}" for k, v in s["answer_types"].items()) or "-"),
+    ]
+    if s["answer_type_not_inferred_rows"]:
+        lines.append("  answer_type not inferred (kept as text; the answer is no number, option letter, yes/no, math "
+                     f"or box): rows {_rows(s['answer_type_not_inferred_rows'])}")  # fmt: skip
+    lines += [f"  boxes read as {k}: {v} rows" for k, v in s["box_conventions"].items()]
+    lines += [f"  {k}: {v} rows" for k, v in s["notes"].items()]
+    lines += [f"  skipped, {reason}: rows {_rows(rows)}" for reason, rows in s["skipped"].items()]
+    lines += [f"  invalid: {e}" for e in s["invalid"][:SHOWN_ROWS]]
+    if len(s["invalid"]) > SHOWN_ROWS:
+        lines.append(f"  … {len(s['invalid']) - SHOWN_ROWS} more invalid rows (--json lists them all)")
+    return "\n".join(lines)
