@@ -64,9 +64,13 @@ def realistic_tails(size: int) -> dict[str, str]:
 
 
 def clear_math_caches() -> None:
-    """math_verify memoises its last parses (lru_cache); clear them so a repeated input is really re-parsed."""
+    """math_verify and vlgrpo memoise parsed answers (lru_cache); clear both so a repeated input is really re-parsed.
+    ANTLR's prediction DFA stays warm, as it does in a training run after the first few answers."""
     import math_verify.parser
 
+    from vlgrpo.rewards import mathanswer
+
+    mathanswer._parse_checked.cache_clear()
     for value in vars(math_verify.parser).values():
         if hasattr(value, "cache_clear"):
             value.cache_clear()
@@ -138,6 +142,44 @@ def bench_throughput(n: int) -> dict[str, float]:
     return {"completions_per_s": n / dt, "us_per_completion": dt / n * 1e6}
 
 
+MATH_ANSWERS = [r"\frac{1}{2}", r"2\sqrt{3}", "x^2 - 1", "2x^3 + 3x^2 - x + 7", r"\left(\frac{1}{2}, \frac{\sqrt{3}}{2}\right)",
+                "[0, 1)", r"\{1, 2, 3\}", "y = 2x + 1", r"\pi r^2", r"e^{i\pi}", r"\sin^2 x + \cos^2 x", r"\log_2 8",
+                r"\frac{a+b}{c-d}", r"\dfrac{3}{4}", r"10\%", "0.4", "-3"]  # fmt: skip
+"""Real math answers: a wrong one costs a parse and sympy's `simplify` in verify, a right one the parse."""
+
+
+def bench_math_answers(repeat: int) -> dict[str, dict]:
+    """One answer-block math check per answer, math_verify's and vlgrpo's caches cleared (sympy's own cache and
+    ANTLR's DFA stay warm, as in a training run), wrong
+    (gold 1/2... or 7) and right (gold = the answer itself), with ANTLR's two-stage parsing and with full LL only
+    (math_verify as shipped): the same inputs in one run."""
+    from latex2sympy2_extended import latex2sympy2 as l2s
+
+    from vlgrpo.rewards import mathanswer
+
+    mathanswer._math_verify()
+    two_stage = l2s._Latex2Sympy.create_parser
+
+    def check(answer: str, gold: str) -> None:
+        clear_math_caches()
+        mathanswer._verify_checked.cache_clear()
+        mathanswer.math_match(answer, gold)
+
+    out = {}
+    for mode, factory in (("two-stage (vlgrpo)", two_stage), ("full LL (as shipped)", two_stage.__wrapped__)):
+        l2s._Latex2Sympy.create_parser = factory
+        try:
+            for case in ("wrong", "right"):
+                per_input = {a: time_call(lambda a: check(a, a if case == "right" else ("7" if a == r"\frac{1}{2}"
+                             else r"\frac{1}{2}")), a, repeat) for a in MATH_ANSWERS}  # fmt: skip
+                worst = max(per_input, key=per_input.get)
+                out[f"{mode}, {case}"] = {"worst_ms": per_input[worst] * 1e3, "worst_input": worst,
+                                          "median_ms": statistics.median(per_input.values()) * 1e3}  # fmt: skip
+        finally:
+            l2s._Latex2Sympy.create_parser = two_stage
+    return out
+
+
 def _table(title: str, rows: dict[str, dict], bound: float | None) -> list[str]:
     lines = [title]
     for name, r in rows.items():
@@ -156,7 +198,8 @@ def main() -> None:
     inputs, honest = adversarial(args.size), realistic_tails(args.size)
     result = {"score_adversarial": bench_score(inputs, args.repeat),
               "score_realistic": bench_score(honest, args.repeat),
-              "parsers": bench_parsers(inputs, args.repeat), "throughput": bench_throughput(args.n)}  # fmt: skip
+              "parsers": bench_parsers(inputs, args.repeat), "throughput": bench_throughput(args.n),
+              "math_answers": bench_math_answers(args.repeat)}  # fmt: skip
     if args.json:
         print(json.dumps(result, indent=2))
         return
@@ -165,6 +208,9 @@ def main() -> None:
     lines += _table(f"the same on {len(honest)} long completions ending in a real answer (math: math_verify's "
                     "LaTeX parser, not the length)", result["score_realistic"], None)
     lines += _table("each parser alone, worst adversarial input", result["parsers"], 5.0)
+    lines += _table(f"math answers ({len(MATH_ANSWERS)} real ones): one check, answer caches cleared; median over the "
+                    "answers in brackets", {k: {**v, "worst_input": f"{v['worst_input']}; median {v['median_ms']:.2f} ms"}
+                                            for k, v in result["math_answers"].items()}, None)  # fmt: skip
     t = result["throughput"]
     lines.append(f"score() on short completions: {t['completions_per_s']:,.0f} completions/s "
                  f"({t['us_per_completion']:.1f} us each, accuracy + format + iou)")

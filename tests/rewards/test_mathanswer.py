@@ -87,12 +87,14 @@ def test_a_parse_or_verify_that_runs_too_long_stops_at_the_deadline(monkeypatch)
     import vlgrpo.rewards.mathanswer as mathanswer
 
     mathanswer._math_verify()  # the import and warm-up run once, before any deadline
+    mathanswer._parse_checked.cache_clear()  # a memoised parse would not reach the stuck parser
     monkeypatch.setattr(mathanswer, "_parse", _stuck)
     t0 = time.perf_counter()
     assert parse_math(r"\frac{1}{2}") == []  # timed out: no answer
     assert time.perf_counter() - t0 < MATH_DEADLINE_S + 0.3
     monkeypatch.undo()
     gold, pred = parse_gold("0.5"), parse_math(r"\frac{1}{2}")
+    mathanswer._verify_checked.cache_clear()
     monkeypatch.setattr(mathanswer, "_math_verify", lambda: (None, _stuck))
     t0 = time.perf_counter()
     assert mathanswer.verify_parsed(gold, pred) is False
@@ -112,6 +114,7 @@ def test_deadline_restores_the_callers_timer_and_handler(monkeypatch):
     try:
         assert math_match(r"\frac{1}{2}", "0.5")
         monkeypatch.setattr(mathanswer, "_parse", _stuck)
+        mathanswer._parse_checked.cache_clear()
         assert parse_math("3") == []  # this one times out
         remaining, _ = signal.getitimer(signal.ITIMER_REAL)
         assert 25.0 < remaining <= 30.0 and fired == []
@@ -136,3 +139,51 @@ def test_math_verify_from_a_worker_thread():
     t.start()
     t.join(timeout=60)
     assert results == [(True, False, False)]
+
+
+TWO_STAGE_CORPUS = [
+    r"\frac{1}{2}", "0.5", "3.14", "-3", "1,000", r"2\sqrt{2}", r"\sqrt[3]{2}", "2^{10}", r"\frac{\pi}{4}", r"\frac13",
+    "x^3", "x^2 - 1", "2x^3 + 3x^2 - x + 7", r"\pi r^2", r"\pi^2", "a^2+b^2=c^2", "xy^2", r"x^3_1", r"\alpha^2",
+    r"\left(\frac{1}{2}, \frac{\sqrt{3}}{2}\right)", "(1,2)", "[0, 1)", r"\{1, 2, 3\}", r"{1,3} \cup {2,4}",
+    "1 < x < 2", "x = 5", "y = 2x + 1", "a+2z = 2z + a = 101", r"e^{i\pi}", "i", r"\sin^2 x + \cos^2 x",
+    r"\log_2 8", r"\frac{a+b}{c-d}", r"10\%", r"5\text{ cm}", r"\begin{pmatrix}1 & 2\\3 & 4\end{pmatrix}",
+    r"\dfrac{3}{4}", r"x \in [0, \infty)", r"\binom{5}{2}", "3!", r"\infty", r"-\frac{\sqrt{2}}{2}", r"\ln(x^2)",
+]  # fmt: skip
+"""Answer shapes of every kind: numbers, radicals, powers of letters (SLL reports an error there: LL finishes),
+intervals, sets, equations, chains, functions, matrices and math_verify's documented examples."""
+
+
+def test_two_stage_parsing_gives_the_trees_full_ll_gives():
+    """ANTLR's SLL-then-LL strategy must not change one converted expression: parse the corpus both ways."""
+    import math_verify
+    from latex2sympy2_extended import latex2sympy2 as l2s
+    from sympy import srepr
+
+    import vlgrpo.rewards.mathanswer as mathanswer
+
+    def parse_all():
+        math_verify.parser.parse_latex_cached.cache_clear()
+        return [[srepr(e) for e in math_verify.parse(f"${t}$", parsing_timeout=None)] for t in TWO_STAGE_CORPUS]
+
+    mathanswer._math_verify()
+    two_stage = l2s._Latex2Sympy.create_parser
+    assert two_stage.two_stage
+    fast = parse_all()
+    l2s._Latex2Sympy.create_parser = two_stage.__wrapped__  # full LL, as shipped
+    try:
+        full = parse_all()
+    finally:
+        l2s._Latex2Sympy.create_parser = two_stage
+    assert fast == full
+    assert sum(bool(f) for f in fast) == len(TWO_STAGE_CORPUS)  # every shape parsed to something
+
+
+def test_invalid_latex_fails_in_two_stage_mode_as_in_ll():
+    from latex2sympy2_extended.latex2sympy2 import latex2sympy
+
+    import vlgrpo.rewards.mathanswer as mathanswer
+
+    mathanswer._math_verify()
+    for bad in [r"\frac{1}{", r"x^{", "2 +* 3"]:
+        with pytest.raises(Exception, match="expected|understand"):
+            latex2sympy(bad)
