@@ -1,9 +1,11 @@
-"""Write docs/configuration.md from the config dataclasses: every key with its default, accepted values and docstring.
+"""Write docs/configuration.md from the config dataclasses and the registries: every key with its default, accepted
+values and docstring, then every registry option with its implementation and meaning, and the renamed keys.
 
     python scripts/gen_config_docs.py            # rewrite docs/configuration.md
     python scripts/gen_config_docs.py --check    # exit 1 when the committed file is stale (a test runs this)
 
-The dataclasses in vlgrpo/config/schema.py are the single source: this script only lays them out.
+The dataclasses in vlgrpo/config/schema.py and the registries in vlgrpo/registry.py are the single source: this
+script only lays them out.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import sys
 from pathlib import Path
 
 from vlgrpo.config import CHOICES, EVAL_SUITES, Config, field_docs
+from vlgrpo.config.schema import RENAMED_KEYS
+from vlgrpo.registry import REGISTRIES
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
@@ -85,7 +89,23 @@ def render() -> str:
                 lines.append(f"| `{key}` | {_cell(str(f.type))} | `{_value(value)}` | {accepted} | "
                              f"{_cell(docs.get(f.name, ''))} |")
             lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + _registries())
+
+
+def _registries() -> list[str]:
+    """One table per registry: each option, what implements it, what it means and its former names."""
+    lines = ["## Choices and what implements them", "",
+             "Generated from `vlgrpo/registry.py`. Adding an option is its implementation plus one line there.", ""]
+    for registry in REGISTRIES:
+        lines += [f"### `{registry.key}`", "", "| option | implemented by | meaning | former names |", "|---|---|---|---|"]
+        for o in registry.options.values():
+            target = f"`{o.target}`" if o.target else ""
+            lines.append(f"| `{o.name}` | {target} | {_cell(o.help)} | {', '.join(o.aliases)} |")
+        lines.append("")
+    lines += ["## Renamed keys", "", "A former key still works and prints a deprecation message.", "",
+              "| former key | current key |", "|---|---|"]
+    lines += [f"| `{old}` | `{new}` |" for old, new in RENAMED_KEYS.items()]
+    return lines + [""]
 
 
 def main(argv: list[str] | None = None) -> int:

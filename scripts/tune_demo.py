@@ -52,7 +52,7 @@ def main() -> None:
     out = Path(a.out)
     from vlgrpo.evals.run import make_evaluator
     from vlgrpo.trainer import run_training
-    from vlgrpo.trainer.checkpoint import export_run
+    from vlgrpo.trainer.export import export_run
 
     if not (out / "model" / "config.json").is_file():
         build_model_and_data(s, out)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from vlgrpo.cli_data import add_data_command
 
@@ -122,8 +123,11 @@ def add_reward_command(sub) -> None:
                         "for a user fn(completion, **sample_fields) -> float), an answer type, an inline mapping "
                         "'{accuracy: 1, format: 0.5}', or a YAML file (a recipe mapping or a run config); "
                         "default: the sample's answer-type recipe")  # fmt: skip
+    p.add_argument("--model", default=None,
+                   help="an exported checkpoint or run directory: its vlgrpo.json (how the model was prompted) and "
+                        "processor give the answer format, box convention and resize geometry")  # fmt: skip
     p.add_argument("--box-format", choices=["qwen2", "qwen2_5", "qwen3", "plain"], default=None,
-                   help="box convention of the completion (default: the config's, else qwen2_5)")  # fmt: skip
+                   help="box convention of the completion (default: --model's, the config's, else qwen2_5)")  # fmt: skip
     p.add_argument("--answer-format", choices=["think_answer", "answer"], default=None)
     p.add_argument("--gate", action="store_true", help="count accuracy only when the format holds")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -144,11 +148,35 @@ def _cmd_reward(args) -> int:
     ctx = RewardContext(box_format="qwen2_5", geometry=DEFAULT_GEOMETRY)
     if cfg is not None:
         ctx = context_from_config(cfg, arch="qwen2_5_vl" if cfg.model.arch == "auto" else None)
+    if args.model:
+        ctx = _context_from_checkpoint(args.model, ctx)
     flags = {"box_format": args.box_format, "answer_format": args.answer_format, "gate_accuracy_on_format": args.gate}
     ctx = dataclasses.replace(ctx, **{k: v for k, v in flags.items() if v})
     report = explain(read_completion(args.completion), sample, recipe, ctx)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 1 if report["failures"] else 0
+
+
+def _context_from_checkpoint(model: str, ctx):
+    """`ctx` with the answer format, box convention and geometry of a checkpoint's (or run's) prompt contract."""
+    import dataclasses
+
+    from vlgrpo.config import ConfigError
+    from vlgrpo.config.contract import CONTRACT_FILE, read_contract
+    from vlgrpo.data.images import checkpoint_geometry
+
+    contract = read_contract(model)
+    if contract is None:
+        raise ConfigError(f"--model '{model}' holds no {CONTRACT_FILE}: give an export (`vlgrpo export`) or a run "
+                          "directory, or set --box-format / --answer-format yourself")  # fmt: skip
+    processor_dir = model  # an export holds its processor; a run directory names its base model
+    if (Path(model) / "config.yaml").is_file():
+        from vlgrpo.config import load_config
+
+        processor_dir = load_config(Path(model) / "config.yaml").model.name_or_path
+    geometry, _ = checkpoint_geometry(processor_dir, contract.min_pixels, contract.max_pixels)
+    return dataclasses.replace(ctx, box_format=contract.box_format, answer_format=contract.answer_format,
+                               geometry=geometry)  # fmt: skip
 
 
 def add_plan_command(sub) -> None:
@@ -319,7 +347,7 @@ def add_export_command(sub) -> None:
 
 
 def _cmd_export(args) -> int:
-    from vlgrpo.trainer.checkpoint import export_run
+    from vlgrpo.trainer.export import export_run
 
     out = export_run(args.run_dir, args.out)
     print(f"exported {args.run_dir} -> {out}")

@@ -106,7 +106,7 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None) -> dict:
     """Run every stage and return the summary (also written to out_dir/summary.json)."""
     from vlgrpo.evals.run import make_evaluator, write_outputs
     from vlgrpo.trainer import run_training
-    from vlgrpo.trainer.checkpoint import export_run
+    from vlgrpo.trainer.export import export_run
 
     s = settings or DemoSettings()
     out, t0 = Path(out_dir), time.time()

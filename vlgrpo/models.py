@@ -13,17 +13,10 @@ from pathlib import Path
 
 import torch
 
+from vlgrpo.data.prompts import SPECIAL_TOKENS, VISION_PLACEHOLDERS
 from vlgrpo.types import InputError
 
 ARCHS = ("qwen2_5_vl", "qwen2_vl")
-
-# Qwen's special tokens, in Qwen's order. The tiny tokenizer gives them the first ids.
-SPECIAL_TOKENS = [
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
-]  # fmt: skip
-VISION_PLACEHOLDERS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
 
 # Qwen2-VL/2.5-VL chat template (images as <|vision_start|><|image_pad|><|vision_end|>, default system prompt).
 CHAT_TEMPLATE = (

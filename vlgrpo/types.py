@@ -39,6 +39,9 @@ class Sample:
     """(width, height) of the original image, when known without opening it."""
     task: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
+    row: int | None = field(default=None, compare=False, repr=False)
+    """1-based row of the dataset file it was read from (its line in a JSONL file), for messages; None when built in
+    code. Not part of `to_dict`: it names where the sample is, not what it is."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (bytes images are not serialisable and are dropped to None)."""

@@ -330,3 +330,25 @@ def test_write_and_cli(tmp_path, capsys):
     assert "popular: 40 questions (20 yes)" in capsys.readouterr().out
     written = json.loads((tmp_path / "cli" / "toy_pope_popular.jsonl").read_text().splitlines()[0])
     assert written["image"].endswith(".jpg") and written["image"].startswith("..")  # relative to the out folder
+
+
+def test_cli_eval_score_names_the_line_and_byte_of_a_non_utf8_prediction(tmp_path, capsys):
+    good = json.dumps({"question_id": 1, "text": "Yes", "label": "yes"}).encode() + b"\n"
+    bad = json.dumps({"question_id": 2, "text": "Oui, il y a un caf\u00e9", "label": "yes"},
+                     ensure_ascii=False).encode("latin-1")  # fmt: skip
+    path = tmp_path / "preds.jsonl"
+    path.write_bytes(good + bad + b"\n")
+    assert main(["eval", "score", "--suite", "pope", "--pred", str(path)]) == 2
+    err = capsys.readouterr().err
+    offset = len(good) + bad.index(b"\xe9")
+    assert f"error: {path}, row 2: is not UTF-8: byte 0xe9 at byte offset {offset} (line 2)" in err
+    assert "UTF-8 JSON Lines" in err and "Traceback" not in err
+
+
+def test_a_line_separator_inside_a_prediction_is_not_a_line_break(tmp_path):
+    """U+2028 is legal unescaped inside a JSON string (json.dumps(..., ensure_ascii=False) writes it raw)."""
+    rows = [{"question_id": 1, "text": "Yes\u2028there is", "label": "yes"},
+            {"question_id": 2, "text": "No", "label": "no"}]
+    path = tmp_path / "preds.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    assert [p.text for p in read_predictions(path)] == ["Yes\u2028there is", "No"]

@@ -156,7 +156,7 @@ def test_cli_eval_on_a_checkpoint_directory(tiny_model_dir, shapes_dir, tmp_path
     argv = ["eval", "--model", tiny_model_dir("qwen2_5_vl"), "--suite", "pope,grounding,vqa",
             "--data", str(shapes_dir / "test.jsonl"), "--out", str(out), "--max-new-tokens", "4", "--no-progress"]
     assert main(argv) == 0
-    assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUTS)
+    assert sorted(p.name for p in out.iterdir()) == sorted([*OUTPUTS, "pope_vlmevalkit.tsv"])
     doc = json.loads((out / "metrics.json").read_text())
     assert doc["info"]["answer_format"] == "think_answer" and doc["info"]["box_format"] == "qwen2_5"
     assert doc["counts"]["vqa"] + doc["counts"]["grounding"] + doc["counts"]["pope"] == len(
@@ -219,3 +219,22 @@ def test_in_loop_evaluator_leaves_training_undisturbed(tiny, shapes_dir, tmp_pat
     tiny.model.eval()
     with pytest.raises(InputError, match="eval.data or data.val"):
         make_evaluator(Config())
+
+
+def test_more_than_half_without_an_answer_is_a_loud_warning(tmp_path):
+    """The issue's case: an `answer`-trained model prompted with think_answer wrote "<answer>" and nothing else; VQA
+    accuracy read 0.000 with no word of why. Now the result, report.md and the CLI say so."""
+    data, engine = _scripted_set()
+    half_empty = {**engine.answers, "How many?": "<answer>", "Colour?": "<answer></answer>", "Where?": "<answer>",
+                  "R1": "<answer>"}  # 4 of 7 without an answer  # fmt: skip
+    result = evaluate(ScriptedEngine(half_empty), data, RewardContext(box_format="qwen2"), progress=False)
+    assert result.info["no_answer"] == 4
+    assert "4 of 7 completions (57%) hold no answer" in result.info["warning"]
+    assert {p["id"]: p["answered"] for p in result.predictions} == {
+        "n": False, "t": False, "g": False, "pope-random-1": False, "pope-random-2": True, "pope-popular-1": True,
+        "pope-popular-2": True}  # fmt: skip
+    write_outputs(result, tmp_path)
+    assert "4 of 7 completions" in (tmp_path / "report.md").read_text()
+    three = {**engine.answers, "How many?": "<answer>", "Colour?": "", "Where?": "nothing"}  # 3 of 7: no warning
+    result = evaluate(ScriptedEngine(three), data, RewardContext(box_format="qwen2"), progress=False)
+    assert result.info["no_answer"] == 3 and "warning" not in result.info

@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 
-from vlgrpo.grpo import ADVANTAGES, batch_advantages, constant_groups, group_advantages, group_mean_advantages
+from vlgrpo.grpo import (
+    batch_advantages,
+    constant_groups,
+    group_advantages,
+    group_mean_advantages,
+)
+from vlgrpo.registry import ADVANTAGE
 
 
 def test_two_right_two_wrong_sample_std():
@@ -36,7 +42,7 @@ def test_constant_and_singleton_groups_give_exact_zero_and_are_counted(name):
     # group 7: all 0.1 (floating mean != 0.1 exactly); group 2: one member; group 4: informative
     rewards = torch.tensor([0.1, 0.1, 0.1, 3.0, 1.0, 0.0])
     ids = torch.tensor([7, 7, 7, 2, 4, 4])
-    adv, stats = ADVANTAGES[name](rewards, ids)
+    adv, stats = ADVANTAGE.load(name)(rewards, ids)
     assert adv[:4].tolist() == [0.0, 0.0, 0.0, 0.0]
     assert adv[4] > 0 and adv[5] < 0
     assert stats["zero_adv_frac"] == pytest.approx(4 / 6)
@@ -76,7 +82,7 @@ def test_vectorised_equals_loop(mode, seed):
     ids = torch.randint(0, 9, (40,), generator=g) * 3 + 100  # non-contiguous ids, shuffled order, uneven sizes
     rewards = torch.randint(0, 3, (40,), generator=g).float() * 0.5  # ties make some groups constant
     rewards[ids == ids[0]] = 1.0  # at least one constant group
-    adv, stats = ADVANTAGES[mode](rewards, ids)
+    adv, stats = ADVANTAGE.load(mode)(rewards, ids)
     torch.testing.assert_close(adv, _loop_oracle(rewards, ids, mode), atol=1e-6, rtol=0)
     assert stats["zero_adv_frac"] == pytest.approx(float(constant_groups(rewards, ids).float().mean()))
     assert stats["zero_adv_frac"] > 0
@@ -123,7 +129,7 @@ def test_matches_trl_advantage_formula(scale):
         expected = centred / (nanstd(rewards) + 1e-4)
     else:
         expected = centred
-    ours, _ = ADVANTAGES[{"group": "group", "batch": "batch", "none": "group_mean"}[scale]](
+    ours, _ = ADVANTAGE.load({"group": "group", "batch": "batch", "none": "group_mean"}[scale])(
         rewards, torch.arange(b).repeat_interleave(k)
     )
     torch.testing.assert_close(ours, expected, atol=1e-6, rtol=0)

@@ -8,18 +8,16 @@ import pytest
 import torch
 
 from vlgrpo.grpo import (
-    AGGREGATIONS,
-    RATIOS,
     clipped_surrogate,
     k3_kl,
     policy_loss,
-    select,
     seq_mean_token_mean,
     seq_mean_token_sum_norm,
     sequence_log_ratio,
     sequence_token_log_ratio,
     token_mean,
 )
+from vlgrpo.registry import AGGREGATION, RATIO
 from vlgrpo.types import InputError
 
 E = math.e
@@ -114,8 +112,8 @@ def test_seq_mean_token_sum_norm_divides_by_max_completion_length():
         seq_mean_token_sum_norm(LOSS, MASK)
 
 
-@pytest.mark.parametrize("aggregation", list(AGGREGATIONS))
-@pytest.mark.parametrize("level", list(RATIOS))
+@pytest.mark.parametrize("aggregation", AGGREGATION.names)
+@pytest.mark.parametrize("level", RATIO.names)
 def test_micro_batches_with_global_normaliser_sum_to_full_batch(aggregation, level):
     g = torch.Generator().manual_seed(1)
     n, t = 8, 7
@@ -123,7 +121,7 @@ def test_micro_batches_with_global_normaliser_sum_to_full_batch(aggregation, lev
     old = logp + 0.2 * torch.randn(n, t, generator=g, dtype=torch.float64)
     adv = torch.randn(n, generator=g, dtype=torch.float64)
     mask = (torch.arange(t) < torch.randint(1, t + 1, (n, 1), generator=g)).long()
-    kw = dict(log_ratio=RATIOS[level], aggregate=AGGREGATIONS[aggregation], max_completion_length=10,
+    kw = dict(log_ratio=RATIO.load(level), aggregate=AGGREGATION.load(aggregation), max_completion_length=10,
               beta=0.05, ref_logp=logp.detach() + 0.1)
     full_p = logp.clone().requires_grad_(True)
     full, _ = policy_loss(full_p, old, adv, mask, **kw)
@@ -146,14 +144,14 @@ def test_gspo_sequence_ratio_hand_computed():
     old = torch.zeros(1, 3)
     mask = torch.tensor([[1, 1, 0]])
     assert sequence_log_ratio(logp, old, mask).item() == pytest.approx(0.2)
-    loss, stats = policy_loss(logp, old, torch.tensor([2.0]), mask, log_ratio=RATIOS["gspo"],
-                              aggregate=AGGREGATIONS["seq-mean-token-mean"], clip_low=3e-4, clip_high=4e-4)
+    loss, stats = policy_loss(logp, old, torch.tensor([2.0]), mask, log_ratio=RATIO.load("sequence"),
+                              aggregate=AGGREGATION.load("seq-mean-token-mean"), clip_low=3e-4, clip_high=4e-4)
     assert loss.item() == pytest.approx(-2 * 1.0004)
     assert float(stats["clip_frac_high"]) == 1.0 and float(stats["ratio_mean"]) == pytest.approx(math.exp(0.2))
     # inside the range: loss -A s, d/d logp_t = -A s / |y| on real tokens, 0 on padding
     logp2 = torch.tensor([[1e-4, -1e-4, 5.0]], requires_grad=True)
-    loss2, _ = policy_loss(logp2, old, torch.tensor([2.0]), mask, log_ratio=RATIOS["gspo"],
-                           aggregate=AGGREGATIONS["seq-mean-token-mean"], clip_low=3e-4, clip_high=4e-4)
+    loss2, _ = policy_loss(logp2, old, torch.tensor([2.0]), mask, log_ratio=RATIO.load("sequence"),
+                           aggregate=AGGREGATION.load("seq-mean-token-mean"), clip_low=3e-4, clip_high=4e-4)
     loss2.backward()
     assert loss2.item() == pytest.approx(-2.0, abs=1e-7)
     torch.testing.assert_close(logp2.grad, torch.tensor([[-1.0, -1.0, 0.0]]), atol=1e-6, rtol=0)
@@ -167,10 +165,10 @@ def test_gspo_token_equals_gspo_with_sequence_advantages():
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0], dtype=torch.float64)  # rows 0 and 1 clipped high / low
     mask = (torch.arange(6) < torch.tensor([[6], [2], [4], [1], [5]])).long()
     results = []
-    for level in ("gspo", "gspo_token"):
+    for level in ("sequence", "sequence_token"):
         p = logp.clone().requires_grad_(True)
-        loss, stats = policy_loss(p, old, adv, mask, log_ratio=RATIOS[level],
-                                  aggregate=AGGREGATIONS["seq-mean-token-mean"], clip_low=3e-4, clip_high=4e-4)
+        loss, stats = policy_loss(p, old, adv, mask, log_ratio=RATIO.load(level),
+                                  aggregate=AGGREGATION.load("seq-mean-token-mean"), clip_low=3e-4, clip_high=4e-4)
         loss.backward()
         results.append((loss.item(), p.grad, stats))
     assert results[0][0] == pytest.approx(results[1][0], abs=1e-12)
@@ -195,10 +193,11 @@ def test_clipped_surrogate_broadcasts_sequence_ratio():
     torch.testing.assert_close(out, torch.tensor([[-1.28], [2.0]]))
 
 
-def test_select_names_the_key_and_choices():
-    assert select(AGGREGATIONS, "token-mean", "grpo.aggregation") is token_mean
-    with pytest.raises(InputError, match=r"grpo.loss='ppo' is not one of grpo, gspo, gspo_token"):
-        select(RATIOS, "ppo", "grpo.loss")
+def test_the_registry_names_the_key_and_choices():
+    assert AGGREGATION.load("token-mean") is token_mean
+    assert RATIO.load("gspo") is RATIO.load("sequence") is sequence_log_ratio  # a former name still loads
+    with pytest.raises(ValueError, match=r"grpo.ratio='ppo' is not one of token, sequence, sequence_token"):
+        RATIO.load("ppo")
 
 
 def test_bad_arguments_are_named():

@@ -8,7 +8,12 @@ import torch
 
 from vlgrpo.grpo import policy_loss
 from vlgrpo.grpo.logprobs import token_logprobs, truncated_token_logprobs
-from vlgrpo.grpo.rollout_is import ROLLOUT_IS_MODES, logprob_gap, resolve_mode, rollout_is_weights
+from vlgrpo.grpo.rollout_is import (
+    ROLLOUT_IS_MODES,
+    logprob_gap,
+    resolve_mode,
+    rollout_is_weights,
+)
 
 OLD = torch.tensor([[-1.0, -2.0, 0.0]])
 ENGINE = torch.tensor([[-1.5, -1.0, 5.0]])

@@ -5,7 +5,7 @@ TRL is a test-only dependency. `_compute_loss` (trl/trainer/grpo_trainer.py) is 
 the numbers compared below are computed by TRL's code, not by a re-derivation. Name map (see losses.py):
 grpo -> seq-mean-token-mean, bnpo -> token-mean (micro-batch tokens), dapo -> token-mean with the generation
 batch's token count (`num_items_in_batch`) as `num_tokens`, dr_grpo -> seq-mean-token-sum-norm with
-L_max = max_completion_length; importance_sampling_level="sequence" -> RATIOS["gspo"].
+L_max = max_completion_length; importance_sampling_level="sequence" -> grpo.ratio=sequence.
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vlgrpo.grpo import AGGREGATIONS, RATIOS, policy_loss
+from vlgrpo.grpo import policy_loss
+from vlgrpo.registry import AGGREGATION, RATIO
 
 grpo_trainer = pytest.importorskip("trl.trainer.grpo_trainer")
 
 N, T, L_MAX = 6, 9, 13  # completions, padded width, max_completion_length (> T so dr_grpo's L is visible)
 AGG = {"grpo": "seq-mean-token-mean", "bnpo": "token-mean", "dapo": "token-mean", "dr_grpo": "seq-mean-token-sum-norm"}
-LEVEL = {"token": "grpo", "sequence": "gspo"}
+LEVEL = {"token": "token", "sequence": "sequence"}  # TRL importance_sampling_level -> grpo.ratio
 
 
 def _batch(level: str, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -78,7 +79,7 @@ def _our_loss(b, loss_type, level, beta, eps_low, eps_high, **norm):
     if loss_type == "dapo":
         norm.setdefault("num_tokens", b["mask"].sum())
     loss, stats = policy_loss(
-        logp, b["old"], b["adv"], b["mask"], log_ratio=RATIOS[LEVEL[level]], aggregate=AGGREGATIONS[AGG[loss_type]],
+        logp, b["old"], b["adv"], b["mask"], log_ratio=RATIO.load(LEVEL[level]), aggregate=AGGREGATION.load(AGG[loss_type]),
         clip_low=eps_low, clip_high=eps_high, beta=beta, ref_logp=b["ref"], entropy=b["entropy"],
         max_completion_length=L_MAX, **norm,
     )

@@ -7,13 +7,15 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import sys
 import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from vlgrpo.config.schema import CHOICES, EVAL_SUITES, Config, ConfigError
+from vlgrpo.config.schema import CHOICES, EVAL_SUITES, RENAMED_KEYS, Config, ConfigError
+from vlgrpo.registry import BY_KEY
 
 # ---------------------------------------------------------------- merging dicts into dataclasses
 
@@ -111,9 +113,18 @@ def _parse_yaml(text: str, source: str) -> Any:
         raise ConfigError(f"{source} is not valid YAML{where}: {problem}") from None
 
 
+def _leaf_keys(values: dict[str, Any], prefix: str = "") -> set[str]:
+    keys = set()
+    for k, v in values.items():
+        keys |= _leaf_keys(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {f"{prefix}{k}"}
+    return keys
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Defaults <- YAML file (only what differs) <- dotted overrides; then validate."""
+    """Defaults <- the prompt contract of model.name_or_path (its vlgrpo.json, when it has one) <- YAML file (only
+    what differs) <- dotted overrides; then validate."""
     cfg = Config()
+    explicit: set[str] = set()
     if path is not None:
         path = Path(path)
         if not path.is_file():
@@ -121,14 +132,69 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         data = _parse_yaml(path.read_text(), f"config file '{path}'") or {}
         if not isinstance(data, dict):
             raise ConfigError(f"config file '{path}' must hold a mapping of sections, got {type(data).__name__}")
+        data = _renamed(data, f"config file '{path}'")
         try:
             _apply(cfg, data)
         except ConfigError as e:
             raise ConfigError(f"{path}: {e}") from None
+        explicit |= _leaf_keys(data)
     if overrides:
-        _apply(cfg, _dotted_to_nested(overrides))
+        nested = _renamed(_dotted_to_nested(overrides), "override")
+        _apply(cfg, nested)
+        explicit |= _leaf_keys(nested)
+    _apply_checkpoint_contract(cfg, explicit)
+    _canonical_values(cfg)
     validate(cfg)
     return cfg
+
+
+def _deprecated(message: str) -> None:
+    print(f"[vlgrpo] deprecated: {message}", file=sys.stderr)
+
+
+def _renamed(values: dict[str, Any], source: str) -> dict[str, Any]:
+    """`values` with every former key (RENAMED_KEYS) moved to its current name, each move reported once."""
+    for old, new in RENAMED_KEYS.items():
+        *old_path, old_leaf = old.split(".")
+        node = values
+        for part in old_path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or old_leaf not in node:
+            continue
+        value = node.pop(old_leaf)
+        *new_path, new_leaf = new.split(".")
+        target = values
+        for part in new_path:
+            target = target.setdefault(part, {})
+        if new_leaf in target:
+            raise ConfigError(f"{source} sets both '{old}' (its former name) and '{new}': keep only '{new}'")
+        target[new_leaf] = value
+        _deprecated(f"config key '{old}' is now '{new}' ({source}); the old name still works")
+    return values
+
+
+def _canonical_values(cfg: Config) -> None:
+    """Former option names of registry keys (grpo.ratio=gspo) -> their current names, each reported."""
+    for key, registry in BY_KEY.items():
+        value = get_key(cfg, key)
+        if isinstance(value, str):
+            current, message = registry.canonical(value)
+            if message:
+                section, leaf = key.rsplit(".", 1)
+                setattr(get_key(cfg, section), leaf, current)
+                _deprecated(message)
+
+
+def _apply_checkpoint_contract(cfg: Config, explicit: set[str]) -> None:
+    """A checkpoint that vlgrpo exported says how it was prompted: those settings become the defaults."""
+    from vlgrpo.config.contract import apply_contract, read_contract
+
+    if not Path(cfg.model.name_or_path).is_dir():
+        return
+    contract = read_contract(cfg.model.name_or_path)
+    if contract is not None:
+        for note in apply_contract(cfg, contract, explicit):
+            print(f"[vlgrpo] warning: {note}", file=sys.stderr)
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vlgrpo.registry import BY_KEY, EVAL_SUITE
 from vlgrpo.types import InputError
 
 
@@ -143,8 +144,9 @@ class GRPOConfig:
     """group ((r-mean)/(std+eps), sample std), group_mean (Dr.GRPO, no std) or batch (batch std)."""
     std_eps: float = 1e-4
     """epsilon added to the std in the advantage denominator (TRL's 1e-4)."""
-    loss: str = "grpo"
-    """Ratio level: grpo (token ratios), gspo (sequence ratio), gspo_token."""
+    ratio: str = "token"
+    """Importance-ratio level: token (GRPO), sequence (GSPO) or sequence_token (GSPO-token). Formerly `grpo.loss`
+    with values grpo / gspo / gspo_token, still accepted with a deprecation message."""
     aggregation: str = "token-mean"
     """token-mean (DAPO), seq-mean-token-mean (original GRPO) or seq-mean-token-sum-norm (Dr.GRPO)."""
     clip_low: float = 0.2
@@ -275,26 +277,21 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 
-# Accepted values of the string-valued choice keys: one table, used by validate() and the docs.
+# Accepted values of the string-valued choice keys: the registries' names (vlgrpo/registry.py) and the plain value
+# choices below; one table, used by validate(), the CLI and the docs.
 CHOICES: dict[str, tuple[str, ...]] = {
-    "model.arch": ("auto", "qwen2_vl", "qwen2_5_vl"),
+    **{key: registry.names for key, registry in BY_KEY.items() if key != EVAL_SUITE.key},
     "model.dtype": ("float32", "bfloat16", "float16"),
     "model.attn_implementation": ("sdpa", "eager", "flash_attention_2"),
-    "data.format": ("auto", "jsonl", "hf", "parquet", "folder"),
-    "data.preset": ("none", "llava", "messages", "r1v", "easyr1"),  # vlgrpo.data.presets.PRESETS; a test pins both
     "data.answer_format": ("think_answer", "answer"),
-    "rollout.engine": ("hf", "vllm"),
     "rollout.vllm.placement": ("colocate", "split"),
     "rollout.vllm.mm_input": ("embeds", "pixels"),
-    "reward.box_format": ("auto", "qwen2", "qwen2_5", "qwen3", "plain"),
-    "grpo.advantage": ("group", "group_mean", "batch"),
-    "grpo.loss": ("grpo", "gspo", "gspo_token"),
-    "grpo.aggregation": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
     "grpo.rollout_is": ("auto", "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
     "grpo.rollout_is_sequence": ("product", "geometric_mean"),
     "train.stage": ("grpo", "sft"),
-    "train.backend": ("plain", "lora", "zero3"),
     "train.lr_schedule": ("constant", "cosine"),
-    "eval.pope_parser": ("pope", "vlmevalkit", "strict"),
 }
-EVAL_SUITES = ("pope", "grounding", "vqa")
+EVAL_SUITES = EVAL_SUITE.names
+RENAMED_KEYS: dict[str, str] = {"grpo.loss": "grpo.ratio"}
+"""Former dotted config key -> its current name. The loader moves a former key to its current one with a deprecation
+message; a former *value* of a registry key is mapped by the registry's aliases the same way."""

@@ -7,11 +7,13 @@ on the first bad row (naming file, row and field) or skips and reports every bad
 from __future__ import annotations
 
 import csv
+import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from vlgrpo.data.jsonl import json_rows, read_text
 from vlgrpo.data.presets import ConversionReport, RowSkipped, convert_rows
 from vlgrpo.data.schema import DataError, sample_from_dict
 from vlgrpo.types import Sample
@@ -28,6 +30,8 @@ class LoadResult:
     (several images, several turns, ...) are always here, whatever `errors`."""
     conversion: ConversionReport | None = None
     """What the preset inferred and assumed, when one was used."""
+    source: str = ""
+    """The file the rows came from (an image folder's labels file), as messages name it."""
 
 
 def detect_format(path: str | Path) -> str:
@@ -49,33 +53,6 @@ def detect_format(path: str | Path) -> str:
         "cannot tell the format: expected a .jsonl/.parquet file, a directory saved with datasets' save_to_disk, "
         f"or an image folder with {' or '.join(LABEL_FILES)}; set data.format to one of {', '.join(FORMATS[1:])}",
     )  # fmt: skip
-
-
-def iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
-    """(1-based line number, parsed row); blank lines are skipped, malformed JSON raises with the line number.
-    A file holding one JSON array (LLaVA's and VLM-R1's .json files) yields its elements, numbered from 1."""
-    with path.open(encoding="utf-8") as f:
-        head = f.read(4096).lstrip()[:1]
-    if head == "[":
-        try:
-            rows = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            if e.msg != "Extra data":  # "Extra data": several values, i.e. JSONL whose first row is a list
-                yield e.lineno, DataError(str(path), e.lineno, None, f"malformed JSON array ({e.msg} at line "
-                                          f"{e.lineno}, column {e.colno})")  # fmt: skip
-                return
-            rows = None
-        if isinstance(rows, list):
-            yield from enumerate(rows, start=1)
-            return
-    with path.open(encoding="utf-8") as f:
-        for no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield no, json.loads(line)
-            except json.JSONDecodeError as e:
-                yield no, DataError(str(path), no, None, f"malformed JSON ({e.msg} at column {e.colno})")
 
 
 def _hf_rows(dataset, source: str) -> Iterator[tuple[int, Any]]:
@@ -120,12 +97,16 @@ def _folder_rows(folder: Path) -> tuple[Path, Iterator[tuple[int, Any]]]:
     else:
         raise DataError(str(folder), None, None, f"image folder needs a labels file: {' or '.join(LABEL_FILES)}")
     if label_file.suffix == ".jsonl":
-        return label_file, iter_jsonl(label_file)
+        return label_file, json_rows(label_file)
 
     def rows():
-        with label_file.open(newline="", encoding="utf-8") as f:
-            for no, row in enumerate(csv.DictReader(f), start=2):  # row 1 is the header
-                yield no, {k: _parse_cell(v or "") for k, v in row.items() if k}
+        try:
+            text = read_text(label_file)
+        except DataError as e:  # a cell can span lines: the file is read whole or not at all
+            yield e.row, e
+            return
+        for no, row in enumerate(csv.DictReader(io.StringIO(text, newline="")), start=2):  # row 1 is the header
+            yield no, {k: _parse_cell(v or "") for k, v in row.items() if k}
 
     return label_file, rows()
 
@@ -149,14 +130,14 @@ def load_samples(
         path = Path(source)
         if not path.is_file():
             raise DataError(name, None, None, "does not exist")
-        base, rows = path.parent, iter_jsonl(path)
+        base, rows = path.parent, json_rows(path)
     elif fmt in ("hf", "parquet"):
         base, rows = (None if in_memory else Path(source).parent), _hf_rows(_load_hf(source, split), name)
     else:
         label_file, rows = _folder_rows(Path(source))
         base, name = Path(source), str(label_file)
     base = Path(image_root) if image_root is not None else base
-    result = LoadResult(samples=[])
+    result = LoadResult(samples=[], source=name)
     if preset != "none" or columns:
         result.conversion = ConversionReport(preset)
         rows = convert_rows(rows, preset, columns or {}, name, base, result.conversion)
@@ -174,6 +155,31 @@ def load_samples(
     if not result.samples and not result.errors:
         raise DataError(name, None, None, "holds no rows")
     return result
+
+
+def skip_reason(e: DataError) -> str:
+    """What a skipped row is counted under: a preset's reason (several_images, ...) or row_<field> (row_json for a
+    line that is not UTF-8 or not JSON), as `vlgrpo data doctor` names its checks."""
+    return e.reason if isinstance(e, RowSkipped) else f"row_{e.field or 'json'}"
+
+
+def skip_summary(skipped: list[tuple[str, int | None]], shown: int = 10) -> str:
+    """(reason, row) pairs as 'image_missing 2 (rows 3, 9), row_json 1 (row 5)': reasons in order of their first
+    row, at most `shown` row numbers each."""
+    rows: dict[str, list[str]] = {}
+    for reason, row in sorted(skipped, key=lambda p: p[1] or 0):
+        rows.setdefault(reason, []).append(str(row))
+    return ", ".join(
+        f"{reason} {len(nos)} ({'row' if len(nos) == 1 else 'rows'} {', '.join(nos[:shown])}"
+        f"{', ...' if len(nos) > shown else ''})" for reason, nos in rows.items()
+    )
+
+
+def no_usable_row(source: str, skipped: list[tuple[str, int | None]], scope: str = "") -> DataError:
+    """The error when every row of a training set was skipped: how many, for which reasons, at which rows."""
+    which = f"all {len(skipped)} rows were" if len(skipped) > 1 else "its only row was"
+    return DataError(source, None, None, f"no usable row{scope}: {which} skipped: {skip_summary(skipped)}; "
+                     "`vlgrpo data doctor` on the file lists every problem")  # fmt: skip
 
 
 def write_jsonl(samples: list[Sample], path: str | Path) -> None:

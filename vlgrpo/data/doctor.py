@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from vlgrpo.data.adapters import _folder_rows, _hf_rows, _load_hf, detect_format, iter_jsonl
-from vlgrpo.data.images import DEFAULT_GEOMETRY, ImageError, ProcessorGeometry, image_size, load_image
+from vlgrpo.data.adapters import _folder_rows, _hf_rows, _load_hf, detect_format, skip_reason
+from vlgrpo.data.images import DEFAULT_GEOMETRY, ImageInfo, ProcessorGeometry, inspect_image
+from vlgrpo.data.jsonl import ACCEPTED, json_rows
 from vlgrpo.data.prompts import instruction
+from vlgrpo.data.rowcheck import image_tokens, row_problems
 from vlgrpo.data.schema import DataError, sample_from_dict
 from vlgrpo.types import Sample
 
@@ -30,7 +32,6 @@ DEFAULT_SYSTEM_TOKENS = 6
 """'You are a helpful assistant.', which the template inserts when data.system_prompt is empty."""
 CHARS_PER_TOKEN = 3
 """Text estimate: Qwen's BPE averages ~4 characters per English token; 3 errs on the long side."""
-PLACEHOLDERS = ("<|image_pad|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|video_pad|>")
 HUB_GEOMETRY = DEFAULT_GEOMETRY
 """The released Qwen2-VL / Qwen2.5-VL processors' geometry (up to 16,384 tokens); defined once in data.images."""
 SKEW_TYPES, SKEW_MIN_SAMPLES, SKEW_SHARE = ("yesno", "choice"), 20, 0.75
@@ -140,7 +141,7 @@ def iter_rows(source: str, fmt: str = "auto") -> tuple[str, Path | None, Iterato
     if fmt == "jsonl":
         if not Path(source).is_file():
             raise DataError(source, None, None, "does not exist")
-        return source, Path(source).parent, iter_jsonl(Path(source))
+        return source, Path(source).parent, json_rows(source)
     if fmt in ("hf", "parquet"):
         return source, Path(source).parent, _hf_rows(_load_hf(source, "train"), source)
     label_file, rows = _folder_rows(Path(source))
@@ -148,40 +149,6 @@ def iter_rows(source: str, fmt: str = "auto") -> tuple[str, Path | None, Iterato
 
 
 # ---------------------------------------------------------------- the checks
-
-
-@dataclass
-class ImageInfo:
-    problem: tuple[str, str] | None = None
-    """(check, message) when the image cannot be used."""
-    header: tuple[int, int] | None = None
-    """(width, height) from the file header after EXIF orientation: what the prompt's pad count is built from."""
-    decoded: tuple[int, int] | None = None
-    """(width, height) of the fully decoded image: what the vision encoder sees."""
-
-
-def inspect_image(src: str | bytes) -> ImageInfo:
-    """Open one image completely; classify missing, empty, unreadable and corrupt files."""
-    if isinstance(src, str):
-        path = Path(src)
-        if not path.is_file():
-            return ImageInfo(("image_missing", f"image file '{src}' does not exist"))
-        if path.stat().st_size == 0:
-            return ImageInfo(("image_empty", f"image file '{src}' is empty (0 bytes)"))
-    elif not src:
-        return ImageInfo(("image_empty", "inline image bytes are empty"))
-    name = f"'{src}'" if isinstance(src, str) else f"<{len(src)} inline bytes>"
-    try:
-        decoded = load_image(src).size  # the full decode first: a truncated file fails here
-        header = image_size(src)
-    except PermissionError as e:
-        return ImageInfo(("image_unreadable", f"image {name} cannot be read ({e.strerror})"))
-    except ImageError as e:
-        return ImageInfo(("image_corrupt", str(e)))
-    except Exception as e:  # noqa: BLE001 - a bare OSError from image_size on a truncated PNG's EXIF, Pillow's
-        # DecompressionBombError, ...: the doctor reports every unusable image instead of stopping at the first
-        return ImageInfo(("image_corrupt", f"image {name} cannot be decoded ({type(e).__name__}: {e})"))
-    return ImageInfo(None, header, decoded)
 
 
 def prompt_tokens(image_tokens: int, text: str, system_prompt: str) -> tuple[int, int]:
@@ -196,34 +163,14 @@ def sample_findings(
 ) -> tuple[list[tuple[str, str, str]], int, int]:
     """([(severity, check, message)], image tokens, estimated prompt tokens) of one sample whose image was inspected;
     the token counts are 0 when the image is unusable."""
-    out: list[tuple[str, str, str]] = []
-    for token in PLACEHOLDERS:
-        if token in s.question:
-            out.append((ERROR, "placeholder_literal", f"the question contains {token}: vlgrpo inserts the image "
-                        "placeholders itself, and a literal one breaks the image-token count; remove it"))  # fmt: skip
+    out = [(ERROR, check, msg) for check, msg in row_problems(s, info, settings.geometry)]
     if "<image>" in s.question:
         out.append((WARNING, "image_marker", "the question contains a LLaVA-style '<image>' marker; vlgrpo puts the "
                     "image before the question itself, so the marker is only noise text: remove it"))  # fmt: skip
-    if info.problem is not None:
-        return [(ERROR, *info.problem), *out], 0, 0
-    g, (w, h) = settings.geometry, info.decoded
-    try:
-        tokens = g.num_image_tokens(h, w)
-    except ImageError as e:
-        return [*out, (ERROR, "image_geometry", str(e))], 0, 0
-    if info.header != info.decoded:
-        pads = g.num_image_tokens(info.header[1], info.header[0])
-        if pads != tokens:
-            out.append((ERROR, "placeholder_count", f"the prompt would get {pads} <|image_pad|> tokens (header size "
-                        f"{info.header[0]}x{info.header[1]}) but the decoded {w}x{h} image gives {tokens} features"))
-    if s.image_size is not None and tuple(s.image_size) != (w, h):
-        out.append((ERROR, "image_size_mismatch", f"image_size {list(s.image_size)} but the image is {w}x{h} px; "
-                    "box rewards scale by image_size: correct it or leave it out"))  # fmt: skip
-    for box in s.boxes:
-        x1, y1, x2, y2 = box
-        if x1 < 0 or y1 < 0 or x2 > w or y2 > h:
-            out.append((ERROR, "box_out_of_image", f"box {box} lies outside the {w}x{h} image (boxes are "
-                        "original-image pixels, [x1, y1, x2, y2])"))  # fmt: skip
+    tokens = image_tokens(info, settings.geometry)
+    if not tokens:
+        return out, 0, 0
+    w, h = info.decoded
     text = f"{s.question} {instruction(s.answer_type, settings.answer_format, settings.box_format)}"
     certain, estimate = prompt_tokens(tokens, text, settings.system_prompt)
     limit = settings.max_prompt_length
@@ -291,14 +238,16 @@ def check_split(
                 raise raw
             s = sample_from_dict(raw, src_name, no, base)
         except DataError as e:  # inverted/empty boxes, boxes outside a declared image_size, missing fields, ...
-            add(ERROR, f"row_{e.field or 'json'}", no, raw.get("id") if isinstance(raw, dict) else None, e.problem,
-                e.field)  # fmt: skip
+            add(ERROR, skip_reason(e), no, raw.get("id") if isinstance(raw, dict) else None, e.problem, e.field)
             continue
         if s.id in stats.ids:
             add(ERROR, "duplicate_id", no, s.id, f"id {s.id!r} was already used at row {stats.ids[s.id]}: ids must "
                 "be unique (prompts, predictions and reward failures are keyed by them)")  # fmt: skip
         stats.ids.setdefault(s.id, no)
         samples.append((no, s))
+    if stats.rows == 0:
+        add(ERROR, "dataset_empty", None, None, f"holds no rows (an empty file, or only blank lines): nothing to train "
+            f"or evaluate on; {ACCEPTED}")  # fmt: skip
     # 2. every distinct image opened completely, once
     images = inspect_images([s.image for _, s in samples], workers, progress, f"doctor {name}")
     stats.images = len(images)

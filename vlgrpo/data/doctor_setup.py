@@ -15,6 +15,7 @@ from vlgrpo.data.doctor import (
     CORRECTNESS, ERROR, WARNING, DoctorReport, DoctorSettings, GoldCheck, run_doctor,
 )  # fmt: skip
 from vlgrpo.data.images import checkpoint_geometry
+from vlgrpo.data.prompts import check_system_prompt
 from vlgrpo.types import Sample
 
 processor_geometry = checkpoint_geometry
@@ -38,6 +39,7 @@ def settings_from_config(cfg) -> tuple[DoctorSettings, Any]:
     """(DoctorSettings, RewardContext) of a run config: geometry, prompt settings and the reward's context."""
     from vlgrpo.rewards import context_from_config  # rewards are a peer layer: imported only here
 
+    check_system_prompt(cfg.data.system_prompt)  # every prompt holds it: a config error (exit 2), not a row's
     m = cfg.model
     geometry, source = processor_geometry(m.name_or_path, m.min_pixels, m.max_pixels)
     ctx = context_from_config(cfg, model_arch(m.name_or_path, m.arch), geometry)

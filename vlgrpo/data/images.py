@@ -88,6 +88,41 @@ def image_size(src: str | bytes | Path) -> tuple[int, int]:
     return (h, w) if orientation in (5, 6, 7, 8) else (w, h)
 
 
+@dataclass
+class ImageInfo:
+    problem: tuple[str, str] | None = None
+    """(check, message) when the image cannot be used."""
+    header: tuple[int, int] | None = None
+    """(width, height) from the file header after EXIF orientation: what the prompt's pad count is built from."""
+    decoded: tuple[int, int] | None = None
+    """(width, height) of the fully decoded image: what the vision encoder sees."""
+
+
+def inspect_image(src: str | bytes) -> ImageInfo:
+    """Open one image completely; classify missing, empty, unreadable and corrupt files. What decides whether a row's
+    image can be used, for `vlgrpo data doctor` and for the trainer when it draws the row."""
+    if isinstance(src, str):
+        path = Path(src)
+        if not path.is_file():
+            return ImageInfo(("image_missing", f"image file '{src}' does not exist"))
+        if path.stat().st_size == 0:
+            return ImageInfo(("image_empty", f"image file '{src}' is empty (0 bytes)"))
+    elif not src:
+        return ImageInfo(("image_empty", "inline image bytes are empty"))
+    name = f"'{src}'" if isinstance(src, str) else f"<{len(src)} inline bytes>"
+    try:
+        decoded = load_image(src).size  # the full decode first: a truncated file fails here
+        header = image_size(src)
+    except PermissionError as e:
+        return ImageInfo(("image_unreadable", f"image {name} cannot be read ({e.strerror})"))
+    except ImageError as e:
+        return ImageInfo(("image_corrupt", str(e)))
+    except Exception as e:  # noqa: BLE001 - a bare OSError from image_size on a truncated PNG's EXIF, Pillow's
+        # DecompressionBombError, ...: the doctor reports every unusable image instead of stopping at the first
+        return ImageInfo(("image_corrupt", f"image {name} cannot be decoded ({type(e).__name__}: {e})"))
+    return ImageInfo(None, header, decoded)
+
+
 RELEASED_MIN_PIXELS, RELEASED_MAX_PIXELS = 56 * 56, 16384 * 28 * 28
 """Resize bounds of the released Qwen2-VL / Qwen2.5-VL processors (3,136 and 12,845,056 px in their
 preprocessor_config.json; qwen-vl-utils' MIN_PIXELS / MAX_PIXELS). transformers' Qwen2VLImageProcessor class defaults

@@ -1,4 +1,5 @@
-"""Chat messages for a Sample: the image, the question, and an instruction saying which answer format to use.
+"""Chat messages for a Sample: the image, the question, and an instruction saying which answer format to use; and
+the chat template's special tokens, which a row's text must not contain.
 
 One place decides what the model is asked, so rollout, SFT targets, evals and rewards agree. Knows nothing of
 tokenizers or models (the processor's chat template turns these messages into text).
@@ -6,7 +7,23 @@ tokenizers or models (the processor's chat template turns these messages into te
 
 from __future__ import annotations
 
-from vlgrpo.types import Sample
+from vlgrpo.types import InputError, Sample
+
+SPECIAL_TOKENS = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
+]  # fmt: skip
+"""Qwen2-VL / Qwen2.5-VL's special tokens, in Qwen's order (the tiny tokenizer gives them the first ids)."""
+VISION_PLACEHOLDERS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+"""The image placeholders vlgrpo inserts itself; a policy never samples them."""
+RESERVED_TOKENS = (
+    "<|im_start|>", "<|im_end|>", "<|endoftext|>", *VISION_PLACEHOLDERS,
+    "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
+)  # fmt: skip
+"""Tokens a row's text must not hold: the tokenizer reads them as control tokens, so a question could end its turn and
+forge another (`<|im_end|>\n<|im_start|>assistant`) or add image slots. The box and object-reference tokens are not
+reserved: Qwen2-VL's grounding prompts and answers are written with them."""
 
 ANSWER_HINTS = {
     "number": "Answer with a number.",
@@ -25,6 +42,19 @@ FORMAT_HINTS = {
     "think_answer": " Think first inside <think> </think>, then give the answer inside <answer> </answer>.",
     "answer": " Give the answer inside <answer> </answer>.",
 }
+
+
+def reserved_tokens(text: str) -> list[str]:
+    """The RESERVED_TOKENS in `text`, in the order they first appear."""
+    return sorted((t for t in RESERVED_TOKENS if t in text), key=text.find)
+
+
+def check_system_prompt(system_prompt: str) -> None:
+    """data.system_prompt goes into every prompt: a reserved token there is a config error, not a bad row."""
+    found = reserved_tokens(system_prompt)
+    if found:
+        raise InputError(f"data.system_prompt contains {', '.join(found)}: the chat template's control tokens would "
+                         "end the system turn early or add image slots to every prompt; remove them")  # fmt: skip
 
 
 def instruction(answer_type: str, answer_format: str, box_format: str) -> str:

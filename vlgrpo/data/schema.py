@@ -115,4 +115,5 @@ def sample_from_dict(row: Any, source: str, row_no: int | None, base_dir: Path |
         image_size=size,
         task=str(row.get("task") or ""),
         meta=meta,
+        row=row_no,
     )

@@ -1,16 +1,19 @@
 """REC grounding metrics: Acc@0.5, Acc@0.75, mean IoU and the parse-failure rate, in original-image pixels.
 
 Predicted boxes are read and converted by the rewards module's model-aware parsing (`predicted_boxes`: the box
-convention and resize geometry come from the RewardContext); IoU is the rewards module's. Knows nothing of models,
-engines or files.
+convention and resize geometry come from the RewardContext); IoU is the rewards module's. The `grounding` eval
+suite (`SUITE`). Knows nothing of models or engines.
 """
 
 from __future__ import annotations
 
+from vlgrpo.data.images import image_size
+from vlgrpo.evals.report import groups, label, table
+from vlgrpo.evals.suite import Scores, Selection, Suite, prediction_row
 from vlgrpo.rewards.context import RewardContext
 from vlgrpo.rewards.grounding import iou
 from vlgrpo.rewards.registry import Box, gold_boxes, predicted_boxes
-from vlgrpo.types import Sample
+from vlgrpo.types import Completion, Sample
 
 THRESHOLDS = (0.5, 0.75)
 """Acc@tau thresholds reported as acc50 and acc75 (a hit is IoU >= tau, so IoU exactly 0.5 counts at 0.5)."""
@@ -59,3 +62,36 @@ def grounding_metrics(
         metrics.update({f"{k}_task_{task}": v for k, v in part.items()})
         counts[f"task_{task}"] = len(rows)
     return metrics, counts
+
+
+COLUMNS = {"acc50": "Acc@0.5", "acc75": "Acc@0.75", "miou": "mIoU", "parse_fail": "parse fail"}
+
+
+def select(sel: Selection) -> list[Sample]:
+    """The box samples, the first `max_samples`; a missing `image_size` is read from the image header."""
+    samples = [s for s in sel.samples if s.answer_type == "box"][: sel.max_samples]
+    for s in samples:
+        if s.image_size is None:
+            s.image_size = image_size(s.image)
+    return samples
+
+
+def score(samples: list[Sample], completions: list[Completion], ctx: RewardContext, parser: str) -> Scores:
+    scored = [box_iou(c.text, s, ctx) for s, c in zip(samples, completions)]
+    ious, parsed = [v for v, _ in scored], [b is not None for _, b in scored]
+    metrics, counts = grounding_metrics(ious, parsed, [s.task for s in samples])
+    rows = [{**prediction_row("grounding", s, c, s.boxes), "pred_box": list(b) if b else None, "iou": v,
+             "answered": b is not None} for s, c, (v, b) in zip(samples, completions, scored)]  # fmt: skip
+    return metrics, counts, rows
+
+
+def report(metrics: dict, counts: dict, info: dict) -> list[str]:
+    cols = list(COLUMNS)
+    rows = [["all", counts["grounding"], *(metrics[f"eval/grounding/{c}"] for c in cols)]]
+    rows += [[label(g), counts[f"grounding/{g}"], *(metrics[f"eval/grounding/{c}_{g}"] for c in cols)]
+             for g in groups(counts, "grounding")]  # fmt: skip
+    head = ["group", "n", *COLUMNS.values()]
+    return ["## Grounding (REC, IoU of the first box in original-image pixels)", "", *table(head, rows)]
+
+
+SUITE = Suite("grounding", "samples of answer_type box", select, score, report)

@@ -6,11 +6,13 @@ Knows nothing of losses or optimisers; the training side is reached only through
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
+from vlgrpo.config.contract import CONTRACT_FILE, read_contract
 from vlgrpo.evals.run import EvalResult, build_eval_data, evaluate
 from vlgrpo.evals.report import write_outputs
 from vlgrpo.rewards.context import RewardContext
@@ -18,22 +20,26 @@ from vlgrpo.types import InputError
 
 
 def load_for_eval(model: str, workdir: Path, dtype: str = "float32", device: str = "cpu"):
-    """(LoadedModel, the run's Config or None) from an HF checkpoint directory (config.json), a run directory
-    (config.yaml + checkpoints/: its newest checkpoint is exported to `workdir` first, LoRA merged) or a hub id."""
+    """(LoadedModel, the run's Config or None, the prompt contract or None) from an HF checkpoint directory
+    (config.json; an export also holds vlgrpo.json, the prompt contract), a run directory (config.yaml +
+    checkpoints/: its newest checkpoint is exported to `workdir` first, LoRA merged) or a hub id."""
     from vlgrpo.models import load_model
 
     path = Path(model)
     if (path / "config.yaml").is_file() and (path / "checkpoints").is_dir():
         from vlgrpo.config import load_config
-        from vlgrpo.trainer.checkpoint import export_run
+        from vlgrpo.trainer.export import export_run
 
         cfg = load_config(path / "config.yaml")
         exported = export_run(path, workdir / "export")
-        return load_model(str(exported), cfg.model.arch, dtype, device=device), cfg
+        return load_model(str(exported), cfg.model.arch, dtype, device=device), cfg, read_contract(exported)
     if path.is_dir() and not (path / "config.json").is_file():
         raise InputError(f"--model '{model}' is neither an HF checkpoint directory (config.json) nor a run "
                          "directory (config.yaml + checkpoints/)")  # fmt: skip
-    return load_model(model, dtype=dtype, device=device), None
+    contract = read_contract(path) if path.is_dir() else None
+    pixels = {"min_pixels": contract.min_pixels, "max_pixels": contract.max_pixels} if contract else {}
+    arch = contract.arch if contract else "auto"
+    return load_model(model, arch, dtype=dtype, device=device, **pixels), None, contract
 
 
 def run_eval_cli(
@@ -48,7 +54,10 @@ def run_eval_cli(
     """Load the model, pick the suites' samples, evaluate, write metrics.json / predictions.jsonl / report.md.
 
     A run directory also supplies the defaults of answer format, system prompt, box convention, tolerances and data
-    (data.test, else data.val); otherwise the answer format is think_answer and boxes follow the model family.
+    (data.test, else data.val); an exported checkpoint's vlgrpo.json those of answer format, system prompt, box
+    convention and pixel bounds; otherwise the answer format is think_answer and boxes follow the model family.
+    More than half of the completions without an answer to read is reported loudly (the prompt probably differs
+    from training).
     engine: hf (transformers) or vllm (greedy decoding through vLLM, with our cached image features: the same
     predictions, faster on a GPU; `engine_kwargs` go to `vllm.LLM`)."""
     import dataclasses
@@ -60,11 +69,13 @@ def run_eval_cli(
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     with tempfile.TemporaryDirectory(prefix="vlgrpo-eval-") as tmp:
-        lm, run_cfg = load_for_eval(model, Path(tmp), dtype, device)
+        lm, run_cfg, contract = load_for_eval(model, Path(tmp), dtype, device)
         geometry = ProcessorGeometry.from_processor(lm.processor)
         if run_cfg is not None:
             ctx = context_from_config(run_cfg, lm.arch, geometry)
             data = data or run_cfg.data.test or run_cfg.data.val
+        elif contract is not None:  # how the checkpoint was trained to answer
+            ctx = RewardContext(box_format=contract.box_format, answer_format=contract.answer_format, geometry=geometry)
         else:
             ctx = RewardContext(box_format=box_format_for_arch(lm.arch), geometry=geometry)
         ctx = dataclasses.replace(ctx, box_format=box_format or ctx.box_format,
@@ -75,7 +86,8 @@ def run_eval_cli(
             **({"preset": run_cfg.data.preset, "columns": dict(run_cfg.data.columns)} if run_cfg is not None else {}),
         )  # fmt: skip
         cache = VisionCache(lm.model, lm.processor, disk_dir=cache_dir)
-        system_prompt = run_cfg.data.system_prompt if run_cfg is not None else ""
+        system_prompt = run_cfg.data.system_prompt if run_cfg is not None else contract.system_prompt if contract \
+            else ""
         prompt_kw = dict(answer_format=ctx.answer_format, box_format=ctx.box_format, system_prompt=system_prompt)
         if engine == "vllm":
             from vlgrpo.rollout.vllm import VLLMEngine
@@ -91,7 +103,9 @@ def run_eval_cli(
         result = evaluate(decoder, eval_data, ctx, pope_parser=pope_parser, batch_prompts=batch_prompts,
                           max_new_tokens=max_new_tokens, progress=progress)  # fmt: skip
     result.info.update(model=str(model), data=str(data), pope_data=pope_data, answer_format=ctx.answer_format,
-                       arch=lm.arch, engine=engine,
+                       arch=lm.arch, engine=engine, prompt_contract=CONTRACT_FILE if contract else None,
                        vision_cache={k: int(v) for k, v in cache.stats().items()})  # fmt: skip
     write_outputs(result, out)
+    if result.info.get("warning"):
+        print(f"[vlgrpo] WARNING: {result.info['warning']}", file=sys.stderr)
     return result

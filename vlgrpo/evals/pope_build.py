@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vlgrpo.data.jsonl import json_rows
 from vlgrpo.data.schema import DataError
 from vlgrpo.types import InputError, Sample
 
@@ -110,21 +111,13 @@ def objects_from_rows(rows: list[tuple[int, dict]], source: str) -> list[ImageOb
 
 def read_json_rows(path: str | Path) -> list[tuple[int, Any]]:
     """(row number, parsed row) from JSON lines (POPE writes JSON lines named .json), a JSON array, or one JSON
-    object (a single row, or a whole document such as COCO instances). Malformed lines name their number."""
-    path = Path(path)
-    text = path.read_text(encoding="utf-8")
-    try:
-        doc = json.loads(text)
-        return list(enumerate(doc, start=1)) if isinstance(doc, list) else [(1, doc)]
-    except json.JSONDecodeError:
-        pass
+    object (a single row, or a whole document such as COCO instances). The first line that is not UTF-8 or not JSON
+    raises, naming the file, the line and (not UTF-8) the byte offset."""
     rows = []
-    for no, line in enumerate(text.splitlines(), start=1):
-        if line.strip():
-            try:
-                rows.append((no, json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise DataError(str(path), no, None, f"malformed JSON ({e.msg} at column {e.colno})") from None
+    for no, row in json_rows(path, documents=True):
+        if isinstance(row, DataError):
+            raise row
+        rows.append((no, row))
     return rows
 
 

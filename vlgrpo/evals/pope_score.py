@@ -13,10 +13,11 @@ from pathlib import Path
 
 from vlgrpo.data.schema import DataError
 from vlgrpo.evals.pope_build import SPLITS, read_json_rows
+from vlgrpo.registry import POPE_PARSER
 from vlgrpo.types import InputError
 
 YES, NO, UNKNOWN = "yes", "no", "unknown"
-PARSERS = ("pope", "vlmevalkit", "strict")
+PARSERS = POPE_PARSER.names
 RATES = ("accuracy", "precision", "recall", "f1", "yes_ratio")
 _OPEN, _CLOSE = "<answer>", "</answer>"
 
@@ -82,14 +83,12 @@ def parse_strict(text: str) -> str:
     return t if t in (YES, NO) else UNKNOWN
 
 
-_PARSE = {"pope": parse_pope, "vlmevalkit": parse_vlmevalkit, "strict": parse_strict}
-
 
 def parse_answer(text: str, parser: str = "pope") -> str:
     """"yes", "no" or "unknown" for a model answer, by the named parser (one of PARSERS)."""
-    if parser not in _PARSE:
+    if parser not in PARSERS:
         raise InputError(f"--parser {parser!r} is not accepted; use one of {', '.join(PARSERS)}")
-    return _PARSE[parser](text)
+    return POPE_PARSER.load(parser)(text)
 
 
 def _ratio(num: int, den: int) -> float:

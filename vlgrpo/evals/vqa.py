@@ -2,17 +2,19 @@
 
 Correctness is the rewards module's `accuracy` (answer extraction with its fallbacks, then the verifiable matcher of
 the sample's answer_type), with the format gate off: an eval measures the answer, not the output format.
-Knows nothing of models, engines or files.
+The `vqa` eval suite (`SUITE`). Knows nothing of models, engines or files.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from vlgrpo.evals.report import groups, label, table
+from vlgrpo.evals.suite import Scores, Selection, Suite, prediction_row
 from vlgrpo.rewards.context import RewardContext
 from vlgrpo.rewards.extract import answer_region, extract_answer
 from vlgrpo.rewards.registry import accuracy
-from vlgrpo.types import InputError, Sample
+from vlgrpo.types import Completion, InputError, Sample
 
 VQA_TYPES = ("number", "choice", "yesno", "text", "math")
 
@@ -57,3 +59,29 @@ def vqa_metrics(samples: list[Sample], correct: list[bool]) -> tuple[dict[str, f
         groups[f"task_{task}"] = [c for s, c in zip(samples, correct) if s.task == task]
     metrics = {("accuracy" if g == "" else f"accuracy_{g}"): sum(v) / len(v) for g, v in groups.items()}
     return metrics, {g: len(v) for g, v in groups.items()}
+
+
+def select(sel: Selection) -> list[Sample]:
+    """The samples with a verifiable answer type, the first `max_samples`; their gold answers checked."""
+    samples = [s for s in sel.samples if s.answer_type in VQA_TYPES][: sel.max_samples]
+    if sel.ctx is not None and samples:
+        check_gold(samples, sel.ctx, str(sel.data))
+    return samples
+
+
+def score(samples: list[Sample], completions: list[Completion], ctx: RewardContext, parser: str) -> Scores:
+    ctx = ungated(ctx)
+    verdicts = [judge(c.text, s, ctx) for s, c in zip(samples, completions)]
+    metrics, counts = vqa_metrics(samples, [ok for ok, _ in verdicts])
+    rows = [{**prediction_row("vqa", s, c, s.answer), "answer_type": s.answer_type, "extracted": read, "correct": ok,
+             "answered": bool(read and read.strip())} for s, c, (ok, read) in zip(samples, completions, verdicts)]  # fmt: skip
+    return metrics, counts, rows
+
+
+def report(metrics: dict, counts: dict, info: dict) -> list[str]:
+    rows = [["all", counts["vqa"], metrics["eval/vqa/accuracy"]]]
+    rows += [[label(g), counts[f"vqa/{g}"], metrics[f"eval/vqa/accuracy_{g}"]] for g in groups(counts, "vqa")]
+    return ["## VQA accuracy", "", *table(["group", "n", "accuracy"], rows)]
+
+
+SUITE = Suite("vqa", f"samples of answer_type {'/'.join(VQA_TYPES)}", select, score, report)

@@ -1,11 +1,10 @@
 """GRPO math as pure tensor functions: advantages, policy losses, chunked log-probs, DAPO batch shaping.
 
-No configs, no models: the trainer picks variants once from `ADVANTAGES`, `RATIOS`, `AGGREGATIONS` (via `select`)
-and passes plain numbers. Stats come back keyed without namespace; the trainer prefixes `grpo/`.
+No configs, no models: the trainer picks variants once from the registries (`vlgrpo.registry.ADVANTAGE`, `RATIO`,
+`AGGREGATION`) and passes plain numbers. Stats come back keyed without namespace; the trainer prefixes `grpo/`.
 """
 
 from vlgrpo.grpo.advantages import (
-    ADVANTAGES,
     batch_advantages,
     constant_groups,
     group_advantages,
@@ -13,12 +12,9 @@ from vlgrpo.grpo.advantages import (
 )
 from vlgrpo.grpo.logprobs import token_logprobs, truncated_token_logprobs
 from vlgrpo.grpo.losses import (
-    AGGREGATIONS,
-    RATIOS,
     clipped_surrogate,
     k3_kl,
     policy_loss,
-    select,
     seq_mean_token_mean,
     seq_mean_token_sum_norm,
     sequence_log_ratio,
@@ -31,9 +27,6 @@ from vlgrpo.grpo.rollout_is import resolve_mode as resolve_rollout_is
 from vlgrpo.grpo.sampling import filter_zero_variance_groups, overlong_penalty, prompts_needed
 
 __all__ = [
-    "ADVANTAGES",
-    "AGGREGATIONS",
-    "RATIOS",
     "ROLLOUT_IS_MODES",
     "batch_advantages",
     "clipped_surrogate",
@@ -48,7 +41,6 @@ __all__ = [
     "prompts_needed",
     "resolve_rollout_is",
     "rollout_is_weights",
-    "select",
     "seq_mean_token_mean",
     "seq_mean_token_sum_norm",
     "sequence_log_ratio",

@@ -91,11 +91,3 @@ def batch_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-4) -> t
     batch_std = rewards.std() if rewards.numel() > 1 else rewards.new_zeros(())
     adv = (rewards - mean) / (batch_std + eps)
     return adv.masked_fill(degenerate, 0.0), _stats(degenerate)
-
-
-ADVANTAGES: dict[str, AdvantageFn] = {
-    "group": group_advantages,
-    "group_mean": group_mean_advantages,
-    "batch": batch_advantages,
-}
-"""`grpo.advantage` -> estimator; every entry takes (rewards, group_ids, eps=...)."""

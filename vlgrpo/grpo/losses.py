@@ -1,7 +1,8 @@
 """GRPO policy losses: importance ratios (token / GSPO / GSPO-token), clipped surrogate, k3 KL, aggregation.
 
 Pure tensor functions over `[N, T]` per-token log-probs (N = B·G completions of a micro-batch) and a completion
-mask; the trainer picks a ratio level and an aggregation once from `RATIOS` / `AGGREGATIONS`. Knows no config.
+mask; the trainer picks a ratio level and an aggregation once (`vlgrpo.registry.RATIO` / `AGGREGATION`). Knows no
+config.
 """
 
 from __future__ import annotations
@@ -50,18 +51,12 @@ def sequence_token_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Te
     return sequence_log_ratio(logp, old_logp, mask).detach() + logp - logp.detach()
 
 
-RATIOS: dict[str, RatioFn] = {
-    "grpo": token_log_ratio,
-    "gspo": sequence_log_ratio,
-    "gspo_token": sequence_token_log_ratio,
-}
-"""`grpo.loss` -> log-ratio function."""
 
 
 # --- aggregations: [N, T] per-token loss and mask -> scalar ----------------------------------------------------------
 # Name map to TRL 1.x `loss_type` (tests/grpo/test_trl_parity.py): grpo -> seq-mean-token-mean; bnpo -> token-mean;
 # dapo -> token-mean with num_tokens = the generation batch's active tokens (TRL's `num_items_in_batch`); dr_grpo ->
-# seq-mean-token-sum-norm with max_completion_length. TRL importance_sampling_level="sequence" -> RATIOS["gspo"].
+# seq-mean-token-sum-norm with max_completion_length. TRL importance_sampling_level="sequence" -> grpo.ratio=sequence.
 # All take the same keywords so the trainer can call any of them; each uses the normaliser it needs. For gradient
 # accumulation pass the count of the whole optimiser batch, so summing micro-batch losses gives the full-batch loss.
 
@@ -106,19 +101,6 @@ def seq_mean_token_sum_norm(
     return _masked_sum(per_token, mask) / (n * max_completion_length)
 
 
-AGGREGATIONS: dict[str, AggregateFn] = {
-    "token-mean": token_mean,
-    "seq-mean-token-mean": seq_mean_token_mean,
-    "seq-mean-token-sum-norm": seq_mean_token_sum_norm,
-}
-"""`grpo.aggregation` -> aggregation function."""
-
-
-def select(table: dict, name: str, key: str):
-    """table[name], or an InputError naming the config `key` and the accepted values (the trainer calls it once)."""
-    if name not in table:
-        raise InputError(f"{key}={name!r} is not one of {', '.join(table)}")
-    return table[name]
 
 
 # --- the loss ---------------------------------------------------------------------------------------------------------

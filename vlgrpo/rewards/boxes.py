@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from vlgrpo.registry import BOX_FORMAT
 
 if TYPE_CHECKING:  # the real import pulls in transformers; it happens lazily, only for qwen2_5 conversion
     from vlgrpo.data.images import ProcessorGeometry
 
 Box = tuple[float, float, float, float]
-BOX_FORMATS = ("qwen2", "qwen2_5", "qwen3", "plain")
+BOX_FORMATS = tuple(name for name in BOX_FORMAT.names if name != "auto")
 ARCH_BOX_FORMAT = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2_5", "qwen3_vl": "qwen3"}
 MAX_BOXES = 100
 """Boxes read from one completion at most (scoring is O(predicted x gold); more boxes only lower the reward)."""
@@ -54,6 +57,30 @@ def _collect(pattern: re.Pattern, text: str) -> list[Box]:
     return boxes
 
 
+@dataclass(frozen=True)
+class BoxConvention:
+    """How one model family writes a box: the patterns tried in order (the first that finds boxes wins) and the
+    units of its numbers."""
+
+    name: str
+    patterns: tuple[re.Pattern, ...]
+    units: str
+    """per_mille (0-1000 of each side), resized_px (pixels of the processor-resized input) or original_px."""
+
+
+QWEN2 = BoxConvention("qwen2", (_QWEN2_BOX,), "per_mille")
+QWEN2_5 = BoxConvention("qwen2_5", (_KEYED_BOX, _LIST_BOX), "resized_px")
+QWEN3 = BoxConvention("qwen3", (_KEYED_BOX, _LIST_BOX), "per_mille")
+PLAIN = BoxConvention("plain", (_LIST_BOX,), "original_px")
+
+
+def convention(box_format: str) -> BoxConvention:
+    """The registered convention named `box_format` (vlgrpo.registry.BOX_FORMAT); ValueError for another name."""
+    if box_format not in BOX_FORMATS:
+        raise ValueError(f"box format {box_format!r} is not accepted; use one of: {', '.join(BOX_FORMATS)}")
+    return BOX_FORMAT.load(box_format)
+
+
 def parse_boxes(text: str, box_format: str) -> list[Box]:
     """Boxes as written by the model, in the convention's own units (0-1000, resized px or original px).
 
@@ -61,13 +88,11 @@ def parse_boxes(text: str, box_format: str) -> list[Box]:
     `[x1,y1,x2,y2]` lists. plain: bare lists. Invalid or truncated JSON around the numbers does not matter.
     """
     text = text[-MAX_BOX_TEXT:]
-    if box_format == "qwen2":
-        return _collect(_QWEN2_BOX, text)
-    if box_format in ("qwen2_5", "qwen3"):
-        return _collect(_KEYED_BOX, text) or _collect(_LIST_BOX, text)
-    if box_format == "plain":
-        return _collect(_LIST_BOX, text)
-    raise ValueError(f"box format {box_format!r} is not accepted; use one of: {', '.join(BOX_FORMATS)}")
+    for pattern in convention(box_format).patterns:
+        boxes = _collect(pattern, text)
+        if boxes:
+            return boxes
+    return []
 
 
 def to_original_pixels(
@@ -79,22 +104,21 @@ def to_original_pixels(
     size is the processor's smart_resize of the original (`geometry`, default: the released processors', see
     `vlgrpo.data.images.DEFAULT_GEOMETRY`). plain: as is.
     """
-    if box_format == "plain":
+    units = convention(box_format).units
+    if units == "original_px":
         return list(boxes)
     if image_size is None:
         raise ValueError(f"box format {box_format!r} needs the original image size (width, height) to convert boxes")
     w, h = image_size
-    if box_format in ("qwen2", "qwen3"):
+    if units == "per_mille":
         sx, sy = w / 1000.0, h / 1000.0
-    elif box_format == "qwen2_5":
+    else:  # resized_px
         if geometry is None:
             from vlgrpo.data.images import DEFAULT_GEOMETRY
 
             geometry = DEFAULT_GEOMETRY
         rh, rw = geometry.resized_hw(h, w)
         sx, sy = w / rw, h / rh
-    else:
-        raise ValueError(f"box format {box_format!r} is not accepted; use one of: {', '.join(BOX_FORMATS)}")
     return [(x1 * sx, y1 * sy, x2 * sx, y2 * sy) for x1, y1, x2, y2 in boxes]
 
 

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import copy
 import math
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
 
 from vlgrpo.config import Config
+from vlgrpo.registry import BACKEND
 from vlgrpo.trainer.safe_state import load_tensors
 
 
@@ -88,6 +89,45 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str) -> 
     span = max(1, total_steps - warmup_steps)
     progress = min(1.0, (step - warmup_steps) / span)
     return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the loop, the checkpoint code and the rollout engines need of a backend (plain, LoRA, ZeRO-3; chosen by
+    `vlgrpo.registry.BACKEND`). A new backend implements these and adds one registry line."""
+
+    name: str
+    model: torch.nn.Module
+    """The module forward passes run on (ZeRO-3: the engine's module, which gathers inside its forward)."""
+    optimizer: torch.optim.Optimizer
+    trainable_counts: dict[str, int]
+    """Trainable parameters per part (vision, merger, language)."""
+    skipped_steps: int
+    """Optimiser steps skipped for a non-finite loss or gradient, on every rank alike."""
+
+    def backward(self, loss: torch.Tensor) -> None: ...
+
+    def step(self) -> dict[str, float]:
+        """Clip, step the optimiser and the schedule, zero the gradients; `train/grad_norm`, `train/lr`."""
+
+    def rollout_weights(self, full: bool = True) -> AbstractContextManager:
+        """A context in which the full weights (or only the vision encoder's) are usable for decoding."""
+
+    def vision_fingerprint(self) -> str: ...
+
+    def reference(self) -> AbstractContextManager:
+        """A context yielding the reference-policy module, or None when no reference is kept."""
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full (gathered, LoRA-merged) weights, for a rollout engine holding its own copy and for export."""
+
+    def vision_trainable(self) -> bool: ...
+
+    def save(self, directory: Path) -> None: ...
+
+    def load(self, directory: Path) -> None: ...
+
+    def export(self, out_dir: str | Path, processor) -> Path: ...
 
 
 class PlainBackend:
@@ -240,13 +280,6 @@ def no_dropout(model: torch.nn.Module):
 
 
 def make_backend(model: torch.nn.Module, cfg: Config, need_reference: bool):
-    """Select the backend once from train.backend."""
-    if cfg.train.backend == "lora":
-        from vlgrpo.trainer.lora import LoRABackend
-
-        return LoRABackend(model, cfg, need_reference)
-    if cfg.train.backend == "zero3":
-        from vlgrpo.trainer.zero3 import Zero3Backend
-
-        return Zero3Backend(model, cfg, need_reference)
-    return PlainBackend(model, cfg, need_reference)
+    """The backend named by train.backend (vlgrpo.registry.BACKEND: peft and deepspeed are imported only by the
+    backend that needs them)."""
+    return BACKEND.load(cfg.train.backend)(model, cfg, need_reference)

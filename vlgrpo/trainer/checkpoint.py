@@ -194,29 +194,3 @@ def _report_truncation(path: Path, step: int) -> None:
     if later or broken:
         print(f"[vlgrpo] {path}: dropped {later} rows logged after step {step} and {broken} unreadable lines "
               "(a half-written last line): the resumed run logs those steps again")  # fmt: skip
-
-
-# ---------------------------------------------------------------- export
-
-
-def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
-    """A plain HF checkpoint (LoRA merged, ZeRO-3 gathered) of a run's newest verified checkpoint, processor
-    included. The run directory is only read."""
-    from vlgrpo.config import ConfigError, load_config
-    from vlgrpo.trainer.state import build_state
-
-    run = Path(run_dir)
-    if not (run / "config.yaml").is_file():
-        raise ConfigError(f"'{run}' is not a run directory: it has no config.yaml")
-    if not checkpoint_dirs(run):
-        raise ConfigError(f"run directory '{run}' has no complete checkpoint under checkpoints/")
-    cfg = load_config(run / "config.yaml", ["train.resume=true"])
-    if cfg.train.backend == "zero3":
-        from vlgrpo.trainer.zero3 import export_checkpoint
-
-        return export_checkpoint(select(run, quarantine=False), cfg, out_dir)  # one process, any world size
-    state = build_state(cfg, run, progress=False, for_export=True)
-    try:
-        return state.backend.export(out_dir, state.lm.processor)
-    finally:
-        state.close()

@@ -14,6 +14,7 @@ import torch
 from vlgrpo import grpo
 from vlgrpo.rewards import score
 from vlgrpo.rollout.inputs import completion_logits, completion_logprobs_and_entropy
+from vlgrpo.registry import ADVANTAGE, AGGREGATION, RATIO
 from vlgrpo.trainer.batch import TrainBatch, make_batch
 from vlgrpo.trainer.checkpoint import checkpoint_dirs
 from vlgrpo.trainer.metrics import memory_metrics
@@ -59,9 +60,9 @@ class Trainer:
     def __init__(self, s: RunState) -> None:
         self.s = s
         g = s.cfg.grpo
-        self.advantage_fn = grpo.select(grpo.ADVANTAGES, g.advantage, "grpo.advantage")
-        self.ratio_fn = grpo.select(grpo.RATIOS, g.loss, "grpo.loss")
-        self.aggregate_fn = grpo.select(grpo.AGGREGATIONS, g.aggregation, "grpo.aggregation")
+        self.advantage_fn = ADVANTAGE.load(g.advantage)
+        self.ratio_fn = RATIO.load(g.ratio)
+        self.aggregate_fn = AGGREGATION.load(g.aggregation)
         self.step_fn = self.sft_step if s.cfg.train.stage == "sft" else self.grpo_step
         self.rollout_is = grpo.resolve_rollout_is(g.rollout_is, s.engine_needs_weights)
 
@@ -333,6 +334,7 @@ class Trainer:
             s.nonfinite_steps += nonfinite
             s.nonfinite_streak = s.nonfinite_streak + 1 if nonfinite else 0
             metrics["train/nonfinite_steps"] = float(s.nonfinite_steps)
+            metrics["data/skipped_rows"] = float(s.skipped_rows)
             stop = s.nonfinite_streak >= cfg.train.max_nonfinite_steps
             if s.evaluator is not None and cfg.eval.every_steps and s.step % cfg.eval.every_steps == 0:
                 with s.timers("eval"), s.backend.rollout_weights():

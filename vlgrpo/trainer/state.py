@@ -18,11 +18,14 @@ from typing import Any, Callable
 import torch
 
 from vlgrpo.config import Config, ConfigError, save_config, to_dict
-from vlgrpo.data.adapters import load_samples
-from vlgrpo.data.images import ProcessorGeometry, image_size
+from vlgrpo.config.contract import CONTRACT_FILE, PromptContract
+from vlgrpo.data.adapters import load_samples, no_usable_row, skip_reason
+from vlgrpo.data.images import ProcessorGeometry, inspect_image
+from vlgrpo.data.prompts import check_system_prompt
+from vlgrpo.data.rowcheck import Problem, row_problems
 from vlgrpo.data.stream import SampleStream
 from vlgrpo.models import LoadedModel, load_model, placeholder_token_ids
-from vlgrpo.types import Sample
+from vlgrpo.types import InputError, Sample
 from vlgrpo.rewards import check_recipe, context_from_config
 from vlgrpo.rollout.base import SamplingParams
 from vlgrpo.rollout.inputs import build_prompt, forbidden_mask
@@ -61,8 +64,13 @@ class RunState:
     """The run directory's lock (rank 0 while training; None on other ranks and for exports)."""
     timers: Timers = field(default_factory=Timers)
     skipped: list = field(default_factory=list)
+    """DataErrors of the rows skipped when the file was read (schema, JSON, not UTF-8, a preset's skips)."""
+    data_source: str = ""
+    """The training file, as messages name it."""
     _prompts: dict = field(default_factory=dict)
-    _too_long: set = field(default_factory=set)
+    _bad: dict = field(default_factory=dict)
+    """{id(sample): (check, row)} of the rows found unusable when drawn (keyed by object: two rows may share an id)."""
+    _good: set = field(default_factory=set)
 
     @property
     def tokenizer(self):
@@ -103,29 +111,55 @@ class RunState:
     def device(self) -> torch.device:
         return next(self.backend.model.parameters()).device
 
+    @property
+    def skipped_rows(self) -> int:
+        """Rows skipped so far, when the file was read and when drawn (`data/skipped_rows`)."""
+        return len(self.skipped) + len(self._bad)
+
     def next_samples(self, k: int) -> list[Sample]:
-        """The next k usable samples: prompts longer than data.max_prompt_length are reported once and skipped;
-        a missing image_size (needed by box rewards) is read from the image header."""
+        """The next k usable samples. A row is checked the first time it is drawn (`_problem`); a bad one is reported
+        once, counted in data/skipped_rows and replaced by the next row, so the batch stays full."""
         out: list[Sample] = []
-        for _ in range(100 * k):
-            if len(out) == k:
-                return out
+        while len(out) < k:
             (sample,) = self.data.next(1)
-            if sample.id in self._too_long:
+            key = id(sample)
+            if key in self._bad:
                 continue
-            if sample.image_size is None:
-                sample.image_size = image_size(sample.image)
-            n = len(self.prompt(sample).input_ids)
-            if n > self.cfg.data.max_prompt_length:
-                self._too_long.add(sample.id)
-                self.log_warning(f"sample '{sample.id}' skipped: its prompt has {n} tokens (image + text), more "
-                                 f"than data.max_prompt_length={self.cfg.data.max_prompt_length}")  # fmt: skip
-                continue
+            if key not in self._good:
+                problem = self._problem(sample)
+                if problem is not None:
+                    self._bad[key] = (problem[0], sample.row)
+                    where = self.data_source + (f", row {sample.row}" if sample.row is not None else "")
+                    self.log_warning(f"{where} (id {sample.id!r}) skipped ({problem[0]}): {problem[1]}; counted in "
+                                     "data/skipped_rows")  # fmt: skip
+                    if len(self._bad) == len(self.data.samples):
+                        raise self._no_usable_row()
+                    continue
+                self._good.add(key)
             out.append(sample)
-        raise ConfigError(
-            f"almost every sample is longer than data.max_prompt_length={self.cfg.data.max_prompt_length} tokens: "
-            "raise it or lower model.max_pixels (run `vlgrpo data doctor` for the per-sample counts)"
-        )
+        return out
+
+    def _problem(self, sample: Sample) -> Problem | None:
+        """Why a sample cannot be trained on: its image (decoded in full, once), reserved tokens in its text, its
+        image_size or boxes against the image (`data.rowcheck`), then its prompt's length. None when it can; a
+        missing image_size (box rewards convert with it) is then set from the image."""
+        info = inspect_image(sample.image)
+        problems = row_problems(sample, info, self.geometry)
+        if problems:
+            return problems[0]
+        if sample.image_size is None:
+            sample.image_size = info.decoded
+        n, limit = len(self.prompt(sample).input_ids), self.cfg.data.max_prompt_length
+        if n > limit:
+            return "prompt_too_long", (f"its prompt has {n} tokens (image + text), more than data.max_prompt_length="
+                                       f"{limit}: raise it or lower model.max_pixels")  # fmt: skip
+        return None
+
+    def _no_usable_row(self) -> InputError:
+        rank, world = _rank_world()
+        skipped = [(skip_reason(e), e.row) for e in self.skipped] + list(self._bad.values())
+        scope = f" in rank {rank}'s share (one row in {world})" if world > 1 else ""
+        return no_usable_row(self.data_source, skipped, scope)
 
     def sampling_for(self, step: int, round_no: int = 0) -> SamplingParams:
         """Sampling params with a seed of their own per step and top-up round: reproducible across resumes."""
@@ -212,6 +246,8 @@ def build_state(
     try:
         state = _build(cfg, run, device, progress, for_export)
         state.lock = lock
+        if lock is not None:  # rank 0 of a training run: how this run prompts, for eval / export / a later train
+            _write_contract(state, run)
         if cfg.train.resume or for_export:
             checkpoint.resume(state, for_export)
         elif checkpoint.checkpoint_dirs(run) or _has_rows(run / "metrics.jsonl"):
@@ -226,12 +262,21 @@ def build_state(
     return state
 
 
+def _write_contract(state: RunState, run: Path) -> None:
+    try:
+        PromptContract.from_config(state.cfg, state.lm.arch, state.reward_ctx.box_format).write(run)
+    except OSError as e:
+        raise RunDirError(f"could not write '{run / CONTRACT_FILE}': {describe(e)}: free space or choose a writable "
+                          "train.output_dir") from e  # fmt: skip
+
+
 def _has_rows(path: Path) -> bool:
     return path.is_file() and path.stat().st_size > 0
 
 
 def _build(cfg: Config, run: Path, device: str, progress: bool | None, for_export: bool) -> RunState:
     """Load model and data, build backend/cache/engine/rewards/logger into a RunState at step 0."""
+    check_system_prompt(cfg.data.system_prompt)  # every prompt holds it: a config error, not a row's
     m = cfg.model
     rank, world = _rank_world()
     lm = load_model(m.name_or_path, m.arch, m.dtype, m.attn_implementation, m.min_pixels, m.max_pixels, device)
@@ -242,6 +287,11 @@ def _build(cfg: Config, run: Path, device: str, progress: bool | None, for_expor
                           preset=cfg.data.preset, columns=dict(cfg.data.columns))  # fmt: skip
     for err in loaded.errors if rank == 0 else []:
         print(f"[vlgrpo] skipped bad sample: {err}", file=sys.stderr)
+    if not loaded.samples:  # the rows' problems, not `SampleStream`'s "empty" ValueError
+        raise no_usable_row(loaded.source, [(skip_reason(e), e.row) for e in loaded.errors])
+    if len(loaded.samples) < world:
+        raise InputError(f"{loaded.source}: {len(loaded.samples)} usable rows for {world} data-parallel ranks; every "
+                         "rank needs at least one")  # fmt: skip
     need_ref = cfg.train.stage == "grpo" and cfg.grpo.beta > 0
     backend = make_backend(lm.model, cfg, need_ref)
     cache = VisionCache(
@@ -263,5 +313,5 @@ def _build(cfg: Config, run: Path, device: str, progress: bool | None, for_expor
         cfg=cfg, run_dir=run, lm=lm, backend=backend, cache=cache, engine=engine,
         data=SampleStream(loaded.samples[rank::world], cfg.train.seed, cfg.data.shuffle), logger=logger,
         reward_ctx=reward_ctx, recipe=dict(cfg.reward.recipe), geometry=geometry, sampling=sampling,
-        engine_needs_weights=needs_weights, skipped=loaded.errors,
+        engine_needs_weights=needs_weights, skipped=loaded.errors, data_source=loaded.source,
     )  # fmt: skip
