@@ -25,7 +25,9 @@ demo: $(VENV)/.installed
 # The main suite, then the vLLM tests in vLLM's own environment (its CPU build: see scripts/vllm_env.sh).
 test: test-main test-vllm
 
+# lint-imports checks the layers and the import rules of pyproject.toml's [tool.importlinter] first.
 test-main: $(VENV)/.installed
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -m "not gpu and not vllm"
 
 $(VLLM_VENV)/.installed: pyproject.toml scripts/vllm_env.sh

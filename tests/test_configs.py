@@ -199,7 +199,7 @@ def test_adapt_guide_worked_example_converts_checks_and_scores(tmp_path, monkeyp
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "my_refcoco.yaml").write_text(
         _doc_block("adapt-your-dataset.md", "# configs/my_refcoco.yaml: the 7B LoRA recipe on RefCOCO"))
-    from vlgrpo.data.doctor_setup import diagnose
+    from vlgrpo.preflight import diagnose
 
     report = diagnose("configs/my_refcoco.yaml")
     assert report.errors == 0 and report.warnings == 0

@@ -12,6 +12,11 @@ import sys
 from pathlib import Path
 
 from vlgrpo.cli_data import add_data_command
+from vlgrpo.config import CHOICES
+
+ARCHS = [a for a in CHOICES["model.arch"] if a != "auto"]
+BOX_FORMATS = [b for b in CHOICES["reward.box_format"] if b != "auto"]
+"""The CLI's choices are the config's, which are the registries' (vlgrpo/registry.py)."""
 
 
 def _print_json(obj) -> None:
@@ -60,7 +65,7 @@ def add_model_command(sub) -> None:
     p = sub.add_parser("model", help="build or inspect models")
     msub = p.add_subparsers(dest="model_command", required=True, metavar="ACTION")
     tiny = msub.add_parser("init-tiny", help="build a tiny random Qwen-VL with a locally trained tokenizer")
-    tiny.add_argument("--arch", choices=["qwen2_5_vl", "qwen2_vl"], default="qwen2_5_vl")
+    tiny.add_argument("--arch", choices=ARCHS, default="qwen2_5_vl")
     tiny.add_argument("--out", required=True, help="directory to save the checkpoint and processor into")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--calibrate-images", metavar="DIR", help="centre and scale the merger's output over the "
@@ -126,9 +131,9 @@ def add_reward_command(sub) -> None:
     p.add_argument("--model", default=None,
                    help="an exported checkpoint or run directory: its vlgrpo.json (how the model was prompted) and "
                         "processor give the answer format, box convention and resize geometry")  # fmt: skip
-    p.add_argument("--box-format", choices=["qwen2", "qwen2_5", "qwen3", "plain"], default=None,
+    p.add_argument("--box-format", choices=BOX_FORMATS, default=None,
                    help="box convention of the completion (default: --model's, the config's, else qwen2_5)")  # fmt: skip
-    p.add_argument("--answer-format", choices=["think_answer", "answer"], default=None)
+    p.add_argument("--answer-format", choices=CHOICES["data.answer_format"], default=None)
     p.add_argument("--gate", action="store_true", help="count accuracy only when the format holds")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(handler=_cmd_reward)
@@ -191,7 +196,7 @@ def add_plan_command(sub) -> None:
     p.add_argument("--lora-rank", type=int, help="plan LoRA with this rank (train.backend=lora)")
     p.add_argument("--offload", help="comma list of optimizer, param, reference, reward; or none. The trainer "
                    "offloads optimizer and param with ZeRO-3 only; the rest are for comparison")
-    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], help="model.dtype")
+    p.add_argument("--dtype", choices=CHOICES["model.dtype"], help="model.dtype")
     p.add_argument("--optimizer-states", choices=["fp32", "bf16"], help="fp32 master + moments (default) or bf16")
     p.add_argument("--convention", choices=["16-byte", "18-byte"], help="18-byte: DeepSpeed's estimator convention")
     p.add_argument("--beta", type=float, help="KL coefficient (grpo.beta); > 0 keeps a reference model")
@@ -252,14 +257,15 @@ def add_eval_command(sub) -> None:
     p.add_argument("--pope-images", type=int, help="images to build POPE probes from (default: from --max-samples)")
     p.add_argument("--pope-per-image", type=int, default=3, help="yes (and no) questions per image (default 3)")
     p.add_argument("--pope-min-objects", type=int, default=3, help="skip images with fewer objects (default 3)")
-    p.add_argument("--answer-format", choices=["think_answer", "answer"], help="default: the run's, else think_answer")
-    p.add_argument("--box-format", choices=["qwen2", "qwen2_5", "qwen3", "plain"], help="default: the model family's")
+    p.add_argument("--answer-format", choices=CHOICES["data.answer_format"],
+                   help="default: the checkpoint's (run directory, vlgrpo.json), else think_answer")
+    p.add_argument("--box-format", choices=BOX_FORMATS, help="default: the checkpoint's, else the model family's")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--batch-prompts", type=int, default=8, help="prompts decoded together (default 8)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    p.add_argument("--dtype", choices=CHOICES["model.dtype"], default="float32")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     p.add_argument("--vision-cache-dir", help="on-disk vision-feature cache (reused across evals of one model)")
-    p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
+    p.add_argument("--engine", choices=CHOICES["rollout.engine"], default="hf",
                    help="greedy decoder: hf (transformers, default) or vllm (needs vllm; same predictions, faster)")
     p.add_argument("--engine-kwargs", type=json.loads, default=None,
                    help='JSON keyword arguments of vllm.LLM, e.g. \'{"enforce_eager": true}\'')

@@ -35,6 +35,7 @@ def _cmd_synth(args) -> int:
 
 def _add_data_convert(dsub) -> None:
     from vlgrpo.data.presets import PRESETS
+    from vlgrpo.registry import DATA_PRESET
 
     p = dsub.add_parser(
         "convert", help="rewrite a dataset in another project's shape (LLaVA, chat messages, R1-V, EasyR1) as JSONL",
@@ -42,7 +43,7 @@ def _add_data_convert(dsub) -> None:
         "letters, yes/no, math, boxes), converts boxes to original-image pixels and writes vlgrpo JSONL; embedded "
         "images go to OUT_images/. Prints what was inferred, assumed and skipped (several images, several turns, no "
         "image) by row. Exit status 1 when a row is malformed. Presets: "
-        + "; ".join(f"{name}: {fn.__doc__.splitlines()[0].rstrip('.')}" for name, fn in PRESETS.items()),
+        + "; ".join(f"{o.name}: {o.help}" for o in DATA_PRESET.options.values() if o.target),
     )  # fmt: skip
     p.add_argument("source", help="a .json / .jsonl file, a .parquet file or a saved HF dataset directory")
     p.add_argument("--preset", choices=list(PRESETS), help="the row shape of SRC (data.preset in a run config)")
@@ -70,6 +71,8 @@ def _cmd_data_convert(args) -> int:
 
 
 def _add_data_doctor(dsub) -> None:
+    from vlgrpo.data.presets import PRESETS
+
     p = dsub.add_parser(
         "doctor", help="pre-flight checks of a dataset (or of every split of a run config); exit 1 on errors",
         description="Opens every image and checks rows, image tokens against data.max_prompt_length, image "
@@ -78,6 +81,10 @@ def _add_data_doctor(dsub) -> None:
     )  # fmt: skip
     p.add_argument("target", help="a run config YAML (checks data.train/val/test and eval.data) or one dataset")
     p.add_argument("--split", help="comma list of the config's splits to check: train, val, test, eval")
+    p.add_argument("--preset", choices=list(PRESETS),
+                   help="the rows are in another project's shape, converted as training converts them (data.preset)")
+    p.add_argument("--columns", help="renames target=source,... applied first, as in `vlgrpo data convert` "
+                   "(data.columns)")  # fmt: skip
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override, e.g. data.max_prompt_length=512 or model.max_pixels=401408 (repeatable)")
     p.add_argument("--json", action="store_true", help="print the report as JSON (first 100 findings per check)")
@@ -89,10 +96,15 @@ def _add_data_doctor(dsub) -> None:
 
 def _cmd_data_doctor(args) -> int:
     from vlgrpo.data.doctor import format_report
-    from vlgrpo.data.doctor_setup import diagnose
+    from vlgrpo.preflight import diagnose
+
+    from vlgrpo.data.presets import parse_columns
 
     splits = [s.strip() for s in args.split.split(",") if s.strip()] if args.split else None
-    report = diagnose(args.target, args.set, splits, not args.no_progress and sys.stderr.isatty(), args.workers)
+    overrides = list(args.set) + [f"data.preset={args.preset}"] * bool(args.preset)
+    if args.columns:  # JSON is YAML: the mapping goes through the config loader like any override
+        overrides.append("data.columns=" + json.dumps(parse_columns(args.columns)))
+    report = diagnose(args.target, overrides, splits, not args.no_progress and sys.stderr.isatty(), args.workers)
     print(json.dumps(report.to_dict(), indent=2) if args.json else format_report(report, args.examples))
     return 1 if report.errors else 0
 

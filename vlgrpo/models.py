@@ -14,9 +14,22 @@ from pathlib import Path
 import torch
 
 from vlgrpo.data.prompts import SPECIAL_TOKENS, VISION_PLACEHOLDERS
+from vlgrpo.registry import MODEL_ARCH
 from vlgrpo.types import InputError
 
-ARCHS = ("qwen2_5_vl", "qwen2_vl")
+ARCHS = tuple(name for name in MODEL_ARCH.names if name != "auto")
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """A supported model family: its transformers model and processor classes (named, imported on use)."""
+
+    model_class: str
+    processor_class: str
+
+
+QWEN2_VL = ArchSpec("Qwen2VLForConditionalGeneration", "Qwen2VLProcessor")
+QWEN2_5_VL = ArchSpec("Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor")
 
 # Qwen2-VL/2.5-VL chat template (images as <|vision_start|><|image_pad|><|vision_end|>, default system prompt).
 CHAT_TEMPLATE = (
@@ -65,11 +78,11 @@ def detect_arch(name_or_path: str) -> str:
 
 
 def _classes(arch: str):
+    """(model class, processor class) of a registered arch (vlgrpo.registry.MODEL_ARCH)."""
     import transformers as tf
 
-    if arch == "qwen2_5_vl":
-        return tf.Qwen2_5_VLForConditionalGeneration, tf.Qwen2_5_VLProcessor
-    return tf.Qwen2VLForConditionalGeneration, tf.Qwen2VLProcessor
+    spec = MODEL_ARCH.load(arch)
+    return getattr(tf, spec.model_class), getattr(tf, spec.processor_class)
 
 
 def load_processor(name_or_path: str, arch: str = "auto", min_pixels: int | None = None, max_pixels: int | None = None):

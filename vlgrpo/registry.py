@@ -56,9 +56,8 @@ class Registry:
 MODEL_ARCH = Registry(
     "model.arch",
     Option("auto", None, "read from the checkpoint's config.json (model_type)"),
-    Option("qwen2_vl", "transformers:Qwen2VLForConditionalGeneration", "Qwen2-VL: boxes (x1,y1),(x2,y2) on 0-1000"),
-    Option("qwen2_5_vl", "transformers:Qwen2_5_VLForConditionalGeneration",
-           "Qwen2.5-VL: boxes as bbox_2d in pixels of the resized input"),
+    Option("qwen2_vl", "vlgrpo.models:QWEN2_VL", "Qwen2-VL: boxes (x1,y1),(x2,y2) on 0-1000"),
+    Option("qwen2_5_vl", "vlgrpo.models:QWEN2_5_VL", "Qwen2.5-VL: boxes as bbox_2d in pixels of the resized input"),
 )  # fmt: skip
 BACKEND = Registry(
     "train.backend",
@@ -99,18 +98,18 @@ AGGREGATION = Registry(
 DATA_FORMAT = Registry(
     "data.format",
     Option("auto", None, "from the path: .jsonl, a saved HF dataset, .parquet or an image folder"),
-    Option("jsonl", "vlgrpo.data.adapters:iter_jsonl", "one JSON row per line"),
-    Option("hf", "vlgrpo.data.adapters:iter_hf", "a dataset saved with save_to_disk, or a Dataset object"),
-    Option("parquet", "vlgrpo.data.adapters:iter_parquet", "a parquet file (images as bytes or paths)"),
-    Option("folder", "vlgrpo.data.adapters:iter_folder", "an image folder with labels.jsonl or labels.csv"),
+    Option("jsonl", "vlgrpo.data.adapters:read_jsonl", "one JSON row per line (or one JSON array)"),
+    Option("hf", "vlgrpo.data.adapters:read_hf", "a dataset saved with save_to_disk, or a Dataset object"),
+    Option("parquet", "vlgrpo.data.adapters:read_parquet", "a parquet file (images as bytes or paths)"),
+    Option("folder", "vlgrpo.data.adapters:read_folder", "an image folder with labels.jsonl or labels.csv"),
 )  # fmt: skip
 DATA_PRESET = Registry(
     "data.preset",
     Option("none", None, "rows already in vlgrpo's schema (data.columns may rename fields)"),
-    Option("llava", "vlgrpo.data.presets:from_llava", "LLaVA conversations (from/value turns, <image> marker)"),
-    Option("messages", "vlgrpo.data.presets:from_messages", "chat messages with typed content parts (TRL, OpenAI)"),
-    Option("r1v", "vlgrpo.data.presets:from_r1v", "R1-V / VLM-R1 / Visual-RFT: image, problem, solution"),
-    Option("easyr1", "vlgrpo.data.presets:from_easyr1", "EasyR1: images (a list), problem with <image>, answer"),
+    Option("llava", "vlgrpo.data.presets:llava", "LLaVA conversations (from/value turns, <image> marker)"),
+    Option("messages", "vlgrpo.data.presets:messages", "chat messages with typed content parts (TRL, OpenAI)"),
+    Option("r1v", "vlgrpo.data.presets:r1v", "R1-V / VLM-R1 / Visual-RFT: image, problem, solution"),
+    Option("easyr1", "vlgrpo.data.presets:easyr1", "EasyR1: images (a list), problem with <image>, answer"),
 )  # fmt: skip
 BOX_FORMAT = Registry(
     "reward.box_format",

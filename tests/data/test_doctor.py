@@ -8,7 +8,7 @@ from PIL import Image
 
 from vlgrpo.cli import main
 from vlgrpo.data.doctor import HUB_GEOMETRY, DoctorSettings, check_split, inspect_image, prompt_tokens
-from vlgrpo.data.doctor_setup import diagnose, processor_geometry
+from vlgrpo.preflight import diagnose, processor_geometry
 
 QUESTION = "How many red shapes are there?"
 

@@ -269,7 +269,7 @@ def test_columns_without_a_preset(tmp_path, capsys):
 
 
 def test_config_keys_read_the_preset_registry():
-    assert CHOICES["data.preset"] == ("none", *PRESETS)  # config cannot import data: this pins the two lists
+    assert CHOICES["data.preset"] == ("none", *PRESETS)  # both read vlgrpo.registry.DATA_PRESET
     cfg = load_config(None, ["data.preset=r1v", "data.columns={problem: query}"])
     assert (cfg.data.preset, cfg.data.columns) == ("r1v", {"problem": "query"})
     with pytest.raises(ConfigError, match="data.preset.*none, llava, messages, r1v, easyr1"):
@@ -293,3 +293,24 @@ def test_config_keys_read_the_preset_registry():
 )
 def test_infer_answer(answer, question, hint, expected):
     assert infer_answer(answer, question, hint) == expected
+
+
+# R1-V's clevr_cogen_a_train rows (Deep-Agent/R1-V README: image, problem, solution "<answer> 3 </answer>"), one with
+# two images, which training skips: `vlgrpo data doctor --preset` reads them as training does.
+def test_doctor_reads_a_preset_and_column_renames(tmp_path, capsys):
+    _image(tmp_path / "a.png", fmt="PNG")
+    rows = [{"image": "a.png", "problem": "How many cubes are there?", "solution": "<answer> 3 </answer>"},
+            {"image": ["a.png", "a.png"], "problem": "Same?", "solution": "<answer> yes </answer>"}]  # fmt: skip
+    path = tmp_path / "r1v.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["data", "doctor", str(path), "--no-progress", "--json"]
+    assert main(argv) == 1  # without the preset: no `question` field
+    assert '"check": "row_problem"' in capsys.readouterr().out  # an unknown field: the schema names it
+    assert main([*argv, "--preset", "r1v"]) == 0  # the two-image row is a warning: training skips it too
+    report = json.loads(capsys.readouterr().out)
+    assert report["errors"] == 0 and report["splits"]["r1v.jsonl"]["samples"] == 1
+    assert [f["check"] for f in report["findings"]] == ["several_images"]
+    renamed = tmp_path / "custom.jsonl"
+    renamed.write_text(json.dumps({"img": "a.png", "query": "Is it red?", "label": "yes"}) + "\n")
+    columns = "image=img,question=query,answer=label"
+    assert main(["data", "doctor", str(renamed), "--no-progress", "--columns", columns]) == 0

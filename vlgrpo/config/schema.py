@@ -145,8 +145,7 @@ class GRPOConfig:
     std_eps: float = 1e-4
     """epsilon added to the std in the advantage denominator (TRL's 1e-4)."""
     ratio: str = "token"
-    """Importance-ratio level: token (GRPO), sequence (GSPO) or sequence_token (GSPO-token). Formerly `grpo.loss`
-    with values grpo / gspo / gspo_token, still accepted with a deprecation message."""
+    """Importance-ratio level: token (GRPO), sequence (GSPO) or sequence_token; formerly grpo.loss=grpo/gspo/..."""
     aggregation: str = "token-mean"
     """token-mean (DAPO), seq-mean-token-mean (original GRPO) or seq-mean-token-sum-norm (Dr.GRPO)."""
     clip_low: float = 0.2

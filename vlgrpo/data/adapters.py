@@ -16,9 +16,12 @@ from typing import Any, Iterator
 from vlgrpo.data.jsonl import json_rows, read_text
 from vlgrpo.data.presets import ConversionReport, RowSkipped, convert_rows
 from vlgrpo.data.schema import DataError, sample_from_dict
+from vlgrpo.registry import DATA_FORMAT
 from vlgrpo.types import Sample
 
-FORMATS = ("auto", "jsonl", "hf", "parquet", "folder")
+FORMATS = DATA_FORMAT.names
+RawRows = tuple[str, "Path | None", Iterator[tuple[int, Any]]]
+"""(the name messages use, the directory relative image paths resolve against, (row number, raw row) pairs)."""
 LABEL_FILES = ("labels.jsonl", "labels.csv")
 
 
@@ -55,11 +58,6 @@ def detect_format(path: str | Path) -> str:
     )  # fmt: skip
 
 
-def _hf_rows(dataset, source: str) -> Iterator[tuple[int, Any]]:
-    for no, row in enumerate(dataset, start=1):
-        yield no, dict(row)
-
-
 def _load_hf(path: Path | Any, split: str) -> Any:
     import datasets
 
@@ -78,6 +76,25 @@ def _load_hf(path: Path | Any, split: str) -> Any:
     return ds
 
 
+def read_jsonl(source: str | Path, split: str = "train") -> RawRows:
+    """A JSON Lines file (or one JSON array); relative image paths resolve against its directory."""
+    path = Path(source)
+    if not path.is_file():
+        raise DataError(str(source), None, None, "does not exist")
+    return str(source), path.parent, json_rows(path)
+
+
+def read_hf(source: str | Path | Any, split: str = "train") -> RawRows:
+    """A dataset saved with save_to_disk (its `split`), a parquet file, or a Dataset object in memory."""
+    in_memory = not isinstance(source, (str, Path))
+    name = "<in-memory dataset>" if in_memory else str(source)
+    dataset = _load_hf(source, split)
+    return name, None if in_memory else Path(source).parent, ((no, dict(row)) for no, row in enumerate(dataset, 1))
+
+
+read_parquet = read_hf
+
+
 def _parse_cell(value: str) -> Any:
     """CSV cells: JSON for lists/objects/numbers-as-lists, else the string."""
     value = value.strip()
@@ -89,7 +106,9 @@ def _parse_cell(value: str) -> Any:
     return value if value else None
 
 
-def _folder_rows(folder: Path) -> tuple[Path, Iterator[tuple[int, Any]]]:
+def read_folder(source: str | Path, split: str = "train") -> RawRows:
+    """An image folder with labels.jsonl or labels.csv (CSV cells holding JSON lists are parsed)."""
+    folder = Path(source)
     for name in LABEL_FILES:
         label_file = folder / name
         if label_file.is_file():
@@ -97,7 +116,7 @@ def _folder_rows(folder: Path) -> tuple[Path, Iterator[tuple[int, Any]]]:
     else:
         raise DataError(str(folder), None, None, f"image folder needs a labels file: {' or '.join(LABEL_FILES)}")
     if label_file.suffix == ".jsonl":
-        return label_file, json_rows(label_file)
+        return str(label_file), folder, json_rows(label_file)
 
     def rows():
         try:
@@ -108,7 +127,16 @@ def _folder_rows(folder: Path) -> tuple[Path, Iterator[tuple[int, Any]]]:
         for no, row in enumerate(csv.DictReader(io.StringIO(text, newline="")), start=2):  # row 1 is the header
             yield no, {k: _parse_cell(v or "") for k, v in row.items() if k}
 
-    return label_file, rows()
+    return str(label_file), folder, rows()
+
+
+def raw_rows(source: str | Path | Any, format: str = "auto", split: str = "train") -> RawRows:
+    """The rows of a dataset in any registered format (vlgrpo.registry.DATA_FORMAT), each with its row number."""
+    if format not in FORMATS:
+        raise DataError(str(source), None, None, f"data.format '{format}' is not accepted; use one of {FORMATS}")
+    if not isinstance(source, (str, Path)):
+        return read_hf(source, split)
+    return DATA_FORMAT.load(detect_format(source) if format == "auto" else format)(source, split)
 
 
 def load_samples(
@@ -121,21 +149,7 @@ def load_samples(
     relative image paths resolve against (default: the file's directory)."""
     if errors not in ("raise", "skip"):
         raise ValueError(f"errors must be 'raise' or 'skip', got {errors!r}")
-    if format not in FORMATS:
-        raise DataError(str(source), None, None, f"data.format '{format}' is not accepted; use one of {FORMATS}")
-    in_memory = not isinstance(source, (str, Path))
-    fmt = "hf" if in_memory else (detect_format(source) if format == "auto" else format)
-    name = "<in-memory dataset>" if in_memory else str(source)
-    if fmt == "jsonl":
-        path = Path(source)
-        if not path.is_file():
-            raise DataError(name, None, None, "does not exist")
-        base, rows = path.parent, json_rows(path)
-    elif fmt in ("hf", "parquet"):
-        base, rows = (None if in_memory else Path(source).parent), _hf_rows(_load_hf(source, split), name)
-    else:
-        label_file, rows = _folder_rows(Path(source))
-        base, name = Path(source), str(label_file)
+    name, base, rows = raw_rows(source, format, split)
     base = Path(image_root) if image_root is not None else base
     result = LoadResult(samples=[], source=name)
     if preset != "none" or columns:

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from vlgrpo.data.adapters import _folder_rows, _hf_rows, _load_hf, detect_format, skip_reason
+from vlgrpo.data.adapters import raw_rows, skip_reason
+from vlgrpo.data.presets import ConversionReport, RowSkipped, convert_rows
 from vlgrpo.data.images import DEFAULT_GEOMETRY, ImageInfo, ProcessorGeometry, inspect_image
-from vlgrpo.data.jsonl import ACCEPTED, json_rows
+from vlgrpo.data.jsonl import ACCEPTED
 from vlgrpo.data.prompts import instruction
 from vlgrpo.data.rowcheck import image_tokens, row_problems
 from vlgrpo.data.schema import DataError, sample_from_dict
@@ -69,6 +70,10 @@ class DoctorSettings:
     box_format: str = "qwen2_5"
     system_prompt: str = ""
     data_format: str = "auto"
+    preset: str = "none"
+    """data.preset: the rows are in another project's shape (vlgrpo.data.presets), converted as training does."""
+    columns: dict[str, str] = field(default_factory=dict)
+    """data.columns: renames target=source applied first."""
 
 
 @dataclass
@@ -134,18 +139,14 @@ class DoctorReport:
 # ---------------------------------------------------------------- reading rows with their row numbers
 
 
-def iter_rows(source: str, fmt: str = "auto") -> tuple[str, Path | None, Iterator[tuple[int, Any]]]:
-    """(name for messages, base directory of relative image paths, iterator of (row number, raw row)), reading the
-    rows exactly as `load_samples` does but keeping each row's number."""
-    fmt = detect_format(source) if fmt == "auto" else fmt
-    if fmt == "jsonl":
-        if not Path(source).is_file():
-            raise DataError(source, None, None, "does not exist")
-        return source, Path(source).parent, json_rows(source)
-    if fmt in ("hf", "parquet"):
-        return source, Path(source).parent, _hf_rows(_load_hf(source, "train"), source)
-    label_file, rows = _folder_rows(Path(source))
-    return str(label_file), Path(source), rows
+def iter_rows(source: str, settings: DoctorSettings) -> tuple[str, Path | None, Iterator[tuple[int, Any]]]:
+    """(name for messages, base directory of relative image paths, (row number, schema row or DataError)): the
+    rows exactly as `load_samples` reads them, preset and column renames included, each with its row number."""
+    name, base, rows = raw_rows(source, settings.data_format)
+    if settings.preset != "none" or settings.columns:
+        report = ConversionReport(settings.preset)
+        rows = convert_rows(rows, settings.preset, dict(settings.columns), name, base, report)
+    return name, base, rows
 
 
 # ---------------------------------------------------------------- the checks
@@ -222,7 +223,7 @@ def check_split(
     """Every row of one dataset: schema, image, per-sample checks, gold answers, duplicate ids, answer skew."""
     stats, findings = SplitStats(name, source), []
     try:
-        src_name, base, rows = iter_rows(source, settings.data_format)
+        src_name, base, rows = iter_rows(source, settings)
     except DataError as e:
         return stats, [Finding(ERROR, "dataset_unreadable", name, source, None, None, e.problem)]
 
@@ -238,7 +239,8 @@ def check_split(
                 raise raw
             s = sample_from_dict(raw, src_name, no, base)
         except DataError as e:  # inverted/empty boxes, boxes outside a declared image_size, missing fields, ...
-            add(ERROR, skip_reason(e), no, raw.get("id") if isinstance(raw, dict) else None, e.problem, e.field)
+            severity = WARNING if isinstance(e, RowSkipped) else ERROR  # a preset's skip: training skips it too
+            add(severity, skip_reason(e), no, raw.get("id") if isinstance(raw, dict) else None, e.problem, e.field)
             continue
         if s.id in stats.ids:
             add(ERROR, "duplicate_id", no, s.id, f"id {s.id!r} was already used at row {stats.ids[s.id]}: ids must "

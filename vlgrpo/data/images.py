@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from PIL import Image, ImageOps, UnidentifiedImageError
-from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize as _hf_smart_resize
 
 from vlgrpo.types import InputError
 
@@ -171,7 +170,9 @@ class ProcessorGeometry:
     def resized_hw(self, height: int, width: int) -> tuple[int, int]:
         """(height, width) the processor resizes an image to (Qwen's smart_resize)."""
         try:
-            return _hf_smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels)
+            from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize  # 5 s import: on use
+
+            return smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels)
         except ValueError as e:
             raise ImageError(f"image of {width}x{height} px cannot be resized for the model: {e}") from None
 

@@ -1,8 +1,8 @@
 """Presets: rows in the shapes other VLM-RL projects publish (LLaVA conversations, chat messages, R1-V problem /
 solution, EasyR1 parquet), rewritten into vlgrpo's row schema before `schema.sample_from_dict` checks them.
 
-PRESETS maps each name to its converter: the CLI's choices and `load_samples(preset=...)` read it, and a test pins
-config's CHOICES["data.preset"] to it (config sits below data and cannot import it). A converter returns a schema row,
+`vlgrpo.registry.DATA_PRESET` names each converter here: the config's choices, the CLI's and `load_samples(preset=...)`
+read it. A converter returns a schema row,
 or raises RowSkipped (a row vlgrpo cannot train on: several images, several turns, no image) or DataError (a
 malformed row). Knows nothing of models; it opens an image header only to scale a normalised box to pixels.
 """
@@ -16,10 +16,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from itertools import takewhile
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from vlgrpo.data.images import ImageError, image_size
 from vlgrpo.data.schema import FIELDS, DataError
+from vlgrpo.registry import DATA_PRESET
 from vlgrpo.types import InputError
 
 
@@ -362,9 +363,8 @@ def _schema_row(raw: dict, row: _Row) -> dict[str, Any]:
     return out
 
 
-PRESETS: dict[str, Callable[[dict, _Row], dict[str, Any]]] = {
-    "llava": llava, "messages": messages, "r1v": r1v, "easyr1": easyr1,
-}  # fmt: skip
+PRESETS = tuple(name for name in DATA_PRESET.names if name != "none")
+"""The presets (vlgrpo.registry.DATA_PRESET names each converter)."""
 
 
 def parse_columns(text: str) -> dict[str, str]:
@@ -382,13 +382,13 @@ def convert_rows(
 ) -> Iterator[tuple[int, Any]]:  # fmt: skip
     """Rename `columns` ({target: source}) in each raw row, then apply the preset ("none": the targets are row
     fields). Yields (row number, schema row or DataError). A bad preset or mapping fails before any row is read."""
-    if preset != "none" and preset not in PRESETS:
+    if preset not in DATA_PRESET.names:
         raise DataError(source, None, None, f"data.preset '{preset}' is not accepted; use one of: none, "
                         f"{', '.join(PRESETS)}")  # fmt: skip
     if preset == "none" and set(columns) - set(FIELDS):
         raise DataError(source, None, None, f"data.columns maps onto {sorted(set(columns) - set(FIELDS))}, which are "
                         f"not row fields ({', '.join(FIELDS)}); with a preset, map onto its input columns")  # fmt: skip
-    convert = PRESETS.get(preset, _schema_row)
+    convert = DATA_PRESET.load(preset) if preset != "none" else _schema_row
     for no, raw in rows:
         if isinstance(raw, DataError):
             yield no, raw

@@ -107,8 +107,8 @@ def score(samples: list[Sample], completions: list[Completion], ctx: RewardConte
     rows = []
     for s, c, p in zip(samples, completions, preds):
         parsed, region = parse_answer(c.text, parser), answer_region(c.text)
-        rows.append({**prediction_row("pope", s, c, s.answer), "split": p.split, "question_id": s.meta.get("question_id"),
-                     "parsed": parsed, "correct": parsed == s.answer,
+        rows.append({**prediction_row("pope", s, c, s.answer), "split": p.split,
+                     "question_id": s.meta.get("question_id"), "parsed": parsed, "correct": parsed == s.answer,
                      "answered": parsed != "unknown" and bool(region and region.strip())})  # fmt: skip
     return metrics, counts, rows
 

@@ -74,7 +74,8 @@ def score(samples: list[Sample], completions: list[Completion], ctx: RewardConte
     verdicts = [judge(c.text, s, ctx) for s, c in zip(samples, completions)]
     metrics, counts = vqa_metrics(samples, [ok for ok, _ in verdicts])
     rows = [{**prediction_row("vqa", s, c, s.answer), "answer_type": s.answer_type, "extracted": read, "correct": ok,
-             "answered": bool(read and read.strip())} for s, c, (ok, read) in zip(samples, completions, verdicts)]  # fmt: skip
+             "answered": bool(read and read.strip())}
+            for s, c, (ok, read) in zip(samples, completions, verdicts)]  # fmt: skip
     return metrics, counts, rows
 
 

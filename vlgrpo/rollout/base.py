@@ -58,6 +58,15 @@ class RolloutEngine(Protocol):
 
     policy_version: int
     """Optimiser step of the weights the engine samples with (copied into every RolloutGroup)."""
+    holds_own_weights: bool
+    """True when the engine samples with its own copy of the weights (vLLM): the trainer then sends weights after
+    each update and compares its log-probs with the engine's. False when it decodes on the trainer's module."""
+
+    @classmethod
+    def from_config(cls, cfg, lm, vision_cache, box_format: str) -> "RolloutEngine":
+        """The engine a run config asks for; `lm` is the trainer's LoadedModel (vlgrpo.registry.ENGINE names the
+        class)."""
+        ...
 
     def generate(self, samples: list[Sample], params: SamplingParams) -> list[RolloutGroup]:
         """One RolloutGroup per sample, in order, each with `params.n` completions."""

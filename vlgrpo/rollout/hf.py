@@ -123,6 +123,14 @@ def decode_loop(model, last, cache, next_pos, prompt_mask, params, forbidden, eo
 class HFEngine:
     """RolloutEngine on a transformers model shared with the trainer (so `update_weights` is a version bump)."""
 
+    holds_own_weights = False
+
+    @classmethod
+    def from_config(cls, cfg, lm, vision_cache, box_format: str) -> "HFEngine":
+        """The engine of a run: the trainer's own module, its processor and prompt settings."""
+        d = cfg.data
+        return cls(lm.model, lm.processor, vision_cache, d.answer_format, box_format, d.system_prompt)
+
     def __init__(
         self,
         model,

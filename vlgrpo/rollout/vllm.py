@@ -159,6 +159,8 @@ def _refresh_tied_lm_head(worker) -> int:
 class VLLMEngine:
     """RolloutEngine on a vLLM `LLM` (in-process engine core, as in TRL's colocate mode)."""
 
+    holds_own_weights = True
+
     def __init__(self, llm, processor, vision_cache=None, answer_format: str = "think_answer",
                  box_format: str = "qwen2_5", system_prompt: str = "", mm_input: str = "embeds",
                  push_visual: bool = True, sleep_level: int = 0, tied_embeddings: bool = False):  # fmt: skip

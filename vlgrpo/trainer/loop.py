@@ -57,18 +57,18 @@ def _mean_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
 class Trainer:
     """Runs steps over a RunState (model, backend, engine, cache, data) built by `trainer.state.build_state`."""
 
-    def __init__(self, s: RunState) -> None:
-        self.s = s
-        g = s.cfg.grpo
+    def __init__(self, state: RunState) -> None:
+        self.state = state
+        g = state.cfg.grpo
         self.advantage_fn = ADVANTAGE.load(g.advantage)
         self.ratio_fn = RATIO.load(g.ratio)
         self.aggregate_fn = AGGREGATION.load(g.aggregation)
-        self.step_fn = self.sft_step if s.cfg.train.stage == "sft" else self.grpo_step
-        self.rollout_is = grpo.resolve_rollout_is(g.rollout_is, s.engine_needs_weights)
+        self.step_fn = self.sft_step if state.cfg.train.stage == "sft" else self.grpo_step
+        self.rollout_is = grpo.resolve_rollout_is(g.rollout_is, state.engine_needs_weights)
 
     # ------------------------------------------------------------------ GRPO
     def grpo_step(self) -> dict[str, float]:
-        s, cfg, T = self.s, self.s.cfg, self.s.timers
+        state, cfg, timers = self.state, self.state.cfg, self.state.timers
         B, G = cfg.train.prompts_per_step, cfg.rollout.completions_per_prompt
         # 1-4. batch -> vision -> rollout -> reward, repeated while dynamic sampling tops the batch up
         scored = self._sample_and_score(B)
@@ -77,9 +77,9 @@ class Trainer:
         group_ids = torch.arange(len(groups)).repeat_interleave(G)  # [B*G]
 
         # 5. advantage: per group (r - mean) / (std + eps) or its variants
-        with T("advantage"):
+        with timers("advantage"):
             advantages, adv_stats = self.advantage_fn(rewards, group_ids, eps=cfg.grpo.std_eps)  # [B*G]
-            advantages = advantages.to(s.device)
+            advantages = advantages.to(state.device)
             batch = self._collate(groups, features)
 
         # 6. old log-probs when the update is off-policy (num_iterations > 1) or the engine sampled with its own
@@ -87,26 +87,27 @@ class Trainer:
         #    weights); reference log-probs only when beta > 0
         old_logp = ref_logp = is_weights = None
         correction: dict[str, float] = {}
-        if cfg.grpo.num_iterations > 1 or s.engine_needs_weights:
-            with T("old_logprob"):
+        if cfg.grpo.num_iterations > 1 or state.engine_needs_weights:
+            with timers("old_logprob"):
                 old_logp, behaviour_logp = self._old_logprobs(batch)
-            if s.engine_needs_weights:
+            if state.engine_needs_weights:
                 is_weights, correction = self._rollout_correction(batch, behaviour_logp)
             if cfg.grpo.num_iterations == 1:
                 old_logp = None  # on-policy: ratio exactly 1 (the trainer's own pass, not its re-run, is the base)
         if cfg.grpo.beta > 0:
-            with T("ref_logprob"), s.backend.reference() as ref_model:
+            with timers("ref_logprob"), state.backend.reference() as ref_model:
                 ref_logp = self._logprobs(ref_model, batch, self._reference_features(ref_model, batch))
 
         # 7. update: num_iterations passes over micro-batches; token-mean normalises by the whole batch
-        with T("update"):
+        with timers("update"):
             update = self._update(batch, advantages, old_logp, ref_logp, is_weights)
 
         # 8. sync the rollout engine (a version bump for the HF engine sharing the model)
-        s.step += 1
-        with T("sync"):
-            s.cache.set_step(s.step)  # a trainable tower's cached features are now stale
-            s.engine.update_weights(s.backend.named_weights() if s.engine_needs_weights else None, s.step)
+        state.step += 1
+        with timers("sync"):
+            state.cache.set_step(state.step)  # a trainable tower's cached features are now stale
+            weights = state.backend.named_weights() if state.engine_needs_weights else None
+            state.engine.update_weights(weights, state.step)
         lengths = batch.batch.completion_mask.sum(1).float()  # [R]
         return {
             **scored.metrics, **update, **correction,
@@ -125,7 +126,7 @@ class Trainer:
         already holds its B informative groups joins such a round but samples nothing: no rollout is generated only
         to be thrown away, and its batch never depends on the other ranks' draws.
         """
-        cfg = self.s.cfg
+        cfg = self.state.cfg
         G = cfg.rollout.completions_per_prompt
         out, parts = Scored(), []
         need = B
@@ -153,28 +154,28 @@ class Trainer:
     def _sample_round(self, need: int, round_no: int, parts: list) -> tuple[list[RolloutGroup], list, list[float]]:
         """One round for `need` prompts -> (groups, features, rewards [need*G]); the reward metrics go to `parts`.
         need = 0: the rank only joins the weight gather (collective under ZeRO-3) and returns empty lists."""
-        s, T = self.s, self.s.timers
-        samples = s.next_samples(need) if need else []  # 1. batch
+        state, timers = self.state, self.state.timers
+        samples = state.next_samples(need) if need else []  # 1. batch
         feats, groups = [], []
         # ZeRO-3: gather once for the encoder and HF decoding (vLLM decodes with its own weights: only `visual`)
-        with s.backend.rollout_weights(full=not s.engine_needs_weights):
+        with state.backend.rollout_weights(full=not state.engine_needs_weights):
             if samples:
-                with T("vision"):  # 2. each unique image encoded once; the engine and the update reuse it
-                    feats = s.cache.get([x.image for x in samples])
-                with T("rollout"):  # 3. G completions per prompt, prompt prefilled once per group
-                    groups = s.engine.generate(samples, s.sampling_for(s.step, round_no))
+                with timers("vision"):  # 2. each unique image encoded once; the engine and the update reuse it
+                    feats = state.cache.get([x.image for x in samples])
+                with timers("rollout"):  # 3. G completions per prompt, prompt prefilled once per group
+                    groups = state.engine.generate(samples, state.sampling_for(state.step, round_no))
         if not groups:
             return [], [], []
-        with T("reward"):  # 4. named components + weighted total; failures are counted zeros
+        with timers("reward"):  # 4. named components + weighted total; failures are counted zeros
             rewards, metrics = self._rewards(groups)
         parts.append(metrics)
         return groups, feats, rewards
 
     def _rewards(self, groups: list[RolloutGroup]) -> tuple[list[float], dict[str, float]]:
-        s, cfg = self.s, self.s.cfg
+        state, cfg = self.state, self.state.cfg
         completions = [c for g in groups for c in g.completions]
         samples = [g.sample for g in groups for _ in g.completions]
-        result = score([c.text for c in completions], samples, s.recipe, s.reward_ctx)
+        result = score([c.text for c in completions], samples, state.recipe, state.reward_ctx)
         totals = list(result.total)
         metrics = result.metrics()
         o = cfg.reward.overlong
@@ -185,39 +186,39 @@ class Trainer:
             metrics["reward/overlong"] = float(penalty.mean())
         metrics["reward/total"] = sum(totals) / len(totals)
         for sid, comp, err in result.failures[:5]:
-            s.log_warning(f"reward '{comp}' failed on sample {sid}: {err}")
+            state.log_warning(f"reward '{comp}' failed on sample {sid}: {err}")
         return totals, metrics
 
     def _collate(self, groups: list[RolloutGroup], features: list) -> TrainBatch:
-        s = self.s
-        return make_batch(groups, features, s.pad_id, s.image_token_id, s.forbidden_ids, s.device)
+        state = self.state
+        return make_batch(groups, features, state.pad_id, state.image_token_id, state.forbidden_ids, state.device)
 
     def _micro_batches(self, batch: TrainBatch, features: list | None = None):
         """(rows, CompletionBatch, features of its prompts). With a trainable vision tower and grad enabled the
         features are re-encoded with autograd (the cached ones are detached); otherwise cached features are used."""
-        s = self.s
-        for rows, part, used in batch.micro_batches(s.cfg.train.micro_batch_completions):
-            if features is None and torch.is_grad_enabled() and s.backend.vision_trainable():
-                feats = [f.embeds for f in s.cache.encode_with_grad([batch.images[i] for i in used])]
+        state = self.state
+        for rows, part, used in batch.micro_batches(state.cfg.train.micro_batch_completions):
+            if features is None and torch.is_grad_enabled() and state.backend.vision_trainable():
+                feats = [f.embeds for f in state.cache.encode_with_grad([batch.images[i] for i in used])]
             else:
                 feats = [(features or batch.features)[i] for i in used]
             yield rows, part, feats
 
     def _reference_features(self, ref_model, batch: TrainBatch) -> list | None:
         """The reference policy's own image features when the policy's tower trains (frozen: they are shared)."""
-        s = self.s
-        if ref_model is None or not s.backend.vision_trainable():
+        state = self.state
+        if ref_model is None or not state.backend.vision_trainable():
             return None
-        if s.ref_cache is None:  # the reference never changes: its features stay valid for the whole run
-            s.ref_cache = VisionCache(ref_model, s.lm.processor, s.cfg.rollout.vision_cache_bytes)
-        return [f.embeds for f in s.ref_cache.get(batch.images)]
+        if state.ref_cache is None:  # the reference never changes: its features stay valid for the whole run
+            state.ref_cache = VisionCache(ref_model, state.lm.processor, state.cfg.rollout.vision_cache_bytes)
+        return [f.embeds for f in state.ref_cache.get(batch.images)]
 
     @torch.no_grad()
     def _logprobs(self, model, batch: TrainBatch, features: list | None = None) -> torch.Tensor:
-        out = []
+        out, state = [], self.state
         with eval_mode(model):
             for _, part, feats in self._micro_batches(batch, features):
-                out.append(completion_logprobs_and_entropy(model, part, feats, self.s.forbidden, self.s.temperature)[0])
+                out.append(completion_logprobs_and_entropy(model, part, feats, state.forbidden, state.temperature)[0])
         return torch.cat(out)  # [R, C]
 
     @torch.no_grad()
@@ -225,22 +226,22 @@ class Trainer:
         """(old log-probs [R, C] over the full vocabulary, for the policy ratio; the same tokens under the engine's
         sampling distribution — top-k / top-p replayed, as vLLM reports them — for the engine comparison), one
         forward per micro-batch."""
-        s, r = self.s, self.s.cfg.rollout
+        state, r = self.state, self.state.cfg.rollout
         full, behaviour = [], []
-        with eval_mode(s.backend.model):
+        with eval_mode(state.backend.model):
             for _, part, feats in self._micro_batches(batch):
-                logits = completion_logits(s.backend.model, part, feats)  # [r, C, V]
-                full.append(grpo.token_logprobs(logits, part.completion_ids, temperature=s.temperature,
-                                                forbidden=s.forbidden)[0])  # fmt: skip
+                logits = completion_logits(state.backend.model, part, feats)  # [r, C, V]
+                full.append(grpo.token_logprobs(logits, part.completion_ids, temperature=state.temperature,
+                                                forbidden=state.forbidden)[0])  # fmt: skip
                 behaviour.append(grpo.truncated_token_logprobs(
-                    logits, part.completion_ids, temperature=s.temperature, forbidden=s.forbidden, top_k=r.top_k,
-                    top_p=r.top_p))  # fmt: skip
+                    logits, part.completion_ids, temperature=state.temperature, forbidden=state.forbidden,
+                    top_k=r.top_k, top_p=r.top_p))  # fmt: skip
         return torch.cat(full), torch.cat(behaviour)
 
     def _rollout_correction(self, batch: TrainBatch, behaviour_logp: torch.Tensor):
         """The engine/trainer log-prob gap of this step's samples (`rollout/logprob_abs_diff*`) and the rollout IS
         weights [R, C] (None with grpo.rollout_is=none) with their stats (`grpo/is_*`)."""
-        g = self.s.cfg.grpo
+        g = self.state.cfg.grpo
         if batch.engine_logp is None:
             return None, {}
         mean, worst = grpo.logprob_gap(behaviour_logp, batch.engine_logp, batch.loss_mask)
@@ -252,70 +253,71 @@ class Trainer:
         return weights, {**metrics, **{f"grpo/{k}": float(v) for k, v in stats.items()}}
 
     def _update(self, batch: TrainBatch, advantages, old_logp, ref_logp, is_weights=None) -> dict[str, float]:
-        s, g = self.s, self.s.cfg.grpo
+        state, g = self.state, self.state.cfg.grpo
         num_tokens = batch.loss_mask.sum()  # global normaliser: micro-batch losses add up to the batch loss
         stats_all, opt_stats, losses = [], {}, []
-        model = s.backend.model
+        model = state.backend.model
         with no_dropout(model):  # train mode so checkpointing engages; p = 0 so the on-policy ratio is exactly 1
             for _ in range(g.num_iterations):
                 for rows, part, feats in self._micro_batches(batch):
-                    logp, entropy = completion_logprobs_and_entropy(model, part, feats, s.forbidden, s.temperature)
+                    logp, entropy = completion_logprobs_and_entropy(model, part, feats, state.forbidden,
+                                                                    state.temperature)
                     loss, stats = grpo.policy_loss(
                         logp, None if old_logp is None else old_logp[rows], advantages[rows], batch.loss_mask[rows],
                         log_ratio=self.ratio_fn, aggregate=self.aggregate_fn, clip_low=g.clip_low,
                         clip_high=g.clip_high, dual_clip=g.dual_clip, beta=g.beta,
                         ref_logp=None if ref_logp is None else ref_logp[rows], entropy=entropy.detach(),
                         num_tokens=num_tokens, num_sequences=batch.rows,
-                        max_completion_length=s.cfg.rollout.max_new_tokens,
+                        max_completion_length=state.cfg.rollout.max_new_tokens,
                         is_weights=None if is_weights is None else is_weights[rows],
                     )  # fmt: skip
-                    s.backend.backward(loss)
+                    state.backend.backward(loss)
                     losses.append(loss.item())
                     stats_all.append({k: float(v) for k, v in stats.items()})
-                opt_stats = s.backend.step()
+                opt_stats = state.backend.step()
         return {"train/loss": sum(losses) / g.num_iterations, **opt_stats,
                 **{f"grpo/{k}": v for k, v in _mean_metrics(stats_all).items()}}  # fmt: skip
 
     # ------------------------------------------------------------------ SFT
     def sft_step(self) -> dict[str, float]:
-        s, cfg, T = self.s, self.s.cfg, self.s.timers
-        samples = s.next_samples(cfg.train.prompts_per_step)  # 1. batch
-        with T("vision"), s.backend.rollout_weights(full=False):  # 2. features from the cache
-            feats = s.cache.get([x.image for x in samples])
-        with T("update"):  # teacher-forced NLL of the gold answer in the target format
+        state, cfg, timers = self.state, self.state.cfg, self.state.timers
+        samples = state.next_samples(cfg.train.prompts_per_step)  # 1. batch
+        with timers("vision"), state.backend.rollout_weights(full=False):  # 2. features from the cache
+            feats = state.cache.get([x.image for x in samples])
+        with timers("update"):  # teacher-forced NLL of the gold answer in the target format
             batch = self._collate([self._gold_group(x) for x in samples], feats)
             num_tokens, total = batch.loss_mask.sum(), 0.0
-            with no_dropout(s.backend.model):  # train mode: gradient checkpointing engages
+            with no_dropout(state.backend.model):  # train mode: gradient checkpointing engages
                 for rows, part, feats in self._micro_batches(batch):
-                    logp, _ = completion_logprobs_and_entropy(s.backend.model, part, feats, s.forbidden, 1.0)
+                    logp, _ = completion_logprobs_and_entropy(state.backend.model, part, feats, state.forbidden, 1.0)
                     loss = -(logp * batch.loss_mask[rows]).sum() / num_tokens
-                    s.backend.backward(loss)
+                    state.backend.backward(loss)
                     total += loss.item()
-                opt_stats = s.backend.step()
-        s.step += 1
-        s.cache.set_step(s.step)
+                opt_stats = state.backend.step()
+        state.step += 1
+        state.cache.set_step(state.step)
         return {"train/loss": total, **opt_stats}
 
     def _gold_group(self, sample: Sample) -> RolloutGroup:
         """The gold answer, rendered in the target format and tokenised (+ EOS), as a one-completion group."""
-        s = self.s
-        text = render_target(sample, s.cfg.data.answer_format, s.reward_ctx.box_format, s.geometry)
-        ids = s.tokenizer(text, add_special_tokens=False)["input_ids"] + [s.tokenizer.eos_token_id]
-        return RolloutGroup(sample=sample, prompt_ids=s.prompt(sample).input_ids,
+        state = self.state
+        text = render_target(sample, state.cfg.data.answer_format, state.reward_ctx.box_format, state.geometry)
+        ids = state.tokenizer(text, add_special_tokens=False)["input_ids"] + [state.tokenizer.eos_token_id]
+        return RolloutGroup(sample=sample, prompt_ids=state.prompt(sample).input_ids,
                             completions=[Completion(token_ids=ids, text=text, finish_reason="stop")])  # fmt: skip
 
     # ------------------------------------------------------------------ driving
     def _counters(self) -> dict[str, float]:
         """This step's vision-cache and engine counters (then reset), plus the cache hit rate."""
-        s = self.s
-        vision = s.cache.stats()
+        state = self.state
+        vision = state.cache.stats()
         out = {f"vision/{k}": float(v) for k, v in vision.items()}
         lookups = vision.get("hits", 0) + vision.get("misses", 0)
         out["vision/hit_rate"] = vision.get("hits", 0) / lookups if lookups else 0.0
-        s.cache.reset_stats()
-        if s.engine is not None:
-            out.update({k: float(v) for k, v in s.engine.stats().items()})  # already `rollout/*`
-            s.engine.reset_stats()
+        state.cache.reset_stats()
+        if state.engine is not None:
+            out.update({k: float(v) for k, v in state.engine.stats().items()})  # already `rollout/*`
+            state.engine.reset_stats()
         return out
 
     def train(self) -> list[dict]:
@@ -324,42 +326,42 @@ class Trainer:
         A step whose loss or gradient is non-finite leaves the weights alone (the backend skips its optimiser step,
         on every rank alike) and is counted in `train/nonfinite_steps`; after train.max_nonfinite_steps such steps in
         a row the run logs the step and stops with NonFiniteError, without writing a checkpoint of its own."""
-        s, cfg = self.s, self.s.cfg
+        state, cfg = self.state, self.state.cfg
         history = []
-        while s.step < cfg.train.steps:
+        while state.step < cfg.train.steps:
             t0 = time.perf_counter()
-            skipped_before = s.backend.skipped_steps
+            skipped_before = state.backend.skipped_steps
             metrics = self.step_fn()
-            nonfinite = s.backend.skipped_steps > skipped_before
-            s.nonfinite_steps += nonfinite
-            s.nonfinite_streak = s.nonfinite_streak + 1 if nonfinite else 0
-            metrics["train/nonfinite_steps"] = float(s.nonfinite_steps)
-            metrics["data/skipped_rows"] = float(s.skipped_rows)
-            stop = s.nonfinite_streak >= cfg.train.max_nonfinite_steps
-            if s.evaluator is not None and cfg.eval.every_steps and s.step % cfg.eval.every_steps == 0:
-                with s.timers("eval"), s.backend.rollout_weights():
-                    metrics.update(s.evaluator(s))
-            metrics.update(s.timers.pop())
+            nonfinite = state.backend.skipped_steps > skipped_before
+            state.nonfinite_steps += nonfinite
+            state.nonfinite_streak = state.nonfinite_streak + 1 if nonfinite else 0
+            metrics["train/nonfinite_steps"] = float(state.nonfinite_steps)
+            metrics["data/skipped_rows"] = float(state.skipped_rows)
+            stop = state.nonfinite_streak >= cfg.train.max_nonfinite_steps
+            if state.evaluator is not None and cfg.eval.every_steps and state.step % cfg.eval.every_steps == 0:
+                with state.timers("eval"), state.backend.rollout_weights():
+                    metrics.update(state.evaluator(state))
+            metrics.update(state.timers.pop())
             metrics.update(self._counters())
             metrics.update(memory_metrics())
             metrics["timing/step"] = time.perf_counter() - t0
-            if stop or s.step % cfg.logging.log_every == 0 or s.step == cfg.train.steps:
-                s.logger.log(s.step, metrics)
-            history.append({"step": s.step, **metrics})
+            if stop or state.step % cfg.logging.log_every == 0 or state.step == cfg.train.steps:
+                state.logger.log(state.step, metrics)
+            history.append({"step": state.step, **metrics})
             if stop:
                 raise self._nonfinite_error()
-            if cfg.train.save_every and s.step % cfg.train.save_every == 0:
-                s.save_checkpoint()
-        s.save_checkpoint()
+            if cfg.train.save_every and state.step % cfg.train.save_every == 0:
+                state.save_checkpoint()
+        state.save_checkpoint()
         return history
 
     def _nonfinite_error(self) -> NonFiniteError:
-        s, limit = self.s, self.s.cfg.train.max_nonfinite_steps
-        kept = [p.name for p in checkpoint_dirs(s.run_dir)]
+        state, limit = self.state, self.state.cfg.train.max_nonfinite_steps
+        kept = [p.name for p in checkpoint_dirs(state.run_dir)]
         return NonFiniteError(
-            f"stopped at step {s.step}: the loss or gradient was NaN or infinite in {s.nonfinite_streak} steps in a "
-            f"row (train.max_nonfinite_steps={limit}). Their optimiser steps were skipped, so the weights are those "
-            f"after step {s.step - s.nonfinite_streak}; kept checkpoints: {', '.join(kept) or 'none'}. Look at "
-            "train/loss, train/grad_norm and reward/* in metrics.jsonl: a reward returning huge or infinite values, or "
-            "a train.lr that is too high, are the usual causes"
+            f"stopped at step {state.step}: the loss or gradient was NaN or infinite in {state.nonfinite_streak} steps "
+            f"in a row (train.max_nonfinite_steps={limit}). Their optimiser steps were skipped, so the weights are "
+            f"those after step {state.step - state.nonfinite_streak}; kept checkpoints: {', '.join(kept) or 'none'}. "
+            "Look at train/loss, train/grad_norm and reward/* in metrics.jsonl: a reward returning huge or infinite "
+            "values, or a train.lr that is too high, are the usual causes"
         )

@@ -13,46 +13,53 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
 from vlgrpo.config import Config, ConfigError, save_config, to_dict
 from vlgrpo.config.contract import CONTRACT_FILE, PromptContract
 from vlgrpo.data.adapters import load_samples, no_usable_row, skip_reason
+from vlgrpo.data.schema import DataError
 from vlgrpo.data.images import ProcessorGeometry, inspect_image
 from vlgrpo.data.prompts import check_system_prompt
 from vlgrpo.data.rowcheck import Problem, row_problems
 from vlgrpo.data.stream import SampleStream
 from vlgrpo.models import LoadedModel, load_model, placeholder_token_ids
-from vlgrpo.types import InputError, Sample
+from vlgrpo.registry import ENGINE
 from vlgrpo.rewards import check_recipe, context_from_config
-from vlgrpo.rollout.base import SamplingParams
-from vlgrpo.rollout.inputs import build_prompt, forbidden_mask
+from vlgrpo.rewards.context import RewardContext
+from vlgrpo.rollout.base import RolloutEngine, SamplingParams
+from vlgrpo.rollout.inputs import PromptInputs, build_prompt, forbidden_mask
 from vlgrpo.trainer import checkpoint
-from vlgrpo.trainer.backends import make_backend, max_over_ranks
+from vlgrpo.trainer.backends import Backend, make_backend, max_over_ranks
 from vlgrpo.trainer.metrics import MetricsLogger, Timers
 from vlgrpo.trainer.rundir import RunDirError, RunLock, describe
+from vlgrpo.types import InputError, Sample
 from vlgrpo.vision_cache import VisionCache
 
 
 @dataclass
 class RunState:
+    """Everything one run holds between steps: built once by `build_state`, advanced by the loop, saved by
+    `checkpoint`."""
+
     cfg: Config
     run_dir: Path
     lm: LoadedModel
-    backend: Any
+    backend: Backend
     cache: VisionCache
-    engine: Any
+    engine: RolloutEngine | None
+    """None in the SFT stage (nothing is sampled)."""
     data: SampleStream
     logger: MetricsLogger
-    reward_ctx: Any
+    reward_ctx: RewardContext
     recipe: dict[str, float]
     geometry: ProcessorGeometry
     sampling: SamplingParams
     engine_needs_weights: bool = False
     """True when the engine holds its own copy of the weights (vLLM); the HF engine shares the trainer's model."""
-    evaluator: Callable | None = None
+    evaluator: Callable[[RunState], dict[str, float]] | None = None
     ref_cache: VisionCache | None = None
     """Features of the reference policy's own vision tower (only when the policy's tower trains)."""
     step: int = 0
@@ -63,14 +70,14 @@ class RunState:
     lock: RunLock | None = None
     """The run directory's lock (rank 0 while training; None on other ranks and for exports)."""
     timers: Timers = field(default_factory=Timers)
-    skipped: list = field(default_factory=list)
+    skipped: list[DataError] = field(default_factory=list)
     """DataErrors of the rows skipped when the file was read (schema, JSON, not UTF-8, a preset's skips)."""
     data_source: str = ""
     """The training file, as messages name it."""
-    _prompts: dict = field(default_factory=dict)
-    _bad: dict = field(default_factory=dict)
+    _prompts: dict[str, PromptInputs] = field(default_factory=dict)
+    _bad: dict[int, tuple[str, int | None]] = field(default_factory=dict)
     """{id(sample): (check, row)} of the rows found unusable when drawn (keyed by object: two rows may share an id)."""
-    _good: set = field(default_factory=set)
+    _good: set[int] = field(default_factory=set)
 
     @property
     def tokenizer(self):
@@ -182,14 +189,8 @@ class RunState:
 def _engine(cfg: Config, lm: LoadedModel, cache: VisionCache, box_format: str):
     if cfg.train.stage == "sft":
         return None, False
-    if cfg.rollout.engine == "vllm":
-        from vlgrpo.rollout.vllm import VLLMEngine
-
-        return VLLMEngine.from_config(cfg, lm, cache, box_format), True
-    from vlgrpo.rollout.hf import HFEngine
-
-    d = cfg.data
-    return HFEngine(lm.model, lm.processor, cache, d.answer_format, box_format, d.system_prompt), False
+    engine_class = ENGINE.load(cfg.rollout.engine)  # vlgrpo.registry.ENGINE: vllm is imported only when chosen
+    return engine_class.from_config(cfg, lm, cache, box_format), engine_class.holds_own_weights
 
 
 def _init_data_parallel() -> str:

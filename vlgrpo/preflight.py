@@ -1,60 +1,46 @@
-"""What `vlgrpo data doctor` compares a dataset against, from a run config: the processor geometry (read from the
-checkpoint directory, no model loaded), the model family's box convention, and the gold-answer check built from the
-configured reward recipe.
+"""`vlgrpo data doctor` from a run config: what the data checks (`vlgrpo.data.doctor`) compare a dataset against
+(the processor geometry read from the checkpoint directory, no model loaded; the model family's box convention; the
+row shape, data.preset / data.columns) and the gold-answer check built from the configured reward recipe.
 
-Rewards are a peer layer of data: they are imported lazily inside these functions only, never at module level.
+Sits above data and rewards, which know nothing of each other.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from vlgrpo.config import ConfigError, get_key, load_config
 from vlgrpo.data.doctor import (
     CORRECTNESS, ERROR, WARNING, DoctorReport, DoctorSettings, GoldCheck, run_doctor,
 )  # fmt: skip
 from vlgrpo.data.images import checkpoint_geometry
 from vlgrpo.data.prompts import check_system_prompt
+from vlgrpo.models import detect_arch
+from vlgrpo.rewards import check_recipe, context_from_config, score
+from vlgrpo.rewards.boxes import from_original_pixels
 from vlgrpo.types import Sample
 
 processor_geometry = checkpoint_geometry
 """The resize geometry a run will use; defined once in `vlgrpo.data.images`."""
 
 
-def model_arch(name_or_path: str, arch: str) -> str:
-    """model.arch, else config.json's model_type of a local checkpoint, else a guess from the name (qwen2_5_vl)."""
-    if arch != "auto":
-        return arch
-    config = Path(name_or_path) / "config.json"
-    if config.is_file():
-        model_type = json.loads(config.read_text()).get("model_type", "")
-        if model_type in ("qwen2_vl", "qwen2_5_vl"):
-            return model_type
-    low = name_or_path.lower().replace("-", "_").replace(".", "_")
-    return "qwen2_vl" if "qwen2_vl" in low else "qwen2_5_vl"
-
-
 def settings_from_config(cfg) -> tuple[DoctorSettings, Any]:
     """(DoctorSettings, RewardContext) of a run config: geometry, prompt settings and the reward's context."""
-    from vlgrpo.rewards import context_from_config  # rewards are a peer layer: imported only here
-
     check_system_prompt(cfg.data.system_prompt)  # every prompt holds it: a config error (exit 2), not a row's
     m = cfg.model
     geometry, source = processor_geometry(m.name_or_path, m.min_pixels, m.max_pixels)
-    ctx = context_from_config(cfg, model_arch(m.name_or_path, m.arch), geometry)
+    ctx = context_from_config(cfg, detect_arch(m.name_or_path) if m.arch == "auto" else m.arch, geometry)
     settings = DoctorSettings(
         geometry=geometry, geometry_source=source, max_prompt_length=cfg.data.max_prompt_length,
         answer_format=cfg.data.answer_format, box_format=ctx.box_format, system_prompt=cfg.data.system_prompt,
-        data_format=cfg.data.format,
+        data_format=cfg.data.format, preset=cfg.data.preset, columns=dict(cfg.data.columns),
     )  # fmt: skip
     return settings, ctx
 
 
 def gold_completion(s: Sample, answer_format: str, box_format: str, size: tuple[int, int] | None, geometry) -> str:
     """A completion that states the gold answer in the requested format (boxes in the model's convention)."""
-    from vlgrpo.rewards.boxes import from_original_pixels
-
     answer = s.answer or ""
     if s.answer_type == "box" and size is not None:
         # fixed-point decimals (the box parsers read no exponents), precise enough for an IoU of 1 - 1e-8
@@ -74,8 +60,6 @@ def gold_completion(s: Sample, answer_format: str, box_format: str, size: tuple[
 def reward_checker(recipe: dict[str, float], ctx) -> GoldCheck:
     """Score a completion that states each gold answer with the run's recipe: a reward that raises means the gold
     answer cannot be parsed (error); a correctness reward below 1 means it can never earn full marks (warning)."""
-    from vlgrpo.rewards import check_recipe, score
-
     check_recipe(recipe)  # an unknown reward name fails here, once
 
     def check(s: Sample, size: tuple[int, int] | None) -> list[tuple[str, str, str]]:
@@ -103,8 +87,6 @@ def diagnose(target: str, overrides: list[str] | None = None, splits: list[str] 
              progress: bool = False, workers: int = 8) -> DoctorReport:  # fmt: skip
     """`vlgrpo data doctor TARGET`: a run config (checks data.train / val / test and eval.data with the run's
     geometry, lengths and reward) or one dataset (checked with the config defaults plus `overrides`)."""
-    from vlgrpo.config import ConfigError, get_key, load_config
-
     is_config = Path(target).suffix in CONFIG_SUFFIXES
     dataset = [] if is_config else [f"data.train={target}"]
     cfg = load_config(target if is_config else None, dataset + list(overrides or []))
