@@ -46,7 +46,7 @@ def test_config_loads_validates_and_holds_only_what_differs_from_the_defaults(pa
         m, r = cfg.model, cfg.rollout
         assert m.dtype == "bfloat16" and m.max_pixels and m.arch in ("qwen2_vl", "qwen2_5_vl")
         assert r.engine == "vllm" and m.freeze_vision and m.freeze_merger and r.vision_cache_dir
-        assert r.vllm.placement == "colocate" and r.vllm.enable_sleep_mode
+        assert r.placement == "colocate" and r.vllm.enable_sleep_mode
         assert m.max_pixels // 28**2 + 64 <= cfg.data.max_prompt_length  # the largest image + a question fits
 
 
@@ -166,7 +166,7 @@ def test_configuration_reference_is_generated_and_current():
     spec.loader.exec_module(gen)
     text = gen.render()
     assert (ROOT / "docs" / "configuration.md").read_text() == text, "run: python scripts/gen_config_docs.py"
-    for f in ("model.max_pixels", "rollout.vllm.placement", "train.zero3.deepspeed_config", "reward.overlong.enabled"):
+    for f in ("model.max_pixels", "rollout.placement", "train.zero3.deepspeed_config", "reward.overlong.enabled"):
         assert f"| `{f}` |" in text
     row = "| `grpo.aggregation` | str | `token-mean` | token-mean, seq-mean-token-mean, seq-mean-token-sum-norm |"
     assert row in text

@@ -45,7 +45,7 @@ class DemoSettings:
     spec: TinySpec = field(default_factory=TinySpec)
 
 
-def _stage_config(s: DemoSettings, out: Path, stage: str, model_dir: Path) -> Config:
+def _stage_config(s: DemoSettings, out: Path, stage: str, model_dir: Path, extra: tuple[str, ...] = ()) -> Config:
     data = out / "data"
     common = [
         f"model.name_or_path={model_dir}", f"data.train={data / 'train.jsonl'}", f"data.val={data / 'val.jsonl'}",
@@ -56,7 +56,7 @@ def _stage_config(s: DemoSettings, out: Path, stage: str, model_dir: Path) -> Co
         return load_config(None, common + [
             "train.stage=sft", f"train.steps={s.sft_steps}", f"train.prompts_per_step={s.sft_prompts}",
             f"train.micro_batch_completions={s.sft_prompts}", f"train.lr={s.sft_lr}", "train.lr_schedule=constant",
-            "train.warmup_steps=50", "model.freeze_vision=true", "model.freeze_merger=true",
+            "train.warmup_steps=50", "model.freeze_vision=true", "model.freeze_merger=true", *extra,
         ])  # fmt: skip
     return load_config(None, common + [
         f"train.steps={s.grpo_steps}", f"train.prompts_per_step={s.grpo_prompts}",
@@ -64,7 +64,7 @@ def _stage_config(s: DemoSettings, out: Path, stage: str, model_dir: Path) -> Co
         f"train.lr={s.grpo_lr}", f"rollout.max_new_tokens={s.max_new_tokens}", "reward.recipe={accuracy: 1.0, format: 0.1}",
         f"grpo.beta={s.grpo_beta}",  # small KL to the SFT policy: measured (grpo/kl) and keeps the policy near it
         f"eval.every_steps={s.val_every}", "eval.max_samples=100",  # the val-split curve of report.md
-        f"eval.suites=[{'vqa' if set(s.kinds) - {'ground'} else 'grounding'}]",
+        f"eval.suites=[{'vqa' if set(s.kinds) - {'ground'} else 'grounding'}]", *extra,
     ])  # fmt: skip
 
 

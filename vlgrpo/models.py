@@ -8,6 +8,7 @@ Knows nothing of training, rollout or rewards.
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -281,10 +282,28 @@ def init_tiny(
     return out
 
 
+@contextmanager
+def eval_mode(model: torch.nn.Module):
+    """Eval mode (dropout off) for a no-grad pass, the previous mode restored afterwards: the trainer's old and
+    reference log-probs, the HF engine's decoding and the in-loop eval. Eval mode also keeps the KV cache and the
+    shared-prefix forward, which gradient checkpointing in train mode would silently drop."""
+    was = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was)
+
+
+def is_visual(name: str) -> bool:
+    """True for a parameter of the vision tower (merger included) of a Qwen-VL, under any wrapper's prefix."""
+    return ".visual." in f".{name}"
+
+
 def count_parameters(model: torch.nn.Module) -> dict[str, int]:
     """Parameter counts of the vision tower (merger included) and the rest."""
     total = sum(p.numel() for p in model.parameters())
-    vision = sum(p.numel() for n, p in model.named_parameters() if ".visual." in f".{n}")
+    vision = sum(p.numel() for n, p in model.named_parameters() if is_visual(n))
     return {"total": total, "vision": vision, "language": total - vision}
 
 

@@ -7,6 +7,7 @@ Sits above data and rewards, which know nothing of each other.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from vlgrpo.data.images import checkpoint_geometry
 from vlgrpo.data.prompts import check_system_prompt
 from vlgrpo.models import detect_arch
 from vlgrpo.rewards import check_recipe, context_from_config, score
-from vlgrpo.rewards.boxes import from_original_pixels
+from vlgrpo.rewards.render import render_completion
 from vlgrpo.types import Sample
 
 processor_geometry = checkpoint_geometry
@@ -39,24 +40,6 @@ def settings_from_config(cfg) -> tuple[DoctorSettings, Any]:
     return settings, ctx
 
 
-def gold_completion(s: Sample, answer_format: str, box_format: str, size: tuple[int, int] | None, geometry) -> str:
-    """A completion that states the gold answer in the requested format (boxes in the model's convention)."""
-    answer = s.answer or ""
-    if s.answer_type == "box" and size is not None:
-        # fixed-point decimals (the box parsers read no exponents), precise enough for an IoU of 1 - 1e-8
-        boxes = [[f"{v:.6f}" for v in b] for b in from_original_pixels([tuple(b) for b in s.boxes], box_format,
-                                                                        size, geometry)]  # fmt: skip
-        if box_format == "qwen2":
-            answer = "".join(f"<|box_start|>({b[0]},{b[1]}),({b[2]},{b[3]})<|box_end|>" for b in boxes)
-        else:
-            lists = ["[" + ", ".join(b) + "]" for b in boxes]
-            if box_format in ("qwen2_5", "qwen3"):
-                answer = "[" + ", ".join(f'{{"bbox_2d": {b}}}' for b in lists) + "]"
-            else:
-                answer = lists[0] if len(lists) == 1 else "[" + ", ".join(lists) + "]"
-    return f"<answer>{answer}</answer>" if answer_format == "answer" else f"<think>ok</think><answer>{answer}</answer>"
-
-
 def reward_checker(recipe: dict[str, float], ctx) -> GoldCheck:
     """Score a completion that states each gold answer with the run's recipe: a reward that raises means the gold
     answer cannot be parsed (error); a correctness reward below 1 means it can never earn full marks (warning)."""
@@ -65,7 +48,9 @@ def reward_checker(recipe: dict[str, float], ctx) -> GoldCheck:
     def check(s: Sample, size: tuple[int, int] | None) -> list[tuple[str, str, str]]:
         if s.answer_type == "box" and size is None:
             return []  # the image problem is already reported; boxes cannot be rendered without its size
-        batch = score([gold_completion(s, ctx.answer_format, ctx.box_format, size, ctx.geometry)], [s], recipe, ctx)
+        sized = s if size is None else dataclasses.replace(s, image_size=size)  # boxes scale by the decoded size
+        text = render_completion(sized, ctx.answer_format, ctx.box_format, ctx.geometry, decimals=6)
+        batch = score([text], [s], recipe, ctx)
         out = [(ERROR, "gold_unparseable", f"reward '{name}' cannot score the gold answer: {err}")
                for _, name, err in batch.failures]  # fmt: skip
         low = [n for n, v in batch.components.items() if v[0] < 1 - 1e-4 and (n == "accuracy" or (

@@ -10,7 +10,8 @@ from PIL import Image
 from vlgrpo.cli import main
 from vlgrpo.config import CHOICES, ConfigError, load_config
 from vlgrpo.data.adapters import load_samples
-from vlgrpo.data.presets import PRESETS, RowSkipped, infer_answer, parse_columns
+from vlgrpo.data.preset_fields import RowSkipped, infer_answer
+from vlgrpo.data.presets import PRESETS, parse_columns
 from vlgrpo.data.schema import DataError
 from vlgrpo.types import InputError
 

@@ -57,14 +57,14 @@ def test_every_single_change_runs_or_is_labelled_planned():
         for overrides, alt in candidates(inp):
             seen.add(tuple(o.split("=")[0] for o in overrides))
             if status(overrides) == PLANNED:
-                assert "rollout.vllm.placement=split" in overrides and "split" in not_run_by_trainer(alt)[0]
+                assert "rollout.placement=split" in overrides and "split" in not_run_by_trainer(alt)[0]
                 continue
             _check_runs(base, overrides, alt)
     # the grid reached every kind of suggestion the planner has
     assert seen == {("model.gradient_checkpointing",), ("train.micro_batch_completions",), ("train.backend",),
                     ("train.backend", "train.zero3.offload_optimizer"), ("train.backend", "train.lora.rank"),
                     ("train.zero3.offload_optimizer",), ("train.zero3.offload_param",),
-                    ("rollout.vllm.placement", "rollout.vllm.rollout_gpus")}
+                    ("rollout.placement", "rollout.vllm.rollout_gpus")}
 
 
 @pytest.mark.parametrize("backend", ["plain", "zero3"])
@@ -81,14 +81,14 @@ def test_printed_suggestions_and_the_greedy_combination_run(backend):
             cfg = load_config(None, base + s["overrides"])
             assert s["peak_bytes"] == _peak_on_a100(cfg)
     combo = out[-1]
-    assert combo["status"] == RUNS and "rollout.vllm.placement=split" not in combo["overrides"]
+    assert combo["status"] == RUNS and "rollout.placement=split" not in combo["overrides"]
 
 
 def test_split_placement_is_printed_as_planned(capsys):
     argv = ["plan", "--model", BIG, "--gpus", "8", "--set", "rollout.engine=vllm"]
     assert main(argv) == 0
     table = capsys.readouterr().out
-    split = [line for line in table.splitlines() if "rollout.vllm.placement=split" in line]
+    split = [line for line in table.splitlines() if "rollout.placement=split" in line]
     assert split and all(line.endswith(f"[{PLANNED}]") for line in split)
 
 

@@ -12,12 +12,12 @@ from PIL import Image
 
 from vlgrpo.rollout.base import SamplingParams
 from vlgrpo.rollout.inputs import build_prompt
+from vlgrpo.models import is_visual
 from vlgrpo.rollout.vllm import (
     PLACEHOLDER_BIAS,
     VLLMEngine,
     build_request,
     engine_prompt_ids,
-    is_visual,
     request_seeds,
     sampling_kwargs,
     to_completions,

@@ -273,9 +273,10 @@ def validate(cfg: Config) -> None:
             f"grpo.rollout_is={g.rollout_is} corrects for a rollout engine with its own copy of the weights "
             "(rollout.engine=vllm); the hf engine samples with the trainer's model itself: use auto or none"
         )
-    if r.engine == "vllm" and r.vllm.placement == "split" and r.vllm.rollout_gpus < 1:
-        raise ConfigError("rollout.vllm.placement=split needs rollout.vllm.rollout_gpus >= 1 (GPUs reserved for vLLM)")
-    if r.vllm.placement == "split" and r.vllm.rollout_gpus >= t.num_gpus and r.engine == "vllm":
+    _check_placement(cfg)
+    if r.engine == "vllm" and r.placement == "split" and r.vllm.rollout_gpus < 1:
+        raise ConfigError("rollout.placement=split needs rollout.vllm.rollout_gpus >= 1 (GPUs reserved for vLLM)")
+    if r.placement == "split" and r.vllm.rollout_gpus >= t.num_gpus and r.engine == "vllm":
         raise ConfigError(
             f"rollout.vllm.rollout_gpus ({r.vllm.rollout_gpus}) must leave training GPUs out of "
             f"train.num_gpus ({t.num_gpus})"
@@ -292,6 +293,26 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"reward.overlong.cache_length ({o.cache_length}) must be in (0, reward.overlong.max_length={o.max_length}]"
         )
+
+
+def _check_placement(cfg: Config) -> None:
+    """rollout.placement / max_staleness: what a rollout worker in its own process can run alongside."""
+    r, t, g = cfg.rollout, cfg.train, cfg.grpo
+    if r.max_staleness is not None and r.max_staleness < 0:
+        raise ConfigError(f"rollout.max_staleness must be >= 0 (got {r.max_staleness})")
+    if r.placement == "colocate" and r.max_staleness:
+        raise ConfigError(f"rollout.max_staleness={r.max_staleness} needs rollout.placement=split: a colocated "
+                          "engine samples with the trainer's current weights, so its groups are never stale")  # fmt: skip
+    if r.placement != "split":
+        return
+    why = [(t.stage == "sft", "train.stage=sft samples nothing"),
+           (t.backend == "zero3", "train.backend=zero3 (its gathered weights do not reach a worker yet): use plain or "
+                                  "lora"),
+           (g.dynamic_sampling, "grpo.dynamic_sampling (its top-up rounds sample on demand, not ahead)"),
+           (g.num_iterations > 1, "grpo.num_iterations > 1 (the stale behaviour log-probs are the ratio's base)")]  # fmt: skip
+    for bad, reason in why:
+        if bad:
+            raise ConfigError(f"rollout.placement=split does not run with {reason}")
 
 
 def field_docs(cls: type) -> dict[str, str]:

@@ -73,12 +73,10 @@ class VLLMConfig:
     """Fraction of each rollout GPU that vLLM may take (weights + KV cache)."""
     tensor_parallel_size: int = 1
     """GPUs per vLLM engine."""
-    placement: str = "colocate"
-    """colocate (time-share every GPU, vLLM sleeps during the update) or split (own rollout GPUs)."""
     rollout_gpus: int = 0
-    """With placement=split: how many of the node's GPUs run vLLM; the rest train."""
+    """With rollout.placement=split: how many of the node's GPUs run vLLM; the rest train."""
     enable_sleep_mode: bool = True
-    """With placement=colocate: free vLLM memory while the trainer updates."""
+    """With rollout.placement=colocate: free vLLM memory while the trainer updates."""
     mm_input: str = "embeds"
     """What vLLM receives for images: embeds (our cached features) or pixels (PIL images)."""
     engine_kwargs: dict = field(default_factory=dict)
@@ -89,6 +87,12 @@ class VLLMConfig:
 class RolloutConfig:
     engine: str = "hf"
     """Generation backend: hf (transformers, runs anywhere) or vllm (GPU)."""
+    placement: str = "colocate"
+    """colocate (the engine shares the trainer's devices and waits for its update) or split (the engine samples the
+    next batches in a process of its own while the trainer updates; formerly rollout.vllm.placement)."""
+    max_staleness: int | None = None
+    """How many policy versions a group may be behind the weights it is trained with (null: 0 when colocated, 1
+    with placement=split). The worker waits rather than sample further ahead; nothing is dropped."""
     completions_per_prompt: int = 8
     """G: completions sampled for every prompt; the GRPO group size."""
     max_new_tokens: int = 128
@@ -283,7 +287,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.dtype": ("float32", "bfloat16", "float16"),
     "model.attn_implementation": ("sdpa", "eager", "flash_attention_2"),
     "data.answer_format": ("think_answer", "answer"),
-    "rollout.vllm.placement": ("colocate", "split"),
+    "rollout.placement": ("colocate", "split"),
     "rollout.vllm.mm_input": ("embeds", "pixels"),
     "grpo.rollout_is": ("auto", "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
     "grpo.rollout_is_sequence": ("product", "geometric_mean"),
@@ -291,6 +295,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.lr_schedule": ("constant", "cosine"),
 }
 EVAL_SUITES = EVAL_SUITE.names
-RENAMED_KEYS: dict[str, str] = {"grpo.loss": "grpo.ratio"}
+RENAMED_KEYS: dict[str, str] = {"grpo.loss": "grpo.ratio", "rollout.vllm.placement": "rollout.placement"}
 """Former dotted config key -> its current name. The loader moves a former key to its current one with a deprecation
 message; a former *value* of a registry key is mapped by the registry's aliases the same way."""

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from vlgrpo.data.jsonl import json_rows, read_text
-from vlgrpo.data.presets import ConversionReport, RowSkipped, convert_rows
+from vlgrpo.data.preset_fields import ConversionReport, RowSkipped
+from vlgrpo.data.presets import convert_rows
 from vlgrpo.data.schema import DataError, sample_from_dict
 from vlgrpo.registry import DATA_FORMAT
 from vlgrpo.types import Sample

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from vlgrpo.data.adapters import LoadResult, load_samples, write_jsonl
-from vlgrpo.data.presets import RowSkipped
+from vlgrpo.data.preset_fields import RowSkipped
 from vlgrpo.types import Sample
 
 SHOWN_ROWS = 10

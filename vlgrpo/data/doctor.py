@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from vlgrpo.data.adapters import raw_rows, skip_reason
-from vlgrpo.data.presets import ConversionReport, RowSkipped, convert_rows
+from vlgrpo.data.preset_fields import ConversionReport, RowSkipped
+from vlgrpo.data.presets import convert_rows
 from vlgrpo.data.images import DEFAULT_GEOMETRY, ImageInfo, ProcessorGeometry, inspect_image
 from vlgrpo.data.jsonl import ACCEPTED
 from vlgrpo.data.prompts import instruction

@@ -15,6 +15,7 @@ import torch
 from vlgrpo.config.contract import CONTRACT_FILE, read_contract
 from vlgrpo.evals.run import EvalResult, build_eval_data, evaluate
 from vlgrpo.evals.report import write_outputs
+from vlgrpo.registry import ENGINE
 from vlgrpo.rewards.context import RewardContext
 from vlgrpo.types import InputError
 
@@ -64,7 +65,6 @@ def run_eval_cli(
 
     from vlgrpo.data.images import ProcessorGeometry
     from vlgrpo.rewards import box_format_for_arch, context_from_config
-    from vlgrpo.rollout.hf import HFEngine
     from vlgrpo.vision_cache import VisionCache
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -89,17 +89,11 @@ def run_eval_cli(
         system_prompt = run_cfg.data.system_prompt if run_cfg is not None else contract.system_prompt if contract \
             else ""
         prompt_kw = dict(answer_format=ctx.answer_format, box_format=ctx.box_format, system_prompt=system_prompt)
-        if engine == "vllm":
-            from vlgrpo.rollout.vllm import VLLMEngine
-
-            max_len = min(4096, int(getattr(lm.model.config.get_text_config(), "max_position_embeddings", 4096)))
-            decoder = VLLMEngine.launch(lm.path, lm.processor, cache, max_model_len=max_len,
-                                        gpu_memory_utilization=gpu_memory_utilization,
-                                        llm_kwargs={"dtype": dtype, **(engine_kwargs or {})}, **prompt_kw)  # fmt: skip
-        elif engine == "hf":
-            decoder = HFEngine(lm.model.eval(), lm.processor, cache, **prompt_kw, batch_prompts=batch_prompts)
-        else:
-            raise InputError(f"--engine must be hf or vllm, got {engine!r}")
+        if engine not in ENGINE.names:
+            raise InputError(f"--engine must be one of {', '.join(ENGINE.names)}, got {engine!r}")
+        decoder = ENGINE.load(engine).for_eval(lm, cache, dtype=dtype, batch_prompts=batch_prompts,
+                                               engine_kwargs=engine_kwargs or {},
+                                               gpu_memory_utilization=gpu_memory_utilization, **prompt_kw)  # fmt: skip
         result = evaluate(decoder, eval_data, ctx, pope_parser=pope_parser, batch_prompts=batch_prompts,
                           max_new_tokens=max_new_tokens, progress=progress)  # fmt: skip
     result.info.update(model=str(model), data=str(data), pope_data=pope_data, answer_format=ctx.answer_format,

@@ -19,6 +19,7 @@ from vlgrpo.evals.pope_score import PARSERS
 from vlgrpo.evals.pope_suite import is_pope_file
 from vlgrpo.evals.report import write_outputs
 from vlgrpo.evals.suite import EvalData, EvalResult, Selection, load_suite, parse_suites
+from vlgrpo.models import eval_mode
 from vlgrpo.rewards.context import RewardContext
 from vlgrpo.rollout.base import SamplingParams
 from vlgrpo.types import Completion, InputError, Sample
@@ -133,15 +134,13 @@ def no_answer_warning(result: EvalResult) -> str | None:
 
 @contextlib.contextmanager
 def _undisturbed(model: torch.nn.Module):
-    """No gradients; the model's train/eval mode and the torch RNG streams (CPU, CUDA) restored afterwards."""
-    was_training = model.training
+    """No gradients, eval mode; the model's mode and the torch RNG streams (CPU, CUDA) restored afterwards."""
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     try:
-        with torch.no_grad():
+        with eval_mode(model), torch.no_grad():
             yield
     finally:
-        model.train(was_training)
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)

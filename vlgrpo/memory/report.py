@@ -46,7 +46,7 @@ def plan_input_from_config(cfg: Config, *, params: int | None = None, image_size
         image_tokens=image_tokens_for(*image_size, m.min_pixels, m.max_pixels, patch, merge),
         completion_tokens=r.max_new_tokens, max_prompt_length=cfg.data.max_prompt_length,
         gradient_checkpointing=m.gradient_checkpointing, engine=r.engine,
-        vllm_gpu_memory_utilization=r.vllm.gpu_memory_utilization, vllm_placement=r.vllm.placement,
+        vllm_gpu_memory_utilization=r.vllm.gpu_memory_utilization, vllm_placement=r.placement,
         rollout_gpus=r.vllm.rollout_gpus, vllm_sleep=r.vllm.enable_sleep_mode,
         tensor_parallel=r.vllm.tensor_parallel_size, vision_cache_bytes=r.vision_cache_bytes,
     )

@@ -15,7 +15,7 @@ from vlgrpo.memory.specs import PlanError
 
 RUNS = "runs"
 PLANNED = "planned (not yet implemented)"
-PLANNED_OVERRIDES = frozenset({"rollout.vllm.placement=split"})
+PLANNED_OVERRIDES = frozenset({"rollout.placement=split"})
 """Overrides the config accepts but the trainer does not run yet (split placement: vLLM on GPUs of its own)."""
 
 Candidate = tuple[tuple[str, ...], PlanInput]
@@ -39,7 +39,7 @@ def not_run_by_trainer(inp: PlanInput) -> list[str]:
         notes.append(f"--offload {','.join(sorted(inp.offload & no_offload))} is planned for comparison: the trainer "
                      "offloads only with train.backend=zero3 (train.zero3.offload_optimizer / offload_param)")
     if inp.engine == "vllm" and inp.vllm_placement == "split":
-        notes.append(f"rollout.vllm.placement=split is {PLANNED}: the trainer colocates vLLM with training")
+        notes.append(f"rollout.placement=split is {PLANNED}: the trainer colocates vLLM with training")
     return notes
 
 
@@ -70,7 +70,7 @@ def candidates(inp: PlanInput) -> list[Candidate]:
         c.append((("train.zero3.offload_param=true",), rep(inp, offload=inp.offload | {"param"})))
     if inp.engine == "vllm" and inp.vllm_placement == "colocate" and inp.num_gpus >= 2:
         r = max(1, inp.num_gpus // 4)
-        c.append((("rollout.vllm.placement=split", f"rollout.vllm.rollout_gpus={r}"),
+        c.append((("rollout.placement=split", f"rollout.vllm.rollout_gpus={r}"),
                   rep(inp, vllm_placement="split", rollout_gpus=r)))
     return c
 

@@ -68,6 +68,13 @@ class RolloutEngine(Protocol):
         class)."""
         ...
 
+    @classmethod
+    def for_eval(cls, lm, vision_cache, *, dtype: str, batch_prompts: int, engine_kwargs: dict,
+                 gpu_memory_utilization: float, answer_format: str, box_format: str,
+                 system_prompt: str) -> "RolloutEngine":  # fmt: skip
+        """The greedy decoder of `vlgrpo eval --model` on a loaded checkpoint."""
+        ...
+
     def generate(self, samples: list[Sample], params: SamplingParams) -> list[RolloutGroup]:
         """One RolloutGroup per sample, in order, each with `params.n` completions."""
         ...
@@ -81,3 +88,27 @@ class RolloutEngine(Protocol):
         ...
 
     def reset_stats(self) -> None: ...
+
+
+class EngineCounters:
+    """The counters every engine keeps (`rollout/*` metrics since the last reset): an engine lists its own in
+    `COUNTERS` and counts vision-cache work with `features`."""
+
+    COUNTERS: tuple[str, ...] = ("prompts", "completions", "prefill_tokens", "generated_tokens", "encoder_calls",
+                                 "images_encoded", "placeholder_sampled")  # fmt: skip
+    _counts: dict[str, int]
+
+    def stats(self) -> dict[str, float]:
+        return {f"rollout/{k}": v for k, v in self._counts.items()}
+
+    def reset_stats(self) -> None:
+        self._counts = {k: 0 for k in self.COUNTERS}
+
+    def features(self, cache, images: list) -> list:
+        """`cache.get(images)`, counting the encoder calls and images it took (0 when every image was cached)."""
+        before = cache.stats()
+        feats = cache.get(images)
+        after = cache.stats()
+        for key in ("encoder_calls", "images_encoded"):
+            self._counts[key] += after[key] - before[key]
+        return feats

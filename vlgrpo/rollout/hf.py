@@ -13,12 +13,11 @@ import torch
 from torch import Tensor
 
 from vlgrpo.data.images import ProcessorGeometry
-from vlgrpo.rollout.base import SamplingParams, cut_at_stop
+from vlgrpo.models import eval_mode
+from vlgrpo.rollout.base import EngineCounters, SamplingParams, cut_at_stop
 from vlgrpo.rollout.inputs import PromptInputs, build_prompt, forbidden_mask, left_pad, prefill, vocab_size
 from vlgrpo.types import Completion, RolloutGroup, Sample
 
-COUNTERS = ("prompts", "completions", "prefill_tokens", "decode_tokens", "generated_tokens", "encoder_calls",
-            "images_encoded", "finish_stop", "finish_length", "placeholder_sampled")  # fmt: skip
 
 
 def sample_next(
@@ -120,16 +119,24 @@ def decode_loop(model, last, cache, next_pos, prompt_mask, params, forbidden, eo
     return rows
 
 
-class HFEngine:
+class HFEngine(EngineCounters):
     """RolloutEngine on a transformers model shared with the trainer (so `update_weights` is a version bump)."""
 
     holds_own_weights = False
+    COUNTERS = (*EngineCounters.COUNTERS, "decode_tokens", "finish_stop", "finish_length")
 
     @classmethod
     def from_config(cls, cfg, lm, vision_cache, box_format: str) -> "HFEngine":
         """The engine of a run: the trainer's own module, its processor and prompt settings."""
         d = cfg.data
         return cls(lm.model, lm.processor, vision_cache, d.answer_format, box_format, d.system_prompt)
+
+    @classmethod
+    def for_eval(cls, lm, vision_cache, *, batch_prompts: int = 8, **kwargs) -> "HFEngine":
+        """The greedy decoder of `vlgrpo eval --model`: the loaded model itself (dtype, engine_kwargs and
+        gpu_memory_utilization concern engines that load their own copy)."""
+        prompt_kw = {k: kwargs[k] for k in ("answer_format", "box_format", "system_prompt") if k in kwargs}
+        return cls(lm.model.eval(), lm.processor, vision_cache, **prompt_kw, batch_prompts=batch_prompts)
 
     def __init__(
         self,
@@ -162,11 +169,7 @@ class HFEngine:
     def generate(self, samples: list[Sample], params: SamplingParams) -> list[RolloutGroup]:
         """1. prompts, 2. features of every unique image (one encoder call), 3. per chunk: prefill once + decode."""
         prompts = self.build_prompts(samples)
-        before = self.cache.stats()
-        feats = self.cache.get([p.image for p in prompts])
-        after = self.cache.stats()
-        for key in ("encoder_calls", "images_encoded"):
-            self._counts[key] += after[key] - before[key]
+        feats = self.features(self.cache, [p.image for p in prompts])
         for s, p, f in zip(samples, prompts, feats):
             if f.grid_thw.tolist() != p.image_grid_thw[0].tolist():
                 raise ValueError(
@@ -176,16 +179,11 @@ class HFEngine:
         gen = torch.Generator(device=self.device).manual_seed(params.seed) if params.seed is not None else None
         stop = _StopCheck(self.processor.tokenizer, params.stop)
         run = replace(params, n=1) if params.greedy else params  # greedy: decode once, copy G times
-        was_training = self.model.training
-        self.model.eval()  # gradient checkpointing in train mode would silently drop the KV cache
-        try:
-            rows: list[_Row] = []
-            with torch.no_grad():
-                for i in range(0, len(prompts), self.batch_prompts):
-                    chunk = slice(i, i + self.batch_prompts)
-                    rows += self._generate_chunk(prompts[chunk], feats[chunk], run, stop, gen)
-        finally:
-            self.model.train(was_training)
+        rows: list[_Row] = []
+        with eval_mode(self.model), torch.no_grad():  # train mode + gradient checkpointing would drop the KV cache
+            for i in range(0, len(prompts), self.batch_prompts):
+                chunk = slice(i, i + self.batch_prompts)
+                rows += self._generate_chunk(prompts[chunk], feats[chunk], run, stop, gen)
         return self._groups(samples, prompts, rows, run.n, params.n, stop)
 
     def _generate_chunk(self, prompts, feats, params, stop, gen) -> list[_Row]:
@@ -221,8 +219,3 @@ class HFEngine:
         self.policy_version = int(version)
         self.cache.set_step(int(version))
 
-    def stats(self) -> dict[str, float]:
-        return {f"rollout/{k}": v for k, v in self._counts.items()}
-
-    def reset_stats(self) -> None:
-        self._counts = {k: 0 for k in COUNTERS}

@@ -17,7 +17,8 @@ import torch
 from torch import Tensor
 
 from vlgrpo.data.images import ProcessorGeometry, image_sha256, load_image
-from vlgrpo.rollout.base import SamplingParams, cut_at_stop
+from vlgrpo.models import is_visual
+from vlgrpo.rollout.base import EngineCounters, SamplingParams, cut_at_stop
 from vlgrpo.rollout.inputs import IMAGE_PAD, PromptInputs, build_prompt, forbidden_mask
 from vlgrpo.types import Completion, RolloutGroup, Sample
 
@@ -45,11 +46,6 @@ def vllm_param_name(name: str) -> str | None:
     for part in _WRAPPER_PARTS:
         name = name.replace(part, "")
     return name
-
-
-def is_visual(name: str) -> bool:
-    """True for parameters of the vision tower (merger included)."""
-    return ".visual." in f".{name}"
 
 
 def sampling_kwargs(params: SamplingParams, forbidden_ids: list[int], seed: int | None = None) -> dict:
@@ -156,10 +152,11 @@ def _refresh_tied_lm_head(worker) -> int:
 # ---------------------------------------------------------------- the engine
 
 
-class VLLMEngine:
+class VLLMEngine(EngineCounters):
     """RolloutEngine on a vLLM `LLM` (in-process engine core, as in TRL's colocate mode)."""
 
     holds_own_weights = True
+    COUNTERS = (*EngineCounters.COUNTERS, "weight_syncs", "params_pushed", "prefix_cache_hit_tokens")
 
     def __init__(self, llm, processor, vision_cache=None, answer_format: str = "think_answer",
                  box_format: str = "qwen2_5", system_prompt: str = "", mm_input: str = "embeds",
@@ -213,7 +210,7 @@ class VLLMEngine:
     def from_config(cls, cfg, lm, vision_cache, box_format: str) -> "VLLMEngine":
         """The engine a run config asks for (`rollout.vllm.*`); `lm` is the trainer's LoadedModel."""
         v, m = cfg.rollout.vllm, cfg.model
-        colocate = v.placement == "colocate"
+        colocate = cfg.rollout.placement == "colocate"
         llm_kwargs = {"dtype": m.dtype, **v.engine_kwargs}
         if colocate and torch.distributed.is_available() and torch.distributed.is_initialized():
             llm_kwargs["distributed_executor_backend"] = "external_launcher"  # one engine per training rank
@@ -226,6 +223,17 @@ class VLLMEngine:
             push_visual=not (m.freeze_vision and m.freeze_merger),
             sleep_level=1 if colocate and v.enable_sleep_mode else 0,
         )  # fmt: skip
+
+    @classmethod
+    def for_eval(cls, lm, vision_cache, *, dtype: str = "float32", engine_kwargs: dict | None = None,
+                 gpu_memory_utilization: float = 0.8, batch_prompts: int = 8, **prompt_kw) -> "VLLMEngine":  # fmt: skip
+        """The greedy decoder of `vlgrpo eval --model --engine vllm`: vLLM on the checkpoint with our cached image
+        features (`engine_kwargs` go to `vllm.LLM`); context up to 4096 tokens or the model's maximum."""
+        text = lm.model.config.get_text_config()
+        max_len = min(4096, int(getattr(text, "max_position_embeddings", 4096)))
+        return cls.launch(lm.path, lm.processor, vision_cache, max_model_len=max_len,
+                          gpu_memory_utilization=gpu_memory_utilization,
+                          llm_kwargs={"dtype": dtype, **(engine_kwargs or {})}, **prompt_kw)  # fmt: skip
 
     def generate(self, samples: list[Sample], params: SamplingParams) -> list[RolloutGroup]:
         from vllm import SamplingParams as VLLMSamplingParams
@@ -262,11 +270,7 @@ class VLLMEngine:
         return self.processor.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _features(self, prompts: list[PromptInputs]):
-        before = self.cache.stats()
-        feats = self.cache.get([p.image for p in prompts])
-        for key in ("encoder_calls", "images_encoded"):
-            self._counts[key] += self.cache.stats()[key] - before[key]
-        return feats
+        return self.features(self.cache, [p.image for p in prompts])
 
     def _prefix_cache_hits(self) -> int:
         """vLLM's own prefix-cache hit counter (tokens), from its Prometheus metrics; 0 where it keeps none. vLLM
@@ -312,10 +316,3 @@ class VLLMEngine:
                 self.llm.wake_up(tags=[tag])
                 self.asleep.discard(tag)
 
-    def stats(self) -> dict[str, float]:
-        return {f"rollout/{k}": v for k, v in self._counts.items()}
-
-    def reset_stats(self) -> None:
-        keys = ("prompts", "completions", "prefill_tokens", "generated_tokens", "encoder_calls", "images_encoded",
-                "placeholder_sampled", "weight_syncs", "params_pushed", "prefix_cache_hit_tokens")  # fmt: skip
-        self._counts = {k: 0 for k in keys}

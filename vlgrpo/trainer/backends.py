@@ -19,13 +19,14 @@ import torch
 import torch.distributed as dist
 
 from vlgrpo.config import Config
+from vlgrpo.models import is_visual
 from vlgrpo.registry import BACKEND
 from vlgrpo.trainer.safe_state import load_tensors
 
 
 def part_of(name: str) -> str:
     """Which part of a Qwen-VL a parameter belongs to: vision (ViT + patch embed), merger, or language."""
-    if ".visual." in f".{name}":
+    if is_visual(name):
         return "merger" if ".merger." in name else "vision"
     return "language"
 
@@ -233,18 +234,6 @@ class PlainBackend:
         self.model.save_pretrained(out)
         processor.save_pretrained(out)
         return out
-
-
-@contextmanager
-def eval_mode(model: torch.nn.Module):
-    """Dropout off for the no-grad log-prob passes (old, reference); restores the previous mode. Eval mode keeps the
-    shared-prefix forward (each prompt computed once per group) even when gradient checkpointing is on."""
-    was = model.training
-    model.eval()
-    try:
-        yield model
-    finally:
-        model.train(was)
 
 
 DROPOUT_ATTRIBUTES = ("attention_dropout", "dropout")

@@ -18,9 +18,10 @@ from vlgrpo.registry import ADVANTAGE, AGGREGATION, RATIO
 from vlgrpo.trainer.batch import TrainBatch, make_batch
 from vlgrpo.trainer.checkpoint import checkpoint_dirs
 from vlgrpo.trainer.metrics import memory_metrics
-from vlgrpo.trainer.backends import eval_mode, max_over_ranks, no_dropout
+from vlgrpo.models import eval_mode
+from vlgrpo.trainer.backends import max_over_ranks, no_dropout
 from vlgrpo.trainer.sft import render_target
-from vlgrpo.trainer.state import RunState
+from vlgrpo.trainer.state import RunState, staleness
 from vlgrpo.types import Completion, InputError, RolloutGroup, Sample
 from vlgrpo.vision_cache import VisionCache
 
@@ -64,7 +65,11 @@ class Trainer:
         self.ratio_fn = RATIO.load(g.ratio)
         self.aggregate_fn = AGGREGATION.load(g.aggregation)
         self.step_fn = self.sft_step if state.cfg.train.stage == "sft" else self.grpo_step
-        self.rollout_is = grpo.resolve_rollout_is(g.rollout_is, state.engine_needs_weights)
+        self.rollout_is = grpo.resolve_rollout_is(g.rollout_is, state.engine_needs_weights and not state.split)
+        self.submitted = state.step
+        """Split rollout: the last training step whose prompts went to the worker."""
+        self.staleness = 0
+        """Split rollout: policy versions between the weights that sampled this step's groups and the trainer's."""
 
     # ------------------------------------------------------------------ GRPO
     def grpo_step(self) -> dict[str, float]:
@@ -87,7 +92,11 @@ class Trainer:
         #    weights); reference log-probs only when beta > 0
         old_logp = ref_logp = is_weights = None
         correction: dict[str, float] = {}
-        if cfg.grpo.num_iterations > 1 or state.engine_needs_weights:
+        if state.split and self.staleness > 0 and batch.engine_logp is not None:
+            # 6'. stale groups (split rollout): the behaviour policy's own log-probs are the ratio's base, so the
+            #     clipped surrogate corrects for the versions between sampling and training (no extra pass)
+            old_logp = batch.engine_logp.nan_to_num(0.0)  # NaN only on padding, which the mask drops
+        elif cfg.grpo.num_iterations > 1 or (state.engine_needs_weights and not state.split):
             with timers("old_logprob"):
                 old_logp, behaviour_logp = self._old_logprobs(batch)
             if state.engine_needs_weights:
@@ -155,6 +164,8 @@ class Trainer:
         """One round for `need` prompts -> (groups, features, rewards [need*G]); the reward metrics go to `parts`.
         need = 0: the rank only joins the weight gather (collective under ZeRO-3) and returns empty lists."""
         state, timers = self.state, self.state.timers
+        if state.split:
+            return self._collect_split(parts)
         samples = state.next_samples(need) if need else []  # 1. batch
         feats, groups = [], []
         # ZeRO-3: gather once for the encoder and HF decoding (vLLM decodes with its own weights: only `visual`)
@@ -170,6 +181,28 @@ class Trainer:
             rewards, metrics = self._rewards(groups)
         parts.append(metrics)
         return groups, feats, rewards
+
+    def _collect_split(self, parts: list) -> tuple[list[RolloutGroup], list, list[float]]:
+        """Phases 1-4 with a split rollout: keep the worker `max_staleness + 1` steps ahead (1. batch, drawn when
+        submitted), take this step's groups (3.), encode their images for the update (2.), score them (4.)."""
+        state, timers, cfg = self.state, self.state.timers, self.state.cfg
+        step, ahead = state.step + 1, staleness(cfg)
+        while self.submitted < min(state.step + 1 + ahead, cfg.train.steps):
+            t = self.submitted + 1  # sampled as a colocated run samples step t: same prompts order, same seed
+            state.engine.submit(t, state.next_samples(cfg.train.prompts_per_step), state.sampling_for(t - 1, 0))
+            self.submitted = t
+        with timers("rollout_wait"):  # the trainer's idle time: the worker had not finished this step yet
+            got = state.engine.collect(step)
+        self.staleness = state.step - got.version
+        with state.backend.rollout_weights(full=False), timers("vision"):
+            feats = state.cache.get([g.sample.image for g in got.groups])
+        with timers("reward"):
+            rewards, metrics = self._rewards(got.groups)
+        metrics.update({**got.stats, "rollout/staleness": float(self.staleness),
+                        "rollout/queue_depth": float(state.engine.queue_depth()),
+                        "timing/rollout_worker_idle": got.worker_idle_s})  # fmt: skip
+        parts.append(metrics)
+        return got.groups, feats, rewards
 
     def _rewards(self, groups: list[RolloutGroup]) -> tuple[list[float], dict[str, float]]:
         state, cfg = self.state, self.state.cfg

@@ -15,6 +15,7 @@ from typing import Iterator
 import torch
 
 from vlgrpo.config import Config
+from vlgrpo.models import is_visual
 from vlgrpo.trainer.backends import PlainBackend, apply_freeze
 
 
@@ -64,7 +65,7 @@ class LoRABackend(PlainBackend):
             yield self._peft
 
     def vision_trainable(self) -> bool:
-        return any(p.requires_grad and ".visual." in f".{n}" for n, p in self._peft.named_parameters())
+        return any(p.requires_grad and is_visual(n) for n, p in self._peft.named_parameters())
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Merged weights under the base model's names (for the rollout engine): W + scale * B @ A."""

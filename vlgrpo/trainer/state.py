@@ -31,6 +31,7 @@ from vlgrpo.rewards import check_recipe, context_from_config
 from vlgrpo.rewards.context import RewardContext
 from vlgrpo.rollout.base import RolloutEngine, SamplingParams
 from vlgrpo.rollout.inputs import PromptInputs, build_prompt, forbidden_mask
+from vlgrpo.rollout.split import SplitRollout
 from vlgrpo.trainer import checkpoint
 from vlgrpo.trainer.backends import Backend, make_backend, max_over_ranks
 from vlgrpo.trainer.metrics import MetricsLogger, Timers
@@ -49,8 +50,8 @@ class RunState:
     lm: LoadedModel
     backend: Backend
     cache: VisionCache
-    engine: RolloutEngine | None
-    """None in the SFT stage (nothing is sampled)."""
+    engine: RolloutEngine | SplitRollout | None
+    """None in the SFT stage (nothing is sampled); a SplitRollout with rollout.placement=split."""
     data: SampleStream
     logger: MetricsLogger
     reward_ctx: RewardContext
@@ -179,7 +180,14 @@ class RunState:
     def save_checkpoint(self) -> Path:
         return checkpoint.save(self)
 
+    @property
+    def split(self) -> bool:
+        """The rollout runs in a worker process of its own (rollout.placement=split)."""
+        return self.cfg.rollout.placement == "split" and self.engine is not None
+
     def close(self) -> None:
+        if self.engine is not None and hasattr(self.engine, "close"):
+            self.engine.close()
         self.logger.close()
         if self.lock is not None:
             self.lock.release()
@@ -189,8 +197,27 @@ class RunState:
 def _engine(cfg: Config, lm: LoadedModel, cache: VisionCache, box_format: str):
     if cfg.train.stage == "sft":
         return None, False
+    if cfg.rollout.placement == "split":  # the engine in a worker process of its own (rollout/split.py)
+        return _split_rollout(cfg, box_format), True
     engine_class = ENGINE.load(cfg.rollout.engine)  # vlgrpo.registry.ENGINE: vllm is imported only when chosen
     return engine_class.from_config(cfg, lm, cache, box_format), engine_class.holds_own_weights
+
+
+def _split_rollout(cfg: Config, box_format: str) -> SplitRollout:
+    if cfg.rollout.engine != "hf":
+        raise ConfigError("rollout.placement=split runs the hf engine in a worker process here; vLLM on rollout GPUs "
+                          "of its own is planned (docs/scaling-out.md): use rollout.engine=hf or placement=colocate")  # fmt: skip
+    if _rank_world()[1] > 1:
+        raise ConfigError("rollout.placement=split runs one trainer process with one rollout worker; data-parallel "
+                          "training with a split rollout is planned: use one process or placement=colocate")  # fmt: skip
+    # version 0 is the checkpoint both sides load; a resumed run sends its weights right after (checkpoint.resume)
+    return SplitRollout(cfg, box_format, {}, staleness(cfg))
+
+
+def staleness(cfg: Config) -> int:
+    """rollout.max_staleness, its default resolved: 0 when colocated, 1 with placement=split."""
+    r = cfg.rollout
+    return r.max_staleness if r.max_staleness is not None else int(r.placement == "split")
 
 
 def _init_data_parallel() -> str:

@@ -1,0 +1,109 @@
+"""Asynchronous rollouts, measured: the demo task and model, the same seed and optimiser steps, three ways side by side
+in one run: synchronous with one torch thread, synchronous with two, and split (`rollout.placement=split`: the
+trainer and a rollout worker, one thread each). Per seed: SFT cold start once, then each GRPO run from that model.
+
+Reports steps per second (mean `timing/step` after the first step, which includes the worker's start), the one-thread
+synchronous phase times, the ideal overlap bound `1 / max(rollout, rest of the step)` from them, each side's idle
+fraction in the split run, and held-out VQA accuracy after GRPO. The last line is one JSON object.
+
+Usage: python scripts/bench_async.py [--seeds 0,1,2] [--grpo-steps 60] [--completions 8] [--max-new-tokens 48]
+Time nothing else on the machine while it runs (it needs both cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from vlgrpo.demo import DemoSettings, _evaluate, _stage_config, build_model_and_data
+from vlgrpo.trainer import run_training
+from vlgrpo.trainer.export import export_run
+from vlgrpo.trainer.loop import Trainer
+from vlgrpo.trainer.state import build_state
+
+MODES = {"sync1": (1, []), "sync2": (2, []), "split": (1, ["rollout.placement=split", "rollout.max_staleness=1"])}
+
+
+def grpo_run(s: DemoSettings, out: Path, sft_model: Path, mode: str, threads: int, extra: list[str]) -> dict:
+    """One GRPO run from the SFT model; returns its timings and held-out accuracy."""
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = "1"  # a split worker (spawned) takes one thread
+    cfg = _stage_config(s, out, "grpo", sft_model, (f"train.output_dir={out / mode}", "eval.every_steps=0",
+                        "logging.progress_bar=false", "train.save_every=0", *extra))  # fmt: skip
+    state = build_state(cfg, progress=False)
+    try:
+        history = Trainer(state).train()
+    finally:
+        state.close()
+    export_run(out / mode, out / f"{mode}_model")
+    torch.set_num_threads(1)  # the held-out eval is not timed: one thread, as every mode's
+    result = _evaluate(out / f"{mode}_model", cfg, out / "data" / "test.jsonl", s, ["vqa"])
+    later = history[1:]  # step 1 includes the worker's model load
+
+    def mean(key: str) -> float:
+        return statistics.fmean(h.get(key, 0.0) for h in later)
+
+    step = mean("timing/step")
+    return {"steps_per_s": 1 / step, "step_s": step, "rollout_s": mean("timing/rollout"),
+            "trainer_idle": mean("timing/rollout_wait") / step,
+            "worker_idle": mean("timing/rollout_worker_idle") / step,
+            "accuracy": result.metrics["eval/vqa/accuracy"]}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--grpo-steps", type=int, default=60)
+    ap.add_argument("--sft-steps", type=int, default=300)
+    ap.add_argument("--completions", type=int, default=8)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--out", default="runs/bench_async")
+    args = ap.parse_args()
+    rows = {}
+    for seed in [int(x) for x in args.seeds.split(",")]:
+        s = dataclasses.replace(DemoSettings(), seed=seed, sft_steps=args.sft_steps, grpo_steps=args.grpo_steps,
+                                completions=args.completions, grpo_prompts=args.prompts,
+                                max_new_tokens=args.max_new_tokens, val_every=0)  # fmt: skip
+        out = Path(args.out) / f"seed{seed}"
+        torch.set_num_threads(2)
+        model_dir, _ = build_model_and_data(s, out)
+        sft_cfg = _stage_config(s, out, "sft", model_dir)
+        if not (out / "sft_model").is_dir():
+            run_training(sft_cfg)
+            export_run(out / "sft", out / "sft_model")
+        for mode, (threads, extra) in MODES.items():
+            rows[(seed, mode)] = grpo_run(s, out, out / "sft_model", mode, threads, extra)
+            print(f"seed {seed} {mode}: {json.dumps(rows[(seed, mode)])}", file=sys.stderr)
+    seeds = sorted({k[0] for k in rows})
+
+    def avg(mode: str, key: str) -> float:
+        return statistics.fmean(rows[(s, mode)][key] for s in seeds)
+
+    rollout, step1 = avg("sync1", "rollout_s"), avg("sync1", "step_s")
+    ideal = 1 / max(rollout, step1 - rollout)
+    print(f"{'mode':<7} {'steps/s':>8} {'step s':>7} {'trainer idle':>13} {'worker idle':>12} {'accuracy':>9}")
+    for mode in MODES:
+        print(f"{mode:<7} {avg(mode, 'steps_per_s'):8.3f} {avg(mode, 'step_s'):7.3f} "
+              f"{avg(mode, 'trainer_idle'):13.2f} {avg(mode, 'worker_idle'):12.2f} {avg(mode, 'accuracy'):9.3f}")
+    print(f"one-thread synchronous step {step1:.3f} s = rollout {rollout:.3f} s + rest {step1 - rollout:.3f} s; "
+          f"ideal split bound {ideal:.3f} steps/s")
+    faster = max(avg("sync1", "steps_per_s"), avg("sync2", "steps_per_s"))
+    print(f"split / faster synchronous = {avg('split', 'steps_per_s') / faster:.2f}x; split / ideal = "
+          f"{avg('split', 'steps_per_s') / ideal:.0%}")
+    print(json.dumps({"sync1_steps_per_s": avg("sync1", "steps_per_s"),
+                      "sync2_steps_per_s": avg("sync2", "steps_per_s"),
+                      "split_steps_per_s": avg("split", "steps_per_s"), "ideal_split_steps_per_s": ideal,
+                      "sync_accuracy": avg("sync1", "accuracy"), "split_accuracy": avg("split", "accuracy"),
+                      "seeds": seeds, "grpo_steps": args.grpo_steps}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""`rollout.placement=split`: the rollout engine in a process of its own, sampling the next batches while the trainer
+updates (the "4 + 4 GPUs" layout; here one CPU process per side).
+
+The trainer submits each step's prompts ahead of time (`submit`) and collects the groups when it trains that step
+(`collect`). Weights flow the other way after every optimiser step (`update_weights`), tagged with the policy
+version; every group carries the version that sampled it. One FIFO queue carries both, so the order in which the
+trainer sends them is the order the worker sees: a request submitted before the weights of version v is sampled with
+an older version. The trainer submits at most `max_staleness + 1` steps ahead, so no group is more than
+`max_staleness` versions old when it is trained: the worker waits (on the queue) rather than sample too early, and
+nothing is dropped; it also checks every request's minimum version. With max_staleness = 0 a step's request follows
+the weights of the step before: the same weights, prompts and seeds as a colocated run, hence the same completions.
+
+The worker holds its own model copy, engine (`vlgrpo.registry.ENGINE`) and vision cache; a new version invalidates the
+cache when the vision weights changed. Knows nothing of losses, optimisers or checkpoints.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import torch
+import torch.multiprocessing as mp
+from torch import Tensor
+
+from vlgrpo.rollout.base import SamplingParams
+from vlgrpo.types import RolloutGroup, Sample
+
+POLL_S = 1.0
+"""How often a blocked side checks that the other is still alive."""
+
+
+@dataclass
+class Collected:
+    """What the worker sampled for one step."""
+
+    groups: list[RolloutGroup]
+    version: int
+    """Policy version (optimiser steps) of the weights that sampled it."""
+    stats: dict[str, float] = field(default_factory=dict)
+    """The worker engine's `rollout/*` counters for this request."""
+    worker_idle_s: float = 0.0
+    """Seconds the worker waited for work or weights since its previous result."""
+
+
+class SplitRollout:
+    """The trainer's handle on the rollout worker process."""
+
+    holds_own_weights = True
+
+    def __init__(self, cfg, box_format: str, weights: dict[str, Tensor], max_staleness: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.requests, self.results = ctx.Queue(), ctx.Queue()
+        self.max_staleness = max_staleness
+        self.policy_version = 0
+        self.pending: dict[int, int] = {}
+        """Submitted steps not yet collected -> their required minimum version."""
+        self.ready: dict[int, Collected] = {}
+        self.process = ctx.Process(target=_worker_main, args=(cfg, box_format, self.requests, self.results),
+                                   name="vlgrpo-rollout", daemon=True)  # fmt: skip
+        self.process.start()
+        self.requests.put(("weights", 0, weights))
+
+    # ---- trainer side
+    def submit(self, step: int, samples: list[Sample], params: SamplingParams) -> None:
+        """Queue the prompts of training step `step` (1-based), to be sampled with version >= step-1-max_staleness."""
+        need = max(0, step - 1 - self.max_staleness)
+        self.pending[step] = need
+        self.requests.put(("generate", step, samples, params, need))
+
+    def collect(self, step: int) -> Collected:
+        """The groups of step `step`, waiting for the worker if they are not there yet."""
+        while step not in self.ready:
+            self._receive(block=True)
+        self.pending.pop(step, None)
+        return self.ready.pop(step)
+
+    def queue_depth(self) -> int:
+        """Results sampled and waiting for the trainer (drained from the pipe without blocking)."""
+        while self._receive(block=False):
+            pass
+        return len(self.ready)
+
+    def update_weights(self, named_params: Iterable[tuple[str, Tensor]] | None, version: int) -> None:
+        """Send the trainer's weights (copies: the trainer keeps updating its own in place) tagged `version`."""
+        self.policy_version = version
+        weights = {name: t.detach().to("cpu", copy=True) for name, t in (named_params or [])}
+        self.requests.put(("weights", version, weights))
+
+    def stats(self) -> dict[str, float]:
+        return {}
+
+    def reset_stats(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            self.requests.put(("stop",))
+            self.process.join(timeout=30)
+        if self.process.is_alive():
+            self.process.kill()
+
+    def _receive(self, block: bool) -> bool:
+        try:
+            message = self.results.get(timeout=POLL_S) if block else self.results.get_nowait()
+        except queue.Empty:
+            if not self.process.is_alive():
+                raise RuntimeError(f"the rollout worker process died (exit code {self.process.exitcode}); the "
+                                   "trainer cannot continue without it") from None  # fmt: skip
+            return False
+        if message[0] == "error":
+            raise RuntimeError(f"the rollout worker failed:\n{message[1]}")
+        _, step, groups, version, stats, idle = message
+        self.ready[step] = Collected(groups, version, stats, idle)
+        return True
+
+
+# ---------------------------------------------------------------- the worker process
+
+
+def _worker_main(cfg, box_format: str, requests, results) -> None:
+    try:
+        _serve(cfg, box_format, requests, results)
+    except BaseException:  # noqa: BLE001 - reported to the trainer, which raises it
+        results.put(("error", traceback.format_exc()))
+
+
+def _serve(cfg, box_format: str, requests, results) -> None:
+    from vlgrpo.models import load_model
+    from vlgrpo.registry import ENGINE
+    from vlgrpo.vision_cache import VisionCache
+
+    m = cfg.model
+    lm = load_model(m.name_or_path, m.arch, m.dtype, m.attn_implementation, m.min_pixels, m.max_pixels)
+    lm.model.eval().requires_grad_(False)
+    trainable_vision = not (m.freeze_vision and m.freeze_merger)
+    cache = VisionCache(lm.model, lm.processor, cfg.rollout.vision_cache_bytes, trainable=trainable_vision)
+    engine = ENGINE.load(cfg.rollout.engine).from_config(cfg, lm, cache, box_format)
+    version, idle_since, idle = -1, time.perf_counter(), 0.0
+    while True:
+        message = requests.get()
+        if message[0] == "stop":
+            return
+        if message[0] == "weights":
+            _, version, weights = message
+            if weights:
+                lm.model.load_state_dict(weights, strict=False)
+            cache.set_step(version)  # a trainable tower: features of older weights are dropped (keyed by version)
+            engine.update_weights(None, version)
+            continue
+        _, step, samples, params, need = message
+        if version < need:  # the trainer sends weights before any request that needs them: a protocol error
+            raise RuntimeError(f"step {step} needs weights of version >= {need}, the worker holds {version}")
+        idle += time.perf_counter() - idle_since
+        engine.reset_stats()
+        with torch.no_grad():
+            groups = engine.generate(samples, params)
+        results.put(("groups", step, groups, version, dict(engine.stats()), idle))
+        idle_since, idle = time.perf_counter(), 0.0
