@@ -1,0 +1,88 @@
+"""scripts/pretrain_tiny.py: captions in the model's box convention, their scoring, the training rows, and that one
+command rebuilds the same weights."""
+
+import importlib.util
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from vlgrpo.data.images import ProcessorGeometry
+from vlgrpo.data.synth import Shape, draw_scene
+from vlgrpo.models import load_model
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "pretrain_tiny.py"
+
+
+@pytest.fixture(scope="module")
+def pt():
+    spec = importlib.util.spec_from_file_location("pretrain_tiny", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["pretrain_tiny"] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_caption_lists_objects_left_to_right_in_resized_pixels(pt):
+    shapes = [Shape("circle", "red", (60, 10, 80, 30)), Shape("square", "blue", (5, 50, 25, 70))]
+    geometry = ProcessorGeometry(min_pixels=56 * 56, max_pixels=224 * 224)
+    assert json.loads(pt.caption(shapes, 112, geometry)) == [
+        {"bbox_2d": [5, 50, 25, 70], "label": "blue square"},  # 112 px is a multiple of 28: no resize
+        {"bbox_2d": [60, 10, 80, 30], "label": "red circle"},
+    ]
+    # 100 px is resized to 112 by smart_resize: Qwen2.5-VL boxes are in the resized input's pixels (x 1.12)
+    assert json.loads(pt.caption(shapes, 100, geometry))[0]["bbox_2d"] == [6, 56, 28, 78]
+
+
+def test_name_lists_ignore_position(pt):
+    shapes = [Shape("circle", "red", (60, 10, 80, 30)), Shape("square", "blue", (5, 50, 25, 70)),
+              Shape("circle", "blue", (30, 30, 50, 50))]
+    assert pt.names(shapes) == "red circle, blue circle, blue square"  # COLOURS order, then SHAPES order
+    assert pt.names(shapes[::-1]) == pt.names(shapes)
+
+
+def test_a_gold_caption_scores_one_and_each_error_costs_its_metric(pt):
+    geometry = ProcessorGeometry(min_pixels=56 * 56, max_pixels=224 * 224)
+    shapes = [Shape("circle", "red", (60, 10, 80, 30)), Shape("square", "blue", (5, 50, 25, 70))]
+    gold = pt.caption(shapes, 100, geometry)
+    assert set(pt.score_caption(gold, shapes, 100, geometry).values()) == {1.0}
+    wrong_colour = gold.replace("blue square", "green square")
+    v = pt.score_caption(wrong_colour, shapes, 100, geometry)
+    assert (v["first_colour"], v["first_shape"], v["count"], v["all_objects"]) == (0.0, 1.0, 1.0, 0.0)
+    assert (v["box_iou50"], v["object_iou50"]) == (1.0, 0.5)  # the box still matches; the named object does not
+    one = json.dumps(json.loads(gold)[:1])
+    v = pt.score_caption(one, shapes, 100, geometry)
+    assert (v["count"], v["box_iou50"], v["first_shape"]) == (0.0, 0.5, 1.0)
+    assert pt.score_caption("no boxes here", shapes, 100, geometry)["parsed"] == 0.0
+
+
+def test_training_rows_match_the_processor_and_label_only_the_caption(pt, tiny_model_dir):
+    lm = load_model(tiny_model_dir("qwen2_5_vl"))
+    geometry = ProcessorGeometry.from_processor(lm.processor)
+    img, shapes = draw_scene(random.Random(5), 112, 3)
+    target = pt.caption(shapes, 112, geometry)
+    prompt = pt.prompt_ids(lm.processor, geometry, 112)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": pt.CAPTION_PROMPT}]}]
+    text = lm.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert prompt == lm.processor(text=[text], images=[img])["input_ids"][0]
+    batch = pt.encode(lm.processor, [prompt, prompt], [img, img], [target, "[]"])
+    tok = lm.processor.tokenizer
+    labelled = batch["labels"][0][batch["labels"][0] != -100].tolist()
+    assert tok.decode(labelled) == target + "<|im_end|>"
+    assert int(batch["mm_token_type_ids"][0].sum()) == 16
+    assert batch["attention_mask"][1].sum() == len(prompt) + len(tok("[]")["input_ids"]) + 1  # right padding
+
+
+def test_one_command_rebuilds_the_same_weights(pt, tmp_path):
+    args = ["--stage0-steps", "2", "--stage1-steps", "2", "--stage2-steps", "2", "--eval-scenes", "4", "--eval-every", "0",
+            "--zero-shot-questions", "20", "--spec", '{"num_layers": 1, "vision_depth": 1}']
+    for name in ("a", "b"):
+        assert pt.main(["--out", str(tmp_path / name), *args]) == 0
+    a, b = (json.loads((tmp_path / n / "pretrain.json").read_text()) for n in ("a", "b"))
+    assert a["weights_sha256"] == b["weights_sha256"]
+    assert a["loss_log"] == b["loss_log"] and a["caption_quality"] == b["caption_quality"]
+    assert (tmp_path / "a" / "README.md").read_text().startswith("# a\n")
+    lm = load_model(str(tmp_path / "a"))
+    assert lm.arch == "qwen2_5_vl" and lm.processor.tokenizer.chat_template
