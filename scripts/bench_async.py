@@ -28,6 +28,8 @@ from vlgrpo.trainer.export import export_run
 from vlgrpo.trainer.loop import Trainer
 from vlgrpo.trainer.state import build_state
 
+SETTINGS: list[str] = []
+"""--set overrides, applied to the SFT and every GRPO stage (e.g. data.answer_format=think_answer grpo.beta=0)."""
 MODES = {"sync1": (1, []), "sync2": (2, []), "split": (1, ["rollout.placement=split", "rollout.max_staleness=1"])}
 
 
@@ -35,7 +37,7 @@ def grpo_run(s: DemoSettings, out: Path, sft_model: Path, mode: str, threads: in
     """One GRPO run from the SFT model; returns its timings and held-out accuracy."""
     torch.set_num_threads(threads)
     os.environ["OMP_NUM_THREADS"] = "1"  # a split worker (spawned) takes one thread
-    cfg = _stage_config(s, out, "grpo", sft_model, (f"train.output_dir={out / mode}", "eval.every_steps=0",
+    cfg = _stage_config(s, out, "grpo", sft_model, (*SETTINGS, f"train.output_dir={out / mode}", "eval.every_steps=0",
                         "logging.progress_bar=false", "train.save_every=0", *extra))  # fmt: skip
     state = build_state(cfg, progress=False)
     try:
@@ -66,7 +68,10 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--out", default="runs/bench_async")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override for every stage, e.g. data.answer_format=think_answer (repeatable)")
     args = ap.parse_args()
+    SETTINGS.extend(args.set)
     rows = {}
     for seed in [int(x) for x in args.seeds.split(",")]:
         s = dataclasses.replace(DemoSettings(), seed=seed, sft_steps=args.sft_steps, grpo_steps=args.grpo_steps,
@@ -75,7 +80,7 @@ def main() -> None:
         out = Path(args.out) / f"seed{seed}"
         torch.set_num_threads(2)
         model_dir, _ = build_model_and_data(s, out)
-        sft_cfg = _stage_config(s, out, "sft", model_dir)
+        sft_cfg = _stage_config(s, out, "sft", model_dir, tuple(SETTINGS))
         if not (out / "sft_model").is_dir():
             run_training(sft_cfg)
             export_run(out / "sft", out / "sft_model")
@@ -102,7 +107,7 @@ def main() -> None:
                       "sync2_steps_per_s": avg("sync2", "steps_per_s"),
                       "split_steps_per_s": avg("split", "steps_per_s"), "ideal_split_steps_per_s": ideal,
                       "sync_accuracy": avg("sync1", "accuracy"), "split_accuracy": avg("split", "accuracy"),
-                      "seeds": seeds, "grpo_steps": args.grpo_steps}))  # fmt: skip
+                      "seeds": seeds, "grpo_steps": args.grpo_steps, "settings": SETTINGS}))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -81,7 +81,8 @@ def _evaluate(model_dir: Path, cfg: Config, test: Path, s: DemoSettings, suites:
     probes = min(3, s.max_shapes)  # POPE asks about `probes` present + `probes` absent objects per image
     data = build_eval_data(str(test), suites, max_samples=s.eval_samples, pope_per_image=probes,
                            pope_min_objects=probes, ctx=ctx)  # fmt: skip
-    engine = HFEngine(lm.model, lm.processor, VisionCache(lm.model, lm.processor), "answer", ctx.box_format, "", 16)
+    engine = HFEngine(lm.model, lm.processor, VisionCache(lm.model, lm.processor), cfg.data.answer_format,
+                      ctx.box_format, cfg.data.system_prompt, 16)  # prompted as the run was trained
     return evaluate(engine, data, ctx, max_new_tokens=s.max_new_tokens, progress=True)
 
 

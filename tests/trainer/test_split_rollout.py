@@ -1,6 +1,6 @@
 """rollout.placement=split: the rollout engine in a worker process of its own. With max_staleness=0 it reproduces the
-colocated run exactly; with max_staleness=1 it samples the next step while the trainer updates, and no group is
-more than one version old when trained."""
+colocated run exactly (plain backend; LoRA up to the rounding of merged weights); with max_staleness=1 it samples the
+next step while the trainer updates, and no group is more than one version old when trained."""
 
 from __future__ import annotations
 
@@ -65,3 +65,13 @@ def test_a_resumed_split_run_with_staleness_0_equals_an_uninterrupted_one(tmp_pa
                    "rollout.max_staleness=0", "train.resume=true")  # fmt: skip
     assert [h["step"] for h in resumed] == [3]
     assert {k: resumed[0][k] for k in KEYS} == {k: whole[2][k] for k in KEYS}
+
+
+def test_split_runs_the_lora_backend_with_merged_weights(tmp_path, tiny_model_dir, shapes_dir):
+    """The worker gets LoRA's merged weights under the base names (W + s·BA, not the adapter's x·W + s·(x·A)·B): with
+    staleness 0 the run equals the colocated one up to the rounding of that merge."""
+    colocated = _run(tmp_path, tiny_model_dir, shapes_dir, "lora", "train.steps=2", "train.backend=lora")
+    split = _run(tmp_path, tiny_model_dir, shapes_dir, "lora_split", "train.steps=2", "train.backend=lora",
+                 "rollout.placement=split", "rollout.max_staleness=0")  # fmt: skip
+    for a, b in zip(colocated, split, strict=True):
+        assert all(b[k] == pytest.approx(a[k], rel=1e-5, abs=1e-7) for k in KEYS), (a["step"], a, b)

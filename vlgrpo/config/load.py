@@ -303,7 +303,7 @@ def _check_placement(cfg: Config) -> None:
     if r.placement == "colocate" and r.max_staleness:
         raise ConfigError(f"rollout.max_staleness={r.max_staleness} needs rollout.placement=split: a colocated "
                           "engine samples with the trainer's current weights, so its groups are never stale")  # fmt: skip
-    if r.placement != "split":
+    if r.placement != "split" or r.engine != "hf":  # vLLM on GPUs of its own: planned (`vlgrpo plan` models it)
         return
     why = [(t.stage == "sft", "train.stage=sft samples nothing"),
            (t.backend == "zero3", "train.backend=zero3 (its gathered weights do not reach a worker yet): use plain or "
