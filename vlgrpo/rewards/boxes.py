@@ -7,6 +7,7 @@ pixels. Decimals are accepted. Linear-time patterns only. Knows nothing of rewar
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -74,8 +75,10 @@ QWEN3 = BoxConvention("qwen3", (_KEYED_BOX, _LIST_BOX), "per_mille")
 PLAIN = BoxConvention("plain", (_LIST_BOX,), "original_px")
 
 
+@functools.cache
 def convention(box_format: str) -> BoxConvention:
-    """The registered convention named `box_format` (vlgrpo.registry.BOX_FORMAT); ValueError for another name."""
+    """The registered convention named `box_format` (vlgrpo.registry.BOX_FORMAT); ValueError for another name.
+    Looked up once per name: every box reward of every completion asks."""
     if box_format not in BOX_FORMATS:
         raise ValueError(f"box format {box_format!r} is not accepted; use one of: {', '.join(BOX_FORMATS)}")
     return BOX_FORMAT.load(box_format)

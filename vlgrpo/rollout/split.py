@@ -91,6 +91,7 @@ class SplitRollout:
         self.requests.put(("weights", version, weights))
 
     def stats(self) -> dict[str, float]:
+        """Nothing here: the worker's `rollout/*` counters arrive with each collected step (`Collected.stats`)."""
         return {}
 
     def reset_stats(self) -> None:
