@@ -135,9 +135,9 @@ def _mean(rows: list[dict], key: str) -> float | None:
 
 def demo_run(backend: str, model_dir: Path, data_dir: Path, work: Path, sz: Sizes) -> dict:
     """`demo_steps` GRPO steps of the demo task (its prompts, G, lengths, lr, beta and reward recipe)."""
-    from vlgrpo.demo import DemoSettings
+    from vlgrpo.demo import from_scratch
 
-    d = DemoSettings()
+    d = from_scratch()
     B, G = sz.demo_prompts, sz.demo_completions
     cfg = _config(model_dir, data_dir, work / f"demo_{backend}", [
         f"train.backend={'lora' if backend == 'lora' else 'plain'}", f"model.dtype={sz.dtype}",
@@ -194,10 +194,10 @@ def compare(measured: int, planned: int, tolerance: float = TOLERANCE) -> tuple[
 def build_inputs(work: Path, sz: Sizes, device: str) -> dict[str, Path]:
     """The demo's tiny model and data, and the ~2 B model (random init on `device`, saved in the run dtype)."""
     from vlgrpo.data.synth import synth_dataset
-    from vlgrpo.demo import DemoSettings
+    from vlgrpo.demo import from_scratch
     from vlgrpo.models import TinySpec, init_tiny
 
-    d = DemoSettings()
+    d = from_scratch()
     S = sz.memory_image
     big = TinySpec(**sz.memory_spec, min_pixels=28 * 28 * 4, max_pixels=S * S)
     synth_dataset(work / "demo_data", sz.demo_samples, d.seed, sz.demo_image, d.kinds, d.max_shapes)

@@ -40,6 +40,7 @@ from PIL import Image
 from vlgrpo.data.images import ProcessorGeometry
 from vlgrpo.data.prompts import instruction
 from vlgrpo.data.synth import COLOURS, KINDS, SHAPES, draw_scene, make_sample
+from vlgrpo.data.synth import scene_names as names
 from vlgrpo.models import TinySpec, calibrate_merger, count_parameters, init_tiny, load_model
 from vlgrpo.rewards.boxes import from_original_pixels, to_original_pixels
 
@@ -95,13 +96,6 @@ def caption(shapes, size: int, geometry: ProcessorGeometry) -> str:
     ordered = sorted(shapes, key=lambda s: (s.box[0], s.box[1]))
     boxes = from_original_pixels([s.box for s in ordered], "qwen2_5", (size, size), geometry)
     return json.dumps([{"bbox_2d": [round(v) for v in b], "label": s.name} for s, b in zip(ordered, boxes)])
-
-
-def names(shapes) -> str:
-    """The objects without positions, ordered by colour then shape (COLOURS, SHAPES order): reading *what* is in
-    the image is learnt apart from *where*."""
-    ordered = sorted(shapes, key=lambda s: (COLOURS.index(s.colour), SHAPES.index(s.shape)))
-    return ", ".join(s.name for s in ordered)
 
 
 def prompt_ids(processor, geometry: ProcessorGeometry, size: int, text: str = CAPTION_PROMPT) -> list[int]:
@@ -489,6 +483,12 @@ def model_card(name: str, f: dict) -> str:
         *[f"- {e['question']} (gold `{e['gold']}`): `{e['completion']}`" for e in z["examples"]],
         "",
         "`pretrain.json` holds every figure above, the loss log and the in-run caption evaluations.",
+        "",
+        "## Used by",
+        "",
+        "`vlgrpo demo` (`make demo`) starts from this model (its default `--base`): a short SFT cold start on the "
+        "demo's answer format, then GRPO on count, colour, exist and ground questions. `docs/demo-seeds.md` has what "
+        "that does on five seeds.",
         "",
     ])
 

@@ -17,7 +17,9 @@ import json
 import time
 from pathlib import Path
 
-from vlgrpo.demo import DemoSettings, _evaluate, _stage_config, build_model_and_data
+from vlgrpo.demo import (
+    DemoSettings, _evaluate, _stage_config, build_model_and_data, from_scratch, resolve_base,
+)
 from vlgrpo.models import TinySpec
 
 
@@ -48,14 +50,14 @@ def main() -> None:
     ap.add_argument("--extra", nargs="*", default=[], help="raw config overrides for the stage(s) run")
     a = ap.parse_args()
     spec = dataclasses.replace(DemoSettings().spec, **_parse(a.spec, TinySpec))
-    s = dataclasses.replace(DemoSettings(), spec=spec, **_parse(a.set, DemoSettings))
+    s = dataclasses.replace(from_scratch(), spec=spec, **_parse(a.set, DemoSettings))
     out = Path(a.out)
     from vlgrpo.evals.run import make_evaluator
     from vlgrpo.trainer import run_training
     from vlgrpo.trainer.export import export_run
 
     if not (out / "model" / "config.json").is_file():
-        build_model_and_data(s, out)
+        build_model_and_data(s, out, resolve_base(s.base))
         if a.init_std:
             _reinit_language(out / "model", a.init_std)
     results = {}

@@ -1,23 +1,34 @@
 import json
 
+import pytest
+
 from vlgrpo.cli import main
+from vlgrpo.demo_report import seed_targets, seeds_markdown, write_seeds_doc
 
-KEYS = ("sft_test_accuracy", "grpo_test_accuracy", "sft_grounding_acc50", "grpo_grounding_acc50", "steps",
-        "wall_seconds")
+KEYS = ("sft_test_accuracy", "grpo_test_accuracy", "sft_grounding_acc50", "grpo_grounding_acc50", "sft_pope_f1",
+        "grpo_pope_f1", "sft_pope_yes_ratio", "grpo_pope_yes_ratio", "steps", "wall_seconds")
+PER_KIND = ("count", "colour", "exist")
 
 
-def test_demo_runs_every_stage_and_writes_a_checkable_summary(tmp_path):
+def test_demo_runs_every_stage_from_the_shipped_base_and_writes_a_checkable_summary(tmp_path):
     out = tmp_path / "demo"
     assert main(["demo", "--out", str(out), "--n", "120", "--sft-steps", "3", "--grpo-steps", "2",
-                 "--eval-samples", "6"]) == 0
+                 "--eval-samples", "8"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     for key in KEYS:
         assert key in summary, key
-    for key in KEYS[:2]:
-        assert 0.0 <= summary[key] <= 1.0
-    assert summary["kinds"] == ["colour"]  # the default: no grounding questions, so grounding is not evaluated
-    assert summary["sft_grounding_acc50"] is None and summary["grpo_grounding_acc50"] is None
-    assert summary["steps"] == {"sft": 3, "grpo": 2}
+    for key in ("sft_test_accuracy", "grpo_test_accuracy", "sft_grounding_acc50", "grpo_pope_yes_ratio"):
+        assert 0.0 <= summary[key] <= 1.0, key
+    assert summary["kinds"] == ["count", "colour", "exist", "ground"] and summary["base"] == "shapes-tiny-qwen2_5_vl"
+    for stage in ("sft", "grpo"):  # the per-kind accuracies are the eval's own per-task figures
+        for kind in PER_KIND:
+            assert summary[f"{stage}_accuracy_{kind}"] == summary[stage][f"eval/vqa/accuracy_task_shapes/{kind}"]
+    assert summary["steps"] == {"sft": 3, "grpo": 2} and summary["collapse_window"] == 2
+    # the shipped base is what the demo starts from (copied, not rebuilt): its weights are byte-identical
+    from vlgrpo.demo import BASES
+
+    assert (out / "model" / "model.safetensors").read_bytes() == (
+        BASES / "shapes-tiny-qwen2_5_vl" / "model.safetensors").read_bytes()
     assert [json.loads(line)["step"] for line in (out / "grpo" / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     for name in ("report.md", "curves.png", "eval_sft/metrics.json", "eval_grpo/predictions.jsonl",
                  "grpo_model/config.json", "sft/config.yaml"):
@@ -25,11 +36,72 @@ def test_demo_runs_every_stage_and_writes_a_checkable_summary(tmp_path):
     report = (out / "report.md").read_text()
     assert "after SFT" in report and "eval/vqa/accuracy" in report and "KL to the SFT policy" in report
     # `make demo` twice: the second run replaces the first one's stages instead of resuming or refusing them
-    # (with grounding questions and 2-shape scenes this time: Acc@0.5 is measured, POPE asks 2 + 2 per image)
-    assert main(["demo", "--out", str(out), "--n", "120", "--sft-steps", "2", "--grpo-steps", "1",
-                 "--eval-samples", "6", "--kinds", "colour,ground", "--max-shapes", "2"]) == 0
+    # (the from-scratch route this time: a random tiny model, colour and grounding questions on 2-shape scenes)
+    assert main(["demo", "--out", str(out), "--base", "init-tiny", "--n", "120", "--sft-steps", "2",
+                 "--grpo-steps", "1", "--eval-samples", "6", "--kinds", "colour,ground", "--max-shapes", "2",
+                 "--image-size", "56"]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["steps"] == {"sft": 2, "grpo": 1}
+    assert summary["steps"] == {"sft": 2, "grpo": 1} and summary["base"] == "init-tiny"
+    assert "sft_accuracy_count" not in summary and 0.0 <= summary["sft_accuracy_colour"] <= 1.0
     assert 0.0 <= summary["sft_grounding_acc50"] <= 1.0 and 0.0 <= summary["grpo_grounding_acc50"] <= 1.0
     assert "Grounding Acc@0.5: **" in (out / "report.md").read_text()
     assert len((out / "grpo" / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+def test_an_unknown_base_is_named_with_what_is_accepted(tmp_path, capsys):
+    assert main(["demo", "--out", str(tmp_path / "d"), "--base", "no-such-model"]) == 2
+    err = capsys.readouterr().err
+    assert "--base 'no-such-model'" in err and "init-tiny" in err and "shapes-tiny-qwen2_5_vl" in err
+
+
+def _summary(seed: int, vqa: tuple, ground: tuple, kinds: dict, f1: tuple, yes: float, entropy: float,
+             lengths: tuple, wall: float) -> dict:
+    return {"seed": seed, "base": "b", "kinds": ["count", "colour", "exist", "ground"], "steps": {"sft": 1, "grpo": 2},
+            "collapse_window": 50, "sft_test_accuracy": vqa[0], "grpo_test_accuracy": vqa[1],
+            "sft_grounding_acc50": ground[0], "grpo_grounding_acc50": ground[1], "sft_pope_f1": f1[0],
+            "grpo_pope_f1": f1[1], "sft_pope_yes_ratio": 0.9, "grpo_pope_yes_ratio": yes,
+            **{f"{st}_accuracy_{k}": v[i] for k, v in kinds.items() for i, st in enumerate(("sft", "grpo"))},
+            "final_grpo_entropy": entropy, "initial_response_length": lengths[0], "final_response_length": lengths[1],
+            "wall_seconds": wall}  # fmt: skip
+
+
+def test_seed_targets_are_judged_on_hand_computed_lifts(tmp_path):
+    kinds_ok = {"count": (0.5, 0.7), "colour": (0.5, 0.6), "exist": (0.5, 0.49)}
+    runs = {
+        0: _summary(0, (0.50, 0.70), (0.10, 0.30), kinds_ok, (0.6, 0.8), 0.50, 0.30, (10.0, 12.0), 500),
+        1: _summary(1, (0.50, 0.56), (0.10, 0.16), kinds_ok, (0.6, 0.7), 0.64, 0.20, (10.0, 19.0), 590),
+    }
+    got = {t: (ok, m) for t, ok, m in seed_targets(runs)}
+    # VQA lifts +20 and +6 points: mean +13 >= 10, every seed >= 5
+    assert got["VQA accuracy: mean lift >= +10 points"] == (True, "+13.0")
+    assert got["VQA accuracy: every seed >= +5 points"] == (True, "+20.0 / +6.0")
+    assert got["VQA accuracy: no kind's mean lift below -2 points"] == (True, "count +20.0, colour +10.0, exist -1.0")
+    assert got["grounding Acc@0.5: mean lift >= +10 points"] == (True, "+13.0")
+    assert got["POPE F1 after GRPO >= after SFT (mean)"] == (True, "0.600 -> 0.750")
+    assert got["response length within 2x of the SFT policy's"] == (True, "1.20x / 1.90x")
+    assert all(ok for ok, _ in got.values())
+    # one seed misses: VQA +4 points, grounding +4, yes-ratio 0.70, entropy 0.04, length 2.5x, 610 s, exist -3
+    bad_kinds = {"count": (0.5, 0.5), "colour": (0.5, 0.5), "exist": (0.5, 0.45)}
+    runs[1] = _summary(1, (0.50, 0.54), (0.10, 0.14), bad_kinds, (0.6, 0.3), 0.70, 0.04, (10.0, 25.0), 610)
+    got = {t: (ok, m) for t, ok, m in seed_targets(runs)}
+    assert got["VQA accuracy: every seed >= +5 points"] == (False, "+20.0 / +4.0")
+    assert got["VQA accuracy: no kind's mean lift below -2 points"][0] is False  # exist: (-1 - 5) / 2 = -3
+    assert got["VQA accuracy: no kind's mean lift below -2 points"][1].endswith("exist -3.0")
+    assert got["grounding Acc@0.5: every seed >= +5 points"] == (False, "+20.0 / +4.0")
+    assert got["POPE F1 after GRPO >= after SFT (mean)"] == (False, "0.600 -> 0.550")
+    for target in ("POPE yes-ratio after GRPO in [0.35, 0.65] on every seed", "entropy > 0.05 over the last GRPO "
+                   "steps", "response length within 2x of the SFT policy's", "wall_seconds <= 600"):
+        assert got[target][0] is False, target
+    # the document: one row per seed, the means, the targets table
+    for seed, s in runs.items():
+        (tmp_path / f"seed{seed}").mkdir()
+        (tmp_path / f"seed{seed}" / "summary.json").write_text(json.dumps(s))
+    doc = write_seeds_doc(tmp_path, tmp_path / "seeds.md").read_text()
+    assert doc == seeds_markdown(runs, "scripts/demo_seeds.sh")
+    assert "| 1 | 0.500 → 0.540 (+4.0) |" in doc and "| mean | 0.500 → 0.620 (+12.0) |" in doc
+    assert "| wall_seconds <= 600 | **no** | 500 / 610 |" in doc
+
+
+def test_the_seed_table_needs_runs(tmp_path):
+    with pytest.raises(FileNotFoundError, match="scripts/demo_seeds.sh"):
+        write_seeds_doc(tmp_path, tmp_path / "x.md")

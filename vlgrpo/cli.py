@@ -92,13 +92,15 @@ def add_demo_command(sub) -> None:
     p = sub.add_parser("demo", help="tiny end-to-end run on the shapes task: SFT, GRPO, eval, report (CPU, minutes)")
     p.add_argument("--out", default="runs/demo", help="run directory")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--base", help="base model: a shipped one under data/models/ (default shapes-tiny-qwen2_5_vl, "
+                   "caption-pretrained), a model directory, or init-tiny (random, built here)")
     p.add_argument("--n", type=int, help="shapes samples to synthesise")
     p.add_argument("--sft-steps", type=int)
     p.add_argument("--grpo-steps", type=int)
     p.add_argument("--eval-samples", type=int, help="test samples per eval suite")
-    p.add_argument("--kinds", help="question kinds, comma-separated, of count,colour,exist,ground (default colour: "
-                   "the kind the tiny model learns within the time budget)")
-    p.add_argument("--max-shapes", type=int, help="shapes per image, 1..N (default 1)")
+    p.add_argument("--kinds", help="question kinds, comma-separated, of count,colour,exist,ground (default: all four)")
+    p.add_argument("--max-shapes", type=int, help="shapes per image, 1..N (default 3)")
+    p.add_argument("--image-size", type=int, help="image side in px (default 112, the base's pretraining size)")
     p.set_defaults(handler=_cmd_demo)
 
 
@@ -109,6 +111,7 @@ def _cmd_demo(args) -> int:
 
     given = {"n_samples": args.n, "sft_steps": args.sft_steps, "grpo_steps": args.grpo_steps,
              "eval_samples": args.eval_samples, "seed": args.seed, "max_shapes": args.max_shapes,
+             "base": args.base, "image_size": args.image_size,
              "kinds": tuple(args.kinds.split(",")) if args.kinds else None}  # fmt: skip
     run_demo(args.out, dataclasses.replace(DemoSettings(), **{k: v for k, v in given.items() if v is not None}))
     return 0

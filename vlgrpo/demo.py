@@ -1,11 +1,12 @@
-"""`vlgrpo demo`: the tiny end-to-end run on the shapes task, from nothing to a report, on a laptop CPU.
+"""`vlgrpo demo`: the tiny end-to-end run on the shapes task, from a pretrained base to a report, on a laptop CPU.
 
-1. build the tiny Qwen2.5-VL (merger calibrated on the training images, labels unused), 2. synthesise shapes data,
-3. a short SFT cold start (the format, and a first glimpse of the image), 4. evaluate, 5. GRPO from the SFT model
-(vision tower frozen: its features are cached across every step), 6. evaluate again on the held-out test split,
-7. write report.md, curves.png and summary.json. Orchestration only: every step is a library call, each stage's
-resolved config is saved in its run directory. The defaults (colour questions, one shape per image) are what a
-1.1 M-parameter model learns within the 10-minute budget; `kinds` / `max_shapes` select the harder mix.
+1. the base model: the shipped pretrained tiny Qwen2.5-VL (`data/models/shapes-tiny-qwen2_5_vl`, caption-pretrained
+by scripts/pretrain_tiny.py, as real RL starts from a pretrained VLM), or `base="init-tiny"`: a random one built here
+(merger calibrated on the training images, labels unused; the route the tests take), 2. synthesise shapes data,
+3. a short SFT cold start on the demo's answer format, 4. evaluate, 5. GRPO from the SFT model (vision tower
+frozen: its features are cached across every step), 6. evaluate again on the held-out test split, 7. write
+report.md, curves.png and summary.json. Orchestration only: every step is a library call, each stage's resolved
+config is saved in its run directory.
 """
 
 from __future__ import annotations
@@ -18,38 +19,54 @@ from pathlib import Path
 
 from vlgrpo.config import Config, load_config
 from vlgrpo.models import TinySpec
+from vlgrpo.types import InputError
+
+
+BASES = Path(__file__).resolve().parent.parent / "data" / "models"
+"""Where the shipped base models live (the repository's top-level data/models/)."""
+INIT_TINY = "init-tiny"
 
 
 @dataclass
 class DemoSettings:
     """Sizes of the demo. The defaults fit the ≤10-minute budget on a 2-core CPU."""
 
-    n_samples: int = 3000
-    image_size: int = 56  # 4 image tokens per image: enough to read one shape's colour, fast on a CPU
-    kinds: tuple[str, ...] = ("colour",)
-    max_shapes: int = 1
-    sft_steps: int = 300  # a short cold start: the format is learnt, the image only begins to be read
+    base: str = "shapes-tiny-qwen2_5_vl"  # a name under data/models/, a model directory, or "init-tiny"
+    n_samples: int = 6000  # the 10 % test split holds 150 questions of each kind
+    image_size: int = 112  # the size the base was pretrained at: 16 image tokens per image
+    kinds: tuple[str, ...] = ("count", "colour", "exist", "ground")
+    max_shapes: int = 3
+    answer_format: str = "answer"  # think_answer: the SFT target thinks by listing the objects (meta.reasoning)
+    sft_steps: int = 150  # a short cold start on the answer format (the base already reads images)
     sft_prompts: int = 16
     sft_lr: float = 1e-3
-    grpo_steps: int = 400
+    grpo_steps: int = 250
     grpo_prompts: int = 16
     completions: int = 8
     grpo_lr: float = 3e-4
     grpo_beta: float = 0.02
-    max_new_tokens: int = 24
-    eval_samples: int = 200
+    max_new_tokens: int = 40  # a bbox_2d JSON answer in its tags is 33 tokens (with think_answer's names: 46)
+    eval_samples: int = 450  # per suite: VQA 150 of each kind, grounding every box question (150), POPE 450
     val_every: int = 50  # GRPO steps between greedy evals of 100 val questions (0: none)
     seed: int = 0
-    calibration_images: int = 256
-    merger_std: float = 0.05
-    spec: TinySpec = field(default_factory=TinySpec)
+    calibration_images: int = 256  # init-tiny only
+    merger_std: float = 0.05  # init-tiny only
+    spec: TinySpec = field(default_factory=TinySpec)  # init-tiny only
+
+
+def from_scratch(**changes) -> DemoSettings:
+    """The demo before the pretrained base (a random 1.1 M-parameter model, colour questions on one-shape 56 px
+    scenes, 300 SFT + 400 GRPO steps): what scripts/bench_async.py measures, and the from-scratch route."""
+    fields = {"base": INIT_TINY, "n_samples": 3000, "image_size": 56, "kinds": ("colour",), "max_shapes": 1,
+              "sft_steps": 300, "grpo_steps": 400, "max_new_tokens": 24, "eval_samples": 200}  # fmt: skip
+    return DemoSettings(**{**fields, **changes})
 
 
 def _stage_config(s: DemoSettings, out: Path, stage: str, model_dir: Path, extra: tuple[str, ...] = ()) -> Config:
     data = out / "data"
     common = [
         f"model.name_or_path={model_dir}", f"data.train={data / 'train.jsonl'}", f"data.val={data / 'val.jsonl'}",
-        f"data.test={data / 'test.jsonl'}", "data.answer_format=answer", f"train.seed={s.seed}",
+        f"data.test={data / 'test.jsonl'}", f"data.answer_format={s.answer_format}", f"train.seed={s.seed}",
         f"train.output_dir={out / stage}", "train.resume=false", "logging.progress_bar=true",
     ]  # fmt: skip
     if stage == "sft":  # vision tower and merger frozen: trained at this lr they collapse to one constant output
@@ -61,7 +78,8 @@ def _stage_config(s: DemoSettings, out: Path, stage: str, model_dir: Path, extra
     return load_config(None, common + [
         f"train.steps={s.grpo_steps}", f"train.prompts_per_step={s.grpo_prompts}",
         f"rollout.completions_per_prompt={s.completions}", f"train.micro_batch_completions={s.grpo_prompts * s.completions}",
-        f"train.lr={s.grpo_lr}", f"rollout.max_new_tokens={s.max_new_tokens}", "reward.recipe={accuracy: 1.0, format: 0.1}",
+        f"train.lr={s.grpo_lr}", f"rollout.max_new_tokens={s.max_new_tokens}",
+        f"reward.recipe={{accuracy: 1.0, format: 0.1{', iou: 1.0' * ('ground' in s.kinds)}}}",  # iou: box questions
         f"grpo.beta={s.grpo_beta}",  # small KL to the SFT policy: measured (grpo/kl) and keeps the policy near it
         f"eval.every_steps={s.val_every}", "eval.max_samples=100",  # the val-split curve of report.md
         f"eval.suites=[{'vqa' if set(s.kinds) - {'ground'} else 'grounding'}]", *extra,
@@ -82,24 +100,43 @@ def _evaluate(model_dir: Path, cfg: Config, test: Path, s: DemoSettings, suites:
     data = build_eval_data(str(test), suites, max_samples=s.eval_samples, pope_per_image=probes,
                            pope_min_objects=probes, ctx=ctx)  # fmt: skip
     engine = HFEngine(lm.model, lm.processor, VisionCache(lm.model, lm.processor), cfg.data.answer_format,
-                      ctx.box_format, cfg.data.system_prompt, 16)  # prompted as the run was trained
-    return evaluate(engine, data, ctx, max_new_tokens=s.max_new_tokens, progress=True)
+                      ctx.box_format, cfg.data.system_prompt, 32)  # prompted as the run was trained
+    return evaluate(engine, data, ctx, batch_prompts=32, max_new_tokens=s.max_new_tokens, progress=True)
 
 
-def build_model_and_data(s: DemoSettings, out: Path) -> tuple[Path, dict]:
-    """Stages 1-2: the tiny model (merger calibrated on the training images) and the shapes data."""
+def resolve_base(base: str) -> Path | None:
+    """The base model directory for `DemoSettings.base`; None for "init-tiny" (built by the demo)."""
+    if base == INIT_TINY:
+        return None
+    for cand in (Path(base), BASES / base):
+        if (cand / "config.json").is_file():
+            return cand
+    shipped = sorted(p.name for p in BASES.glob("*") if (p / "config.json").is_file()) if BASES.is_dir() else []
+    raise InputError(f"--base {base!r}: no model directory there (no config.json) nor under {BASES}; accepted: a "
+                     f"model directory, {INIT_TINY!r}, or a shipped base: {', '.join(shipped) or 'none found'}")
+
+
+def build_model_and_data(s: DemoSettings, out: Path, base: Path | None) -> tuple[Path, dict]:
+    """Stages 1-2: the base model (`base` copied, or with None a random tiny one with its merger calibrated on the
+    training images) and the shapes data."""
     from vlgrpo.data.synth import synth_dataset
     from vlgrpo.models import calibrate_merger, count_parameters, init_tiny, load_model
 
-    print(f"[1/6] building the tiny Qwen2.5-VL in {out / 'model'}")
-    model_dir = init_tiny(out / "model", "qwen2_5_vl", spec=s.spec, seed=s.seed)
+    shutil.rmtree(out / "model", ignore_errors=True)
+    if base is None:
+        print(f"[1/6] building a random tiny Qwen2.5-VL in {out / 'model'}")
+        model_dir = init_tiny(out / "model", "qwen2_5_vl", spec=s.spec, seed=s.seed)
+    else:
+        print(f"[1/6] base model: {base} (pretrained; copied to {out / 'model'})")
+        model_dir = Path(shutil.copytree(base, out / "model"))
     print(f"      {count_parameters(load_model(str(model_dir)).model)['total']:,} parameters")
     print(f"[2/6] synthesising {s.n_samples} shapes samples ({s.image_size} px) in {out / 'data'}")
     paths = synth_dataset(out / "data", s.n_samples, s.seed, s.image_size, s.kinds, s.max_shapes)
-    images = sorted({json.loads(line)["image"] for line in paths["train"].read_text().splitlines()})
-    stats = calibrate_merger(model_dir, [out / "data" / p for p in images[: s.calibration_images]], s.merger_std)
-    print(f"      merger calibrated on {min(len(images), s.calibration_images)} training images (labels unused): "
-          f"feature std {stats['std_before']:.4f} -> {stats['std_after']:.4f}")  # fmt: skip
+    if base is None:
+        images = sorted({json.loads(line)["image"] for line in paths["train"].read_text().splitlines()})
+        stats = calibrate_merger(model_dir, [out / "data" / p for p in images[: s.calibration_images]], s.merger_std)
+        print(f"      merger calibrated on {min(len(images), s.calibration_images)} training images (labels unused): "
+              f"feature std {stats['std_before']:.4f} -> {stats['std_after']:.4f}")  # fmt: skip
     return model_dir, paths
 
 
@@ -111,9 +148,10 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None) -> dict:
 
     s = settings or DemoSettings()
     out, t0 = Path(out_dir), time.time()
+    base = resolve_base(s.base)  # a wrong --base fails before anything in out_dir is replaced
     for stale in ("sft", "grpo", "sft_model", "grpo_model", "eval_sft", "eval_grpo"):  # the demo owns its directory
         shutil.rmtree(out / stale, ignore_errors=True)
-    model_dir, paths = build_model_and_data(s, out)
+    model_dir, paths = build_model_and_data(s, out, base)
     suites = ["vqa"] * bool(set(s.kinds) - {"ground"}) + ["grounding"] * ("ground" in s.kinds) + ["pope"]
 
     print(f"[3/6] SFT cold start: {s.sft_steps} steps x {s.sft_prompts} samples")
@@ -142,13 +180,16 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None) -> dict:
     return summary
 
 
-def _summary(s: DemoSettings, before: dict, after: dict, grpo_history: list[dict], seconds: float) -> dict:
-    last = grpo_history[-10:] or [{}]
+COLLAPSE_WINDOW = 50
+"""GRPO steps over which the summary's collapse indicators (entropy, KL, response length) are averaged."""
 
-    def mean(key: str) -> float:
-        vals = [h[key] for h in last if isinstance(h.get(key), (int, float))]
+
+def _summary(s: DemoSettings, before: dict, after: dict, grpo_history: list[dict], seconds: float) -> dict:
+    def mean(rows: list[dict], key: str) -> float:
+        vals = [h[key] for h in rows if isinstance(h.get(key), (int, float))]
         return sum(vals) / len(vals) if vals else 0.0
 
+    last = grpo_history[-COLLAPSE_WINDOW:]
     return {
         "sft_test_accuracy": before.get("eval/vqa/accuracy"),  # None: only `ground` questions in the kinds
         "grpo_test_accuracy": after.get("eval/vqa/accuracy"),
@@ -156,11 +197,19 @@ def _summary(s: DemoSettings, before: dict, after: dict, grpo_history: list[dict
         "grpo_grounding_acc50": after.get("eval/grounding/acc50"),
         "sft_pope_f1": before.get("eval/pope/f1"),
         "grpo_pope_f1": after.get("eval/pope/f1"),
+        "sft_pope_yes_ratio": before.get("eval/pope/yes_ratio"),
+        "grpo_pope_yes_ratio": after.get("eval/pope/yes_ratio"),
+        **{f"{stage}_accuracy_{kind}": metrics.get(f"eval/vqa/accuracy_task_shapes/{kind}")
+           for stage, metrics in (("sft", before), ("grpo", after)) for kind in s.kinds if kind != "ground"},
+        "base": s.base,
+        "seed": s.seed,
         "kinds": list(s.kinds),
         "steps": {"sft": s.sft_steps, "grpo": s.grpo_steps},
-        "final_grpo_entropy": mean("grpo/entropy"),
-        "final_grpo_kl": mean("grpo/kl"),
-        "final_response_length": mean("grpo/response_length"),
+        "final_grpo_entropy": mean(last, "grpo/entropy"),  # the collapse indicators: last COLLAPSE_WINDOW steps
+        "final_grpo_kl": mean(last, "grpo/kl"),
+        "final_response_length": mean(last, "grpo/response_length"),
+        "initial_response_length": mean(grpo_history[:5], "grpo/response_length"),  # sampled by the SFT policy
+        "collapse_window": len(last),
         "wall_seconds": round(seconds, 1),
         "sft": {k: v for k, v in before.items()},
         "grpo": {k: v for k, v in after.items()},

@@ -37,6 +37,13 @@ class Shape:
         return f"{self.colour} {self.shape}"
 
 
+def scene_names(shapes: list[Shape]) -> str:
+    """The objects without positions, ordered by colour then shape (COLOURS, SHAPES order), e.g. "blue square, red
+    circle": the name list the shipped base was pretrained to write, and each sample's `meta.reasoning`."""
+    ordered = sorted(shapes, key=lambda s: (COLOURS.index(s.colour), SHAPES.index(s.shape)))
+    return ", ".join(s.name for s in ordered)
+
+
 def _place(rng: random.Random, n: int, size: int, smin: int, smax: int) -> list[tuple[int, int, int, int]]:
     """Up to n non-overlapping square slots (2 px apart) by rejection sampling."""
     boxes: list[tuple[int, int, int, int]] = []
@@ -120,7 +127,8 @@ def make_sample(
         objects=sorted({s.name for s in shapes}),
         image_size=(size, size),
         task=f"shapes/{kind}",
-        meta={"split": split, "scene": [{"shape": s.shape, "colour": s.colour, "box": list(s.box)} for s in shapes]},
+        meta={"split": split, "scene": [{"shape": s.shape, "colour": s.colour, "box": list(s.box)} for s in shapes],
+              "reasoning": scene_names(shapes)},
     )
 
 

@@ -36,9 +36,11 @@ def render_boxes(sample: Sample, box_format: str, geometry=None, decimals: int |
 
 def render_completion(sample: Sample, answer_format: str, box_format: str, geometry=None,
                       decimals: int | None = None) -> str:  # fmt: skip
-    """A completion stating the gold answer in `answer_format` (think_answer adds a one-line reason)."""
+    """A completion stating the gold answer in `answer_format`. think_answer adds the sample's own reasoning
+    (`meta.reasoning`, e.g. the shapes task's list of the objects in the image), else a one-line reason."""
     box = sample.answer_type == "box"
     answer = render_boxes(sample, box_format, geometry, decimals) if box else (sample.answer or "")
     if answer_format == "answer":
         return f"<answer>{answer}</answer>"
-    return f"<think>{REASONS.get(sample.answer_type, 'I look at the image.')}</think><answer>{answer}</answer>"
+    think = sample.meta.get("reasoning") or REASONS.get(sample.answer_type, "I look at the image.")
+    return f"<think>{think}</think><answer>{answer}</answer>"
