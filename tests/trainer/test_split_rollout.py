@@ -1,15 +1,25 @@
-"""rollout.placement=split: the rollout engine in a worker process of its own. With max_staleness=0 it reproduces the
-colocated run exactly (plain backend; LoRA up to the rounding of merged weights); with max_staleness=1 it samples the
-next step while the trainer updates, and no group is more than one version old when trained."""
+"""rollout.placement=split: the rollout engine in a worker process of its own, one per trainer rank. With
+max_staleness=0 it reproduces the colocated run exactly (plain backend, ZeRO-3 on two ranks; LoRA up to the rounding
+of merged weights); with max_staleness=1 it samples the next step while the trainer updates, and no group is more than
+one version old when trained."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
-from vlgrpo.config import ConfigError
+from vlgrpo.config import ConfigError, save_config
 from vlgrpo.trainer.loop import Trainer
 from vlgrpo.trainer.state import build_state
 
+from test_distributed import _config, _torchrun
 from trainer_helpers import tiny_config, write_reward_module
 
 KEYS = ("train/loss", "reward/total", "grpo/kl", "grpo/entropy", "train/grad_norm", "grpo/response_length")
@@ -44,10 +54,57 @@ def test_split_with_staleness_1_overlaps_and_bounds_staleness(tmp_path, tiny_mod
     assert all("timing/rollout_wait" in h and "timing/rollout_worker_idle" in h for h in history)
 
 
+def test_the_rollout_worker_samples_with_one_torch_thread(tmp_path, tiny_model_dir, shapes_dir, monkeypatch):
+    """The worker shares the CPUs with its trainer (one worker per rank): one thread, whatever OMP_NUM_THREADS says
+    (a spawned process reads it afresh; unset, torch takes every core)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    history = _run(tmp_path, tiny_model_dir, shapes_dir, "threads", "train.steps=1", "rollout.placement=split")
+    assert history[0]["rollout/worker_threads"] == 1.0
+
+
+TRAINER = """
+import sys, time
+from vlgrpo.config import load_config
+from vlgrpo.trainer.state import build_state
+
+state = build_state(load_config(sys.argv[1]), progress=False)
+print(state.engine.process.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+def test_the_rollout_worker_exits_when_its_trainer_is_killed(tmp_path, tiny_model_dir, shapes_dir):
+    """A rank that torchrun stops (SIGTERM: no `finally` runs) or the OOM killer takes cannot stop its worker: the
+    worker notices and exits, rather than hold its model copy until the machine is rebooted."""
+    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", "rollout.placement=split")
+    save_config(cfg, tmp_path / "cfg.yaml")
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(tmp_path / "cfg.yaml")], stdout=subprocess.PIPE,
+                               text=True)  # fmt: skip
+    worker = int(trainer.stdout.readline())
+    trainer.kill()
+    trainer.wait()
+    try:
+        deadline = time.monotonic() + 30
+        while _alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(worker)
+    finally:
+        if _alive(worker):
+            os.kill(worker, signal.SIGKILL)
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["rollout.max_staleness=1"], "needs rollout.placement=split"),
     (["rollout.placement=split", "grpo.dynamic_sampling=true"], "does not run with grpo.dynamic_sampling"),
-    (["rollout.placement=split", "train.backend=zero3"], "does not run with train.backend=zero3"),
+    (["rollout.placement=split", "grpo.num_iterations=2"], "does not run with grpo.num_iterations > 1"),
+    (["rollout.placement=split", "train.stage=sft"], "does not run with train.stage=sft"),
     (["rollout.placement=split", "rollout.max_staleness=-1"], "must be >= 0"),
 ])  # fmt: skip
 def test_split_configs_that_cannot_run_are_named(tmp_path, tiny_model_dir, shapes_dir, overrides, message):
@@ -75,3 +132,61 @@ def test_split_runs_the_lora_backend_with_merged_weights(tmp_path, tiny_model_di
                  "rollout.placement=split", "rollout.max_staleness=0")  # fmt: skip
     for a, b in zip(colocated, split, strict=True):
         assert all(b[k] == pytest.approx(a[k], rel=1e-5, abs=1e-7) for k in KEYS), (a["step"], a, b)
+
+
+# ---------------------------------------------------------------- data-parallel ranks (torchrun, gloo on the CPU)
+
+
+def test_zero3_split_on_two_ranks_with_staleness_0_reproduces_the_colocated_run(tmp_path, tiny_model_dir, shapes_dir):
+    """One worker per rank: it samples that rank's prompts with that rank's seeds, and receives the full weights
+    that every rank gathers after each ZeRO-3 step (and after loading a checkpoint)."""
+    pytest.importorskip("deepspeed")
+    _config(tmp_path, tiny_model_dir, shapes_dir, "train.backend=zero3", "train.steps=3", "grpo.beta=0.04",
+            "train.lr=1e-2")  # fmt: skip
+    split = ("rollout.placement=split", "rollout.max_staleness=0")
+    colocated = _torchrun(tmp_path, 29541, f"train.output_dir={tmp_path / 'colocated'}", "train.save_every=0")
+    whole = _torchrun(tmp_path, 29541, f"train.output_dir={tmp_path / 'split'}", *split)
+    for rank, (a_rank, b_rank) in enumerate(zip(colocated, whole)):
+        for a, b in zip(a_rank["history"], b_rank["history"], strict=True):
+            assert {k: a[k] for k in KEYS} == {k: b[k] for k in KEYS}, (rank, a["step"])
+            assert b["rollout/staleness"] == 0.0
+    lengths = [[h["grpo/response_length"] for h in r["history"]] for r in colocated]
+    assert lengths[0] != lengths[1]  # the ranks sample different prompts: a worker sampling rank 0's fails above
+    # as if killed before its last checkpoint: resumed from step 2, each worker starts afresh and gets the gathered
+    # step-2 weights before any prompt
+    shutil.rmtree(tmp_path / "split" / "checkpoints" / "step_3")
+    resumed = _torchrun(tmp_path, 29541, f"train.output_dir={tmp_path / 'split'}", *split, "train.resume=true")
+    for rank in (0, 1):
+        (step3,) = resumed[rank]["history"]
+        assert step3["step"] == 3 and {k: step3[k] for k in KEYS} == {k: colocated[rank]["history"][2][k] for k in KEYS}
+
+
+@pytest.mark.parametrize("backend, port", [("zero3", 29542), ("plain", 29543)])
+def test_split_on_two_ranks_with_staleness_1_bounds_staleness(tmp_path, tiny_model_dir, shapes_dir, backend, port):
+    if backend == "zero3":
+        pytest.importorskip("deepspeed")
+    _config(tmp_path, tiny_model_dir, shapes_dir, f"train.backend={backend}", "train.steps=5", "train.save_every=0",
+            "rollout.placement=split")  # fmt: skip
+    ranks = _torchrun(tmp_path, port)
+    for rank in ranks:
+        history = rank["history"]
+        assert [h["rollout/staleness"] for h in history] == [0.0, 1.0, 1.0, 1.0, 1.0]  # each rank's worker one back
+        assert all(h["train/loss"] == h["train/loss"] for h in history)  # finite
+        assert [p["optimizer_steps"] for p in rank["progress"]] == [1, 2, 3, 4, 5]
+    assert ranks[0]["progress"] == ranks[1]["progress"]  # the replicas' full weights stay equal, step by step
+
+
+def test_weights_under_names_the_worker_lacks_stop_the_run(tmp_path, tiny_model_dir, shapes_dir):
+    """load_state_dict(strict=False) would skip them silently and the worker would sample with stale weights."""
+    import torch
+
+    from vlgrpo.rollout.split import SplitRollout
+
+    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", "rollout.placement=split")
+    split = SplitRollout(cfg, "qwen2_5", {}, 1)
+    try:
+        split.update_weights([("model.no_such_layer.weight", torch.zeros(2))], 1)
+        with pytest.raises(RuntimeError, match=r"version 1 hold 1 names the worker's model lacks.*no_such_layer"):
+            split.collect(1)
+    finally:
+        split.close()

@@ -268,10 +268,14 @@ def validate(cfg: Config) -> None:
             f"completions per step ({t.prompts_per_step} prompts x {r.completions_per_prompt} = {total}) must be "
             f"divisible by train.micro_batch_completions ({t.micro_batch_completions}), so every micro-batch is full"
         )
-    if r.engine == "hf" and g.rollout_is not in ("auto", "none"):
+    if g.decoupled and r.placement != "split":
+        raise ConfigError("grpo.decoupled corrects groups sampled by an older policy version: it needs "
+                          "rollout.placement=split (a colocated engine samples with the current weights)")
+    if r.engine == "hf" and g.rollout_is not in ("auto", "none") and not g.decoupled:
         raise ConfigError(
             f"grpo.rollout_is={g.rollout_is} corrects for a rollout engine with its own copy of the weights "
-            "(rollout.engine=vllm); the hf engine samples with the trainer's model itself: use auto or none"
+            "(rollout.engine=vllm) or a stale split-rollout group (grpo.decoupled=true); the hf engine samples with "
+            "the trainer's model itself: use auto or none"
         )
     _check_placement(cfg)
     if r.engine == "vllm" and r.placement == "split" and r.vllm.rollout_gpus < 1:
@@ -306,8 +310,6 @@ def _check_placement(cfg: Config) -> None:
     if r.placement != "split" or r.engine != "hf":  # vLLM on GPUs of its own: planned (`vlgrpo plan` models it)
         return
     why = [(t.stage == "sft", "train.stage=sft samples nothing"),
-           (t.backend == "zero3", "train.backend=zero3 (its gathered weights do not reach a worker yet): use plain or "
-                                  "lora"),
            (g.dynamic_sampling, "grpo.dynamic_sampling (its top-up rounds sample on demand, not ahead)"),
            (g.num_iterations > 1, "grpo.num_iterations > 1 (the stale behaviour log-probs are the ratio's base)")]  # fmt: skip
     for bad, reason in why:

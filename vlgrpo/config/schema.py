@@ -173,6 +173,11 @@ class GRPOConfig:
     """Cap of the rollout IS weight: truncate modes clip at it, mask modes zero weights above it (TRL: 3.0)."""
     rollout_is_sequence: str = "product"
     """Sequence modes' ratio: product of the token ratios (TRL) or geometric_mean (ms-swift)."""
+    decoupled: bool = False
+    """rollout.placement=split, stale groups: AReaL's decoupled objective. The ratio's base is the trainer's current
+    (proximal) policy, from one extra forward pass per step, and the behaviour policy that sampled enters as rollout
+    IS weights exp(proximal - behaviour) (grpo.rollout_is; auto = token_truncate at grpo.rollout_is_cap, AReaL's
+    capped behaviour weight). Off: the behaviour log-probs are the ratio's base (no extra pass)."""
 
 
 @dataclass

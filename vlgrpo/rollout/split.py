@@ -11,7 +11,8 @@ nothing is dropped; it also checks every request's minimum version. With max_sta
 the weights of the step before: the same weights, prompts and seeds as a colocated run, hence the same completions.
 
 The worker holds its own model copy, engine (`vlgrpo.registry.ENGINE`) and vision cache; a new version invalidates the
-cache when the vision weights changed. Knows nothing of losses, optimisers or checkpoints.
+cache when the vision weights changed. Each data-parallel rank starts its own worker and feeds it its own prompts,
+seeds and (full, gathered) weights. Knows nothing of losses, optimisers, ranks or checkpoints.
 """
 
 from __future__ import annotations
@@ -134,21 +135,29 @@ def _serve(cfg, box_format: str, requests, results) -> None:
     from vlgrpo.registry import ENGINE
     from vlgrpo.vision_cache import VisionCache
 
+    # one thread: the worker shares the CPUs with its trainer (one worker per data-parallel rank), and a spawned
+    # process would otherwise take OMP_NUM_THREADS afresh, or every core when it is unset
+    torch.set_num_threads(1)
     m = cfg.model
     lm = load_model(m.name_or_path, m.arch, m.dtype, m.attn_implementation, m.min_pixels, m.max_pixels)
     lm.model.eval().requires_grad_(False)
     trainable_vision = not (m.freeze_vision and m.freeze_merger)
     cache = VisionCache(lm.model, lm.processor, cfg.rollout.vision_cache_bytes, trainable=trainable_vision)
     engine = ENGINE.load(cfg.rollout.engine).from_config(cfg, lm, cache, box_format)
+    buffers = {name for name, _ in lm.model.named_buffers()}
     version, idle_since, idle = -1, time.perf_counter(), 0.0
     while True:
-        message = requests.get()
+        message = _next_request(requests)
         if message[0] == "stop":
             return
         if message[0] == "weights":
             _, version, weights = message
-            if weights:
-                lm.model.load_state_dict(weights, strict=False)
+            if weights:  # a subset is fine (a frozen part may be left out); a name the model lacks is a bug
+                unexpected = [k for k in lm.model.load_state_dict(weights, strict=False).unexpected_keys
+                              if k not in buffers]  # non-persistent buffers (rotary inv_freq): not state, same values
+                if unexpected:
+                    raise RuntimeError(f"weights of version {version} hold {len(unexpected)} names the worker's model "
+                                       f"lacks, e.g. {unexpected[:3]}: it would sample with stale weights")  # fmt: skip
             cache.set_step(version)  # a trainable tower: features of older weights are dropped (keyed by version)
             engine.update_weights(None, version)
             continue
@@ -159,5 +168,17 @@ def _serve(cfg, box_format: str, requests, results) -> None:
         engine.reset_stats()
         with torch.no_grad():
             groups = engine.generate(samples, params)
-        results.put(("groups", step, groups, version, dict(engine.stats()), idle))
+        stats = {**engine.stats(), "rollout/worker_threads": float(torch.get_num_threads())}
+        results.put(("groups", step, groups, version, stats, idle))
         idle_since, idle = time.perf_counter(), 0.0
+
+
+def _next_request(requests) -> tuple:
+    """The next message from the trainer; ("stop",) once the trainer process is gone. A rank that torchrun stops
+    (SIGTERM) or the OOM killer takes never sends "stop", and a daemon process outlives a parent that is killed."""
+    while True:
+        try:
+            return requests.get(timeout=POLL_S)
+        except queue.Empty:
+            if not mp.parent_process().is_alive():
+                return ("stop",)

@@ -66,6 +66,8 @@ class Trainer:
         self.aggregate_fn = AGGREGATION.load(g.aggregation)
         self.step_fn = self.sft_step if state.cfg.train.stage == "sft" else self.grpo_step
         self.rollout_is = grpo.resolve_rollout_is(g.rollout_is, state.engine_needs_weights and not state.split)
+        if state.split and g.decoupled:  # AReaL's capped behaviour weight: per token, truncated
+            self.rollout_is = "token_truncate" if g.rollout_is == "auto" else g.rollout_is
         self.submitted = state.step
         """Split rollout: the last training step whose prompts went to the worker."""
         self.staleness = 0
@@ -92,7 +94,13 @@ class Trainer:
         #    weights); reference log-probs only when beta > 0
         old_logp = ref_logp = is_weights = None
         correction: dict[str, float] = {}
-        if state.split and self.staleness > 0 and batch.engine_logp is not None:
+        if state.split and self.staleness > 0 and batch.engine_logp is not None and cfg.grpo.decoupled:
+            # 6''. stale groups, AReaL's decoupled objective: the current policy is the proximal one (ratio 1 in the
+            #      single update), the behaviour policy's log-probs give the capped IS weights
+            with timers("old_logprob"):
+                _, proximal = self._old_logprobs(batch)
+            is_weights, correction = self._rollout_correction(batch, proximal)
+        elif state.split and self.staleness > 0 and batch.engine_logp is not None:
             # 6'. stale groups (split rollout): the behaviour policy's own log-probs are the ratio's base, so the
             #     clipped surrogate corrects for the versions between sampling and training (no extra pass)
             old_logp = batch.engine_logp.nan_to_num(0.0)  # NaN only on padding, which the mask drops

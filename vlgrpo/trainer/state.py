@@ -207,10 +207,9 @@ def _split_rollout(cfg: Config, box_format: str) -> SplitRollout:
     if cfg.rollout.engine != "hf":
         raise ConfigError("rollout.placement=split runs the hf engine in a worker process here; vLLM on rollout GPUs "
                           "of its own is planned (docs/scaling-out.md): use rollout.engine=hf or placement=colocate")  # fmt: skip
-    if _rank_world()[1] > 1:
-        raise ConfigError("rollout.placement=split runs one trainer process with one rollout worker; data-parallel "
-                          "training with a split rollout is planned: use one process or placement=colocate")  # fmt: skip
-    # version 0 is the checkpoint both sides load; a resumed run sends its weights right after (checkpoint.resume)
+    # One worker per rank: it samples this rank's prompts (its data shard, its seeds) and gets this rank's full weights
+    # (ZeRO-3 gathers them, every rank alike). Version 0 is the checkpoint both sides load; a resumed run sends its
+    # weights right after (checkpoint.resume)
     return SplitRollout(cfg, box_format, {}, staleness(cfg))
 
 
