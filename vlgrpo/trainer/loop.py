@@ -94,16 +94,13 @@ class Trainer:
         #    weights); reference log-probs only when beta > 0
         old_logp = ref_logp = is_weights = None
         correction: dict[str, float] = {}
-        if state.split and self.staleness > 0 and batch.engine_logp is not None and cfg.grpo.decoupled:
-            # 6''. stale groups, AReaL's decoupled objective: the current policy is the proximal one (ratio 1 in the
-            #      single update), the behaviour policy's log-probs give the capped IS weights
-            with timers("old_logprob"):
+        stale = state.split and self.staleness > 0 and batch.engine_logp is not None  # split rollout, older version
+        if stale and cfg.grpo.decoupled:  # 6''. AReaL's decoupled objective: the current policy is the proximal one
+            with timers("old_logprob"):  # (ratio 1 in the single update); behaviour log-probs give capped IS weights
                 _, proximal = self._old_logprobs(batch)
             is_weights, correction = self._rollout_correction(batch, proximal)
-        elif state.split and self.staleness > 0 and batch.engine_logp is not None:
-            # 6'. stale groups (split rollout): the behaviour policy's own log-probs are the ratio's base, so the
-            #     clipped surrogate corrects for the versions between sampling and training (no extra pass)
-            old_logp = batch.engine_logp.nan_to_num(0.0)  # NaN only on padding, which the mask drops
+        elif stale:  # 6'. the behaviour policy's log-probs are the ratio's base: the clipped surrogate corrects for
+            old_logp = batch.engine_logp.nan_to_num(0.0)  # the versions behind (no extra pass); NaN only on padding
         elif cfg.grpo.num_iterations > 1 or (state.engine_needs_weights and not state.split):
             with timers("old_logprob"):
                 old_logp, behaviour_logp = self._old_logprobs(batch)
