@@ -2,8 +2,9 @@
 # Train on one node: scripts/train.sh CONFIG [section.key=value ...]
 #
 #   1. `vlgrpo data doctor CONFIG` checks every split the config names (SKIP_DOCTOR=1 skips it);
-#   2. `vlgrpo train CONFIG overrides` runs in NPROC_PER_NODE processes (default: the config's train.num_gpus)
-#      under torchrun, or the deepspeed launcher with LAUNCHER=deepspeed; with one process, directly.
+#   2. `vlgrpo train CONFIG overrides` runs in NPROC_PER_NODE processes (default: the config's train.num_gpus, less
+#      rollout.vllm.rollout_gpus with split vLLM: those run each rank's rollout worker) under torchrun, or the
+#      deepspeed launcher with LAUNCHER=deepspeed; with one process, directly.
 #
 # Environment: NPROC_PER_NODE, LAUNCHER (torchrun | deepspeed), MASTER_PORT (29500), SKIP_DOCTOR=1,
 # DRY_RUN=1 (print the commands, run nothing), PYTHON (the interpreter that has vlgrpo installed; default python).
@@ -23,11 +24,13 @@ run() {  # print the command; run it unless DRY_RUN=1
     if [[ "${DRY_RUN:-0}" != 1 ]]; then "$@"; fi
 }
 
-# The config is the single source of truth: the process count defaults to its train.num_gpus (this also validates
+# The config is the single source of truth: the process count defaults to its training GPUs (this also validates
 # the config and the overrides before any GPU is touched).
 NPROC=${NPROC_PER_NODE:-$("$PYTHON" -c 'import sys; from vlgrpo.config import ConfigError, load_config
-try: print(load_config(sys.argv[1], sys.argv[2:]).train.num_gpus)
-except ConfigError as e: sys.exit(f"error: {e}")' "$CONFIG" "$@")}
+try: c = load_config(sys.argv[1], sys.argv[2:]); r = c.rollout
+except ConfigError as e: sys.exit(f"error: {e}")
+print(c.train.num_gpus - (r.vllm.rollout_gpus if (r.engine, r.placement) == ("vllm", "split") else 0))' \
+    "$CONFIG" "$@")}
 
 if [[ "${SKIP_DOCTOR:-0}" != 1 ]]; then
     sets=()

@@ -123,6 +123,9 @@ def test_train_sh_runs_doctor_then_torchrun_with_the_config_gpu_count():
         f"+ {py} -m torch.distributed.run --standalone --nproc_per_node 8 -m vlgrpo.cli train "
         "configs/qwen2_5_vl_7b_zero3_8xa100.yaml train.lr=2e-6",
     ]
+    split = ("rollout.placement=split", "rollout.vllm.rollout_gpus=4", "grpo.dynamic_sampling=false")
+    rc, err = _script("train.sh", "configs/qwen2_5_vl_7b_zero3_8xa100.yaml", *split, SKIP_DOCTOR="1")
+    assert rc == 0 and "--nproc_per_node 4 " in err  # 4 + 4: the other 4 GPUs run the ranks' vLLM workers
     rc, err = _script("train.sh", "configs/qwen2_vl_2b_lora_1gpu.yaml", SKIP_DOCTOR="1")
     assert rc == 0 and err.splitlines() == [f"+ {py} -m vlgrpo.cli train configs/qwen2_vl_2b_lora_1gpu.yaml"]
     rc, err = _script("train.sh", "configs/tiny_grpo.yaml", "train.lrr=1")

@@ -198,7 +198,6 @@ def test_suggestions_when_it_does_not_fit():
     assert {"model.gradient_checkpointing=true", "train.micro_batch_completions=4",
             "train.backend=lora train.lora.rank=16", "train.backend=zero3",
             "train.backend=zero3 train.zero3.offload_optimizer=true"} == set(changes)
-    assert {s["status"] for s in out} == {"runs"}
     assert changes["train.backend=lora train.lora.rank=16"]["peak_bytes"] < plan(inp)["per_gpu"]["total"]
     assert any(s["fits"] for s in out)
     assert suggestions(replace(inp, lora_rank=16, gradient_checkpointing=True), "A100-80GB") == []
@@ -217,7 +216,7 @@ def test_greedy_combination_when_no_single_change_fits():
     # ZeRO-3 shards the 147 GB of bf16 weights; the optimiser goes to the CPU; checkpointing cuts activations
     assert set(combo["overrides"]) == {"train.backend=zero3", "model.gradient_checkpointing=true",
                                        "train.zero3.offload_optimizer=true"}
-    assert combo["change"] == " ".join(combo["overrides"]) and combo["status"] == "runs"
+    assert combo["change"] == " ".join(combo["overrides"])
 
 
 def test_bad_inputs_are_named():

@@ -1,4 +1,4 @@
-"""Every change `vlgrpo plan` can suggest is one the trainer runs, or is labelled planned.
+"""Every change `vlgrpo plan` can suggest is one the trainer runs.
 
 The suggestions are enumerated over a grid of run configs (backend x engine x GPUs x beta x checkpointing x
 micro-batch x ZeRO-3 offload): each suggested override must pass config validation, name a backend the trainer
@@ -15,7 +15,7 @@ from vlgrpo.config.schema import CHOICES
 from vlgrpo.memory import GPU_TYPES, PlanInput, plan, suggestions
 from vlgrpo.memory.planner import peak_on
 from vlgrpo.memory.report import plan_input_from_config
-from vlgrpo.memory.suggest import PLANNED, RUNS, candidates, merge_overrides, not_run_by_trainer, status
+from vlgrpo.memory.suggest import candidates, merge_overrides, not_run_by_trainer
 
 MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
 BIG = "Qwen/Qwen2.5-VL-72B-Instruct"
@@ -49,16 +49,13 @@ def _peak_on_a100(cfg) -> int:
     return peak_on(inp, plan(inp)["per_gpu"], GPU_TYPES["A100-80GB"])[0]
 
 
-def test_every_single_change_runs_or_is_labelled_planned():
+def test_every_single_change_runs():
     seen = set()
     for base in _grid():
         inp = plan_input_from_config(load_config(None, base))
         assert not_run_by_trainer(inp) == []  # a run config is something the trainer runs
         for overrides, alt in candidates(inp):
             seen.add(tuple(o.split("=")[0] for o in overrides))
-            if status(overrides) == PLANNED:
-                assert "rollout.placement=split" in overrides and "split" in not_run_by_trainer(alt)[0]
-                continue
             _check_runs(base, overrides, alt)
     # the grid reached every kind of suggestion the planner has
     assert seen == {("model.gradient_checkpointing",), ("train.micro_batch_completions",), ("train.backend",),
@@ -74,22 +71,32 @@ def test_printed_suggestions_and_the_greedy_combination_run(backend):
     inp = plan_input_from_config(load_config(None, base))
     out = suggestions(inp, "A100-80GB")
     assert not any(s["fits"] for s in out[:-1]) and out[-1]["fits"]  # the last entry: a combination that fits
-    assert {s["status"] for s in out} <= {RUNS, PLANNED}
-    for s in out:
-        if s["status"] == RUNS:
-            # the priced input of a suggestion: apply its overrides and plan again
-            cfg = load_config(None, base + s["overrides"])
-            assert s["peak_bytes"] == _peak_on_a100(cfg)
-    combo = out[-1]
-    assert combo["status"] == RUNS and "rollout.placement=split" not in combo["overrides"]
+    for s in out:  # the priced input of a suggestion: apply its overrides and plan again
+        cfg = load_config(None, base + s["overrides"])
+        assert s["peak_bytes"] == _peak_on_a100(cfg)
+    # vLLM over 8 GPUs: a split would need tensor parallelism in each rank's worker, which the trainer does not run
+    assert not any("rollout.placement=split" in s["overrides"] for s in out)
 
 
-def test_split_placement_is_printed_as_planned(capsys):
-    argv = ["plan", "--model", BIG, "--gpus", "8", "--set", "rollout.engine=vllm"]
-    assert main(argv) == 0
+def test_split_placement_is_suggested_as_the_trainer_runs_it(capsys):
+    """One vLLM GPU per training rank (4 + 4 on 8 GPUs), the layout the split rollout runs, without a note."""
+    assert main(["plan", "--model", BIG, "--gpus", "8", "--set", "rollout.engine=vllm"]) == 0
     table = capsys.readouterr().out
     split = [line for line in table.splitlines() if "rollout.placement=split" in line]
-    assert split and all(line.endswith(f"[{PLANNED}]") for line in split)
+    assert split[0].endswith("  rollout.placement=split rollout.vllm.rollout_gpus=4")  # alone, then in the combination
+    assert split[-1].endswith(" rollout.placement=split rollout.vllm.rollout_gpus=4")
+    assert "note:" not in table and "planned" not in table
+
+
+def test_a_split_the_trainer_does_not_run_is_labelled(capsys):
+    argv = ["plan", "--model", MODEL, "--gpus", "8", "--set", "rollout.engine=vllm", "--set",
+            "rollout.placement=split", "--set", "rollout.vllm.rollout_gpus=2"]
+    assert main(argv) == 0
+    assert ("note: rollout.placement=split with 2 vLLM GPU(s) for 6 training GPU(s) is planned for comparison"
+            in capsys.readouterr().out)
+    runs = load_config(None, [f"model.name_or_path={MODEL}", "train.num_gpus=8", "rollout.engine=vllm",
+                              "rollout.placement=split", "rollout.vllm.rollout_gpus=4"])
+    assert not_run_by_trainer(plan_input_from_config(runs)) == []
 
 
 def test_comparison_only_inputs_are_labelled(capsys):

@@ -51,6 +51,7 @@ def main(config_path: str, out_dir: str, *overrides: str) -> None:
     copy = load_model(cfg.model.name_or_path).model  # before build_state: not partitioned
     state = build_state(cfg, progress=False)
     state.engine, state.engine_needs_weights = OwnWeightsEngine(copy, state), True
+    state.engine_logprobs_differ = True  # as vLLM's: the trainer measures the gap and weights the loss
     history = Trainer(state).train()
     with open(f"{out_dir}/rank{torch.distributed.get_rank()}.json", "w") as f:
         json.dump({"history": history}, f)

@@ -14,14 +14,16 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from vlgrpo.config import ConfigError, save_config
 from vlgrpo.trainer.loop import Trainer
-from vlgrpo.trainer.state import build_state
+from vlgrpo.trainer.state import _rollout_gpu, build_state
 
 from test_distributed import _config, _torchrun
 from trainer_helpers import tiny_config, write_reward_module
 
+VLLM_SPLIT = ("rollout.placement=split", "rollout.engine=vllm", "train.num_gpus=2", "rollout.vllm.rollout_gpus=1")
 KEYS = ("train/loss", "reward/total", "grpo/kl", "grpo/entropy", "train/grad_norm", "grpo/response_length")
 
 
@@ -106,10 +108,34 @@ def test_the_rollout_worker_exits_when_its_trainer_is_killed(tmp_path, tiny_mode
     (["rollout.placement=split", "grpo.num_iterations=2"], "does not run with grpo.num_iterations > 1"),
     (["rollout.placement=split", "train.stage=sft"], "does not run with train.stage=sft"),
     (["rollout.placement=split", "rollout.max_staleness=-1"], "must be >= 0"),
+    ([*VLLM_SPLIT, "grpo.dynamic_sampling=true"], "does not run with grpo.dynamic_sampling"),
+    ([*VLLM_SPLIT, "rollout.vllm.tensor_parallel_size=2"], "does not run with rollout.vllm.tensor_parallel_size=2"),
+    ([*VLLM_SPLIT, "rollout.top_p=0.9"], "renormalised over the kept tokens"),  # max_staleness: 1 by default
+    ([*VLLM_SPLIT, "rollout.vllm.rollout_gpus=0"], "needs rollout.vllm.rollout_gpus >= 1"),
+    ([*VLLM_SPLIT, "rollout.vllm.rollout_gpus=2"], "must leave training GPUs out of train.num_gpus"),
 ])  # fmt: skip
 def test_split_configs_that_cannot_run_are_named(tmp_path, tiny_model_dir, shapes_dir, overrides, message):
     with pytest.raises(ConfigError, match=message):
         tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", *overrides)
+
+
+@pytest.mark.parametrize("engine, visible, expected", [("vllm", "6,7,2,3", "3"), ("vllm", None, "3"),
+                                                       ("hf", None, None)])  # fmt: skip
+def test_each_ranks_vllm_worker_gets_its_own_gpu(tmp_path, tiny_model_dir, shapes_dir, monkeypatch, engine, visible,
+                                                 expected):  # fmt: skip
+    """Rank 1 of 2 on a 4-GPU node: it trains on cuda:1, its worker runs vLLM on the 4th GPU the trainer sees (the
+    hf engine's worker stays on the CPU)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path, "rollout.placement=split", f"rollout.engine={engine}",
+                      "train.num_gpus=4", "rollout.vllm.rollout_gpus=2")  # fmt: skip
+    assert _rollout_gpu(cfg) == expected
 
 
 def test_a_resumed_split_run_with_staleness_0_equals_an_uninterrupted_one(tmp_path, tiny_model_dir, shapes_dir):

@@ -1,10 +1,12 @@
 """`vlgrpo train ... rollout.engine=vllm` end to end on vLLM's CPU build (`make test-vllm`): 3 GRPO steps with the
 plain and the LoRA backend, weights synced into the engine after every step through the trainer's own code, and the
-engine's log-probs within 1e-3 of the trainer's at every step (`rollout/logprob_abs_diff_max` in metrics.jsonl)."""
+engine's log-probs within 1e-3 of the trainer's at every step (`rollout/logprob_abs_diff_max` in metrics.jsonl). With
+rollout.placement=split the engine runs in each rank's rollout worker, which gets every version's weights."""
 
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,22 +20,32 @@ pytest.importorskip("vllm", reason="vLLM runs in its own environment: make test-
 
 VLLM = ["rollout.engine=vllm", "rollout.vllm.enable_sleep_mode=false", "data.max_prompt_length=256",
         "rollout.vllm.engine_kwargs={'enforce_eager': True, 'block_size': 32}"]  # fmt: skip
+PLAIN = ["train.backend=plain", "train.lr=1e-2"]
+SPLIT = ["rollout.placement=split", "train.num_gpus=2", "rollout.vllm.rollout_gpus=1"]
+KEYS = ("train/loss", "reward/total", "grpo/entropy", "train/grad_norm", "grpo/response_length")
+
+
+def _train(out: Path, tiny_model_dir, shapes_dir, *overrides: str) -> list[dict]:
+    """`vlgrpo train` for 3 steps in a process of its own (vLLM runs in it, or in its rollout worker) -> metrics."""
+    out.mkdir(exist_ok=True)
+    spec = write_reward_module(out)
+    cfg = tiny_config(tiny_model_dir(), shapes_dir, out / "run", f"reward.recipe={{'{spec}': 1.0}}", "train.steps=3",
+                      "model.freeze_merger=false", *VLLM, *overrides)  # fmt: skip
+    save_config(cfg, out / "cfg.yaml")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run([sys.executable, "-m", "vlgrpo.cli", "train", str(out / "cfg.yaml")], env=env,
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = read_metrics(out / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    return rows
 
 
 @pytest.mark.parametrize("backend", ["plain", "lora"])
 def test_three_grpo_steps_on_vllm_keep_the_engine_on_the_trainers_policy(backend, tmp_path, tiny_model_dir,
                                                                          shapes_dir):  # fmt: skip
-    spec = write_reward_module(tmp_path)
-    extra = ["train.lora.rank=4", "train.lr=5e-2"] if backend == "lora" else ["train.lr=1e-2"]
-    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", f"reward.recipe={{'{spec}': 1.0}}",
-                      f"train.backend={backend}", "train.steps=3", "model.freeze_merger=false", *VLLM, *extra)
-    save_config(cfg, tmp_path / "cfg.yaml")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, "-m", "vlgrpo.cli", "train", str(tmp_path / "cfg.yaml")], env=env,
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    rows = read_metrics(tmp_path / "run")
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    lora = ["train.backend=lora", "train.lora.rank=4", "train.lr=5e-2"]
+    rows = _train(tmp_path, tiny_model_dir, shapes_dir, *(PLAIN if backend == "plain" else lora))
     for r in rows:
         print(f"[{backend}] step {r['step']}: logprob_abs_diff max {r['rollout/logprob_abs_diff_max']:.2e}, "
               f"is_mean {r['grpo/is_mean']:.6f}, loss {r['train/loss']:.4f}")
@@ -42,3 +54,23 @@ def test_three_grpo_steps_on_vllm_keep_the_engine_on_the_trainers_policy(backend
         assert abs(r["grpo/is_mean"] - 1.0) < 1e-3 and r["grpo/is_clipped_frac"] == 0.0  # sequence_mask, cap 3
     # the policy moved (the sync carried real changes) and the engine sampled from it: step 3 ran on version 2
     assert rows[0]["train/grad_norm"] > 0 and rows[-1]["rollout/prefix_cache_hit_tokens"] > 0
+
+
+def test_split_vllm_with_staleness_0_reproduces_the_colocated_run(tmp_path, tiny_model_dir, shapes_dir):
+    """The worker's vLLM samples each step with the weights of the step before, as the colocated engine does: the
+    same tokens, hence exactly the same rewards, losses and gradients, the rollout IS weights included (the trainer
+    measures the engine's log-prob gap on a fresh split group as on a colocated one)."""
+    colocated = _train(tmp_path / "colocated", tiny_model_dir, shapes_dir, *PLAIN)
+    split = _train(tmp_path / "split", tiny_model_dir, shapes_dir, *PLAIN, *SPLIT, "rollout.max_staleness=0")
+    gap = ("rollout/logprob_abs_diff", "rollout/logprob_abs_diff_max", "grpo/is_mean")
+    assert all(0 < r["rollout/logprob_abs_diff_max"] < 1e-3 for r in split)  # the gap is measured, and small
+    for a, b in zip(colocated, split, strict=True):
+        assert {k: a[k] for k in (*KEYS, *gap)} == {k: b[k] for k in (*KEYS, *gap)}, a["step"]
+        assert b["rollout/staleness"] == 0.0 and b["rollout/weight_syncs"] == 1.0  # the sync before its sampling
+    assert split[0]["rollout/params_pushed"] == 0 and split[1]["rollout/params_pushed"] > 0  # v0: the checkpoint
+
+
+def test_split_vllm_with_staleness_1_samples_one_version_behind(tmp_path, tiny_model_dir, shapes_dir):
+    rows = _train(tmp_path, tiny_model_dir, shapes_dir, *PLAIN, *SPLIT, "rollout.max_staleness=1")
+    assert [r["rollout/staleness"] for r in rows] == [0.0, 1.0, 1.0]  # step 1 on version 0, then one version back
+    assert all(r["train/loss"] == r["train/loss"] and r["rollout/completions"] == 8 for r in rows)

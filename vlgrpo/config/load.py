@@ -278,13 +278,6 @@ def validate(cfg: Config) -> None:
             "the trainer's model itself: use auto or none"
         )
     _check_placement(cfg)
-    if r.engine == "vllm" and r.placement == "split" and r.vllm.rollout_gpus < 1:
-        raise ConfigError("rollout.placement=split needs rollout.vllm.rollout_gpus >= 1 (GPUs reserved for vLLM)")
-    if r.placement == "split" and r.vllm.rollout_gpus >= t.num_gpus and r.engine == "vllm":
-        raise ConfigError(
-            f"rollout.vllm.rollout_gpus ({r.vllm.rollout_gpus}) must leave training GPUs out of "
-            f"train.num_gpus ({t.num_gpus})"
-        )
     if cfg.model.freeze_vision and cfg.model.freeze_merger and cfg.model.freeze_language and t.backend != "lora":
         raise ConfigError("model.freeze_vision, freeze_merger and freeze_language are all true: nothing would train")
     bad = [s for s in cfg.eval.suites if s not in EVAL_SUITES]
@@ -307,14 +300,26 @@ def _check_placement(cfg: Config) -> None:
     if r.placement == "colocate" and r.max_staleness:
         raise ConfigError(f"rollout.max_staleness={r.max_staleness} needs rollout.placement=split: a colocated "
                           "engine samples with the trainer's current weights, so its groups are never stale")  # fmt: skip
-    if r.placement != "split" or r.engine != "hf":  # vLLM on GPUs of its own: planned (`vlgrpo plan` models it)
+    if r.placement != "split":
         return
+    tp = r.vllm.tensor_parallel_size
     why = [(t.stage == "sft", "train.stage=sft samples nothing"),
            (g.dynamic_sampling, "grpo.dynamic_sampling (its top-up rounds sample on demand, not ahead)"),
-           (g.num_iterations > 1, "grpo.num_iterations > 1 (the stale behaviour log-probs are the ratio's base)")]  # fmt: skip
+           (g.num_iterations > 1, "grpo.num_iterations > 1 (the stale behaviour log-probs are the ratio's base)"),
+           (r.engine == "vllm" and tp != 1, f"rollout.vllm.tensor_parallel_size={tp} (each training rank's worker "
+            "runs one vLLM engine on one GPU; a daemon process, it cannot start tensor-parallel workers)"),
+           (r.engine == "vllm" and (r.top_p < 1 or r.top_k > 0) and r.max_staleness != 0 and not g.decoupled,
+            "rollout.top_p < 1 or rollout.top_k > 0 and stale vLLM groups: vLLM's log-probs are renormalised "
+            "over the kept tokens, so they cannot be the ratio's base; set grpo.decoupled=true or "
+            "rollout.max_staleness=0")]  # fmt: skip
     for bad, reason in why:
         if bad:
             raise ConfigError(f"rollout.placement=split does not run with {reason}")
+    if r.engine == "vllm" and r.vllm.rollout_gpus < 1:
+        raise ConfigError("rollout.placement=split needs rollout.vllm.rollout_gpus >= 1 (GPUs reserved for vLLM)")
+    if r.engine == "vllm" and r.vllm.rollout_gpus >= t.num_gpus:
+        raise ConfigError(f"rollout.vllm.rollout_gpus ({r.vllm.rollout_gpus}) must leave training GPUs out of "
+                          f"train.num_gpus ({t.num_gpus})")  # fmt: skip
 
 
 def field_docs(cls: type) -> dict[str, str]:

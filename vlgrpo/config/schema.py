@@ -72,9 +72,10 @@ class VLLMConfig:
     gpu_memory_utilization: float = 0.5
     """Fraction of each rollout GPU that vLLM may take (weights + KV cache)."""
     tensor_parallel_size: int = 1
-    """GPUs per vLLM engine."""
+    """GPUs per vLLM engine (1 with rollout.placement=split)."""
     rollout_gpus: int = 0
-    """With rollout.placement=split: how many of the node's GPUs run vLLM; the rest train."""
+    """With rollout.placement=split: how many of the node's GPUs run vLLM, one per training rank (the node's first
+    GPUs train, rank k on GPU k; rank k's rollout worker takes the (training ranks + k)-th GPU)."""
     enable_sleep_mode: bool = True
     """With rollout.placement=colocate: free vLLM memory while the trainer updates."""
     mm_input: str = "embeds"
@@ -89,7 +90,8 @@ class RolloutConfig:
     """Generation backend: hf (transformers, runs anywhere) or vllm (GPU)."""
     placement: str = "colocate"
     """colocate (the engine shares the trainer's devices and waits for its update) or split (the engine samples the
-    next batches in a process of its own while the trainer updates; formerly rollout.vllm.placement)."""
+    next batches in a worker process of each training rank while the trainer updates; vLLM there runs on a GPU of its
+    own, see rollout.vllm.rollout_gpus; formerly rollout.vllm.placement)."""
     max_staleness: int | None = None
     """How many policy versions a group may be behind the weights it is trained with (null: 0 when colocated, 1
     with placement=split). The worker waits rather than sample further ahead; nothing is dropped."""

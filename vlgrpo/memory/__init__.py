@@ -1,7 +1,7 @@
 """★ Per-GPU memory planner for GRPO runs on Qwen-VL models (pure arithmetic; no torch needed to plan).
 
 `specs` counts parameters of a model, `planner` turns a `PlanInput` into per-GPU bytes and verdicts, `suggest`
-lists config changes that make it fit (only what the trainer runs, or labelled planned), `report` maps a run config
+lists config changes that make it fit (only what the trainer runs), `report` maps a run config
 onto a `PlanInput` and renders `vlgrpo plan`. Formulas: docs/memory.md.
 """
 

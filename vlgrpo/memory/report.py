@@ -12,7 +12,7 @@ from typing import Any
 from vlgrpo.config import Config
 from vlgrpo.memory.planner import DTYPE_BYTES, GB, OFFLOAD_TARGETS, PlanInput, plan, trainer_optimizer_states, verdicts
 from vlgrpo.memory.specs import ModelSpec, PlanError, resolve_model
-from vlgrpo.memory.suggest import PLANNED, not_run_by_trainer, suggestions
+from vlgrpo.memory.suggest import not_run_by_trainer, suggestions
 
 
 def image_tokens_for(width: int, height: int, min_pixels: int | None, max_pixels: int | None,
@@ -127,7 +127,7 @@ def format_report(report: dict[str, Any]) -> str:
     if report["suggestions"]:
         lines += ["", f"suggestions (to fit {report['suggestions'][0]['gpu_type']}):"]
         lines += [f"  peak {_gb(s['peak_bytes'])} GB  {'fits ' if s['fits'] else 'over '}  {s['change']}"
-                  + (f"  [{PLANNED}]" if s["status"] == PLANNED else "") for s in report["suggestions"]]
+                  for s in report["suggestions"]]
     lines += ["", "conventions:"] + [f"  {k}: {v}" for k, v in report["conventions"].items()]
     return "\n".join(lines)
 

@@ -1,8 +1,7 @@
 """Suggestions of `vlgrpo plan`: single config changes that lower the per-GPU peak, then a greedy combination.
 
-Every suggestion is a list of `key=value` config overrides that the trainer runs (applied to the run config they give
-exactly the input that was planned), or carries the status PLANNED: a config value the schema names but the trainer
-does not run yet. Pure arithmetic on `PlanInput`s, like the planner; no torch, no config tree.
+Every suggestion is a list of `key=value` config overrides that the trainer runs: applied to the run config they give
+exactly the input that was planned. Pure arithmetic on `PlanInput`s, like the planner; no torch, no config tree.
 """
 
 from __future__ import annotations
@@ -13,17 +12,7 @@ from typing import Any
 from vlgrpo.memory.planner import GPU_TYPES, PlanInput, peak_on, plan, train_gpus, trainer_optimizer_states
 from vlgrpo.memory.specs import PlanError
 
-RUNS = "runs"
-PLANNED = "planned (not yet implemented)"
-PLANNED_OVERRIDES = frozenset({"rollout.placement=split"})
-"""Overrides the config accepts but the trainer does not run yet (split placement: vLLM on GPUs of its own)."""
-
 Candidate = tuple[tuple[str, ...], PlanInput]
-
-
-def status(overrides: tuple[str, ...] | list[str]) -> str:
-    """RUNS, or PLANNED when any override names something the trainer does not run yet."""
-    return PLANNED if PLANNED_OVERRIDES & set(overrides) else RUNS
 
 
 def not_run_by_trainer(inp: PlanInput) -> list[str]:
@@ -38,8 +27,10 @@ def not_run_by_trainer(inp: PlanInput) -> list[str]:
     if inp.offload & no_offload:
         notes.append(f"--offload {','.join(sorted(inp.offload & no_offload))} is planned for comparison: the trainer "
                      "offloads only with train.backend=zero3 (train.zero3.offload_optimizer / offload_param)")
-    if inp.engine == "vllm" and inp.vllm_placement == "split":
-        notes.append(f"rollout.placement=split is {PLANNED}: the trainer colocates vLLM with training")
+    if inp.engine == "vllm" and inp.vllm_placement == "split" and inp.rollout_gpus != train_gpus(inp):
+        notes.append(f"rollout.placement=split with {inp.rollout_gpus} vLLM GPU(s) for {train_gpus(inp)} training "
+                     "GPU(s) is planned for comparison: the trainer runs one vLLM engine per training rank, on a GPU "
+                     "of its own (rollout.vllm.rollout_gpus = half of train.num_gpus)")
     return notes
 
 
@@ -68,8 +59,8 @@ def candidates(inp: PlanInput) -> list[Candidate]:
         c.append((("train.zero3.offload_optimizer=true",), rep(inp, offload=inp.offload | {"optimizer"})))
     if inp.zero_stage == 3 and "param" not in inp.offload:
         c.append((("train.zero3.offload_param=true",), rep(inp, offload=inp.offload | {"param"})))
-    if inp.engine == "vllm" and inp.vllm_placement == "colocate" and inp.num_gpus >= 2:
-        r = max(1, inp.num_gpus // 4)
+    if inp.engine == "vllm" and inp.vllm_placement == "colocate" and inp.num_gpus % 2 == 0 and inp.tensor_parallel == 1:
+        r = inp.num_gpus // 2  # the split the trainer runs: one vLLM GPU (one engine) per training rank
         c.append((("rollout.placement=split", f"rollout.vllm.rollout_gpus={r}"),
                   rep(inp, vllm_placement="split", rollout_gpus=r)))
     return c
@@ -93,12 +84,12 @@ def merge_overrides(steps: list[tuple[str, ...]]) -> tuple[str, ...]:
 
 def _entry(overrides: tuple[str, ...], peak: int, cap: int, gpu_type: str) -> dict[str, Any]:
     return {"change": " ".join(overrides) or "nothing helps enough", "overrides": list(overrides),
-            "status": status(overrides), "peak_bytes": peak, "fits": peak <= cap, "gpu_type": gpu_type}
+            "peak_bytes": peak, "fits": peak <= cap, "gpu_type": gpu_type}
 
 
 def suggestions(inp: PlanInput, gpu_type: str) -> list[dict[str, Any]]:
-    """When the plan does not fit `gpu_type`: each single change with its new peak, then (when no single change that
-    the trainer runs fits) a greedy combination of runnable changes, each time the one that lowers the peak most."""
+    """When the plan does not fit `gpu_type`: each single change with its new peak, then (when none of them fits) a
+    greedy combination of changes, each time the one that lowers the peak most."""
     if gpu_type not in GPU_TYPES:
         raise PlanError(f"GPU type {gpu_type!r}; accepted: {', '.join(GPU_TYPES)}")
     cap = GPU_TYPES[gpu_type]
@@ -110,12 +101,12 @@ def suggestions(inp: PlanInput, gpu_type: str) -> list[dict[str, Any]]:
     if peak(inp) <= cap:
         return []
     out = [_entry(overrides, peak(alt), cap, gpu_type) for overrides, alt in candidates(inp)]
-    if any(o["fits"] and o["status"] == RUNS for o in out):
+    if any(o["fits"] for o in out):
         return out
     steps: list[tuple[str, ...]] = []
     current = inp
     while peak(current) > cap:
-        options = [(peak(alt), o, alt) for o, alt in candidates(current) if status(o) == RUNS]
+        options = [(peak(alt), o, alt) for o, alt in candidates(current)]
         best = min(options, key=lambda o: o[0], default=None)
         if best is None or best[0] >= peak(current):
             break

@@ -11,12 +11,15 @@ nothing is dropped; it also checks every request's minimum version. With max_sta
 the weights of the step before: the same weights, prompts and seeds as a colocated run, hence the same completions.
 
 The worker holds its own model copy, engine (`vlgrpo.registry.ENGINE`) and vision cache; a new version invalidates the
-cache when the vision weights changed. Each data-parallel rank starts its own worker and feeds it its own prompts,
-seeds and (full, gathered) weights. Knows nothing of losses, optimisers, ranks or checkpoints.
+cache when the vision weights changed. An engine with weights of its own (vLLM) gets every version too; it runs on a
+GPU of its own when the trainer names one (`worker_gpu`), else on the CPU. Each data-parallel rank starts its own
+worker and feeds it its own prompts, seeds and (full, gathered) weights. Knows nothing of losses, optimisers or
+checkpoints.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import time
 import traceback
@@ -27,6 +30,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import Tensor
 
+from vlgrpo.config import ConfigError
 from vlgrpo.rollout.base import SamplingParams
 from vlgrpo.types import RolloutGroup, Sample
 
@@ -52,7 +56,8 @@ class SplitRollout:
 
     holds_own_weights = True
 
-    def __init__(self, cfg, box_format: str, weights: dict[str, Tensor], max_staleness: int) -> None:
+    def __init__(self, cfg, box_format: str, weights: dict[str, Tensor], max_staleness: int,
+                 gpu: str | None = None) -> None:  # fmt: skip
         ctx = mp.get_context("spawn")
         self.requests, self.results = ctx.Queue(), ctx.Queue()
         self.max_staleness = max_staleness
@@ -60,7 +65,7 @@ class SplitRollout:
         self.pending: dict[int, int] = {}
         """Submitted steps not yet collected -> their required minimum version."""
         self.ready: dict[int, Collected] = {}
-        self.process = ctx.Process(target=_worker_main, args=(cfg, box_format, self.requests, self.results),
+        self.process = ctx.Process(target=_worker_main, args=(cfg, box_format, self.requests, self.results, gpu),
                                    name="vlgrpo-rollout", daemon=True)  # fmt: skip
         self.process.start()
         self.requests.put(("weights", 0, weights))
@@ -123,17 +128,34 @@ class SplitRollout:
 # ---------------------------------------------------------------- the worker process
 
 
-def _worker_main(cfg, box_format: str, requests, results) -> None:
+def worker_gpu(local_rank: int, local_ranks: int, rollout_gpus: int, visible: list[str]) -> str:
+    """The GPU (a CUDA_VISIBLE_DEVICES entry) on which local rank `local_rank`'s worker runs vLLM. The node's first
+    `local_ranks` visible GPUs train (torchrun's rank k on cuda:k), the next `rollout_gpus` run vLLM, one per rank: the
+    split layout `vlgrpo plan` prices (D training GPUs, each vLLM GPU serving B x D / rollout_gpus prompts)."""
+    if rollout_gpus != local_ranks:
+        raise ConfigError(f"rollout.placement=split runs one vLLM engine per training rank, on a GPU of its own: "
+                          f"{local_ranks} training rank(s) on this node need rollout.vllm.rollout_gpus={local_ranks} "
+                          f"(got {rollout_gpus})")  # fmt: skip
+    if len(visible) < local_ranks + rollout_gpus:
+        raise ConfigError(f"{local_ranks} training rank(s) and rollout.vllm.rollout_gpus={rollout_gpus} need "
+                          f"{local_ranks + rollout_gpus} GPUs on this node, {len(visible)} are visible "
+                          f"(CUDA_VISIBLE_DEVICES={','.join(visible)!r})")  # fmt: skip
+    return visible[local_ranks + local_rank]
+
+
+def _worker_main(cfg, box_format: str, requests, results, gpu: str | None) -> None:
+    if gpu is not None:  # before anything in this process initialises CUDA: vLLM and the vision tower see only it
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     try:
-        _serve(cfg, box_format, requests, results)
+        _serve(cfg, box_format, requests, results, "cpu" if gpu is None else "cuda")
     except BaseException:  # noqa: BLE001 - reported to the trainer, which raises it
         results.put(("error", traceback.format_exc()))
 
 
-def _serve(cfg, box_format: str, requests, results) -> None:
+def _serve(cfg, box_format: str, requests, results, device: str) -> None:
     from vlgrpo.models import load_model
     from vlgrpo.registry import ENGINE
-    from vlgrpo.vision_cache import VisionCache
+    from vlgrpo.vision_cache import VisionCache, find_visual
 
     # one thread: the worker shares the CPUs with its trainer (one worker per data-parallel rank), and a spawned
     # process would otherwise take OMP_NUM_THREADS afresh, or every core when it is unset
@@ -141,6 +163,7 @@ def _serve(cfg, box_format: str, requests, results) -> None:
     m = cfg.model
     lm = load_model(m.name_or_path, m.arch, m.dtype, m.attn_implementation, m.min_pixels, m.max_pixels)
     lm.model.eval().requires_grad_(False)
+    find_visual(lm.model).to(device)  # vLLM's GPU, if any: the HF copy encodes images there; its decoder idles (vLLM)
     trainable_vision = not (m.freeze_vision and m.freeze_merger)
     cache = VisionCache(lm.model, lm.processor, cfg.rollout.vision_cache_bytes, trainable=trainable_vision)
     engine = ENGINE.load(cfg.rollout.engine).from_config(cfg, lm, cache, box_format)
@@ -152,25 +175,32 @@ def _serve(cfg, box_format: str, requests, results) -> None:
             return
         if message[0] == "weights":
             _, version, weights = message
-            if weights:  # a subset is fine (a frozen part may be left out); a name the model lacks is a bug
-                unexpected = [k for k in lm.model.load_state_dict(weights, strict=False).unexpected_keys
-                              if k not in buffers]  # non-persistent buffers (rotary inv_freq): not state, same values
-                if unexpected:
-                    raise RuntimeError(f"weights of version {version} hold {len(unexpected)} names the worker's model "
-                                       f"lacks, e.g. {unexpected[:3]}: it would sample with stale weights")  # fmt: skip
+            _load_weights(lm.model, buffers, version, weights)
             cache.set_step(version)  # a trainable tower: features of older weights are dropped (keyed by version)
-            engine.update_weights(None, version)
+            # an engine with weights of its own (vLLM) reloads them in place; the HF engine decodes with the copy
+            engine.update_weights(weights.items() if weights and engine.holds_own_weights else None, version)
             continue
         _, step, samples, params, need = message
         if version < need:  # the trainer sends weights before any request that needs them: a protocol error
             raise RuntimeError(f"step {step} needs weights of version >= {need}, the worker holds {version}")
         idle += time.perf_counter() - idle_since
-        engine.reset_stats()
         with torch.no_grad():
             groups = engine.generate(samples, params)
         stats = {**engine.stats(), "rollout/worker_threads": float(torch.get_num_threads())}
+        engine.reset_stats()  # the next result's counters start here: the weight syncs before it count with it
         results.put(("groups", step, groups, version, stats, idle))
         idle_since, idle = time.perf_counter(), 0.0
+
+
+def _load_weights(model, buffers: set[str], version: int, weights: dict[str, Tensor]) -> None:
+    """Version `version` into the worker's HF copy: the HF engine decodes with it, its vision tower feeds the cache
+    (vLLM's image embeddings included). A subset is fine (a frozen part may be left out); a name the model lacks is
+    a bug, refused before any engine sees it."""
+    unexpected = [k for k in model.load_state_dict(weights, strict=False).unexpected_keys
+                  if k not in buffers]  # non-persistent buffers (rotary inv_freq): not state, same values
+    if unexpected:
+        raise RuntimeError(f"weights of version {version} hold {len(unexpected)} names the worker's model lacks, "
+                           f"e.g. {unexpected[:3]}: it would sample with stale weights")  # fmt: skip
 
 
 def _next_request(requests) -> tuple:

@@ -13,11 +13,12 @@ import torch
 
 from vlgrpo import grpo
 from vlgrpo.rewards import score
-from vlgrpo.rollout.inputs import completion_logits, completion_logprobs_and_entropy
+from vlgrpo.rollout.inputs import completion_logprobs_and_entropy
 from vlgrpo.registry import ADVANTAGE, AGGREGATION, RATIO
 from vlgrpo.trainer.batch import TrainBatch, make_batch
 from vlgrpo.trainer.checkpoint import checkpoint_dirs
 from vlgrpo.trainer.metrics import memory_metrics
+from vlgrpo.trainer.offpolicy import OffPolicy
 from vlgrpo.models import eval_mode
 from vlgrpo.trainer.backends import max_over_ranks, no_dropout
 from vlgrpo.trainer.sft import render_target
@@ -65,9 +66,7 @@ class Trainer:
         self.ratio_fn = RATIO.load(g.ratio)
         self.aggregate_fn = AGGREGATION.load(g.aggregation)
         self.step_fn = self.sft_step if state.cfg.train.stage == "sft" else self.grpo_step
-        self.rollout_is = grpo.resolve_rollout_is(g.rollout_is, state.engine_needs_weights and not state.split)
-        if state.split and g.decoupled:  # AReaL's capped behaviour weight: per token, truncated
-            self.rollout_is = "token_truncate" if g.rollout_is == "auto" else g.rollout_is
+        self.off_policy = OffPolicy(state, self._micro_batches)
         self.submitted = state.step
         """Split rollout: the last training step whose prompts went to the worker."""
         self.staleness = 0
@@ -89,32 +88,16 @@ class Trainer:
             advantages = advantages.to(state.device)
             batch = self._collate(groups, features)
 
-        # 6. old log-probs when the update is off-policy (num_iterations > 1) or the engine sampled with its own
-        #    copy of the weights (vLLM: its gap to the trainer is measured and corrected by the rollout IS
-        #    weights); reference log-probs only when beta > 0
-        old_logp = ref_logp = is_weights = None
-        correction: dict[str, float] = {}
-        stale = state.split and self.staleness > 0 and batch.engine_logp is not None  # split rollout, older version
-        if stale and cfg.grpo.decoupled:  # 6''. AReaL's decoupled objective: the current policy is the proximal one
-            with timers("old_logprob"):  # (ratio 1 in the single update); behaviour log-probs give capped IS weights
-                _, proximal = self._old_logprobs(batch)
-            is_weights, correction = self._rollout_correction(batch, proximal)
-        elif stale:  # 6'. the behaviour policy's log-probs are the ratio's base: the clipped surrogate corrects for
-            old_logp = batch.engine_logp.nan_to_num(0.0)  # the versions behind (no extra pass); NaN only on padding
-        elif cfg.grpo.num_iterations > 1 or (state.engine_needs_weights and not state.split):
-            with timers("old_logprob"):
-                old_logp, behaviour_logp = self._old_logprobs(batch)
-            if state.engine_needs_weights:
-                is_weights, correction = self._rollout_correction(batch, behaviour_logp)
-            if cfg.grpo.num_iterations == 1:
-                old_logp = None  # on-policy: ratio exactly 1 (the trainer's own pass, not its re-run, is the base)
+        # 6. the ratio's base and the rollout IS weights (trainer/offpolicy.py): nothing when on-policy
+        correction = self.off_policy(batch, self.staleness)
+        ref_logp = None
         if cfg.grpo.beta > 0:
             with timers("ref_logprob"), state.backend.reference() as ref_model:
                 ref_logp = self._logprobs(ref_model, batch, self._reference_features(ref_model, batch))
 
         # 7. update: num_iterations passes over micro-batches; token-mean normalises by the whole batch
         with timers("update"):
-            update = self._update(batch, advantages, old_logp, ref_logp, is_weights)
+            update = self._update(batch, advantages, correction.old_logp, ref_logp, correction.is_weights)
 
         # 8. sync the rollout engine (a version bump for the HF engine sharing the model)
         state.step += 1
@@ -124,7 +107,7 @@ class Trainer:
             state.engine.update_weights(weights, state.step)
         lengths = batch.batch.completion_mask.sum(1).float()  # [R]
         return {
-            **scored.metrics, **update, **correction,
+            **scored.metrics, **update, **correction.metrics,
             **{f"grpo/{k}": v for k, v in adv_stats.items()},
             "grpo/response_length": float(lengths.mean()),
             "grpo/dropped_groups": float(scored.dropped_groups),
@@ -258,37 +241,6 @@ class Trainer:
             for _, part, feats in self._micro_batches(batch, features):
                 out.append(completion_logprobs_and_entropy(model, part, feats, state.forbidden, state.temperature)[0])
         return torch.cat(out)  # [R, C]
-
-    @torch.no_grad()
-    def _old_logprobs(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(old log-probs [R, C] over the full vocabulary, for the policy ratio; the same tokens under the engine's
-        sampling distribution — top-k / top-p replayed, as vLLM reports them — for the engine comparison), one
-        forward per micro-batch."""
-        state, r = self.state, self.state.cfg.rollout
-        full, behaviour = [], []
-        with eval_mode(state.backend.model):
-            for _, part, feats in self._micro_batches(batch):
-                logits = completion_logits(state.backend.model, part, feats)  # [r, C, V]
-                full.append(grpo.token_logprobs(logits, part.completion_ids, temperature=state.temperature,
-                                                forbidden=state.forbidden)[0])  # fmt: skip
-                behaviour.append(grpo.truncated_token_logprobs(
-                    logits, part.completion_ids, temperature=state.temperature, forbidden=state.forbidden,
-                    top_k=r.top_k, top_p=r.top_p))  # fmt: skip
-        return torch.cat(full), torch.cat(behaviour)
-
-    def _rollout_correction(self, batch: TrainBatch, behaviour_logp: torch.Tensor):
-        """The engine/trainer log-prob gap of this step's samples (`rollout/logprob_abs_diff*`) and the rollout IS
-        weights [R, C] (None with grpo.rollout_is=none) with their stats (`grpo/is_*`)."""
-        g = self.state.cfg.grpo
-        if batch.engine_logp is None:
-            return None, {}
-        mean, worst = grpo.logprob_gap(behaviour_logp, batch.engine_logp, batch.loss_mask)
-        metrics = {"rollout/logprob_abs_diff": mean, "rollout/logprob_abs_diff_max": worst}
-        if self.rollout_is == "none":
-            return None, metrics
-        weights, stats = grpo.rollout_is_weights(behaviour_logp, batch.engine_logp, batch.loss_mask,
-                                                 self.rollout_is, g.rollout_is_cap, g.rollout_is_sequence)  # fmt: skip
-        return weights, {**metrics, **{f"grpo/{k}": float(v) for k, v in stats.items()}}
 
     def _update(self, batch: TrainBatch, advantages, old_logp, ref_logp, is_weights=None) -> dict[str, float]:
         state, g = self.state, self.state.cfg.grpo

@@ -31,7 +31,7 @@ from vlgrpo.rewards import check_recipe, context_from_config
 from vlgrpo.rewards.context import RewardContext
 from vlgrpo.rollout.base import RolloutEngine, SamplingParams
 from vlgrpo.rollout.inputs import PromptInputs, build_prompt, forbidden_mask
-from vlgrpo.rollout.split import SplitRollout
+from vlgrpo.rollout.split import SplitRollout, worker_gpu
 from vlgrpo.trainer import checkpoint
 from vlgrpo.trainer.backends import Backend, make_backend, max_over_ranks
 from vlgrpo.trainer.metrics import MetricsLogger, Timers
@@ -59,7 +59,11 @@ class RunState:
     geometry: ProcessorGeometry
     sampling: SamplingParams
     engine_needs_weights: bool = False
-    """True when the engine holds its own copy of the weights (vLLM); the HF engine shares the trainer's model."""
+    """True when the engine holds its own copy of the weights (vLLM, or any engine in a split worker); the colocated
+    HF engine shares the trainer's model."""
+    engine_logprobs_differ: bool = False
+    """True when another implementation than the trainer's forward samples (vLLM, colocated or in a split worker):
+    its log-probs differ from the trainer's by numerics, which the rollout IS weights measure and correct."""
     evaluator: Callable[[RunState], dict[str, float]] | None = None
     ref_cache: VisionCache | None = None
     """Features of the reference policy's own vision tower (only when the policy's tower trains)."""
@@ -204,13 +208,21 @@ def _engine(cfg: Config, lm: LoadedModel, cache: VisionCache, box_format: str):
 
 
 def _split_rollout(cfg: Config, box_format: str) -> SplitRollout:
-    if cfg.rollout.engine != "hf":
-        raise ConfigError("rollout.placement=split runs the hf engine in a worker process here; vLLM on rollout GPUs "
-                          "of its own is planned (docs/scaling-out.md): use rollout.engine=hf or placement=colocate")  # fmt: skip
     # One worker per rank: it samples this rank's prompts (its data shard, its seeds) and gets this rank's full weights
     # (ZeRO-3 gathers them, every rank alike). Version 0 is the checkpoint both sides load; a resumed run sends its
     # weights right after (checkpoint.resume)
-    return SplitRollout(cfg, box_format, {}, staleness(cfg))
+    return SplitRollout(cfg, box_format, {}, staleness(cfg), _rollout_gpu(cfg))
+
+
+def _rollout_gpu(cfg: Config) -> str | None:
+    """The GPU on which this rank's worker runs vLLM (`rollout.split.worker_gpu`); None keeps the worker on the CPU:
+    the hf engine (its worker decodes on the CPU), or a machine without CUDA."""
+    if cfg.rollout.engine != "vllm" or not torch.cuda.is_available():
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpus = [g.strip() for g in visible.split(",")] if visible else [str(i) for i in range(torch.cuda.device_count())]
+    local, ranks = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return worker_gpu(local, ranks, cfg.rollout.vllm.rollout_gpus, gpus)
 
 
 def staleness(cfg: Config) -> int:
@@ -340,5 +352,7 @@ def _build(cfg: Config, run: Path, device: str, progress: bool | None, for_expor
         cfg=cfg, run_dir=run, lm=lm, backend=backend, cache=cache, engine=engine,
         data=SampleStream(loaded.samples[rank::world], cfg.train.seed, cfg.data.shuffle), logger=logger,
         reward_ctx=reward_ctx, recipe=dict(cfg.reward.recipe), geometry=geometry, sampling=sampling,
-        engine_needs_weights=needs_weights, skipped=loaded.errors, data_source=loaded.source,
+        engine_needs_weights=needs_weights, skipped=loaded.errors,
+        engine_logprobs_differ=engine is not None and ENGINE.load(cfg.rollout.engine).holds_own_weights,
+        data_source=loaded.source,
     )  # fmt: skip
