@@ -1,4 +1,5 @@
-"""Pretrain the tiny Qwen2.5-VL on synthetic shapes captions, so RL starts from a model that already reads images.
+"""Pretrain the tiny Qwen2.5-VL on synthetic shapes captions and instructions, so RL starts from a model that
+already reads images.
 
 One command rebuilds `data/models/<name>/` deterministically (fixed seeds, one thread, fixed scene streams):
 0. init the tiny model (`vlgrpo.models.init_tiny`); stage 0 trains its vision tower alone on dense per-token labels,
@@ -6,9 +7,13 @@ One command rebuilds `data/models/<name>/` deterministically (fixed seeds, one t
    measured to stay unread by the LM for 1,200+ caption steps); then the merger is calibrated on unlabeled scenes,
 1. stage 1 (LLaVA's "alignment"): vision tower frozen, merger + language model learn captions,
 2. stage 2 (LLaVA's "whole model"): the tower joins at a lower learning rate, every rate decays,
-3. evaluate greedy captions on held-out scenes and zero-shot demo-style questions, write the model card.
+3. stage 3 (instructions): tower frozen again, a fresh optimiser; "List the red shapes." / "List the circles."
+   (the shapes' name list, or "none") with the captions mixed in: the question-conditioned lookup the demo needs,
+4. evaluate greedy captions and instructions on held-out scenes and zero-shot demo-style questions, write the model
+   card (scripts/pretrain_card.py).
 
-Two caption tasks alternate step by step: "Detect the shapes." (grounding JSON) and "Name the shapes." (a name list).
+Two caption tasks alternate step by step in stages 1-2: "Detect the shapes." (grounding JSON) and "Name the shapes."
+(a name list).
 
 A caption names every object left to right as Qwen2.5-VL's own grounding output:
 `[{"bbox_2d": [x1, y1, x2, y2], "label": "red circle"}, ...]`, boxes in pixels of the *resized* input.
@@ -16,6 +21,7 @@ Training never sees the demo's question templates or its scenes: see SEED STREAM
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/pretrain_tiny.py            # the shipped model
     OMP_NUM_THREADS=1 .venv/bin/python scripts/pretrain_tiny.py --steps-scale 0.05 --out /tmp/t  # a quick check
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/pretrain_tiny.py --from-stage2 /tmp/saved  # stage 3 on a saved build
     .venv/bin/python scripts/pretrain_tiny.py --card-only     # rewrite README.md from pretrain.json
 """
 
@@ -28,6 +34,7 @@ import math
 import random
 import re
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -44,6 +51,9 @@ from vlgrpo.data.synth import scene_names as names
 from vlgrpo.models import TinySpec, calibrate_merger, count_parameters, init_tiny, load_model
 from vlgrpo.rewards.boxes import from_original_pixels, to_original_pixels
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling pretrain_card.py, also when loaded by path
+from pretrain_card import model_card  # noqa: E402
+
 # SEED STREAMS. The demo draws its scenes from random.Random(seed * 1000 + split) with small seeds (0, 1, 2, ...);
 # ours start at 7e11, out of its reach for any seed below 7e8.
 TRAIN_STREAM = 700_000_000_001  # training scenes, one endless stream read in order
@@ -51,6 +61,8 @@ CAPTION_EVAL_STREAM = 700_000_000_002  # held-out scenes for the caption metrics
 VISION_STREAM = 700_000_000_005  # stage 0 scenes
 CALIBRATION_STREAM = 700_000_000_003  # unlabeled scenes for the merger calibration
 ZERO_SHOT_STREAM = 700_000_000_004  # demo-style questions (synth.make_sample), evaluation only
+INSTRUCT_STREAM = 700_000_000_006  # stage 3 scenes and instructions
+INSTRUCT_EVAL_STREAM = 700_000_000_007  # held-out scenes for the instruction metrics
 
 CAPTION_PROMPT = "Detect the shapes."  # -> grounding JSON, left to right
 NAMES_PROMPT = "Name the shapes."  # -> "blue square, red circle": what is there, in a fixed colour-then-shape order
@@ -70,6 +82,8 @@ class Settings:
     lr2: float = 5e-4  # merger + language model, stage 2 (start of its cosine)
     vision_lr: float = 2e-4  # vision tower, stage 2 (start of its cosine)
     warmup: int = 100
+    stage3_steps: int = 4000  # instructions: tower frozen, a fresh optimiser
+    lr3: float = 1e-3  # merger + language model, stage 3 (start of its cosine)
     single_steps: int = 0  # the first single_steps steps show one shape per scene (a curriculum: what before where)
     names_every: int = 2  # every names_every-th step teaches name lists instead of grounding captions (0: never)
     seed: int = 0
@@ -334,6 +348,16 @@ def learning_rates(step: int, s: Settings) -> tuple[float, float]:
     return s.lr2 * warm * decay, s.vision_lr * warm * decay
 
 
+def fit(model, opt, batch: dict) -> float:
+    """One optimiser step on a batch of rows (`encode`); returns its loss."""
+    loss = model(**batch).loss
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+    opt.step()
+    return loss.item()
+
+
 def train(model, processor, geometry, s: Settings, log: list[dict]) -> dict[str, float]:
     """Both stages over one scene stream; returns the seconds each stage took."""
     groups = parameter_groups(model)
@@ -360,13 +384,9 @@ def train(model, processor, geometry, s: Settings, log: list[dict]) -> dict[str,
             targets = [names(shapes) for _, shapes in scenes]
         else:
             targets = [caption(shapes, s.image_size, geometry) for _, shapes in scenes]
-        loss = model(**encode(processor, [prompts[task]] * s.batch, [img for img, _ in scenes], targets)).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
-        opt.step()
+        loss = fit(model, opt, encode(processor, [prompts[task]] * s.batch, [img for img, _ in scenes], targets))
         seconds[stage] += time.perf_counter() - t
-        losses.setdefault(task, []).append(loss.item())
+        losses.setdefault(task, []).append(loss)
         if (step + 1) % 50 == 0 or step + 1 == total:
             done = step + 1 - (0 if stage == "stage1" else s.stage1_steps)
             means = {f"loss_{k}": round(sum(v) / len(v), 4) for k, v in sorted(losses.items())}
@@ -383,130 +403,102 @@ def train(model, processor, geometry, s: Settings, log: list[dict]) -> dict[str,
     return {k: round(v, 1) for k, v in seconds.items()}
 
 
+# ---------------------------------------------------------------- stage 3: instructions
+
+LIST_TASKS = ("list_colour", "list_shape")
+"""Stage 3's instructions: list the shapes of one colour / of one kind (`none` when there is none). Not the demo's
+templates, but the question-conditioned lookup its counting, colour and existence questions need (measured: SFT on
+the demo's own questions alone, 600 steps of existence questions, reached 0.62 from the caption-only base)."""
+INSTRUCT_MIX = ("boxes", "names", *LIST_TASKS * 3)
+"""One task per stage-3 step, drawn from this list: captions keep 1 step in 4."""
+
+
+def instruct_row(task: str, rng: random.Random, shapes, size: int, geometry: ProcessorGeometry) -> tuple[str, str]:
+    """(prompt text, target) of one stage-3 task on a scene. A list asks for a colour / kind in the scene two times
+    in three, else any (then often absent)."""
+    if task == "boxes":
+        return CAPTION_PROMPT, caption(shapes, size, geometry)
+    if task == "names":
+        return NAMES_PROMPT, names(shapes)
+    attr = "colour" if task == "list_colour" else "shape"
+    value = rng.choice([getattr(x, attr) for x in shapes] + [rng.choice(COLOURS if attr == "colour" else SHAPES)])
+    hits = [x for x in shapes if getattr(x, attr) == value]
+    return (f"List the {value} shapes." if attr == "colour" else f"List the {value}s."), names(hits) if hits else "none"
+
+
+def instruct(model, processor, geometry, s: Settings, log: list[dict]) -> dict[str, float]:
+    """Stage 3 (LLaVA's instruction tuning, on our own templates): the tower frozen, merger + LM from a fresh AdamW
+    at lr3 (warmup, cosine to 10 %), one INSTRUCT_MIX task per step on fresh scenes. Starts from the stage-2 weights
+    as saved, so a build from a saved stage-2 model (`--from-stage2`) is the same computation."""
+    torch.manual_seed(s.seed)
+    groups = parameter_groups(model)
+    for p in groups["tower"]:
+        p.requires_grad_(False)
+    params = groups["lm"] + groups["merger"]
+    opt = torch.optim.AdamW(params, lr=s.lr3, betas=(0.9, 0.98), weight_decay=0.01)
+    rng, prompts, losses = random.Random(INSTRUCT_STREAM), {}, {}
+    seconds, t0 = {"stage3": 0.0, "stage3_evals": 0.0}, time.perf_counter()
+    model.train()
+    for step in range(s.stage3_steps):
+        decay = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / s.stage3_steps))
+        lr = s.lr3 * min(1.0, (step + 1) / s.warmup) * decay
+        for group in opt.param_groups:
+            group["lr"] = lr
+        t = time.perf_counter()
+        task = INSTRUCT_MIX[rng.randrange(len(INSTRUCT_MIX))]
+        scenes = [draw_scene(rng, s.image_size, s.max_shapes) for _ in range(s.batch)]
+        rows = [instruct_row(task, rng, shapes, s.image_size, geometry) for _, shapes in scenes]
+        for text, _ in rows:
+            prompts.setdefault(text, prompt_ids(processor, geometry, s.image_size, text))
+        batch = encode(processor, [prompts[q] for q, _ in rows], [img for img, _ in scenes], [a for _, a in rows])
+        losses.setdefault(task, []).append(fit(model, opt, batch))
+        seconds["stage3"] += time.perf_counter() - t
+        if (step + 1) % 50 == 0 or step + 1 == s.stage3_steps:
+            means = {f"loss_{k}": round(sum(v) / len(v), 4) for k, v in sorted(losses.items())}
+            print(f"[stage3] step {step + 1}/{s.stage3_steps} {means} lr {lr:.1e} {seconds['stage3'] / (step + 1):.3f}"
+                  f" s/step, {time.perf_counter() - t0:.0f} s", flush=True)
+            log.append({"stage3_step": step + 1, **means})
+            losses = {}
+        if s.eval_every and (step + 1) % s.eval_every == 0 and step + 1 < s.stage3_steps:
+            t = time.perf_counter()
+            log[-1]["instructions"] = instruction_quality(model, processor, geometry, s, min(100, s.eval_scenes))
+            seconds["stage3_evals"] += time.perf_counter() - t
+            print(f"  instructions on {min(100, s.eval_scenes)} held-out scenes: {log[-1]['instructions']}", flush=True)
+    return {k: round(v, 1) for k, v in seconds.items()}
+
+
+def instruction_quality(model, processor, geometry, s: Settings, n: int) -> dict[str, float]:
+    """Greedy answers to each LIST_TASKS instruction on the first n held-out scenes (INSTRUCT_EVAL_STREAM): the rate
+    of exactly right lists, and of right `none`s among the questions whose answer is `none`."""
+    rng = random.Random(INSTRUCT_EVAL_STREAM)
+    scenes = [draw_scene(rng, s.image_size, s.max_shapes) for _ in range(n)]
+    out = {}
+    for task in LIST_TASKS:
+        rows = [instruct_row(task, rng, shapes, s.image_size, geometry) for _, shapes in scenes]
+        prompts = [prompt_ids(processor, geometry, s.image_size, q) for q, _ in rows]
+        texts = greedy(model, processor, prompts, [img for img, _ in scenes], 24)
+        out[task] = round(sum(t.strip() == a for t, (_, a) in zip(texts, rows)) / n, 4)
+        absent = [t.strip() == a for t, (_, a) in zip(texts, rows) if a == "none"]
+        out[f"{task}_none"] = round(sum(absent) / len(absent), 4) if absent else None
+    return out
+
+
 # ---------------------------------------------------------------- the model card
-
-
-def stage0_summary(log: list[dict]) -> str:
-    last = [e for e in log if "stage0_step" in e]
-    if not last:
-        return "stage 0 skipped"
-    e = last[-1]
-    return (f"per-token colour accuracy {e['cell_colour_acc']:.3f}, shape accuracy {e['cell_shape_acc']:.3f}, "
-            f"absolute box error {e['abs_box_error_px']:.1f} px (training batches of the last 50 steps)")
-
-
-def model_card(name: str, f: dict) -> str:
-    """README.md of the model directory, every figure read from `f` (pretrain.json)."""
-    s, q, z, sec, n = f["settings"], f["caption_quality"], f["zero_shot"], f["seconds"], f["parameters"]
-    spec = s["spec"]
-    rows = [
-        ("first object's colour", q["first_colour"]), ("first object's shape", q["first_shape"]),
-        ("object count", q["count"]), ("all objects named (colour + shape multiset)", q["all_objects"]),
-        ("gold boxes matched by a predicted box, IoU >= 0.5", q["box_iou50"]),
-        ("gold objects matched by a same-label box, IoU >= 0.5", q["object_iou50"]),
-        ("captions that parse", q["parsed"]),
-        (f"name lists exactly right (`{NAMES_PROMPT}`)", q["names_exact"]),
-    ]  # fmt: skip
-    return "\n".join([
-        f"# {name}",
-        "",
-        "A tiny Qwen2.5-VL (the real architecture, processor and chat template; the locally trained 512-token BPE of "
-        "`vlgrpo.models.build_tiny_tokenizer`) pretrained on synthetic shapes captions, so GRPO on the shapes task "
-        "starts from a model that already reads images. Built by `scripts/pretrain_tiny.py`; loads with "
-        "`vlgrpo.models.load_model(path)`.",
-        "",
-        "## How it was built",
-        "",
-        "```",
-        f["command"],
-        "```",
-        "",
-        f"- Wall time {sec['total']:.0f} s on one CPU thread (stage 0 {sec['stage0']:.0f} s, stage 1 {sec['stage1']:.0f} s, stage 2 {sec['stage2']:.0f} s, "
-        f"in-run caption evals {sec['evals']:.0f} s, final caption eval {sec['caption_eval']:.0f} s, zero-shot eval "
-        f"{sec['zero_shot_eval']:.0f} s), torch {f['torch']}. The same command on the same machine writes the same "
-        f"weights (model.safetensors sha256 `{f['weights_sha256']}`; `tests/test_pretrain_tiny.py` checks it on two "
-        "short builds).",
-        f"- {n['total']:,} parameters ({n['vision']:,} in the vision tower and merger, {n['language']:,} in the language "
-        f"model); fp32, {f['size_mb']} MB on disk. LM: hidden {spec['hidden_size']}, {spec['num_layers']} layers, "
-        f"{spec['num_heads']} heads ({spec['num_kv_heads']} KV), MLP {spec['intermediate_size']}. Vision: hidden "
-        f"{spec['vision_hidden']}, depth {spec['vision_depth']}, {spec['vision_heads']} heads, MLP {spec['vision_intermediate']}.",
-        f"- Images: {f['image_size']} x {f['image_size']} px scenes ({f['image_tokens']} image tokens after the 2x2 "
-        f"merge), 1-{s['max_shapes']} non-overlapping shapes from `vlgrpo.data.synth.draw_scene`. Use this image size "
-        "downstream: boxes and features were learnt at it.",
-        f"- Caption target, every object left to right in Qwen2.5-VL's grounding convention (`bbox_2d` in pixels of "
-        f"the resized input, `rewards.boxes.from_original_pixels`): `{f['caption_examples'][0]['gold']}`; prompt "
-        f"`{CAPTION_PROMPT}`. One step in {s['names_every']} teaches name lists instead (prompt `{NAMES_PROMPT}`, "
-        f"target e.g. `{f['caption_examples'][0]['names_gold']}`: colour then shape order, no positions). No demo question template (count / colour / exist / locate) is ever trained on.",
-        f"- Stage 0 (vision encoder): `init_tiny(seed={s['seed']})`, then {s['stage0_steps']} steps x {s['batch']} scenes "
-        f"train the tower and merger alone (lr {s['vision0_lr']}, cosine) through a throw-away linear head on each "
-        "image token: colour and shape of the object centred in it, objectness, its box within the token and in the "
-        f"image. At the end: {stage0_summary(f['loss_log'])}. This stands in for the pretrained CLIP / SigLIP encoder "
-        "every real VLM starts from; without it the LM ignored the image (measured: the same loss with the right, "
-        "shuffled or blank images after 400 frozen-tower steps, names at chance after 1,200 steps).",
-        f"- Merger calibration: `calibrate_merger` (target std {s['merger_std']}) on {s['calibration_images']} unlabeled "
-        "scenes.",
-        f"- Stage 1 (alignment): {s['stage1_steps']} steps x {s['batch']} captions, vision tower frozen, merger + LM at "
-        f"lr {s['lr']} (warmup {s['warmup']}). Stage 2 (whole model): {s['stage2_steps']} steps, merger + LM from lr "
-        f"{s['lr2']}, tower from lr {s['vision_lr']}, cosine to 10 %. AdamW (0.9, 0.98), weight decay 0.01, grad-norm "
-        "clip 1.0. Every step draws fresh scenes from the training stream: no scene repeats.",
-        "- Seed streams (`random.Random`): stage 0 scenes "
-        f"{f['seed_streams'].get('vision', VISION_STREAM)}, training scenes {f['seed_streams']['train']}, caption-eval scenes {f['seed_streams']['caption_eval']}, calibration scenes "
-        f"{f['seed_streams']['calibration']}, zero-shot questions {f['seed_streams']['zero_shot']}. The demo draws "
-        "`random.Random(seed x 1000 + split)` with small seeds, so no demo scene (train or test) is seen here for any "
-        "demo seed below 7e8.",
-        "",
-        f"## Caption quality (greedy, {f['caption_eval_scenes']} held-out scenes)",
-        "",
-        "| metric | rate |",
-        "|---|---|",
-        *[f"| {k} | {v:.3f} |" for k, v in rows],
-        "",
-        "Examples (gold, then generated; grounding caption and name list):",
-        "",
-        *[f"- `{e['gold']}`\n  `{e['pred']}`\n  `{e['names_gold']}` / `{e['names_pred']}`" for e in f["caption_examples"]],
-        "",
-        "## Zero-shot accuracy on demo-style questions (before any SFT / RL)",
-        "",
-        "The demo's questions and instructions (`synth.make_sample`, `prompts.instruction` with answer format "
-        f"`answer`), {sum(z['questions'].values())} of them from their own held-out scene stream, greedy, 64 new "
-        "tokens. Strict: the answer (inside `<answer>` tags, else the whole completion) is exactly the gold answer; "
-        "for `ground`, the first box has IoU >= 0.5. Lenient: the first number / colour / yes-no word anywhere in the "
-        "completion is the gold answer. The model was only ever asked for captions, so this measures what transfers "
-        "from captioning alone; the demo's SFT cold start teaches the answer format.",
-        "",
-        "| kind | questions | strict | lenient |",
-        "|---|---|---|---|",
-        *[f"| {k} | {z['questions'][k]} | {z['strict'][k]:.3f} | {z['lenient'][k]:.3f} |" for k in z["questions"]],
-        "",
-        "Examples:",
-        "",
-        *[f"- {e['question']} (gold `{e['gold']}`): `{e['completion']}`" for e in z["examples"]],
-        "",
-        "`pretrain.json` holds every figure above, the loss log and the in-run caption evaluations.",
-        "",
-        "## Used by",
-        "",
-        "`vlgrpo demo` (`make demo`) starts from this model (its default `--base`): a short SFT cold start on the "
-        "demo's answer format, then GRPO on count, colour, exist and ground questions. `docs/demo-seeds.md` has what "
-        "that does on five seeds.",
-        "",
-    ])
 
 
 # ---------------------------------------------------------------- the command
 
 
-def build(out: Path, s: Settings, command: str) -> dict:
-    """Every stage; writes the model, pretrain.json and README.md into `out` and returns the figures."""
-    t0 = time.perf_counter()
+STAGE2_FILES = ("config.json", "generation_config.json", "model.safetensors", "chat_template.jinja",
+                "processor_config.json", "tokenizer.json", "tokenizer_config.json")
+
+
+def build_stage2(out: Path, s: Settings, log: list[dict]) -> dict[str, float]:
+    """Stages 0-2 into `out`: init, the vision encoder, the merger calibration, captions; returns their seconds."""
     shutil.rmtree(out, ignore_errors=True)
     init_tiny(out, "qwen2_5_vl", spec=s.spec, seed=s.seed)
     lm = load_model(str(out))
     geometry = ProcessorGeometry.from_processor(lm.processor)
-    counts = count_parameters(lm.model)
-    print(f"{counts['total']:,} parameters ({counts['vision']:,} vision); {geometry.num_image_tokens(s.image_size, s.image_size)}"
-          f" image tokens at {s.image_size} px; {s.stage0_steps} + {s.stage1_steps} + {s.stage2_steps} steps x {s.batch}", flush=True)
-    log: list[dict] = []
     stage0_seconds = pretrain_vision(lm.model, lm.processor, geometry, s, log) if s.stage0_steps else 0.0
     lm.model.save_pretrained(out)
     with tempfile.TemporaryDirectory() as tmp:
@@ -519,10 +511,64 @@ def build(out: Path, s: Settings, command: str) -> dict:
     lm = load_model(str(out))
     seconds = {"stage0": stage0_seconds, **train(lm.model, lm.processor, geometry, s, log)}
     lm.model.save_pretrained(out)
+    return seconds
+
+
+STAGE2_SETTINGS = ("image_size", "max_shapes", "batch", "stage0_steps", "vision0_lr", "stage1_steps", "stage2_steps",
+                   "lr", "lr2", "vision_lr", "warmup", "single_steps", "names_every", "seed", "calibration_images",
+                   "merger_std", "merger_lr_scale", "spec")  # fmt: skip
+"""The settings stages 0-2 depend on: a saved stage-2 model is reused only when they all match."""
+
+
+def reuse_stage2(src: Path, out: Path, s: Settings, log: list[dict]) -> dict[str, float]:
+    """Copy a saved build's stage-2 model (`pretrain.json` records it) into `out`; returns the seconds its stages
+    took then. Refuses a build whose stage 0-2 settings differ from `s`."""
+    earlier = json.loads((src / "pretrain.json").read_text())
+    stage2 = earlier.get("stage2", {"weights_sha256": earlier["weights_sha256"]})  # a build without stage 3
+    mine = {k: v for k, v in asdict(s).items() if k in STAGE2_SETTINGS}
+    theirs = {k: v for k, v in earlier["settings"].items() if k in STAGE2_SETTINGS}
+    if mine != theirs:
+        diff = sorted(k for k in STAGE2_SETTINGS if mine.get(k) != theirs.get(k))
+        raise SystemExit(f"--from-stage2 {src}: its stage 0-2 settings differ from this command's in {diff}")
+    if src.resolve() != out.resolve():
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        for name in STAGE2_FILES:
+            shutil.copy2(src / name, out / name)
+    if hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest() != stage2["weights_sha256"]:
+        raise SystemExit(f"--from-stage2 {src}: model.safetensors is not the stage-2 model its pretrain.json records "
+                         "(it already holds stage 3?)")  # fmt: skip
+    log.extend(e for e in earlier["loss_log"] if "stage3_step" not in e)
+    return {k: earlier["seconds"][k] for k in ("stage0", "stage1", "stage2", "evals")}
+
+
+def build(out: Path, s: Settings, command: str, from_stage2: Path | None = None) -> dict:
+    """Every stage (stages 0-2 taken from a saved build with `from_stage2`); writes the model, pretrain.json and
+    README.md into `out` and returns the figures."""
+    t0, log = time.perf_counter(), []
+    print(f"{s.stage0_steps} + {s.stage1_steps} + {s.stage2_steps} + {s.stage3_steps} steps x {s.batch} at "
+          f"{s.image_size} px", flush=True)
+    if from_stage2 is None:
+        seconds = build_stage2(out, s, log)
+    else:
+        seconds = reuse_stage2(from_stage2, out, s, log)
+        t0 -= sum(seconds.values())
+    stage2 = {"weights_sha256": hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest(),
+              "source": "built here" if from_stage2 is None else str(from_stage2)}  # fmt: skip
+    torch.manual_seed(s.seed)
+    lm = load_model(str(out))  # stage 3 starts from the saved stage-2 model on either route
+    geometry = ProcessorGeometry.from_processor(lm.processor)
+    counts = count_parameters(lm.model)
+    stage2["caption_quality"], _ = caption_quality(lm.model, lm.processor, geometry, s, s.eval_scenes)
+    stage2["instructions"] = instruction_quality(lm.model, lm.processor, geometry, s, s.eval_scenes)
+    print(f"stage 2: captions {stage2['caption_quality']}, instructions {stage2['instructions']}", flush=True)
+    seconds.update(instruct(lm.model, lm.processor, geometry, s, log))
+    lm.model.save_pretrained(out)
     t = time.perf_counter()
     quality, examples = caption_quality(lm.model, lm.processor, geometry, s, s.eval_scenes)
+    instructions = instruction_quality(lm.model, lm.processor, geometry, s, s.eval_scenes)
     seconds["caption_eval"] = round(time.perf_counter() - t, 1)
-    print(f"captions of {s.eval_scenes} held-out scenes: {quality}", flush=True)
+    print(f"captions of {s.eval_scenes} held-out scenes: {quality}; instructions {instructions}", flush=True)
     t = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         zs = zero_shot(lm.model, lm.processor, geometry, s, Path(tmp))
@@ -533,12 +579,14 @@ def build(out: Path, s: Settings, command: str) -> dict:
     figures = {
         "command": command, "seconds": seconds, "parameters": counts,
         "size_mb": round(sum(f.stat().st_size for f in out.iterdir() if f.is_file()) / 1e6, 2),
-        "weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
+        "weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest(), "stage2": stage2,
         "image_size": s.image_size, "image_tokens": geometry.num_image_tokens(s.image_size, s.image_size),
         "caption_quality": quality, "caption_eval_scenes": s.eval_scenes, "caption_examples": examples,
-        "zero_shot": zs, "loss_log": log,
+        "instructions": instructions, "zero_shot": zs, "loss_log": log,
+        "prompts": {"caption": CAPTION_PROMPT, "names": NAMES_PROMPT},
         "seed_streams": {"vision": VISION_STREAM, "train": TRAIN_STREAM, "caption_eval": CAPTION_EVAL_STREAM,
-                         "calibration": CALIBRATION_STREAM, "zero_shot": ZERO_SHOT_STREAM},
+                         "calibration": CALIBRATION_STREAM, "zero_shot": ZERO_SHOT_STREAM,
+                         "instruct": INSTRUCT_STREAM, "instruct_eval": INSTRUCT_EVAL_STREAM},
         "settings": asdict(s), "torch": torch.__version__,
     }  # fmt: skip
     (out / "pretrain.json").write_text(json.dumps(figures, indent=2) + "\n")
@@ -550,14 +598,16 @@ def build(out: Path, s: Settings, command: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", default="data/models/shapes-tiny-qwen2_5_vl", help="model directory (replaced)")
-    p.add_argument("--steps-scale", type=float, default=1.0, help="multiply both stages' steps (0.05: a quick check)")
+    p.add_argument("--steps-scale", type=float, default=1.0, help="multiply every stage's steps (0.05: a quick check)")
     p.add_argument("--stage0-steps", type=int, default=Settings.stage0_steps)
     p.add_argument("--vision0-lr", type=float, default=Settings.vision0_lr)
     p.add_argument("--stage1-steps", type=int, default=Settings.stage1_steps)
     p.add_argument("--stage2-steps", type=int, default=Settings.stage2_steps)
+    p.add_argument("--stage3-steps", type=int, default=Settings.stage3_steps)
     p.add_argument("--lr", type=float, default=Settings.lr)
     p.add_argument("--lr2", type=float, default=Settings.lr2)
     p.add_argument("--vision-lr", type=float, default=Settings.vision_lr)
+    p.add_argument("--lr3", type=float, default=Settings.lr3)
     p.add_argument("--merger-std", type=float, default=Settings.merger_std)
     p.add_argument("--merger-lr", type=float, default=None, help="merger learning rate (default: the LM's)")
     p.add_argument("--single-steps", type=int, default=Settings.single_steps)
@@ -566,6 +616,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-every", type=int, default=Settings.eval_every)
     p.add_argument("--zero-shot-questions", type=int, default=Settings.zero_shot_questions)
     p.add_argument("--spec", default="{}", help='TinySpec fields over the default size, as JSON: \'{"num_layers": 2}\'')
+    p.add_argument("--from-stage2", default=None, help="take stages 0-2 from this saved build (its pretrain.json "
+                   "records the stage-2 weights) instead of rebuilding them: the same result, 30 min sooner")
     p.add_argument("--card-only", action="store_true", help="only rewrite README.md from the model's pretrain.json")
     a = p.parse_args(argv)
     if a.card_only:
@@ -574,13 +626,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     torch.set_num_threads(1)  # deterministic and polite: one core
     s = Settings(stage0_steps=round(a.stage0_steps * a.steps_scale), vision0_lr=a.vision0_lr, stage1_steps=round(a.stage1_steps * a.steps_scale), stage2_steps=round(a.stage2_steps * a.steps_scale),
+                 stage3_steps=round(a.stage3_steps * a.steps_scale), lr3=a.lr3,
                  lr=a.lr, lr2=a.lr2, vision_lr=a.vision_lr, names_every=a.names_every, merger_std=a.merger_std, merger_lr_scale=(a.merger_lr / a.lr if a.merger_lr else 1.0), single_steps=round(a.single_steps * a.steps_scale), eval_scenes=a.eval_scenes, eval_every=a.eval_every,
                  zero_shot_questions=a.zero_shot_questions, spec=TinySpec(**{**asdict(default_spec()), **json.loads(a.spec)}))  # fmt: skip
     s.warmup = max(1, min(s.warmup, s.stage1_steps // 2 or 1))
-    import sys
-
     command = "OMP_NUM_THREADS=1 .venv/bin/python scripts/pretrain_tiny.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    figures = build(Path(a.out), s, command.strip())
+    figures = build(Path(a.out), s, command.strip(), Path(a.from_stage2) if a.from_stage2 else None)
     print(f"wrote {a.out} ({figures['size_mb']} MB) in {figures['seconds']['total']:.0f} s; weights sha256 "
           f"{figures['weights_sha256'][:16]}")
     return 0

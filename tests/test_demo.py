@@ -97,8 +97,16 @@ def test_seed_targets_are_judged_on_hand_computed_lifts(tmp_path):
         (tmp_path / f"seed{seed}").mkdir()
         (tmp_path / f"seed{seed}" / "summary.json").write_text(json.dumps(s))
     doc = write_seeds_doc(tmp_path, tmp_path / "seeds.md").read_text()
-    assert doc == seeds_markdown(runs, "scripts/demo_seeds.sh")
+    assert doc == seeds_markdown(runs, "scripts/demo_seeds.sh")  # no eval directories: answered is n/a
     assert "| 1 | 0.500 → 0.540 (+4.0) |" in doc and "| mean | 0.500 → 0.620 (+12.0) |" in doc
+    # the answered share comes from each stage's eval info: seed 0 read 990 of 1,000 answers after SFT, all after
+    for stage, missing in (("sft", 10), ("grpo", 0)):
+        (tmp_path / "seed0" / f"eval_{stage}").mkdir()
+        (tmp_path / "seed0" / f"eval_{stage}" / "metrics.json").write_text(json.dumps(
+            {"metrics": {}, "info": {"samples": 1000, "no_answer": missing}}))
+    doc = write_seeds_doc(tmp_path, tmp_path / "seeds.md").read_text()
+    assert "| 0.900 → 0.500 (-40.0) | 0.990 → 1.000 (+1.0) | 0.300 |" in doc  # yes-ratio, answered, entropy
+    assert "| 0.900 → 0.700 (-20.0) | n/a | 0.040 |" in doc  # seed 1 has no eval directories
     assert "| wall_seconds <= 600 | **no** | 500 / 610 |" in doc
 
 

@@ -75,14 +75,38 @@ def test_training_rows_match_the_processor_and_label_only_the_caption(pt, tiny_m
     assert batch["attention_mask"][1].sum() == len(prompt) + len(tok("[]")["input_ids"]) + 1  # right padding
 
 
-def test_one_command_rebuilds_the_same_weights(pt, tmp_path):
+def test_one_command_rebuilds_the_same_weights_and_a_saved_stage_2_gives_the_same_model(pt, tmp_path):
     args = ["--stage0-steps", "2", "--stage1-steps", "2", "--stage2-steps", "2", "--eval-scenes", "4", "--eval-every", "0",
             "--zero-shot-questions", "20", "--spec", '{"num_layers": 1, "vision_depth": 1}']
-    for name in ("a", "b"):
-        assert pt.main(["--out", str(tmp_path / name), *args]) == 0
-    a, b = (json.loads((tmp_path / n / "pretrain.json").read_text()) for n in ("a", "b"))
-    assert a["weights_sha256"] == b["weights_sha256"]
-    assert a["loss_log"] == b["loss_log"] and a["caption_quality"] == b["caption_quality"]
+    assert pt.main(["--out", str(tmp_path / "a"), *args, "--stage3-steps", "3"]) == 0
+    assert pt.main(["--out", str(tmp_path / "s2"), *args, "--stage3-steps", "0"]) == 0  # stages 0-2 only
+    assert pt.main(["--out", str(tmp_path / "c"), *args, "--stage3-steps", "3", "--from-stage2", str(tmp_path / "s2")]) == 0
+    a, s2, c = (json.loads((tmp_path / n / "pretrain.json").read_text()) for n in ("a", "s2", "c"))
+    assert a["stage2"]["weights_sha256"] == s2["stage2"]["weights_sha256"] == s2["weights_sha256"]  # rebuilt alike
+    assert a["weights_sha256"] == c["weights_sha256"] != a["stage2"]["weights_sha256"]  # stage 3 changed the weights
+    assert a["loss_log"] == c["loss_log"] and a["caption_quality"] == c["caption_quality"]
+    assert a["instructions"] == c["instructions"] and set(a["instructions"]) == {
+        "list_colour", "list_colour_none", "list_shape", "list_shape_none"}
+    assert [e["stage3_step"] for e in a["loss_log"] if "stage3_step" in e] == [3]
     assert (tmp_path / "a" / "README.md").read_text().startswith("# a\n")
     lm = load_model(str(tmp_path / "a"))
     assert lm.arch == "qwen2_5_vl" and lm.processor.tokenizer.chat_template
+    with pytest.raises(SystemExit, match="stage 0-2 settings differ from this command's in \\['stage1_steps'\\]"):
+        pt.main(["--out", str(tmp_path / "d"), *args[:2], "--stage1-steps", "3", *args[4:], "--from-stage2",
+                 str(tmp_path / "s2")])
+    with pytest.raises(SystemExit, match="is not the stage-2 model"):  # a holds stage 3
+        pt.main(["--out", str(tmp_path / "e"), *args, "--from-stage2", str(tmp_path / "a")])
+
+
+def test_stage_3_lists_the_asked_colour_or_kind_and_says_none_when_absent(pt):
+    geometry = ProcessorGeometry(min_pixels=56 * 56, max_pixels=224 * 224)
+    shapes = [Shape("circle", "red", (60, 10, 80, 30)), Shape("square", "blue", (5, 50, 25, 70)),
+              Shape("circle", "blue", (30, 30, 50, 50))]
+    rows = {pt.instruct_row(task, random.Random(seed), shapes, 112, geometry)
+            for task in pt.LIST_TASKS for seed in range(40)}  # fmt: skip
+    assert ("List the blue shapes.", "blue circle, blue square") in rows
+    assert ("List the circles.", "red circle, blue circle") in rows
+    assert ("List the triangles.", "none") in rows and ("List the green shapes.", "none") in rows
+    demo_templates = ("How many", "What colour", "Is there", "Locate")
+    assert not any(q.startswith(demo_templates) for q, _ in rows)
+    assert pt.instruct_row("names", random.Random(0), shapes, 112, geometry) == (pt.NAMES_PROMPT, pt.names(shapes))

@@ -159,16 +159,17 @@ def seeds_markdown(summaries: dict[int, dict], command: str) -> str:
         return "n/a" if b is None or a is None else f"{b:.3f} → {a:.3f} ({(a - b) * 100:+.1f})"
 
     head = ["seed", "VQA accuracy", *[f"{k}" for k in kinds], "grounding Acc@0.5", "POPE F1", "POPE yes-ratio",
-            "entropy", "length (SFT → last)", "wall s"]  # fmt: skip
+            "answered", "entropy", "length (SFT → last)", "wall s"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for seed, s in summaries.items():
         cells = [str(seed), pair(s, "test_accuracy"), *[pair(s, f"accuracy_{k}") for k in kinds],
-                 pair(s, "grounding_acc50"), pair(s, "pope_f1"), pair(s, "pope_yes_ratio"),
+                 pair(s, "grounding_acc50"), pair(s, "pope_f1"), pair(s, "pope_yes_ratio"), pair(s, "answered"),
                  f"{s['final_grpo_entropy']:.3f}",
                  f"{s['initial_response_length']:.1f} → {s['final_response_length']:.1f}", f"{s['wall_seconds']:.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
     means = ["mean"]
-    for key in ["test_accuracy", *[f"accuracy_{k}" for k in kinds], "grounding_acc50", "pope_f1", "pope_yes_ratio"]:
+    for key in ["test_accuracy", *[f"accuracy_{k}" for k in kinds], "grounding_acc50", "pope_f1", "pope_yes_ratio",
+                "answered"]:
         b, a = _mean([s.get(f"sft_{key}") for s in runs]), _mean([s.get(f"grpo_{key}") for s in runs])
         means.append("n/a" if b is None or a is None else f"{b:.3f} → {a:.3f} ({(a - b) * 100:+.1f})")
     means += [f"{_mean([s['final_grpo_entropy'] for s in runs]):.3f}", "",
@@ -184,7 +185,8 @@ def seeds_markdown(summaries: dict[int, dict], command: str) -> str:
         f"`{first['base']}`, kinds {', '.join(first['kinds'])}, {first['steps']['sft']} SFT steps then "
         f"{first['steps']['grpo']} GRPO steps; held-out test split. Each cell: after SFT → after GRPO (lift in "
         f"points). Entropy and the last response length are means over the last {first['collapse_window']} GRPO "
-        "steps; the SFT policy's length is the mean over the first 5 GRPO steps.",
+        "steps; the SFT policy's length is the mean over the first 5 GRPO steps. Answered: the share of the test "
+        "completions (every suite) whose answer the suites could read, i.e. the answer format held.",
         "",
         *lines,
         "",
@@ -195,6 +197,19 @@ def seeds_markdown(summaries: dict[int, dict], command: str) -> str:
     ])  # fmt: skip
 
 
+def _answered(run: Path) -> dict[str, float]:
+    """sft_answered / grpo_answered: 1 - the evaluation's `no_answer` share (eval_<stage>/metrics.json)."""
+    import json
+
+    out = {}
+    for stage in ("sft", "grpo"):
+        path = run / f"eval_{stage}" / "metrics.json"
+        if path.is_file():
+            info = json.loads(path.read_text())["info"]
+            out[f"{stage}_answered"] = 1 - info["no_answer"] / max(info["samples"], 1)
+    return out
+
+
 def write_seeds_doc(run_root: str | Path, out: str | Path, command: str = "scripts/demo_seeds.sh") -> Path:
     """Read run_root/seed<S>/summary.json for every seed there and write the seed table to `out`."""
     root = Path(run_root)
@@ -203,7 +218,7 @@ def write_seeds_doc(run_root: str | Path, out: str | Path, command: str = "scrip
         raise FileNotFoundError(f"no seed<S>/summary.json under {root}: run scripts/demo_seeds.sh first")
     import json
 
-    summaries = {int(p.parent.name[4:]): json.loads(p.read_text()) for p in found}
+    summaries = {int(p.parent.name[4:]): {**json.loads(p.read_text()), **_answered(p.parent)} for p in found}
     path = Path(out)
     path.write_text(seeds_markdown(summaries, command))
     return path

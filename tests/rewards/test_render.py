@@ -31,9 +31,25 @@ def test_scene_names_order_colour_then_shape_and_keep_duplicates():
     assert scene_names(shapes) == "red circle, red triangle, blue circle, blue circle, orange square"
 
 
-def test_a_synthetic_samples_reasoning_lists_its_scene(tmp_path):
-    sample = make_sample(random.Random(3), 0, 112, ("ground",), tmp_path, "train", 3)
+def _about(sample) -> str:
+    """The shapes a synthetic question is about, worked out here from its scene and question text."""
     scene = [Shape(o["shape"], o["colour"], tuple(o["box"])) for o in sample.meta["scene"]]
-    assert sample.meta["reasoning"] == scene_names(scene) and len(scene) >= 1
-    target = render_target(sample, "think_answer", "qwen2_5")
-    assert target.startswith(f"<think>{scene_names(scene)}</think><answer>[{{\"bbox_2d\": ")
+    words = sample.question.rstrip("?.").split()
+    if sample.task == "shapes/colour":  # "What colour is the circle": that kind
+        about = [s for s in scene if s.shape == words[-1]]
+    else:  # count "How many red shapes", exist "Is there a red circle in the image", ground "Locate the red circle"
+        colour = next(w for w in words if w in ("red", "green", "blue", "yellow", "purple", "orange"))
+        about = [s for s in scene if s.colour == colour]
+    return scene_names(about) or "none"
+
+
+def test_a_synthetic_samples_reasoning_lists_the_shapes_its_question_is_about(tmp_path):
+    rng, seen = random.Random(3), set()
+    for i in range(40):
+        sample = make_sample(rng, i, 112, ("count", "colour", "exist", "ground"), tmp_path, "train", 3)
+        assert sample.meta["reasoning"] == _about(sample), sample.question
+        seen.add((sample.task, sample.meta["reasoning"] == "none"))
+    assert {("shapes/count", True), ("shapes/count", False), ("shapes/exist", True), ("shapes/exist", False),
+            ("shapes/colour", False), ("shapes/ground", False)} <= seen  # every kind, and "none" where it can be
+    target = render_target(sample, "think_answer", "qwen2_5")  # the last one is a box question
+    assert target.startswith(f"<think>{_about(sample)}</think><answer>[{{\"bbox_2d\": ")

@@ -39,7 +39,8 @@ class Shape:
 
 def scene_names(shapes: list[Shape]) -> str:
     """The objects without positions, ordered by colour then shape (COLOURS, SHAPES order), e.g. "blue square, red
-    circle": the name list the shipped base was pretrained to write, and each sample's `meta.reasoning`."""
+    circle": the name list the shipped base was pretrained to write. A sample's `meta.reasoning` is the list of the
+    shapes its question is about ("none" when there are none): a `think_answer` cold start thinks by listing them."""
     ordered = sorted(shapes, key=lambda s: (COLOURS.index(s.colour), SHAPES.index(s.shape)))
     return ", ".join(s.name for s in ordered)
 
@@ -76,18 +77,19 @@ def draw_scene(rng: random.Random, size: int, max_shapes: int = 6) -> tuple[Imag
     return img, shapes
 
 
-def _question(rng: random.Random, kind: str, shapes: list[Shape]) -> tuple[str, str | None, str, list] | None:
-    """(question, answer, answer_type, gold boxes) for one kind, or None when the scene cannot pose it."""
+def _question(rng: random.Random, kind: str, shapes: list[Shape]) -> tuple[str, str | None, str, list, list] | None:
+    """(question, answer, answer_type, gold boxes, the shapes the question is about) for one kind, or None when the
+    scene cannot pose it. The shapes it is about: those of the asked colour (count, exist, ground) or kind (colour)."""
     if kind == "count":
         colour = rng.choice([s.colour for s in shapes] + [rng.choice(COLOURS)])
         hits = [s for s in shapes if s.colour == colour]
-        return f"How many {colour} shapes are there?", str(len(hits)), "number", [list(s.box) for s in hits]
+        return f"How many {colour} shapes are there?", str(len(hits)), "number", [list(s.box) for s in hits], hits
     if kind == "colour":
         unique = [s for s in shapes if sum(t.shape == s.shape for t in shapes) == 1]
         if not unique:
             return None
         s = rng.choice(unique)
-        return f"What colour is the {s.shape}?", s.colour, "text", [list(s.box)]
+        return f"What colour is the {s.shape}?", s.colour, "text", [list(s.box)], [s]
     if kind == "exist":
         present = {s.name for s in shapes}
         if rng.random() < 0.5:
@@ -96,12 +98,14 @@ def _question(rng: random.Random, kind: str, shapes: list[Shape]) -> tuple[str, 
             absent = [f"{c} {k}" for c in COLOURS for k in SHAPES if f"{c} {k}" not in present]
             name = rng.choice(absent)
         hits = [s for s in shapes if s.name == name]
-        return f"Is there a {name} in the image?", "yes" if hits else "no", "yesno", [list(s.box) for s in hits]
+        about = [s for s in shapes if s.colour == name.split()[0]]
+        return f"Is there a {name} in the image?", "yes" if hits else "no", "yesno", [list(s.box) for s in hits], about
     unique = [s for s in shapes if sum(t.name == s.name for t in shapes) == 1]
     if not unique:
         return None
     s = rng.choice(unique)
-    return f"Locate the {s.name}.", json.dumps(list(s.box)), "box", [list(s.box)]
+    about = [t for t in shapes if t.colour == s.colour]
+    return f"Locate the {s.name}.", json.dumps(list(s.box)), "box", [list(s.box)], about
 
 
 def make_sample(
@@ -114,7 +118,7 @@ def make_sample(
         q = _question(rng, kind, shapes)
         if q is not None:
             break
-    question, answer, answer_type, boxes = q
+    question, answer, answer_type, boxes, about = q
     sid = f"shapes-{split}-{idx:06d}"
     img.save(image_dir / f"{sid}.png")
     return Sample(
@@ -128,7 +132,7 @@ def make_sample(
         image_size=(size, size),
         task=f"shapes/{kind}",
         meta={"split": split, "scene": [{"shape": s.shape, "colour": s.colour, "box": list(s.box)} for s in shapes],
-              "reasoning": scene_names(shapes)},
+              "reasoning": scene_names(about) or "none"},
     )
 
 
