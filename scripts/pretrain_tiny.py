@@ -414,8 +414,8 @@ INSTRUCT_MIX = ("boxes", "names", *LIST_TASKS * 3)
 
 
 def instruct_row(task: str, rng: random.Random, shapes, size: int, geometry: ProcessorGeometry) -> tuple[str, str]:
-    """(prompt text, target) of one stage-3 task on a scene. A list asks for a colour / kind in the scene two times
-    in three, else any (then often absent)."""
+    """(prompt text, target) of one stage-3 task on a scene. A list asks for the colour / kind of one of the scene's
+    n shapes or, one time in n + 1, for one drawn at random (then often absent)."""
     if task == "boxes":
         return CAPTION_PROMPT, caption(shapes, size, geometry)
     if task == "names":
