@@ -120,6 +120,18 @@ def prompt_ids(processor, geometry: ProcessorGeometry, size: int, text: str = CA
     return processor.tokenizer(text)["input_ids"]
 
 
+class PromptCache:
+    """`prompt_ids` memoised by prompt text: stage 3 asks the same few instructions over and over."""
+
+    def __init__(self, processor, geometry: ProcessorGeometry, size: int) -> None:
+        self.processor, self.geometry, self.size, self.ids = processor, geometry, size, {}
+
+    def __call__(self, text: str) -> list[int]:
+        if text not in self.ids:
+            self.ids[text] = prompt_ids(self.processor, self.geometry, self.size, text)
+        return self.ids[text]
+
+
 def encode(processor, prompts: list[list[int]], images, targets: list[str] | None) -> dict[str, torch.Tensor]:
     """Right-padded rows prompt + target + <|im_end|>, labels on the target only; left-padded prompts when
     `targets` is None (generation)."""
@@ -436,7 +448,7 @@ def instruct(model, processor, geometry, s: Settings, log: list[dict]) -> dict[s
         p.requires_grad_(False)
     params = groups["lm"] + groups["merger"]
     opt = torch.optim.AdamW(params, lr=s.lr3, betas=(0.9, 0.98), weight_decay=0.01)
-    rng, prompts, losses = random.Random(INSTRUCT_STREAM), {}, {}
+    rng, prompts, losses = random.Random(INSTRUCT_STREAM), PromptCache(processor, geometry, s.image_size), {}
     seconds, t0 = {"stage3": 0.0, "stage3_evals": 0.0}, time.perf_counter()
     model.train()
     for step in range(s.stage3_steps):
@@ -448,9 +460,7 @@ def instruct(model, processor, geometry, s: Settings, log: list[dict]) -> dict[s
         task = INSTRUCT_MIX[rng.randrange(len(INSTRUCT_MIX))]
         scenes = [draw_scene(rng, s.image_size, s.max_shapes) for _ in range(s.batch)]
         rows = [instruct_row(task, rng, shapes, s.image_size, geometry) for _, shapes in scenes]
-        for text, _ in rows:
-            prompts.setdefault(text, prompt_ids(processor, geometry, s.image_size, text))
-        batch = encode(processor, [prompts[q] for q, _ in rows], [img for img, _ in scenes], [a for _, a in rows])
+        batch = encode(processor, [prompts(q) for q, _ in rows], [img for img, _ in scenes], [a for _, a in rows])
         losses.setdefault(task, []).append(fit(model, opt, batch))
         seconds["stage3"] += time.perf_counter() - t
         if (step + 1) % 50 == 0 or step + 1 == s.stage3_steps:
@@ -472,11 +482,10 @@ def instruction_quality(model, processor, geometry, s: Settings, n: int) -> dict
     of exactly right lists, and of right `none`s among the questions whose answer is `none`."""
     rng = random.Random(INSTRUCT_EVAL_STREAM)
     scenes = [draw_scene(rng, s.image_size, s.max_shapes) for _ in range(n)]
-    out = {}
+    out, prompts = {}, PromptCache(processor, geometry, s.image_size)
     for task in LIST_TASKS:
         rows = [instruct_row(task, rng, shapes, s.image_size, geometry) for _, shapes in scenes]
-        prompts = [prompt_ids(processor, geometry, s.image_size, q) for q, _ in rows]
-        texts = greedy(model, processor, prompts, [img for img, _ in scenes], 24)
+        texts = greedy(model, processor, [prompts(q) for q, _ in rows], [img for img, _ in scenes], 24)
         out[task] = round(sum(t.strip() == a for t, (_, a) in zip(texts, rows)) / n, 4)
         absent = [t.strip() == a for t, (_, a) in zip(texts, rows) if a == "none"]
         out[f"{task}_none"] = round(sum(absent) / len(absent), 4) if absent else None

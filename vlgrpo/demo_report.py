@@ -6,6 +6,7 @@ says so and skips the picture.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 
@@ -199,8 +200,6 @@ def seeds_markdown(summaries: dict[int, dict], command: str) -> str:
 
 def _answered(run: Path) -> dict[str, float]:
     """sft_answered / grpo_answered: 1 - the evaluation's `no_answer` share (eval_<stage>/metrics.json)."""
-    import json
-
     out = {}
     for stage in ("sft", "grpo"):
         path = run / f"eval_{stage}" / "metrics.json"
@@ -216,8 +215,6 @@ def write_seeds_doc(run_root: str | Path, out: str | Path, command: str = "scrip
     found = sorted(root.glob("seed*/summary.json"), key=lambda p: int(p.parent.name[4:]))
     if not found:
         raise FileNotFoundError(f"no seed<S>/summary.json under {root}: run scripts/demo_seeds.sh first")
-    import json
-
     summaries = {int(p.parent.name[4:]): {**json.loads(p.read_text()), **_answered(p.parent)} for p in found}
     path = Path(out)
     path.write_text(seeds_markdown(summaries, command))
