@@ -1,15 +1,21 @@
 """Asynchronous rollouts, measured: the demo task and model, the same seed and optimiser steps, three ways side by side
 in one run: synchronous with one torch thread, synchronous with two, and split (`rollout.placement=split`: the
-trainer and a rollout worker, one thread each). Per seed: SFT cold start once, then each GRPO run from that model.
+trainer and a rollout worker, one thread each). Per seed: the demo's SFT cold start once (from the shipped pretrained
+base, `vlgrpo demo`'s defaults), then each GRPO run from that model.
 
-Reports steps per second (mean `timing/step` after the first step, which includes the worker's start), the one-thread
-synchronous phase times, the ideal overlap bound `1 / max(rollout, rest of the step)` from them, each side's idle
-fraction in the split run, and held-out VQA accuracy after GRPO. The last line is one JSON object.
+Reports steps per second (1 / the median `timing/step` after the first step, which includes the worker's start; the
+median, since a stray process on the machine shows up as a few slow steps), the one-thread synchronous phase times
+(medians), the ideal overlap bound `1 / max(rollout, rest of the step)` from them, each side's idle
+fraction in the split run, the mean response length (the work per step: a run whose completions are shorter is
+faster for a reason that is not the overlap) and held-out VQA accuracy after GRPO. The last line is one JSON object.
 
-Usage: python scripts/bench_async.py [--seeds 0,1,2] [--grpo-steps 60] [--completions 8] [--max-new-tokens 48]
-Time nothing else on the machine while it runs (it needs both cores). `--modes sync1,split --grpo-steps 400
---prompts 16 --max-new-tokens 24` compares held-out accuracy only (the demo's from-scratch schedule, long enough to
-learn): accuracy does not depend on timing, since the split run's staleness pattern is fixed by max_staleness.
+Usage: python scripts/bench_async.py [--seeds 0,1,2] [--grpo-steps 40] [--prompts 4] [--beta 0]
+The defaults are the configuration of docs/scaling-out.md: 4 prompts x 8 completions per step and no reference pass,
+so that the rollout is about half of a one-thread synchronous step.
+Time nothing else on the machine while it runs (it needs both cores). `--from-scratch --modes sync1,split
+--grpo-steps 400 --prompts 16 --max-new-tokens 24` compares held-out accuracy only on the earlier from-scratch demo
+(`demo.from_scratch()`, colour questions): accuracy does not depend on timing, since the split run's staleness pattern
+is fixed by max_staleness.
 """
 
 from __future__ import annotations
@@ -56,32 +62,39 @@ def grpo_run(s: DemoSettings, out: Path, sft_model: Path, mode: str, threads: in
     def mean(key: str) -> float:
         return statistics.fmean(h.get(key, 0.0) for h in later)
 
-    step = mean("timing/step")
-    return {"steps_per_s": 1 / step, "step_s": step, "rollout_s": mean("timing/rollout"),
-            "trainer_idle": mean("timing/rollout_wait") / step,
-            "worker_idle": mean("timing/rollout_worker_idle") / step,
-            "accuracy": result.metrics["eval/vqa/accuracy"]}  # fmt: skip
+    step = statistics.median(h["timing/step"] for h in later)
+    rollout = [h.get("timing/rollout", 0.0) for h in later]  # the trainer's own rollout (0 with split placement)
+    return {"steps_per_s": 1 / step, "step_s": step, "rollout_s": statistics.median(rollout),
+            "rest_s": statistics.median(h["timing/step"] - r for h, r in zip(later, rollout)),
+            "trainer_idle": mean("timing/rollout_wait") / mean("timing/step"),
+            "worker_idle": mean("timing/rollout_worker_idle") / mean("timing/step"),
+            "length": mean("grpo/response_length"), "accuracy": result.metrics["eval/vqa/accuracy"]}  # fmt: skip
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--grpo-steps", type=int, default=60)
-    ap.add_argument("--sft-steps", type=int, default=300)
+    ap.add_argument("--from-scratch", action="store_true",
+                    help="the earlier demo: a random tiny model, colour questions (demo.from_scratch())")
+    ap.add_argument("--grpo-steps", type=int, default=40)
+    ap.add_argument("--sft-steps", type=int, help="default: the demo's")
     ap.add_argument("--completions", type=int, default=8)
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--beta", type=float, default=0.0,
+                    help="grpo.beta (the demo's is 0.02; 0: no reference pass, so the rollout is about half a step)")
+    ap.add_argument("--max-new-tokens", type=int, help="default: the demo's")
     ap.add_argument("--out", default="runs/bench_async")
     ap.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}; speed figures need all three")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="config override for every stage, e.g. data.answer_format=think_answer (repeatable)")
     args = ap.parse_args()
-    SETTINGS.extend(args.set)
+    SETTINGS.extend([f"grpo.beta={args.beta}", *args.set])
     rows = {}
     for seed in [int(x) for x in args.seeds.split(",")]:
-        s = dataclasses.replace(from_scratch(), seed=seed, sft_steps=args.sft_steps, grpo_steps=args.grpo_steps,
+        s = from_scratch() if args.from_scratch else DemoSettings()
+        s = dataclasses.replace(s, seed=seed, sft_steps=args.sft_steps or s.sft_steps, grpo_steps=args.grpo_steps,
                                 completions=args.completions, grpo_prompts=args.prompts,
-                                max_new_tokens=args.max_new_tokens, val_every=0)  # fmt: skip
+                                max_new_tokens=args.max_new_tokens or s.max_new_tokens, val_every=0)  # fmt: skip
         out = Path(args.out) / f"seed{seed}"
         torch.set_num_threads(2)
         model_dir, _ = build_model_and_data(s, out, resolve_base(s.base))
@@ -106,14 +119,21 @@ def main() -> None:
         print(json.dumps({f"{m}_accuracy": a for m, a in accuracy.items()} | {"seeds": seeds,
                          "grpo_steps": args.grpo_steps, "settings": SETTINGS}))  # fmt: skip
         return
-    rollout, step1 = avg("sync1", "rollout_s"), avg("sync1", "step_s")
-    ideal = 1 / max(rollout, step1 - rollout)
-    print(f"{'mode':<7} {'steps/s':>8} {'step s':>7} {'trainer idle':>13} {'worker idle':>12} {'accuracy':>9}")
+    rollout, rest, step1 = avg("sync1", "rollout_s"), avg("sync1", "rest_s"), avg("sync1", "step_s")
+    ideal = 1 / max(rollout, rest)
+    print(f"{'mode':<7} {'steps/s':>8} {'step s':>7} {'trainer idle':>13} {'worker idle':>12} {'length':>7} "
+          f"{'accuracy':>9}")
     for mode in MODES:
         print(f"{mode:<7} {avg(mode, 'steps_per_s'):8.3f} {avg(mode, 'step_s'):7.3f} "
-              f"{avg(mode, 'trainer_idle'):13.2f} {avg(mode, 'worker_idle'):12.2f} {avg(mode, 'accuracy'):9.3f}")
-    print(f"one-thread synchronous step {step1:.3f} s = rollout {rollout:.3f} s + rest {step1 - rollout:.3f} s; "
+              f"{avg(mode, 'trainer_idle'):13.2f} {avg(mode, 'worker_idle'):12.2f} {avg(mode, 'length'):7.1f} "
+              f"{avg(mode, 'accuracy'):9.3f}")
+    print(f"one-thread synchronous step {step1:.3f} s: rollout {rollout:.3f} s, rest {rest:.3f} s (medians); "
           f"ideal split bound {ideal:.3f} steps/s")
+    for seed in seeds:
+        one, two, split = (rows[(seed, m)] for m in MODES)
+        print(f"seed {seed}: split / faster synchronous = "
+              f"{split['steps_per_s'] / max(one['steps_per_s'], two['steps_per_s']):.2f}x, "
+              f"split / its ideal = {split['steps_per_s'] * max(one['rollout_s'], one['rest_s']):.0%}")
     faster = max(avg("sync1", "steps_per_s"), avg("sync2", "steps_per_s"))
     print(f"split / faster synchronous = {avg('split', 'steps_per_s') / faster:.2f}x; split / ideal = "
           f"{avg('split', 'steps_per_s') / ideal:.0%}")

@@ -5,13 +5,16 @@
 #   NNODES        number of nodes
 #   NODE_RANK     0 .. NNODES-1 (0 on the node whose address is MASTER_ADDR)
 #   MASTER_ADDR   address of node 0, reachable from every node
-#   MASTER_PORT   (29500)  NPROC_PER_NODE (8 GPUs per node)
+#   MASTER_PORT   (29500)  GPUS_PER_NODE (NPROC_PER_NODE if set, else 8)
+#   NPROC_PER_NODE training processes per node: GPUS_PER_NODE, less rollout.vllm.rollout_gpus with a split vLLM
+#                 rollout (rollout.placement=split, rollout.engine=vllm: those GPUs run each rank's rollout worker)
 # deepspeed launcher: set HOSTFILE (lines "hostname slots=8") and run this script ONCE, on the first host; it starts
-#   every rank over passwordless ssh. MASTER_ADDR defaults to the first host.
+#   every rank over passwordless ssh. MASTER_ADDR defaults to the first host. A split vLLM rollout needs the torchrun
+#   way (the launcher would start a rank on every slot, the rollout GPUs included).
 #
 # Every node must see the config, the dataset and the model at the same paths, and train.output_dir must be on a
 # filesystem shared by all nodes (every rank writes its shard of each checkpoint there). train.num_gpus is set to
-# NNODES x NPROC_PER_NODE (the hostfile's slots) so the saved run config records the real world size.
+# the GPUs of all nodes, NNODES x GPUS_PER_NODE (the hostfile's slots), so the saved run config records them.
 # `vlgrpo data doctor` runs first on each node (SKIP_DOCTOR=1 skips it); DRY_RUN=1 prints the commands only.
 set -euo pipefail
 
@@ -19,7 +22,7 @@ CONFIG=${1:?usage: scripts/train_multinode.sh CONFIG [section.key=value ...]}
 shift
 PYTHON=${PYTHON:-python}
 MASTER_PORT=${MASTER_PORT:-29500}
-NPROC=${NPROC_PER_NODE:-8}
+GPUS=${GPUS_PER_NODE:-${NPROC_PER_NODE:-8}}  # an older NPROC_PER_NODE alone still means the GPUs
 
 run() {  # print the command; run it unless DRY_RUN=1
     echo "+ $*" >&2
@@ -38,9 +41,21 @@ else
     : "${NNODES:?set NNODES, NODE_RANK and MASTER_ADDR (or HOSTFILE for the deepspeed launcher)}"
     : "${NODE_RANK:?set NODE_RANK (0 .. NNODES-1)}"
     : "${MASTER_ADDR:?set MASTER_ADDR (the address of node 0)}"
-    WORLD=$((NNODES * NPROC))
+    WORLD=$((NNODES * GPUS))
 fi
 ARGS=(train "$CONFIG" "train.num_gpus=$WORLD" "$@")  # later overrides win: the user's own come last
+
+# The config (with the overrides) is validated before anything starts; it says how many of a node's GPUs run vLLM.
+ROLLOUT=$("$PYTHON" -c 'import sys; from vlgrpo.config import ConfigError, load_config
+try: c = load_config(sys.argv[1], sys.argv[2:]); r = c.rollout
+except ConfigError as e: sys.exit(f"error: {e}")
+print(r.vllm.rollout_gpus if (r.engine, r.placement) == ("vllm", "split") else 0)' "$CONFIG" "${ARGS[@]:2}")
+if [[ "$ROLLOUT" -gt 0 && -n "${HOSTFILE:-}" ]]; then
+    echo "error: rollout.placement=split with vLLM runs under torchrun (NNODES, NODE_RANK, MASTER_ADDR): the" \
+         "deepspeed launcher starts a rank on every slot of '$HOSTFILE', the $ROLLOUT rollout GPU(s) per node included" >&2
+    exit 2
+fi
+NPROC=${NPROC_PER_NODE:-$((GPUS - ROLLOUT))}
 
 if [[ "${SKIP_DOCTOR:-0}" != 1 ]]; then
     sets=()

@@ -123,7 +123,7 @@ def test_train_sh_runs_doctor_then_torchrun_with_the_config_gpu_count():
         f"+ {py} -m torch.distributed.run --standalone --nproc_per_node 8 -m vlgrpo.cli train "
         "configs/qwen2_5_vl_7b_zero3_8xa100.yaml train.lr=2e-6",
     ]
-    split = ("rollout.placement=split", "rollout.vllm.rollout_gpus=4", "grpo.dynamic_sampling=false")
+    split = ("rollout.placement=split", "rollout.vllm.rollout_gpus=4")  # the recipe's dynamic sampling included
     rc, err = _script("train.sh", "configs/qwen2_5_vl_7b_zero3_8xa100.yaml", *split, SKIP_DOCTOR="1")
     assert rc == 0 and "--nproc_per_node 4 " in err  # 4 + 4: the other 4 GPUs run the ranks' vLLM workers
     rc, err = _script("train.sh", "configs/qwen2_vl_2b_lora_1gpu.yaml", SKIP_DOCTOR="1")
@@ -147,6 +147,26 @@ def test_train_multinode_sh_torchrun_and_hostfile(tmp_path):
         "train configs/qwen2_5_vl_7b_zero3_8xa100.yaml train.num_gpus=12 train.lr=2e-6"]
     rc, err = _script("train_multinode.sh", "configs/tiny_grpo.yaml")
     assert rc != 0 and "set NNODES, NODE_RANK and MASTER_ADDR" in err
+
+
+def test_train_multinode_sh_starts_the_training_ranks_of_a_split_vllm_rollout(tmp_path):
+    """4 + 4 on each of 2 nodes: 4 training processes per node (each rank's vLLM worker takes one of the other 4
+    GPUs), the config recording all 16 GPUs; the deepspeed launcher would start a rank on every slot."""
+    split = ("rollout.placement=split", "rollout.engine=vllm", "rollout.vllm.rollout_gpus=4")
+    rc, err = _script("train_multinode.sh", "configs/qwen2_5_vl_7b_zero3_8xa100.yaml", *split, NNODES="2",
+                      NODE_RANK="0", MASTER_ADDR="10.0.0.1", SKIP_DOCTOR="1")  # fmt: skip
+    assert rc == 0 and err.splitlines() == [
+        f"+ {sys.executable} -m torch.distributed.run --nnodes 2 --node_rank 0 --nproc_per_node 4 --master_addr "
+        "10.0.0.1 --master_port 29500 -m vlgrpo.cli train configs/qwen2_5_vl_7b_zero3_8xa100.yaml train.num_gpus=16 "
+        + " ".join(split)]
+    hosts = tmp_path / "hostfile"
+    hosts.write_text("node-a slots=8\nnode-b slots=8\n")
+    rc, err = _script("train_multinode.sh", "configs/qwen2_5_vl_7b_zero3_8xa100.yaml", *split, HOSTFILE=str(hosts),
+                      SKIP_DOCTOR="1")  # fmt: skip
+    assert rc == 2 and "runs under torchrun" in err and "+ " not in err
+    rc, err = _script("train_multinode.sh", "configs/tiny_grpo.yaml", "train.lrr=1", NNODES="2", NODE_RANK="0",
+                      MASTER_ADDR="10.0.0.1")  # fmt: skip
+    assert rc == 1 and "unknown config key 'train.lrr'" in err and "+ " not in err  # nothing launched
 
 
 def test_eval_sh_evaluates_the_newest_checkpoint_with_the_runs_settings(tmp_path):

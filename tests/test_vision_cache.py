@@ -48,13 +48,37 @@ def test_features_equal_the_pixel_path_and_duplicates_are_encoded_once(lm, image
     assert feats[0].embeds.shape == (16, 128)  # 8*8 / 2*2 merged tokens, LM hidden 128
     assert feats[2] is feats[0]
     assert cache.stats() == {"hits": 0, "misses": 2, "encoder_calls": 1, "images_encoded": 2, "disk_hits": 0,
-                             "corrupt": 0, "write_errors": 0, "bytes": 2 * (16 * 128 * 4 + 3 * 8)}  # fmt: skip
+                             "corrupt": 0, "write_errors": 0, "adopted": 0,
+                             "bytes": 2 * (16 * 128 * 4 + 3 * 8)}  # fmt: skip
     # bytes of the same image under another path are the same cache entry
     cache.get([b, c, open(a, "rb").read()])
     s = cache.stats()
     assert (s["hits"], s["misses"], s["encoder_calls"], s["images_encoded"]) == (2, 3, 2, 3)
     cache.reset_stats()
     assert cache.stats()["encoder_calls"] == 0 and cache.stats()["bytes"] == 3 * (16 * 128 * 4 + 24)
+
+
+def test_a_frozen_towers_features_are_handed_over_to_a_cache_of_the_same_weights(lm, tiny_model_dir, images,
+                                                                                  tmp_path):  # fmt: skip
+    """A split rollout's worker hands its trainer what it encoded: the trainer's cache serves the same tensors
+    without an encoder call, and writes them to its disk store as if it had encoded them."""
+    worker = VisionCache(lm.model, lm.processor)
+    encoded = worker.get(images[:3])
+    handed = worker.handover([images[0], images[2], images[0], images[3]])  # images[3] never encoded: not handed
+    assert len(handed[1]) == 2
+    trainer = VisionCache(load_model(tiny_model_dir("qwen2_5_vl")).model, lm.processor, disk_dir=tmp_path / "vc")
+    assert trainer.adopt(handed) == 2 and trainer.adopt(handed) == 0  # already held
+    got = trainer.get([images[2], images[0]])
+    assert torch.equal(got[0].embeds, encoded[2].embeds) and torch.equal(got[1].embeds, encoded[0].embeds)
+    s = trainer.stats()
+    assert (s["adopted"], s["hits"], s["misses"], s["encoder_calls"]) == (2, 2, 0, 0)
+    assert len(list((tmp_path / "vc").rglob("*.safetensors"))) == 2
+    # other weights: their keys could never be hit here, so nothing is taken; a trainable tower hands nothing over
+    other = load_model(tiny_model_dir("qwen2_5_vl")).model
+    with torch.no_grad():
+        next(other.model.visual.parameters()).add_(1.0)
+    assert VisionCache(other, lm.processor).adopt(handed) == 0
+    assert VisionCache(lm.model, lm.processor, trainable=True).handover(images[:1]) is None
 
 
 def test_lru_evicts_least_recently_used_within_the_byte_budget(lm, images):

@@ -27,7 +27,8 @@ from vlgrpo.types import InputError
 FORMAT_VERSION = "2"  # 2: entries carry their key
 SUFFIX = ".safetensors"
 TMP_PREFIX = ".tmp-"
-STAT_KEYS = ("hits", "misses", "encoder_calls", "images_encoded", "bytes", "disk_hits", "corrupt", "write_errors")
+STAT_KEYS = ("hits", "misses", "encoder_calls", "images_encoded", "bytes", "disk_hits", "corrupt", "write_errors",
+             "adopted")
 
 
 @dataclass
@@ -187,6 +188,38 @@ class VisionCache:
                 self._memory_put(k, feats)
                 self._disk_put(k, sha, feats)
         return [found[k] for k in keys]
+
+    def handover(self, images: list[str | bytes]) -> tuple[str, dict[str, tuple[str, ImageFeatures]]] | None:
+        """A frozen tower's features of `images` that this cache holds in memory, for another process's cache of the
+        same weights (a split rollout's worker hands its trainer what it encoded): (version and processor
+        fingerprint, {key: (image sha256, features)}). None for a trainable tower, whose features are of one step."""
+        if self.trainable:
+            return None
+        entries = {}
+        for img in images:
+            sha = image_sha256(img)
+            k = self.key(sha)
+            if k not in entries and k in self._lru:
+                entries[k] = (sha, self._lru[k])
+        return f"{self.version}|{self.processor_fp}", entries
+
+    def adopt(self, handed: tuple[str, dict[str, tuple[str, ImageFeatures]]] | None) -> int:
+        """Take the entries of another cache's `handover` (memory and disk, as if encoded here) when they are of this
+        cache's weights and processor; returns how many were new (`adopted`). Entries of other weights are ignored:
+        their keys could never be hit here."""
+        if handed is None or self.trainable or handed[0] != f"{self.version}|{self.processor_fp}":
+            return 0
+        new = 0
+        for k, (sha, feats) in handed[1].items():
+            if k in self._lru:
+                continue
+            feats = ImageFeatures(feats.embeds.to(self.store_device or feats.embeds.device), feats.grid_thw)
+            self._memory_put(k, feats)
+            if self.disk_dir is not None and not self._path(k).is_file():
+                self._disk_put(k, sha, feats)
+            new += 1
+        self._stats["adopted"] += new
+        return new
 
     def encode_with_grad(self, images: list[str | bytes]) -> list[ImageFeatures]:
         """Recompute features with autograd (trainable tower, update pass); nothing is cached. Duplicates share one."""

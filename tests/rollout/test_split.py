@@ -1,10 +1,32 @@
 """`rollout/split.py`'s device choice: each training rank's worker runs vLLM on a GPU of its own, the one
-`vlgrpo plan` prices for it (the node's first GPUs train, rank k on cuda:k; the next ones run vLLM, one per rank)."""
+`vlgrpo plan` prices for it (the node's first GPUs train, rank k on cuda:k; the next ones run vLLM, one per rank);
+and how the weights travel to the worker."""
+
+import io
+from multiprocessing.reduction import ForkingPickler
 
 import pytest
+import torch
 
 from vlgrpo.config import ConfigError
-from vlgrpo.rollout.split import worker_gpu
+from vlgrpo.rollout.split import pack_weights, unpack_weights, worker_gpu
+
+
+def test_weights_travel_as_one_buffer_per_dtype_and_come_back_equal():
+    weights = {"a": torch.randn(3, 4), "b": torch.randn(5, 6).t(), "c": torch.arange(7, dtype=torch.int64),
+               "d": torch.randn(2, 2).to(torch.bfloat16), "e": torch.randn(4)}  # fmt: skip
+    layout, flats = pack_weights(weights.items())
+    assert {dtype: t.numel() for dtype, t in flats.items()} == {torch.float32: 12 + 30 + 4, torch.int64: 7,
+                                                               torch.bfloat16: 4}  # fmt: skip
+    buffer = io.BytesIO()
+    ForkingPickler(buffer).dump((layout, flats))  # what the queue does: one shared-memory segment per buffer
+    back = unpack_weights(*ForkingPickler.loads(buffer.getvalue()))
+    assert list(back) == list(weights)
+    for name, t in weights.items():
+        assert back[name].dtype == t.dtype and torch.equal(back[name], t), name  # the transposed one too
+    weights["a"].add_(1.0)  # the trainer updates its own in place: the sent copy keeps the old values
+    assert not torch.equal(back["a"], weights["a"])
+    assert unpack_weights(*pack_weights([])) == {}
 
 
 def test_each_rank_gets_the_rollout_gpu_after_the_training_ones():

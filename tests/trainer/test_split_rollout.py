@@ -20,15 +20,17 @@ from vlgrpo.config import ConfigError, save_config
 from vlgrpo.trainer.loop import Trainer
 from vlgrpo.trainer.state import _rollout_gpu, build_state
 
-from test_distributed import _config, _torchrun
+from test_distributed import RANK_REWARD, _config, _torchrun
+from test_dynamic_sampling import REWARD as ODD_IDS_REWARD
 from trainer_helpers import tiny_config, write_reward_module
 
 VLLM_SPLIT = ("rollout.placement=split", "rollout.engine=vllm", "train.num_gpus=2", "rollout.vllm.rollout_gpus=1")
 KEYS = ("train/loss", "reward/total", "grpo/kl", "grpo/entropy", "train/grad_norm", "grpo/response_length")
 
 
-def _run(tmp_path, tiny_model_dir, shapes_dir, name: str, *overrides: str) -> list[dict]:
-    spec = write_reward_module(tmp_path)
+def _run(tmp_path, tiny_model_dir, shapes_dir, name: str, *overrides: str, reward: str | None = None) -> list[dict]:
+    """Train a tiny run; `reward`: a recipe spec (default: the length reward of trainer_helpers)."""
+    spec = reward or write_reward_module(tmp_path)
     cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / name, f"reward.recipe={{'{spec}': 1.0}}",
                       "grpo.beta=0.04", "train.lr=1e-2", "train.seed=0", *overrides)  # fmt: skip
     state = build_state(cfg, progress=False)
@@ -46,6 +48,10 @@ def test_split_with_staleness_0_reproduces_the_colocated_run(tmp_path, tiny_mode
         assert {k: a[k] for k in KEYS} == {k: b[k] for k in KEYS}, a["step"]  # exactly: same weights, seeds, tokens
         assert b["rollout/staleness"] == 0.0
     assert split[0]["rollout/completions"] == 8  # the worker's engine counters reach the trainer's metrics
+    # the frozen tower's features come with the groups: the trainer adopts them and encodes nothing itself
+    assert sum(h["vision/images_encoded"] for h in colocated) > 0
+    assert [h["vision/images_encoded"] for h in split] == [0.0] * 3
+    assert sum(h["vision/adopted"] for h in split) == sum(h["vision/images_encoded"] for h in colocated)
 
 
 def test_split_with_staleness_1_overlaps_and_bounds_staleness(tmp_path, tiny_model_dir, shapes_dir):
@@ -102,13 +108,44 @@ def test_the_rollout_worker_exits_when_its_trainer_is_killed(tmp_path, tiny_mode
             os.kill(worker, signal.SIGKILL)
 
 
+DYNAMIC = ("grpo.dynamic_sampling=true", "grpo.max_topup_rounds=2", "train.prompts_per_step=3")
+DYNAMIC_KEYS = (*KEYS, "grpo/sampling_rounds", "grpo/dropped_groups", "grpo/zero_adv_frac")
+
+
+def _dynamic_run(tmp_path, tiny_model_dir, shapes_dir, name: str, *overrides: str) -> list[dict]:
+    """Dynamic sampling on a reward that is constant on odd sample ids: their groups are dropped and topped up."""
+    (tmp_path / "odd.py").write_text(ODD_IDS_REWARD)
+    return _run(tmp_path, tiny_model_dir, shapes_dir, name, *DYNAMIC, *overrides,
+                reward=f"{tmp_path}/odd.py:odd_ids_constant")  # fmt: skip
+
+
+def test_split_dynamic_sampling_with_staleness_0_reproduces_the_colocated_run(tmp_path, tiny_model_dir, shapes_dir):
+    """The top-up rounds go to the worker when the trainer finds its batch short: the same prompts, in the same
+    order, with the same seeds as a colocated run's rounds (the 7B ZeRO-3 recipe runs dynamic sampling)."""
+    colocated = _dynamic_run(tmp_path, tiny_model_dir, shapes_dir, "colocated", "train.steps=3")
+    split = _dynamic_run(tmp_path, tiny_model_dir, shapes_dir, "split", "train.steps=3", "rollout.placement=split",
+                         "rollout.max_staleness=0")  # fmt: skip
+    for a, b in zip(colocated, split, strict=True):
+        assert {k: a[k] for k in DYNAMIC_KEYS} == {k: b[k] for k in DYNAMIC_KEYS}, a["step"]
+    assert max(h["grpo/sampling_rounds"] for h in split) > 1  # top-up rounds ran through the worker
+
+
+def test_split_dynamic_sampling_with_staleness_1_bounds_staleness(tmp_path, tiny_model_dir, shapes_dir):
+    """A top-up round queues behind the step submitted ahead; whatever weights sample it, no group of the batch is
+    more than one version old, and the batch trains against the oldest round's behaviour log-probs."""
+    history = _dynamic_run(tmp_path, tiny_model_dir, shapes_dir, "split1", "train.steps=4", "rollout.placement=split")
+    assert history[0]["rollout/staleness"] == 0.0
+    assert all(0.0 <= h["rollout/staleness"] <= 1.0 for h in history)
+    assert max(h["grpo/sampling_rounds"] for h in history) > 1
+    assert all(h["grpo/dropped_groups"] >= h["grpo/sampling_rounds"] - 1 for h in history)  # a top-up: a drop
+    assert all(h["train/loss"] == h["train/loss"] for h in history)  # finite
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["rollout.max_staleness=1"], "needs rollout.placement=split"),
-    (["rollout.placement=split", "grpo.dynamic_sampling=true"], "does not run with grpo.dynamic_sampling"),
     (["rollout.placement=split", "grpo.num_iterations=2"], "does not run with grpo.num_iterations > 1"),
     (["rollout.placement=split", "train.stage=sft"], "does not run with train.stage=sft"),
     (["rollout.placement=split", "rollout.max_staleness=-1"], "must be >= 0"),
-    ([*VLLM_SPLIT, "grpo.dynamic_sampling=true"], "does not run with grpo.dynamic_sampling"),
     ([*VLLM_SPLIT, "rollout.vllm.tensor_parallel_size=2"], "does not run with rollout.vllm.tensor_parallel_size=2"),
     ([*VLLM_SPLIT, "rollout.top_p=0.9"], "renormalised over the kept tokens"),  # max_staleness: 1 by default
     ([*VLLM_SPLIT, "rollout.vllm.rollout_gpus=0"], "needs rollout.vllm.rollout_gpus >= 1"),
@@ -200,6 +237,24 @@ def test_split_on_two_ranks_with_staleness_1_bounds_staleness(tmp_path, tiny_mod
         assert all(h["train/loss"] == h["train/loss"] for h in history)  # finite
         assert [p["optimizer_steps"] for p in rank["progress"]] == [1, 2, 3, 4, 5]
     assert ranks[0]["progress"] == ranks[1]["progress"]  # the replicas' full weights stay equal, step by step
+
+
+def test_zero3_split_dynamic_sampling_ranks_agree_on_the_top_up_rounds(tmp_path, tiny_model_dir, shapes_dir):
+    """Rank 1's groups never vary, rank 0's always do: rank 1 sends two top-up rounds to its worker while rank 0,
+    with nothing to sample, still joins each round's vision gather (a ZeRO-3 collective; skipping it hangs)."""
+    pytest.importorskip("deepspeed")
+    (tmp_path / "rank_reward.py").write_text(RANK_REWARD)
+    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", "train.backend=zero3", "train.save_every=0",
+                      f"reward.recipe={{'{tmp_path}/rank_reward.py:rank_one_constant': 1.0}}",
+                      "grpo.dynamic_sampling=true", "grpo.max_topup_rounds=2", "rollout.placement=split")  # fmt: skip
+    save_config(cfg, tmp_path / "cfg.yaml")
+    rank0, rank1 = _torchrun(tmp_path, 29544, timeout=300)
+    assert [h["step"] for h in rank0["history"]] == [h["step"] for h in rank1["history"]] == [1, 2]
+    for h0, h1 in zip(rank0["history"], rank1["history"]):
+        assert h0["grpo/sampling_rounds"] == h1["grpo/sampling_rounds"] == 3
+        assert h1["grpo/dropped_groups"] == 6 and h0["grpo/dropped_groups"] == 0
+        assert h1["rollout/staleness"] <= 1.0
+    assert rank0["progress"] == rank1["progress"]  # the replicas' weights stay equal
 
 
 def test_weights_under_names_the_worker_lacks_stop_the_run(tmp_path, tiny_model_dir, shapes_dir):

@@ -304,7 +304,6 @@ def _check_placement(cfg: Config) -> None:
         return
     tp = r.vllm.tensor_parallel_size
     why = [(t.stage == "sft", "train.stage=sft samples nothing"),
-           (g.dynamic_sampling, "grpo.dynamic_sampling (its top-up rounds sample on demand, not ahead)"),
            (g.num_iterations > 1, "grpo.num_iterations > 1 (the stale behaviour log-probs are the ratio's base)"),
            (r.engine == "vllm" and tp != 1, f"rollout.vllm.tensor_parallel_size={tp} (each training rank's worker "
             "runs one vLLM engine on one GPU; a daemon process, it cannot start tensor-parallel workers)"),

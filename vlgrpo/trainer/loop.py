@@ -153,7 +153,7 @@ class Trainer:
         need = 0: the rank only joins the weight gather (collective under ZeRO-3) and returns empty lists."""
         state, timers = self.state, self.state.timers
         if state.split:
-            return self._collect_split(parts)
+            return self._collect_split(need, round_no, parts)
         samples = state.next_samples(need) if need else []  # 1. batch
         feats, groups = [], []
         # ZeRO-3: gather once for the encoder and HF decoding (vLLM decodes with its own weights: only `visual`)
@@ -170,23 +170,35 @@ class Trainer:
         parts.append(metrics)
         return groups, feats, rewards
 
-    def _collect_split(self, parts: list) -> tuple[list[RolloutGroup], list, list[float]]:
+    def _collect_split(self, need: int, round_no: int, parts: list) -> tuple[list[RolloutGroup], list, list[float]]:
         """Phases 1-4 with a split rollout: keep the worker `max_staleness + 1` steps ahead (1. batch, drawn when
-        submitted), take this step's groups (3.), encode their images for the update (2.), score them (4.)."""
+        submitted), take this step's groups (3.), encode their images for the update (2.), score them (4.). A
+        dynamic-sampling top-up round (`round_no` >= 1) draws its `need` prompts now and waits for them: it queues
+        behind the steps already submitted, sampled with the seed a colocated run's round uses."""
         state, timers, cfg = self.state, self.state.timers, self.state.cfg
         step, ahead = state.step + 1, staleness(cfg)
         while self.submitted < min(state.step + 1 + ahead, cfg.train.steps):
             t = self.submitted + 1  # sampled as a colocated run samples step t: same prompts order, same seed
             state.engine.submit(t, state.next_samples(cfg.train.prompts_per_step), state.sampling_for(t - 1, 0))
             self.submitted = t
-        with timers("rollout_wait"):  # the trainer's idle time: the worker had not finished this step yet
-            got = state.engine.collect(step)
-        self.staleness = state.step - got.version
+        got = None
+        if round_no == 0 or need:
+            if round_no:
+                state.engine.submit(step, state.next_samples(need), state.sampling_for(state.step, round_no), round_no)
+            with timers("rollout_wait"):  # the trainer's idle time: the worker had not finished this yet
+                got = state.engine.collect(step, round_no)
+            # a batch mixes rounds: its staleness is the oldest round's (behaviour log-probs as the ratio's base)
+            self.staleness = max(self.staleness if round_no else 0, state.step - got.version)
+        # ZeRO-3: the vision gather is a collective; a rank with nothing left to sample joins it all the same
         with state.backend.rollout_weights(full=False), timers("vision"):
-            feats = state.cache.get([g.sample.image for g in got.groups])
+            if got is not None:
+                state.cache.adopt(got.features)  # a frozen tower's features, as the worker encoded them: all hits
+            feats = state.cache.get([g.sample.image for g in got.groups]) if got else []
+        if got is None:
+            return [], [], []
         with timers("reward"):
             rewards, metrics = self._rewards(got.groups)
-        metrics.update({**got.stats, "rollout/staleness": float(self.staleness),
+        metrics.update({**got.stats, "rollout/staleness": float(state.step - got.version),
                         "rollout/queue_depth": float(state.engine.queue_depth()),
                         "timing/rollout_worker_idle": got.worker_idle_s})  # fmt: skip
         parts.append(metrics)
