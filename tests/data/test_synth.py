@@ -50,7 +50,9 @@ def test_answers_and_boxes_match_the_pixels(tmp_path):
             colour = s.question.split()[2]
             assert s.answer == str(sum(o["colour"] == colour for o in scene))
         elif kind == "exist":
-            name = s.question[len("Is there a ") : -len(" in the image?")]
+            article, *name, _, _, _ = s.question.split()[2:]  # "Is there an orange circle in the image?"
+            name = " ".join(name)
+            assert article == ("an" if name[0] in "aeiou" else "a")
             assert (s.answer == "yes") == (name in s.objects)
         elif kind == "ground":
             assert s.boxes[0] in boxes and json.loads(s.answer) == s.boxes[0]

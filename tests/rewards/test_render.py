@@ -37,7 +37,10 @@ def _about(sample) -> str:
     words = sample.question.rstrip("?.").split()
     if sample.task == "shapes/colour":  # "What colour is the circle": that kind
         about = [s for s in scene if s.shape == words[-1]]
-    else:  # count "How many red shapes", exist "Is there a red circle in the image", ground "Locate the red circle"
+    elif sample.task == "shapes/exist":  # "Is there a red circle in the image": red circles
+        colour, kind = words[3:5]
+        about = [s for s in scene if (s.colour, s.shape) == (colour, kind)]
+    else:  # count "How many red shapes", ground "Locate the red circle": that colour
         colour = next(w for w in words if w in ("red", "green", "blue", "yellow", "purple", "orange"))
         about = [s for s in scene if s.colour == colour]
     return scene_names(about) or "none"

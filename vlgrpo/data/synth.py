@@ -79,7 +79,8 @@ def draw_scene(rng: random.Random, size: int, max_shapes: int = 6) -> tuple[Imag
 
 def _question(rng: random.Random, kind: str, shapes: list[Shape]) -> tuple[str, str | None, str, list, list] | None:
     """(question, answer, answer_type, gold boxes, the shapes the question is about) for one kind, or None when the
-    scene cannot pose it. The shapes it is about: those of the asked colour (count, exist, ground) or kind (colour)."""
+    scene cannot pose it. The shapes it is about: those of the asked colour (count, ground), kind (colour) or name
+    (exist: the answer is then "yes" unless the list is "none")."""
     if kind == "count":
         colour = rng.choice([s.colour for s in shapes] + [rng.choice(COLOURS)])
         hits = [s for s in shapes if s.colour == colour]
@@ -97,9 +98,9 @@ def _question(rng: random.Random, kind: str, shapes: list[Shape]) -> tuple[str, 
         else:
             absent = [f"{c} {k}" for c in COLOURS for k in SHAPES if f"{c} {k}" not in present]
             name = rng.choice(absent)
-        hits = [s for s in shapes if s.name == name]
-        about = [s for s in shapes if s.colour == name.split()[0]]
-        return f"Is there a {name} in the image?", "yes" if hits else "no", "yesno", [list(s.box) for s in hits], about
+        hits = [s for s in shapes if s.name == name]  # about: the shapes of that name, so "none" reads as "no"
+        article = "an" if name[0] in "aeiou" else "a"  # "an orange circle", as POPE asks
+        return f"Is there {article} {name} in the image?", "yes" if hits else "no", "yesno", [list(s.box) for s in hits], hits
     unique = [s for s in shapes if sum(t.name == s.name for t in shapes) == 1]
     if not unique:
         return None
