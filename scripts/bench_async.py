@@ -24,6 +24,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -47,6 +48,7 @@ def grpo_run(s: DemoSettings, out: Path, sft_model: Path, mode: str, threads: in
     """One GRPO run from the SFT model; returns its timings and held-out accuracy."""
     torch.set_num_threads(threads)
     os.environ["OMP_NUM_THREADS"] = "1"  # a split worker (spawned) takes one thread
+    shutil.rmtree(out / mode, ignore_errors=True)  # a rerun measures afresh (the SFT model is kept and reused)
     cfg = _stage_config(s, out, "grpo", sft_model, (*SETTINGS, f"train.output_dir={out / mode}", "eval.every_steps=0",
                         "logging.progress_bar=false", "train.save_every=0", *extra))  # fmt: skip
     state = build_state(cfg, progress=False)
