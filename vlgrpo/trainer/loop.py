@@ -191,11 +191,10 @@ class Trainer:
             self.staleness = max(self.staleness if round_no else 0, state.step - got.version)
         # ZeRO-3: the vision gather is a collective; a rank with nothing left to sample joins it all the same
         with state.backend.rollout_weights(full=False), timers("vision"):
-            if got is not None:
-                state.cache.adopt(got.features)  # a frozen tower's features, as the worker encoded them: all hits
-            feats = state.cache.get([g.sample.image for g in got.groups]) if got else []
-        if got is None:
-            return [], [], []
+            if got is None:
+                return [], [], []
+            state.cache.adopt(got.features)  # a frozen tower's features, as the worker encoded them: all hits
+            feats = state.cache.get([g.sample.image for g in got.groups])
         with timers("reward"):
             rewards, metrics = self._rewards(got.groups)
         metrics.update({**got.stats, "rollout/staleness": float(state.step - got.version),
