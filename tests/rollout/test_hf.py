@@ -7,6 +7,7 @@ from vlgrpo.data.images import load_image
 from vlgrpo.data.prompts import render_messages
 from vlgrpo.models import placeholder_token_ids
 from vlgrpo.rollout.base import SamplingParams
+from vlgrpo.rollout.decode import SharedPrefixDecoder
 from vlgrpo.rollout.hf import HFEngine, sample_next
 from vlgrpo.rollout.inputs import collate_groups, completion_logprobs, forbidden_mask
 from vlgrpo.types import Sample
@@ -14,20 +15,30 @@ from vlgrpo.vision_cache import VisionCache
 
 
 class ForcedLogits:
-    """Forward hook that adds `bonus` to chosen ids at the last position: forward k (k=0: prefill) favours seq[k]."""
+    """Hooks on the LM head (every forward's logits: the prefill's and each decode step's, whichever path decodes) and
+    on the token embedding (the calls, as (rows, tokens)) that add `bonus` to chosen ids: forward k (k=0: prefill)
+    favours seq[k]; `always` ids are favoured at every forward."""
 
     def __init__(self, model, seq=None, always=None, bonus=100.0):
         self.seq, self.always, self.bonus, self.calls = seq or [], always or [], bonus, []
-        self.handle = model.register_forward_hook(self, with_kwargs=True)
+        self.handles = [model.get_input_embeddings().register_forward_hook(self.count),
+                        model.get_output_embeddings().register_forward_hook(self)]  # fmt: skip
 
-    def __call__(self, module, args, kwargs, out):
-        self.calls.append(tuple(kwargs["input_ids"].shape))
+    def count(self, module, args, out):
+        ids = args[0]
+        self.calls.append((ids.shape[0], ids.shape[1] if ids.dim() > 1 else 1))
+
+    def __call__(self, module, args, out):
         k = len(self.calls) - 1
         if k < len(self.seq):
-            out.logits[:, -1, self.seq[k]] += self.bonus
+            out[..., self.seq[k]] += self.bonus
         for i in self.always:
-            out.logits[..., i] += self.bonus
+            out[..., i] += self.bonus
         return out
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
 
 
 def _engine(model, processor, **kw):
@@ -68,7 +79,7 @@ def test_prefill_once_per_prompt_and_one_encoder_call_per_unique_image(load, sam
     try:
         groups = engine.generate(batch, SamplingParams(n=4, max_new_tokens=5, seed=3))
     finally:
-        hook.handle.remove()
+        hook.remove()
     prompt_lens = [len(g.prompt_ids) for g in groups]
     prefills = [shape for shape in hook.calls if shape[1] > 1]
     assert prefills == [(2, max(prompt_lens[:2])), (1, prompt_lens[2])]  # each prompt forwarded once, not G times
@@ -104,6 +115,33 @@ def test_sampling_logprobs_equal_the_trainers_pass(load, samples):
     assert [c.token_ids for g in other for c in g.completions] != [c.token_ids for c in rows]
 
 
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl"])
+def test_shared_prefix_decode_samples_what_the_transformers_forward_samples(load, samples, arch, monkeypatch):
+    """The decode step that reads each prompt's KV once for its G rows against the transformers forward over a KV
+    cache copied G ways: the same tokens and log-probs, with left padding and rows that stop at different steps."""
+    model, processor = load(arch, spread_by=0.1)
+    assert SharedPrefixDecoder.supports(model)
+    engine = _engine(model, processor, batch_prompts=3)
+    eos = processor.tokenizer.eos_token_id
+    batch = [samples[0], samples[5], samples[2]]  # different prompt lengths: a left-padded chunk
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=12, seed=5)
+    hook = ForcedLogits(model, always=[eos], bonus=4.0)  # eos likely enough that rows stop at different steps
+    try:
+        shared = engine.generate(batch, params)
+        decode_calls = len(hook.calls)
+        monkeypatch.setattr(SharedPrefixDecoder, "supports", staticmethod(lambda m: False))
+        reference = engine.generate(batch, params)
+    finally:
+        hook.remove()
+    rows, ref_rows = [c for g in shared for c in g.completions], [c for g in reference for c in g.completions]
+    assert len({len(c.token_ids) for c in rows}) > 2  # rows really stopped at different steps
+    assert [c.token_ids for c in rows] == [c.token_ids for c in ref_rows]
+    assert [c.finish_reason for c in rows] == [c.finish_reason for c in ref_rows]
+    for c, r in zip(rows, ref_rows):
+        assert max(abs(a - b) for a, b in zip(c.logprobs, r.logprobs)) <= 1e-5
+    assert decode_calls == 1 + max(len(c.token_ids) for c in rows) - 1  # prefill, then one step per new token
+
+
 def test_placeholder_tokens_are_never_sampled_even_when_favoured(load, samples):
     model, processor = load("qwen2_5_vl")
     bad = placeholder_token_ids(processor.tokenizer)
@@ -112,7 +150,7 @@ def test_placeholder_tokens_are_never_sampled_even_when_favoured(load, samples):
     try:
         groups = engine.generate(samples[:2], SamplingParams(n=8, max_new_tokens=6, seed=0))
     finally:
-        hook.handle.remove()
+        hook.remove()
     ids = {t for g in groups for c in g.completions for t in c.token_ids}
     assert ids and not ids & set(bad)
     assert engine.stats()["rollout/placeholder_sampled"] == 0
@@ -128,7 +166,7 @@ def test_eos_is_kept_in_token_ids_and_stop_strings_cut_the_text(load, samples):
     try:
         (g,) = engine.generate(samples[:1], SamplingParams(n=2, temperature=0, max_new_tokens=10))
     finally:
-        hook.handle.remove()
+        hook.remove()
     for c in g.completions:
         assert c.token_ids == answer[:4] + [eos] and c.finish_reason == "stop"
         assert c.text == tok.decode(answer[:4])  # EOS is in the ids, not in the text
@@ -136,7 +174,7 @@ def test_eos_is_kept_in_token_ids_and_stop_strings_cut_the_text(load, samples):
     try:
         (g,) = engine.generate(samples[:1], SamplingParams(temperature=0, max_new_tokens=20, stop=["</answer>"]))
     finally:
-        hook.handle.remove()
+        hook.remove()
     (c,) = g.completions
     assert c.finish_reason == "stop" and c.text == "<answer>3"
     assert tok.decode(c.token_ids).endswith("</answer>") and len(c.token_ids) < len(answer)

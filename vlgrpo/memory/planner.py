@@ -195,16 +195,18 @@ def logits_bytes(inp: PlanInput) -> int:
 
 
 def rollout_terms(inp: PlanInput, engine_params: int) -> dict[str, int]:
-    """Engine weights and KV cache on one rollout GPU (HF: the policy's own weights, KV expanded G ways)."""
+    """Engine weights and KV cache on one rollout GPU (HF: the policy's own weights). Both engines keep a group's
+    prompt KV once: vLLM by prefix caching, the HF engine's decode reads one copy per prompt for its G rows and
+    preallocates each row's completion (`rollout.decode.SharedPrefixDecoder`)."""
     s, prompt, c, g = inp.spec, inp.text_tokens + inp.image_tokens, inp.completion_tokens, inp.completions_per_prompt
     prompts = inp.prompts_per_step
     if inp.engine == "vllm" and inp.vllm_placement == "split":  # vLLM GPUs serve every training rank's prompts
         prompts = math.ceil(prompts * train_gpus(inp) / max(inp.rollout_gpus, 1))
     if inp.engine == "vllm":
         weights = engine_params * inp.dtype_bytes // inp.tensor_parallel
-        tokens = prompts * (prompt + g * c)  # prefix caching: the prompt's KV is stored once per group
     else:
-        weights, tokens = 0, prompts * g * (prompt + c)
+        weights = 0
+    tokens = prompts * (prompt + g * c)  # the prompt's KV is stored once per group
     kv = 0 if s is None else kv_cache_bytes(s.layers, s.kv_heads, s.head_dim, 1, tokens, inp.dtype_bytes)
     return {"rollout_weights": weights, "kv_cache": kv // inp.tensor_parallel}
 
@@ -268,7 +270,7 @@ def conventions(inp: PlanInput) -> dict[str, str]:
         "units": "bytes; printed GB are decimal (1 GB = 1e9 B)",
         "activations": "flash/SDPA attention (no T^2 term); with checkpointing only each layer's input is kept",
         "logits": "completion tokens only (logits_to_keep); lm_head output + fp32 copy + fp32 log_softmax",
-        "kv_cache": "2 x layers x kv_heads x head_dim x bytes per token; vLLM stores a group's prompt once",
+        "kv_cache": "2 x layers x kv_heads x head_dim x bytes per token; a group's prompt is stored once",
         "zero3_rollout_gather": "ZeRO-3, colocated: the rest of the vision tower + merger (vLLM engine) or of the "
                                 "whole policy (HF engine) gathered on every training GPU during rollout",
     }

@@ -15,6 +15,7 @@ from torch import Tensor
 from vlgrpo.data.images import ProcessorGeometry
 from vlgrpo.models import eval_mode
 from vlgrpo.rollout.base import EngineCounters, SamplingParams, cut_at_stop
+from vlgrpo.rollout.decode import SharedPrefixDecoder
 from vlgrpo.rollout.inputs import PromptInputs, build_prompt, forbidden_mask, left_pad, prefill, vocab_size
 from vlgrpo.types import Completion, RolloutGroup, Sample
 
@@ -76,16 +77,23 @@ def decode_loop(model, last, cache, next_pos, prompt_mask, params, forbidden, eo
     """Sample G = params.n completions per prefilled prompt.
 
     last [B, V] logits of the last prompt position, cache: the prompts' KV cache, next_pos [B] next M-RoPE position,
-    prompt_mask [B, T] (None when unpadded) -> B*G rows (prompt-major). Finished rows leave the batch at once.
+    prompt_mask [B, T] (None when unpadded) -> B*G rows (prompt-major). Finished rows stop being sampled at once.
+    The step is `SharedPrefixDecoder`'s (each prompt's KV read once for its G rows) when the model is one it runs,
+    else the transformers forward over a KV cache copied G ways, from which finished rows are dropped.
     """
     g = params.n
-    cache.batch_repeat_interleave(g)  # [B*G, heads, T, d]: one prefill, G continuations
+    shared = SharedPrefixDecoder.supports(model)
+    if shared:
+        decoder = SharedPrefixDecoder(model, cache, prompt_mask, g, params.max_new_tokens)
+    else:
+        cache.batch_repeat_interleave(g)  # [B*G, heads, T, d]: one prefill, G continuations
     logits, pos = last.repeat_interleave(g, dim=0), next_pos.repeat_interleave(g)
-    mask = prompt_mask.repeat_interleave(g, dim=0) if prompt_mask is not None else None
+    mask = prompt_mask.repeat_interleave(g, dim=0) if prompt_mask is not None and not shared else None
     rows = [_Row() for _ in range(logits.shape[0])]
     active = list(range(len(rows)))
+    tokens = torch.zeros(len(rows), dtype=torch.long, device=logits.device)  # shared: every row steps, finished too
     for _ in range(params.max_new_tokens):
-        tok, logp = sample_next(logits, params, forbidden, generator)
+        tok, logp = sample_next(logits, params, forbidden, generator)  # the active rows only: the same draws
         keep = []
         for j, (t, lp) in enumerate(zip(tok.tolist(), logp.tolist())):
             row = rows[active[j]]
@@ -99,6 +107,12 @@ def decode_loop(model, last, cache, next_pos, prompt_mask, params, forbidden, eo
                 keep.append(j)
         if not keep:
             break
+        if shared:
+            tokens[torch.tensor(active, device=tok.device)] = tok
+            active = [active[j] for j in keep]
+            logits, pos = decoder.step(tokens, pos)[torch.tensor(active, device=tok.device)], pos + 1
+            counts["decode_tokens"] += len(active)
+            continue
         if len(keep) < len(active):  # drop finished rows from the batch and the cache
             idx = torch.tensor(keep, device=tok.device)
             cache.batch_select_indices(idx)

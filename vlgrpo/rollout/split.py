@@ -11,8 +11,10 @@ nothing is dropped; it also checks every request's minimum version. With max_sta
 the weights of the step before: the same weights, prompts and seeds as a colocated run, hence the same completions.
 
 The worker holds its own model copy, engine (`vlgrpo.registry.ENGINE`) and vision cache; a new version invalidates the
-cache when the vision weights changed. With a frozen tower the features it encoded travel with the groups, and the
-trainer's cache adopts them instead of encoding each image a second time. Weights travel as one flat buffer per dtype
+cache when the vision weights changed. With a frozen tower the trainer encodes a batch's images when it submits them
+(while the worker samples the batch before) and the features travel with the request: the worker's cache adopts them,
+so the encoder runs once per image in all, on the trainer's side of the overlap. A trainable tower's features are of
+one version: the worker encodes with the weights it holds. Weights travel as one flat buffer per dtype
 (`pack_weights`). An engine with weights of its own (vLLM) gets every version too; it runs on a GPU of its own when
 the trainer names one (`worker_gpu`), else on the CPU. Each data-parallel rank starts its own worker and feeds it its
 own prompts, seeds and (full, gathered) weights. Knows nothing of losses, optimisers or checkpoints.
@@ -51,9 +53,6 @@ class Collected:
     """The worker engine's `rollout/*` counters for this request."""
     worker_idle_s: float = 0.0
     """Seconds the worker waited for work or weights since its previous result."""
-    features: tuple | None = None
-    """A frozen tower's features of these groups' images (`VisionCache.handover`): the trainer adopts them rather
-    than encode the images again."""
 
 
 class SplitRollout:
@@ -76,13 +75,15 @@ class SplitRollout:
         self.requests.put(("weights", 0, pack_weights(weights.items())))
 
     # ---- trainer side
-    def submit(self, step: int, samples: list[Sample], params: SamplingParams, round_no: int = 0) -> None:
+    def submit(self, step: int, samples: list[Sample], params: SamplingParams, round_no: int = 0,
+               features: tuple | None = None) -> None:  # fmt: skip
         """Queue the prompts of training step `step` (1-based), to be sampled with version >= step-1-max_staleness.
         Round 0 is the step's batch, submitted ahead; a dynamic-sampling top-up round (`round_no` >= 1) is submitted
-        when the trainer finds the batch short, and queues behind what was submitted before it."""
+        when the trainer finds the batch short, and queues behind what was submitted before it. `features`: the
+        trainer's `VisionCache.handover` of the samples' images (frozen tower), adopted by the worker's cache."""
         need = max(0, step - 1 - self.max_staleness)
         self.pending[(step, round_no)] = need
-        self.requests.put(("generate", (step, round_no), samples, params, need))
+        self.requests.put(("generate", (step, round_no), samples, params, need, features))
 
     def collect(self, step: int, round_no: int = 0) -> Collected:
         """The groups of step `step` (round `round_no`), waiting for the worker if they are not there yet."""
@@ -127,8 +128,8 @@ class SplitRollout:
             return False
         if message[0] == "error":
             raise RuntimeError(f"the rollout worker failed:\n{message[1]}")
-        _, key, groups, version, stats, idle, features = message
-        self.ready[key] = Collected(groups, version, stats, idle, features)
+        _, key, groups, version, stats, idle = message
+        self.ready[key] = Collected(groups, version, stats, idle)
         return True
 
 
@@ -209,17 +210,18 @@ def _serve(cfg, box_format: str, requests, results, device: str) -> None:
             # an engine with weights of its own (vLLM) reloads them in place; the HF engine decodes with the copy
             engine.update_weights(weights.items() if weights and engine.holds_own_weights else None, version)
             continue
-        _, key, samples, params, need = message  # key: (training step, sampling round)
+        _, key, samples, params, need, features = message  # key: (training step, sampling round)
         if version < need:  # the trainer sends weights before any request that needs them: a protocol error
             raise RuntimeError(f"step {key[0]} (round {key[1]}) needs weights of version >= {need}, the worker "
                                f"holds {version}")  # fmt: skip
         idle += time.perf_counter() - idle_since
+        adopted = cache.adopt(features)  # a frozen tower's features, as the trainer encoded them: the engine hits
         with torch.no_grad():
             groups = engine.generate(samples, params)
-        stats = {**engine.stats(), "rollout/worker_threads": float(torch.get_num_threads())}
+        stats = {**engine.stats(), "rollout/worker_threads": float(torch.get_num_threads()),
+                 "rollout/features_adopted": float(adopted)}  # fmt: skip
         engine.reset_stats()  # the next result's counters start here: the weight syncs before it count with it
-        features = cache.handover([g.sample.image for g in groups])  # frozen tower: the trainer needs them too
-        results.put(("groups", key, groups, version, stats, idle, features))
+        results.put(("groups", key, groups, version, stats, idle))
         idle_since, idle = time.perf_counter(), 0.0
 
 

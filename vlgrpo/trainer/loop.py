@@ -13,6 +13,7 @@ import torch
 
 from vlgrpo import grpo
 from vlgrpo.rewards import score
+from vlgrpo.rollout.base import SamplingParams
 from vlgrpo.rollout.inputs import completion_logprobs_and_entropy
 from vlgrpo.registry import ADVANTAGE, AGGREGATION, RATIO
 from vlgrpo.trainer.batch import TrainBatch, make_batch
@@ -172,19 +173,22 @@ class Trainer:
 
     def _collect_split(self, need: int, round_no: int, parts: list) -> tuple[list[RolloutGroup], list, list[float]]:
         """Phases 1-4 with a split rollout: keep the worker `max_staleness + 1` steps ahead (1. batch, drawn when
-        submitted), take this step's groups (3.), encode their images for the update (2.), score them (4.). A
-        dynamic-sampling top-up round (`round_no` >= 1) draws its `need` prompts now and waits for them: it queues
-        behind the steps already submitted, sampled with the seed a colocated run's round uses."""
+        submitted, 2. a frozen tower's features encoded then and sent with it), take this step's groups (3.), their
+        features for the update (2.: cache hits, or a trainable tower's encoding), score them (4.). A dynamic-sampling
+        top-up round (`round_no` >= 1) draws its `need` prompts now and waits for them: it queues behind the steps
+        already submitted, sampled with the seed a colocated run's round uses."""
         state, timers, cfg = self.state, self.state.timers, self.state.cfg
         step, ahead = state.step + 1, staleness(cfg)
+        todo = []  # (step, round, samples, sampling params)
         while self.submitted < min(state.step + 1 + ahead, cfg.train.steps):
             t = self.submitted + 1  # sampled as a colocated run samples step t: same prompts order, same seed
-            state.engine.submit(t, state.next_samples(cfg.train.prompts_per_step), state.sampling_for(t - 1, 0))
+            todo.append((t, 0, state.next_samples(cfg.train.prompts_per_step), state.sampling_for(t - 1, 0)))
             self.submitted = t
+        if round_no and need:
+            todo.append((step, round_no, state.next_samples(need), state.sampling_for(state.step, round_no)))
+        self._submit(todo)
         got = None
         if round_no == 0 or need:
-            if round_no:
-                state.engine.submit(step, state.next_samples(need), state.sampling_for(state.step, round_no), round_no)
             with timers("rollout_wait"):  # the trainer's idle time: the worker had not finished this yet
                 got = state.engine.collect(step, round_no)
             # a batch mixes rounds: its staleness is the oldest round's (behaviour log-probs as the ratio's base)
@@ -193,8 +197,7 @@ class Trainer:
         with state.backend.rollout_weights(full=False), timers("vision"):
             if got is None:
                 return [], [], []
-            state.cache.adopt(got.features)  # a frozen tower's features, as the worker encoded them: all hits
-            feats = state.cache.get([g.sample.image for g in got.groups])
+            feats = state.cache.get([g.sample.image for g in got.groups])  # frozen tower: encoded at submission
         with timers("reward"):
             rewards, metrics = self._rewards(got.groups)
         metrics.update({**got.stats, "rollout/staleness": float(state.step - got.version),
@@ -202,6 +205,22 @@ class Trainer:
                         "timing/rollout_worker_idle": got.worker_idle_s})  # fmt: skip
         parts.append(metrics)
         return got.groups, feats, rewards
+
+    def _submit(self, todo: list[tuple[int, int, list[Sample], SamplingParams]]) -> None:
+        """Send requests to the split worker. A frozen tower's features are encoded here, while the worker samples
+        the batch before, and go with the request, so the worker only decodes (each image encoded once in all); a
+        trainable tower's worker encodes with the version it holds. Under ZeRO-3 the vision gather is a collective:
+        every rank enters it once per round, with or without requests of its own."""
+        state = self.state
+        if state.cache.trainable:
+            for step, round_no, samples, params in todo:
+                state.engine.submit(step, samples, params, round_no)
+            return
+        with state.backend.rollout_weights(full=False), state.timers("vision"):
+            for step, round_no, samples, params in todo:
+                images = [x.image for x in samples]
+                state.cache.get(images)
+                state.engine.submit(step, samples, params, round_no, state.cache.handover(images))
 
     def _rewards(self, groups: list[RolloutGroup]) -> tuple[list[float], dict[str, float]]:
         state, cfg = self.state, self.state.cfg

@@ -1,0 +1,108 @@
+"""The decode step of the HF engine: G completions per prompt read their prompt's KV cache once per step.
+
+After one prefill per prompt (`rollout.inputs.prefill`), the transformers forward would copy each prompt's KV cache G
+times (`batch_repeat_interleave`), grow every row's cache by concatenation at every step and, with grouped-query
+attention and a padding mask, copy the keys and values once more per step to repeat them over the query heads. Here
+the prompt's keys and values stay as the prefill left them, once per prompt: the G rows' queries (and the query heads
+that share a KV head) are stacked into one matrix product against them, as cascade / shared-prefix attention kernels
+do; each row's own tokens go to a preallocated cache written in place. One softmax spans both parts, so the result is
+the attention of the whole sequence.
+
+It calls the model's own modules (embedding, norms, projections, MLP, LM head), so LoRA wrappers and gathered ZeRO-3
+weights work as in the transformers forward. Decode tokens are text: their three M-RoPE position components are equal,
+which makes M-RoPE the plain rotary embedding at that position (Qwen2-VL and Qwen2.5-VL alike). `SharedPrefixDecoder.
+supports` names the models it applies to; the engine falls back to the transformers forward for any other.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class SharedPrefixDecoder:
+    """KV state and one decode step for R = B*G rows, row r continuing prompt r // G."""
+
+    @staticmethod
+    def supports(model) -> bool:
+        """A Qwen2-style text decoder (rotary, grouped-query attention, no sliding window) the step can run."""
+        try:
+            text = model.get_decoder()
+            attn = text.layers[0].self_attn
+            return (hasattr(text.rotary_emb, "inv_freq") and hasattr(attn, "q_proj") and hasattr(attn, "head_dim")
+                    and not getattr(text.config, "use_sliding_window", False))  # fmt: skip
+        except (AttributeError, IndexError, TypeError):
+            return False
+
+    def __init__(self, model, cache, prompt_mask: Tensor | None, g: int, max_new: int) -> None:
+        """cache: the prefill's KV cache of B prompts ([B, kv heads, T, d] per layer), prompt_mask [B, T] (None when
+        unpadded), g: rows per prompt, max_new: decode steps at most."""
+        self.text, self.head = model.get_decoder(), model.get_output_embeddings()
+        attn = self.text.layers[0].self_attn
+        cfg = self.text.config
+        self.heads, self.kv_heads, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, attn.head_dim
+        self.rep, self.scale, self.g = self.heads // self.kv_heads, attn.scaling, g
+        self.prompt_k = [layer.keys for layer in cache.layers]  # [B, kvh, T, d] each, never copied
+        self.prompt_v = [layer.values for layer in cache.layers]
+        b, _, t, _ = self.prompt_k[0].shape
+        self.b, self.rows = b, b * g
+        k0 = self.prompt_k[0]
+        self.bias = None  # [B, 1, 1, T] additive: -inf on left padding
+        if prompt_mask is not None:
+            self.bias = torch.zeros(b, 1, 1, t, dtype=k0.dtype, device=k0.device)
+            self.bias.masked_fill_(prompt_mask[:, None, None, :] == 0, torch.finfo(k0.dtype).min)
+        shape = (self.rows, self.kv_heads, max_new, self.d)
+        self.own_k = [k0.new_empty(shape) for _ in self.prompt_k]  # the rows' own tokens, written in place
+        self.own_v = [k0.new_empty(shape) for _ in self.prompt_k]
+        self.length = 0
+
+    def _grouped(self, x: Tensor) -> Tensor:
+        """[R, kvh, n, ...] -> [B, kvh, G*n, ...]: a prompt's rows side by side, per KV head."""
+        r, kvh, n = x.shape[:3]
+        return x.view(self.b, self.g, kvh, n, *x.shape[3:]).transpose(1, 2).reshape(self.b, kvh, self.g * n,
+                                                                                      *x.shape[3:])  # fmt: skip
+
+    def _rows(self, x: Tensor) -> Tensor:
+        """[B, kvh, G*n, ...] -> [R, kvh, n, ...], the inverse of `_grouped`."""
+        b, kvh, gn = x.shape[:3]
+        return x.view(b, kvh, self.g, gn // self.g, *x.shape[3:]).transpose(1, 2).reshape(self.rows, kvh,
+                                                                                          gn // self.g, *x.shape[3:])
+
+    def step(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        """tokens [R] long, positions [R] (their M-RoPE position) -> next-token logits [R, V]."""
+        i = self.length
+        x = self.text.embed_tokens(tokens)  # [R, H]
+        rot = self.text.rotary_emb
+        freqs = positions[:, None].float() * rot.inv_freq.to(device=x.device, dtype=torch.float)  # [R, d/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * rot.attention_scaling).to(x.dtype)[:, None, :]  # [R, 1, d]
+        sin = (emb.sin() * rot.attention_scaling).to(x.dtype)[:, None, :]
+        for li, layer in enumerate(self.text.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = attn.q_proj(h).view(self.rows, self.heads, self.d)
+            k = attn.k_proj(h).view(self.rows, self.kv_heads, self.d)
+            v = attn.v_proj(h).view(self.rows, self.kv_heads, self.d)
+            q = q * cos + _rotate_half(q) * sin
+            self.own_k[li][:, :, i] = k * cos + _rotate_half(k) * sin
+            self.own_v[li][:, :, i] = v
+            q = q.view(self.rows, self.kv_heads, self.rep, self.d)  # query head j reads KV head j // rep
+            own_k, own_v = self.own_k[li][:, :, : i + 1], self.own_v[li][:, :, : i + 1]
+            prompt_s = self._grouped(q) @ self.prompt_k[li].transpose(-1, -2)  # [B, kvh, G*rep, T]
+            if self.bias is not None:
+                prompt_s = prompt_s * self.scale + self.bias
+            else:
+                prompt_s = prompt_s * self.scale
+            own_s = self._grouped(q @ own_k.transpose(-1, -2)) * self.scale  # [B, kvh, G*rep, i+1]
+            p = torch.softmax(torch.cat((prompt_s, own_s), dim=-1).float(), dim=-1).to(q.dtype)
+            t = prompt_s.shape[-1]
+            out = self._rows(p[..., :t] @ self.prompt_v[li]) + self._rows(p[..., t:]) @ own_v  # [R, kvh, rep, d]
+            x = x + attn.o_proj(out.reshape(self.rows, self.heads * self.d))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        self.length = i + 1
+        return self.head(self.text.norm(x))
