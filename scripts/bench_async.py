@@ -8,11 +8,14 @@ median, since a stray process on the machine shows up as a few slow steps), the 
 (medians), the ideal overlap bound `1 / max(rollout, rest of the step)` from them, each side's idle
 fraction in the split run, the mean response length (the work per step: a run whose completions are shorter is
 faster for a reason that is not the overlap) and held-out VQA accuracy after GRPO. The last line is one JSON object.
+Each mode runs `--repeats` times per seed in mirrored order (sync1 sync2 split split sync2 sync1) and its steps are
+pooled: this machine's speed drifts by up to 2x over minutes, and the mirror spreads a drift over the modes alike.
 
-Usage: python scripts/bench_async.py [--seeds 0,1,2] [--grpo-steps 40] [--prompts 4] [--beta 0]
-The defaults are the configuration of docs/scaling-out.md: 4 prompts x 8 completions per step and no reference pass,
-so that the rollout is about half of a one-thread synchronous step.
-Time nothing else on the machine while it runs (it needs both cores). `--from-scratch --modes sync1,split
+Usage: python scripts/bench_async.py [--seeds 0,1,2] [--grpo-steps 40] [--prompts 2] [--grpo-lr 1.5e-4] [--beta 0]
+                                     [--repeats 2]
+The defaults are the configuration of docs/scaling-out.md: 2 prompts x 8 completions per step and no reference pass,
+so that the rollout is about half of a one-thread synchronous step, at half the demo's GRPO learning rate.
+Time nothing else on the machine while it runs (it needs both cores). `--from-scratch --modes sync1,split --repeats 1
 --grpo-steps 400 --prompts 16 --max-new-tokens 24` compares held-out accuracy only on the earlier from-scratch demo
 (`demo.from_scratch()`, colour questions): accuracy does not depend on timing, since the split run's staleness pattern
 is fixed by max_staleness.
@@ -44,8 +47,10 @@ SETTINGS: list[str] = []
 MODES = {"sync1": (1, []), "sync2": (2, []), "split": (1, ["rollout.placement=split", "rollout.max_staleness=1"])}
 
 
-def grpo_run(s: DemoSettings, out: Path, sft_model: Path, mode: str, threads: int, extra: list[str]) -> dict:
-    """One GRPO run from the SFT model; returns its timings and held-out accuracy."""
+def grpo_run(s: DemoSettings, out: Path, sft_model: Path, mode: str, threads: int, extra: list[str],
+             timings_only: bool = False) -> dict:  # fmt: skip
+    """One GRPO run from the SFT model; returns its timings and held-out accuracy (not with `timings_only`: a
+    repeat, whose weights are the first run's, since every mode is deterministic)."""
     torch.set_num_threads(threads)
     os.environ["OMP_NUM_THREADS"] = "1"  # a split worker (spawned) takes one thread
     shutil.rmtree(out / mode, ignore_errors=True)  # a rerun measures afresh (the SFT model is kept and reused)
@@ -56,10 +61,17 @@ def grpo_run(s: DemoSettings, out: Path, sft_model: Path, mode: str, threads: in
         history = Trainer(state).train()
     finally:
         state.close()
+    later = history[1:]  # step 1 includes the worker's model load
+    if timings_only:
+        return {"later": later}
     export_run(out / mode, out / f"{mode}_model")
     torch.set_num_threads(1)  # the held-out eval is not timed: one thread, as every mode's
     result = _evaluate(out / f"{mode}_model", cfg, out / "data" / "test.jsonl", s, ["vqa"])
-    later = history[1:]  # step 1 includes the worker's model load
+    return summarise(later) | {"accuracy": result.metrics["eval/vqa/accuracy"]}
+
+
+def summarise(later: list[dict]) -> dict:
+    """Timings of the steps after the first (of every repeat of a mode, pooled)."""
 
     def mean(key: str) -> float:
         return statistics.fmean(h.get(key, 0.0) for h in later)
@@ -70,7 +82,7 @@ def grpo_run(s: DemoSettings, out: Path, sft_model: Path, mode: str, threads: in
             "rest_s": statistics.median(h["timing/step"] - r for h, r in zip(later, rollout)),
             "trainer_idle": mean("timing/rollout_wait") / mean("timing/step"),
             "worker_idle": mean("timing/rollout_worker_idle") / mean("timing/step"),
-            "length": mean("grpo/response_length"), "accuracy": result.metrics["eval/vqa/accuracy"]}  # fmt: skip
+            "length": mean("grpo/response_length"), "later": later}  # fmt: skip
 
 
 def main() -> None:
@@ -81,7 +93,13 @@ def main() -> None:
     ap.add_argument("--grpo-steps", type=int, default=40)
     ap.add_argument("--sft-steps", type=int, help="default: the demo's")
     ap.add_argument("--completions", type=int, default=8)
-    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="runs per mode and seed, in mirrored order (sync1 sync2 split split sync2 sync1): the machine's "
+                         "speed drifts over minutes, and the mirror spreads the drift over the modes alike")
+    ap.add_argument("--grpo-lr", type=float,
+                    help="GRPO learning rate; default 1.5e-4, half the demo's, which is for 16 prompts a step and at 2 "
+                         "collapsed two of five seeds' synchronous runs within 40 steps (--from-scratch: its own)")
     ap.add_argument("--beta", type=float, default=0.0,
                     help="grpo.beta (the demo's is 0.02; 0: no reference pass, so the rollout is about half a step)")
     ap.add_argument("--max-new-tokens", type=int, help="default: the demo's")
@@ -95,7 +113,7 @@ def main() -> None:
     for seed in [int(x) for x in args.seeds.split(",")]:
         s = from_scratch() if args.from_scratch else DemoSettings()
         s = dataclasses.replace(s, seed=seed, sft_steps=args.sft_steps or s.sft_steps, grpo_steps=args.grpo_steps,
-                                completions=args.completions, grpo_prompts=args.prompts,
+                                completions=args.completions, grpo_prompts=args.prompts, grpo_lr=args.grpo_lr or (s.grpo_lr if args.from_scratch else 1.5e-4),
                                 max_new_tokens=args.max_new_tokens or s.max_new_tokens, val_every=0)  # fmt: skip
         out = Path(args.out) / f"seed{seed}"
         torch.set_num_threads(2)
@@ -104,10 +122,19 @@ def main() -> None:
         if not (out / "sft_model").is_dir():
             run_training(sft_cfg)
             export_run(out / "sft", out / "sft_model")
-        for mode in args.modes.split(","):
+        modes = args.modes.split(",")
+        order = [m for r in range(args.repeats) for m in (modes if r % 2 == 0 else modes[::-1])]
+        for mode in order:
             threads, extra = MODES[mode]
-            rows[(seed, mode)] = grpo_run(s, out, out / "sft_model", mode, threads, extra)
-            print(f"seed {seed} {mode}: {json.dumps(rows[(seed, mode)])}", file=sys.stderr)
+            if (seed, mode) not in rows:
+                rows[(seed, mode)] = grpo_run(s, out, out / "sft_model", mode, threads, extra)
+            else:  # a repeat: its steps join the first run's (the same work: every mode is deterministic)
+                later = rows[(seed, mode)]["later"] + grpo_run(s, out, out / "sft_model", mode, threads, extra,
+                                                               timings_only=True)["later"]  # fmt: skip
+                rows[(seed, mode)] |= summarise(later)
+        for mode in modes:
+            shown = {k: v for k, v in rows[(seed, mode)].items() if k != "later"}
+            print(f"seed {seed} {mode}: {json.dumps(shown)}", file=sys.stderr)
     seeds = sorted({k[0] for k in rows})
 
     def avg(mode: str, key: str) -> float:

@@ -1,0 +1,84 @@
+"""The HF engine's decode, measured: the shared-prefix step (`vlgrpo/rollout/decode.py`: each prompt's KV read once
+per step for its G rows) against the transformers forward over a KV cache copied G ways (the engine's fallback), side
+by side in one run, on the demo's model and prompts.
+
+Each round samples the same batches both ways, in mirrored order (shared, transformers, transformers, shared), since
+this machine's speed drifts over minutes; the figures are medians of the per-batch `generate` times (prompt building,
+prefill and decode; the image features are cached beforehand). Both ways sample the same tokens (checked).
+
+Usage: OMP_NUM_THREADS=1 python scripts/bench_decode.py [--model DIR] [--prompts 4] [--completions 8] [--rounds 3]
+The model defaults to the demo's SFT cold start when `scripts/bench_async.py` left one in runs/bench_async/seed0,
+else the shipped base (whose completions run to --max-new-tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from vlgrpo.data.adapters import load_samples
+from vlgrpo.data.synth import synth_dataset
+from vlgrpo.models import load_model
+from vlgrpo.rollout import decode
+from vlgrpo.rollout.base import SamplingParams
+from vlgrpo.rollout.hf import HFEngine
+from vlgrpo.vision_cache import VisionCache
+
+BASE = Path(__file__).resolve().parent.parent / "data" / "models" / "shapes-tiny-qwen2_5_vl"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sft = Path("runs/bench_async/seed0/sft_model")
+    ap.add_argument("--model", default=str(sft if sft.is_dir() else BASE))
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--completions", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=56)
+    ap.add_argument("--batches", type=int, default=8, help="batches per round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--data", default="runs/bench_decode/data")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    data = Path(args.data)
+    if not (data / "train.jsonl").is_file():
+        synth_dataset(data, n=2 * args.prompts * args.batches, seed=12345, image_size=112, max_shapes=3)  # 80 % train
+    samples = load_samples(data / "train.jsonl").samples
+    lm = load_model(args.model)
+    cache = VisionCache(lm.model, lm.processor)
+    engine = HFEngine(lm.model.eval(), lm.processor, cache, answer_format="think_answer")
+    batches = [samples[i * args.prompts : (i + 1) * args.prompts] for i in range(args.batches)]
+    cache.get([s.image for s in samples])
+    supports = decode.SharedPrefixDecoder.supports
+    times: dict[str, list[float]] = {"shared": [], "transformers": []}
+    tokens: dict[str, list] = {}
+    for r in range(args.rounds):
+        for way in ("shared", "transformers", "transformers", "shared"):
+            decode.SharedPrefixDecoder.supports = staticmethod(supports if way == "shared" else lambda m: False)
+            got = []
+            for k, batch in enumerate(batches):
+                params = SamplingParams(n=args.completions, temperature=1.0, max_new_tokens=args.max_new_tokens, seed=k)
+                t = time.perf_counter()
+                with torch.no_grad():
+                    groups = engine.generate(batch, params)
+                times[way].append(time.perf_counter() - t)
+                got.append([c.token_ids for g in groups for c in g.completions])
+            tokens.setdefault(way, got)
+        print(f"round {r + 1}: shared {statistics.median(times['shared']):.3f} s, transformers "
+              f"{statistics.median(times['transformers']):.3f} s per batch (medians so far)", flush=True)
+    decode.SharedPrefixDecoder.supports = supports
+    same = tokens["shared"] == tokens["transformers"]
+    n_tokens = statistics.fmean(len(t) for batch in tokens["shared"] for t in batch)
+    shared, ref = statistics.median(times["shared"]), statistics.median(times["transformers"])
+    print(f"{args.prompts} prompts x {args.completions} completions, {n_tokens:.1f} tokens each; per batch: shared-prefix "
+          f"{shared:.3f} s, transformers forward {ref:.3f} s: {ref / shared:.2f}x; same tokens: {same}")
+    print(json.dumps({"shared_s": shared, "transformers_s": ref, "speedup": ref / shared, "same_tokens": same,
+                      "mean_tokens": n_tokens, "model": args.model}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
