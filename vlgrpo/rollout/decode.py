@@ -63,7 +63,7 @@ class SharedPrefixDecoder:
 
     def _grouped(self, x: Tensor) -> Tensor:
         """[R, kvh, n, ...] -> [B, kvh, G*n, ...]: a prompt's rows side by side, per KV head."""
-        r, kvh, n = x.shape[:3]
+        kvh, n = x.shape[1:3]
         return x.view(self.b, self.g, kvh, n, *x.shape[3:]).transpose(1, 2).reshape(self.b, kvh, self.g * n,
                                                                                       *x.shape[3:])  # fmt: skip
 
@@ -93,11 +93,9 @@ class SharedPrefixDecoder:
             self.own_v[li][:, :, i] = v
             q = q.view(self.rows, self.kv_heads, self.rep, self.d)  # query head j reads KV head j // rep
             own_k, own_v = self.own_k[li][:, :, : i + 1], self.own_v[li][:, :, : i + 1]
-            prompt_s = self._grouped(q) @ self.prompt_k[li].transpose(-1, -2)  # [B, kvh, G*rep, T]
+            prompt_s = (self._grouped(q) @ self.prompt_k[li].transpose(-1, -2)) * self.scale  # [B, kvh, G*rep, T]
             if self.bias is not None:
-                prompt_s = prompt_s * self.scale + self.bias
-            else:
-                prompt_s = prompt_s * self.scale
+                prompt_s = prompt_s + self.bias
             own_s = self._grouped(q @ own_k.transpose(-1, -2)) * self.scale  # [B, kvh, G*rep, i+1]
             p = torch.softmax(torch.cat((prompt_s, own_s), dim=-1).float(), dim=-1).to(q.dtype)
             t = prompt_s.shape[-1]

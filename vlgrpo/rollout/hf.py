@@ -92,6 +92,7 @@ def decode_loop(model, last, cache, next_pos, prompt_mask, params, forbidden, eo
     rows = [_Row() for _ in range(logits.shape[0])]
     active = list(range(len(rows)))
     tokens = torch.zeros(len(rows), dtype=torch.long, device=logits.device)  # shared: every row steps, finished too
+    active_idx = torch.arange(len(rows), device=logits.device)
     for _ in range(params.max_new_tokens):
         tok, logp = sample_next(logits, params, forbidden, generator)  # the active rows only: the same draws
         keep = []
@@ -108,9 +109,10 @@ def decode_loop(model, last, cache, next_pos, prompt_mask, params, forbidden, eo
         if not keep:
             break
         if shared:
-            tokens[torch.tensor(active, device=tok.device)] = tok
+            tokens[active_idx] = tok
             active = [active[j] for j in keep]
-            logits, pos = decoder.step(tokens, pos)[torch.tensor(active, device=tok.device)], pos + 1
+            active_idx = torch.tensor(active, device=tok.device)
+            logits, pos = decoder.step(tokens, pos)[active_idx], pos + 1
             counts["decode_tokens"] += len(active)
             continue
         if len(keep) < len(active):  # drop finished rows from the batch and the cache
