@@ -20,9 +20,29 @@ import torch
 from torch import Tensor
 
 
-def _rotate_half(x: Tensor) -> Tensor:
+def rotate_half(x: Tensor) -> Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
+
+
+def text_rotary(rot, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos, sin [n, 1, d] of text tokens at `positions` [n] (their three M-RoPE components equal: plain rotary)."""
+    freqs = positions[:, None].float() * rot.inv_freq.to(device=positions.device, dtype=torch.float)  # [n, d/2]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return ((emb.cos() * rot.attention_scaling).to(dtype)[:, None, :],
+            (emb.sin() * rot.attention_scaling).to(dtype)[:, None, :])  # fmt: skip
+
+
+def supports_text_decoder(model) -> bool:
+    """A Qwen2-style text decoder (rotary, grouped-query attention, no q/k norm, no sliding window) that the
+    shared-prefix decode step and the packed completion pass (`packed.py`) can run."""
+    try:
+        text = model.get_decoder()
+        attn = text.layers[0].self_attn
+        return (hasattr(text.rotary_emb, "inv_freq") and hasattr(attn, "q_proj") and hasattr(attn, "head_dim")
+                and not hasattr(attn, "q_norm") and not getattr(text.config, "use_sliding_window", False))  # fmt: skip
+    except (AttributeError, IndexError, TypeError):
+        return False
 
 
 class SharedPrefixDecoder:
@@ -30,14 +50,7 @@ class SharedPrefixDecoder:
 
     @staticmethod
     def supports(model) -> bool:
-        """A Qwen2-style text decoder (rotary, grouped-query attention, no sliding window) the step can run."""
-        try:
-            text = model.get_decoder()
-            attn = text.layers[0].self_attn
-            return (hasattr(text.rotary_emb, "inv_freq") and hasattr(attn, "q_proj") and hasattr(attn, "head_dim")
-                    and not getattr(text.config, "use_sliding_window", False))  # fmt: skip
-        except (AttributeError, IndexError, TypeError):
-            return False
+        return supports_text_decoder(model)
 
     def __init__(self, model, cache, prompt_mask: Tensor | None, g: int, max_new: int) -> None:
         """cache: the prefill's KV cache of B prompts ([B, kv heads, T, d] per layer), prompt_mask [B, T] (None when
@@ -77,19 +90,15 @@ class SharedPrefixDecoder:
         """tokens [R] long, positions [R] (their M-RoPE position) -> next-token logits [R, V]."""
         i = self.length
         x = self.text.embed_tokens(tokens)  # [R, H]
-        rot = self.text.rotary_emb
-        freqs = positions[:, None].float() * rot.inv_freq.to(device=x.device, dtype=torch.float)  # [R, d/2]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * rot.attention_scaling).to(x.dtype)[:, None, :]  # [R, 1, d]
-        sin = (emb.sin() * rot.attention_scaling).to(x.dtype)[:, None, :]
+        cos, sin = text_rotary(self.text.rotary_emb, positions, x.dtype)  # [R, 1, d]
         for li, layer in enumerate(self.text.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
             q = attn.q_proj(h).view(self.rows, self.heads, self.d)
             k = attn.k_proj(h).view(self.rows, self.kv_heads, self.d)
             v = attn.v_proj(h).view(self.rows, self.kv_heads, self.d)
-            q = q * cos + _rotate_half(q) * sin
-            self.own_k[li][:, :, i] = k * cos + _rotate_half(k) * sin
+            q = q * cos + rotate_half(q) * sin
+            self.own_k[li][:, :, i] = k * cos + rotate_half(k) * sin
             self.own_v[li][:, :, i] = v
             q = q.view(self.rows, self.kv_heads, self.rep, self.d)  # query head j reads KV head j // rep
             own_k, own_v = self.own_k[li][:, :, : i + 1], self.own_v[li][:, :, : i + 1]

@@ -17,6 +17,8 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 from vlgrpo.data.images import ProcessorGeometry, image_size
 from vlgrpo.data.prompts import render_messages
 from vlgrpo.models import placeholder_token_ids
+from vlgrpo.rollout.decode import supports_text_decoder
+from vlgrpo.rollout.packed import packed_completion_logits
 from vlgrpo.types import InputError, Sample
 
 IMAGE_PAD = "<|image_pad|>"
@@ -214,15 +216,19 @@ def _checkpointing(model) -> bool:
 def completion_logits(model, batch: CompletionBatch, features: list) -> Tensor:
     """Logits that predict each completion token -> [R, C, V] (features: one per prompt, B entries).
 
-    Shared prefix: the prompts are forwarded once, their KV cache gathered to the R rows, then the completions are
-    forwarded against it (the prompt is never recomputed per completion; gradients flow through the gathered cache).
-    Under active gradient checkpointing it falls back to whole rows through `policy_logits` (same numbers).
+    Shared prefix: the prompts are forwarded once and the completions against their KV cache (the prompt is never
+    recomputed per completion; gradients flow through the cache). The completion pass is `packed.py`'s, which runs
+    no layer on padding, for the models it supports; else the transformers forward over the cache gathered to the R
+    rows. Under active gradient checkpointing it falls back to whole rows through `policy_logits` (same numbers).
     """
     if _checkpointing(model):
         return _completion_logits_full_rows(model, batch, features)
     last, cache, next_pos = prefill(
         model, batch.prompt_ids, batch.prompt_mask, batch.mm_token_type_ids, batch.image_grid_thw, features
     )
+    if supports_text_decoder(model):
+        return packed_completion_logits(model, batch.completion_ids, batch.completion_mask, batch.row_prompt,
+                                        batch.prompt_mask, last, cache, next_pos)  # fmt: skip
     cache.batch_select_indices(batch.row_prompt)
     r, c = batch.completion_ids.shape
     pos = next_pos[batch.row_prompt].unsqueeze(1) + torch.arange(c, device=next_pos.device)  # [R, C]
