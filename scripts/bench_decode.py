@@ -32,27 +32,35 @@ from vlgrpo.vision_cache import VisionCache
 BASE = Path(__file__).resolve().parent.parent / "data" / "models" / "shapes-tiny-qwen2_5_vl"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sft = Path("runs/bench_async/seed0/sft_model")
-    ap.add_argument("--model", default=str(sft if sft.is_dir() else BASE))
-    ap.add_argument("--prompts", type=int, default=4)
+def setup(doc: str, model: Path, data: str, prompts: int, batches: int, rounds: int):
+    """The command line and the inputs both decode and update benchmarks share: (args, train samples, loaded model,
+    vision cache with every sample's features). One thread; the data is synthesised once (a seed the demo never
+    uses)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--model", default=str(model if model.is_dir() else BASE))
+    ap.add_argument("--prompts", type=int, default=prompts)
     ap.add_argument("--completions", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=56)
-    ap.add_argument("--batches", type=int, default=8, help="batches per round")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--data", default="runs/bench_decode/data")
+    ap.add_argument("--batches", type=int, default=batches, help="batches per round")
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--data", default=data)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    data = Path(args.data)
-    if not (data / "train.jsonl").is_file():
-        synth_dataset(data, n=2 * args.prompts * args.batches, seed=12345, image_size=112, max_shapes=3)  # 80 % train
-    samples = load_samples(data / "train.jsonl").samples
+    folder = Path(args.data)
+    if not (folder / "train.jsonl").is_file():
+        synth_dataset(folder, n=2 * args.prompts * args.batches, seed=12345, image_size=112, max_shapes=3)  # 80 % train
+    samples = load_samples(folder / "train.jsonl").samples
     lm = load_model(args.model)
     cache = VisionCache(lm.model, lm.processor)
+    cache.get([s.image for s in samples])
+    return args, samples, lm, cache
+
+
+def main() -> None:
+    args, samples, lm, cache = setup(__doc__, Path("runs/bench_async/seed0/sft_model"), "runs/bench_decode/data",
+                                     prompts=4, batches=8, rounds=3)  # fmt: skip
     engine = HFEngine(lm.model.eval(), lm.processor, cache, answer_format="think_answer")
     batches = [samples[i * args.prompts : (i + 1) * args.prompts] for i in range(args.batches)]
-    cache.get([s.image for s in samples])
     supports = decode.SharedPrefixDecoder.supports
     times: dict[str, list[float]] = {"shared": [], "transformers": []}
     tokens: dict[str, list] = {}

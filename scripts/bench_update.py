@@ -15,7 +15,6 @@ base (whose completions run to --max-new-tokens, so rows are nearly all the same
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -23,37 +22,18 @@ from pathlib import Path
 
 import torch
 
-from vlgrpo.data.adapters import load_samples
-from vlgrpo.data.synth import synth_dataset
-from vlgrpo.models import load_model, placeholder_token_ids
+from bench_decode import setup  # scripts/ is on sys.path when this script runs
+from vlgrpo.models import placeholder_token_ids
 from vlgrpo.rollout import inputs
 from vlgrpo.rollout.base import SamplingParams
 from vlgrpo.rollout.hf import HFEngine
 from vlgrpo.trainer.batch import make_batch
-from vlgrpo.vision_cache import VisionCache
-
-BASE = Path(__file__).resolve().parent.parent / "data" / "models" / "shapes-tiny-qwen2_5_vl"
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sft = Path("runs/demo/sft_model")
-    ap.add_argument("--model", default=str(sft if sft.is_dir() else BASE))
-    ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--completions", type=int, default=8)
-    ap.add_argument("--max-new-tokens", type=int, default=56)
-    ap.add_argument("--batches", type=int, default=4, help="batches per round")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--data", default="runs/bench_update/data")
-    args = ap.parse_args()
-    torch.set_num_threads(1)
-    data = Path(args.data)
-    if not (data / "train.jsonl").is_file():
-        synth_dataset(data, n=2 * args.prompts * args.batches, seed=12345, image_size=112, max_shapes=3)  # 80 % train
-    samples = load_samples(data / "train.jsonl").samples
-    lm = load_model(args.model)
+    args, samples, lm, cache = setup(__doc__, Path("runs/demo/sft_model"), "runs/bench_update/data", prompts=16,
+                                     batches=4, rounds=2)  # fmt: skip
     model, tok = lm.model, lm.processor.tokenizer
-    cache = VisionCache(model, lm.processor)
     engine = HFEngine(model.eval(), lm.processor, cache, answer_format="think_answer", batch_prompts=args.prompts)
     image_id = tok.convert_tokens_to_ids(inputs.IMAGE_PAD)
     forbidden = inputs.forbidden_mask(tok, inputs.vocab_size(model))

@@ -60,4 +60,5 @@ def packed_completion_logits(model, completion_ids: Tensor, completion_mask: Ten
                                            enable_gqa=heads != kv_heads)  # [R, heads, L, d]
         x = x + attn.o_proj(o.transpose(1, 2)[rows, cols].reshape(-1, heads * d))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
-    return out.index_put((rows, cols + 1), head(text.norm(x)).to(out.dtype))
+    out[rows, cols + 1] = head(text.norm(x)).to(out.dtype)  # in place: one [R, C, V] tensor, not two
+    return out
