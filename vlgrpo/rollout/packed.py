@@ -4,9 +4,10 @@ A training batch holds R completions right-padded to the longest, C tokens. In t
 slots are padding (short answers beside 49-token box answers), and the transformers forward runs every projection,
 MLP and the LM head on all of them. Here the tokens that predict a real next token are packed into one [N, H] matrix
 for everything but attention; attention alone goes through the padded [R, L] layout (L = C - 1), where each row reads
-its prompt's prefill keys and values (padding masked) and its own earlier tokens (causal). The prompt's own pass is
-`inputs.prefill`, once per prompt, with gradients flowing through its KV cache. The logits come back as [R, C, V] in
-the layout the loss expects, zero on padding (masked there).
+its prompt's prefill keys and values (padding masked) and its own earlier tokens (causal). The KV heads are repeated
+over their query heads, as transformers does for a masked SDPA on CUDA, whose GQA path falls back to the math kernel
+when there is a mask. The prompt's own pass is `inputs.prefill`, once per prompt, with gradients flowing through its
+KV cache. The logits come back as [R, C, V] in the layout the loss expects, zero on padding (masked there).
 
 It calls the model's own modules, so LoRA wrappers and ZeRO-3's gathered weights work as in the transformers forward;
 completion tokens are text, so their M-RoPE is the plain rotary embedding (`decode.text_rotary`). Models that
@@ -56,8 +57,10 @@ def packed_completion_logits(model, completion_ids: Tensor, completion_mask: Ten
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         keys = torch.cat((cache.layers[li].keys[row_prompt], padded(k)), dim=2)  # [R, kvh, Tp + L, d]
         values = torch.cat((cache.layers[li].values[row_prompt], padded(v)), dim=2)
-        o = F.scaled_dot_product_attention(padded(q), keys, values, attn_mask=allowed, scale=attn.scaling,
-                                           enable_gqa=heads != kv_heads)  # [R, heads, L, d]
+        if heads != kv_heads:  # query head j reads KV head j // rep; CUDA's SDPA takes a mask with GQA only in
+            keys = keys.repeat_interleave(heads // kv_heads, dim=1)  # its math kernel ([L, Tp + L] scores per
+            values = values.repeat_interleave(heads // kv_heads, dim=1)  # head), so the heads are repeated
+        o = F.scaled_dot_product_attention(padded(q), keys, values, attn_mask=allowed, scale=attn.scaling)
         x = x + attn.o_proj(o.transpose(1, 2)[rows, cols].reshape(-1, heads * d))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     out[rows, cols + 1] = head(text.norm(x)).to(out.dtype)  # in place: one [R, C, V] tensor, not two
