@@ -98,8 +98,8 @@ def main() -> None:
                     help="runs per mode and seed, in mirrored order (sync1 sync2 split split sync2 sync1): the machine's "
                          "speed drifts over minutes, and the mirror spreads the drift over the modes alike")
     ap.add_argument("--grpo-lr", type=float,
-                    help="GRPO learning rate; default 1.5e-4, half the demo's, which is for 16 prompts a step and at 2 "
-                         "collapsed two of five seeds' synchronous runs within 40 steps (--from-scratch: its own)")
+                    help="GRPO learning rate; default 1.5e-4, the demo's (3e-4 at 2 prompts a step collapsed two of "
+                         "five seeds' synchronous runs within 40 steps; --from-scratch: its own, 3e-4)")
     ap.add_argument("--beta", type=float, default=0.0,
                     help="grpo.beta (the demo's is 0.02; 0: no reference pass, so the rollout is about half a step)")
     ap.add_argument("--max-new-tokens", type=int, help="default: the demo's")
