@@ -4,6 +4,7 @@
 # beside it (wall_seconds is one of the figures).
 #   scripts/demo_seeds.sh                 # seeds 0-4 into runs/demo-seeds/seed<S>, table into docs/demo-seeds.md
 #   SEEDS="0 1" scripts/demo_seeds.sh     # a subset (the table covers the seeds found under runs/demo-seeds)
+# The doc's hand-written notes, from its NOTES_MARK line (vlgrpo/demo_report.py) on, are kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 CAPTION_ROWS = (
     ("first_colour", "first object's colour"), ("first_shape", "first object's shape"), ("count", "object count"),
     ("all_objects", "all objects named (colour + shape multiset)"),
@@ -15,9 +17,27 @@ CAPTION_ROWS = (
 INSTRUCTION_ROWS = (
     ("list_colour", "`List the <colour> shapes.`: exactly right"),
     ("list_colour_none", "... `none` when no shape has that colour"),
-    ("list_shape", "`List the <kind>s.`: exactly right"),
+    ("list_shape", "`List each <kind>.`: exactly right"),
     ("list_shape_none", "... `none` when no shape is of that kind"),
+    ("list_name", "`List each <colour> <kind>.`: exactly right"),
+    ("list_name_none", "... `none` when no shape has that name"),
+    ("find_name", "`Find each <colour> <kind>.`: asked shapes found, label right and IoU >= 0.5"),
+    ("find_name_none", "... `none` when no shape has that name"),
 )  # fmt: skip
+
+
+TASK_NAMES = {"boxes": "grounding captions", "names": "name lists", "list_colour": "`List the <colour> shapes.`",
+              "list_shape": "`List each <kind>.`", "list_name": "`List each <colour> <kind>.`",
+              "find_name": "`Find each <colour> <kind>.` (their grounding JSON)"}
+OLD_MIX = ("boxes", "names", *("list_colour", "list_shape") * 3)  # builds whose pretrain.json has no instruct_mix
+OLD_NAMES = {"list_shape": "`List the <kind>s.`"}  # those builds' templates
+
+
+def _mix(f: dict) -> str:
+    """Stage 3's task shares, e.g. "grounding captions 1 in 6, name lists 1 in 12, ..."."""
+    mix, names = f.get("instruct_mix", OLD_MIX), TASK_NAMES if "instruct_mix" in f else {**TASK_NAMES, **OLD_NAMES}
+    shares = [(t, Fraction(mix.count(t), len(mix))) for t in dict.fromkeys(mix)]
+    return ", ".join(f"{names[t]} {q.numerator} in {q.denominator}" for t, q in shares)
 
 
 def stage0_summary(log: list[dict]) -> str:
@@ -67,8 +87,7 @@ def _stages(f: dict) -> list[str]:
         f"lr {s['lr2']}, tower from lr {s['vision_lr']}, cosine to 10 %.",
         f"- Stage 3 (instructions, LLaVA's instruction tuning on our own templates): {s.get('stage3_steps', 0)} steps "
         f"x {s['batch']}, vision tower frozen, merger + LM from a fresh optimiser at lr {s.get('lr3', '-')} (warmup, "
-        "cosine to 10 %). Each step one task: grounding captions 1 in 8, name lists 1 in 8, `List the <colour> "
-        "shapes.` 3 in 8 and `List the <kind>s.` 3 in 8 (target: those shapes' name list, or `none`). These are "
+        f"cosine to 10 %). Each step one task: {_mix(f)} (target: those shapes' name list, or `none`). These are "
         "the question-conditioned lookups the demo's questions need; the demo's own templates are never trained on.",
         "- Every stage: AdamW (0.9, 0.98), weight decay 0.01, grad-norm clip 1.0, fresh scenes every step (no scene "
         "repeats).",
@@ -142,7 +161,10 @@ def model_card(name: str, f: dict) -> str:
         f"language model); fp32, {f['size_mb']} MB on disk. LM: hidden {spec['hidden_size']}, {spec['num_layers']} "
         f"layers, {spec['num_heads']} heads ({spec['num_kv_heads']} KV), MLP {spec['intermediate_size']}. Vision: "
         f"hidden {spec['vision_hidden']}, depth {spec['vision_depth']}, {spec['vision_heads']} heads, MLP "
-        f"{spec['vision_intermediate']}.",
+        f"{spec['vision_intermediate']}. LM M-RoPE base {spec.get('rope_theta', 10000.0):g}"
+        + (" (not 10,000: at 10,000 the width axis of the 4 x 4 image-token grid gets frequencies under 0.004 rad per "
+           "token, too low to tell its columns apart; `default_spec` in scripts/pretrain_tiny.py)."
+           if spec.get("rope_theta", 10000.0) != 10000.0 else "."),
         f"- Images: {f['image_size']} x {f['image_size']} px scenes ({f['image_tokens']} image tokens after the 2x2 "
         f"merge), 1-{s['max_shapes']} non-overlapping shapes from `vlgrpo.data.synth.draw_scene`. Use this image size "
         "downstream: boxes and features were learnt at it.",

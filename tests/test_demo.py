@@ -3,7 +3,7 @@ import json
 import pytest
 
 from vlgrpo.cli import main
-from vlgrpo.demo_report import seed_targets, seeds_markdown, write_seeds_doc
+from vlgrpo.demo_report import NOTES_MARK, seed_targets, seeds_markdown, write_seeds_doc
 
 KEYS = ("sft_test_accuracy", "grpo_test_accuracy", "sft_grounding_acc50", "grpo_grounding_acc50", "sft_pope_f1",
         "grpo_pope_f1", "sft_pope_yes_ratio", "grpo_pope_yes_ratio", "steps", "wall_seconds")
@@ -108,6 +108,12 @@ def test_seed_targets_are_judged_on_hand_computed_lifts(tmp_path):
     assert "| 0.900 → 0.500 (-40.0) | 0.990 → 1.000 (+1.0) | 0.300 |" in doc  # yes-ratio, answered, entropy
     assert "| 0.900 → 0.700 (-20.0) | n/a | 0.040 |" in doc  # seed 1 has no eval directories
     assert "| wall_seconds <= 600 | **no** | 500 / 610 |" in doc
+    # hand-written notes below the mark survive a regeneration; text above it is the generated table's
+    notes = f"{NOTES_MARK}\n\n## How these ran\n\nby hand\n"
+    (tmp_path / "seeds.md").write_text("stale table\n" + notes)
+    doc = write_seeds_doc(tmp_path, tmp_path / "seeds.md").read_text()
+    assert doc.endswith("\n" + notes) and "stale table" not in doc and doc.count(NOTES_MARK) == 1
+    assert doc.startswith(seeds_markdown({0: runs[0], 1: runs[1]}, "scripts/demo_seeds.sh")[:200])
 
 
 def test_the_seed_table_needs_runs(tmp_path):

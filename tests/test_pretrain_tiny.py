@@ -86,11 +86,13 @@ def test_one_command_rebuilds_the_same_weights_and_a_saved_stage_2_gives_the_sam
     assert a["weights_sha256"] == c["weights_sha256"] != a["stage2"]["weights_sha256"]  # stage 3 changed the weights
     assert a["loss_log"] == c["loss_log"] and a["caption_quality"] == c["caption_quality"]
     assert a["instructions"] == c["instructions"] and set(a["instructions"]) == {
-        "list_colour", "list_colour_none", "list_shape", "list_shape_none"}
+        "list_colour", "list_colour_none", "list_shape", "list_shape_none", "list_name", "list_name_none", "find_name", "find_name_none"}
     assert [e["stage3_step"] for e in a["loss_log"] if "stage3_step" in e] == [3]
     assert (tmp_path / "a" / "README.md").read_text().startswith("# a\n")
     lm = load_model(str(tmp_path / "a"))
     assert lm.arch == "qwen2_5_vl" and lm.processor.tokenizer.chat_template
+    rope = lm.model.config.get_text_config().rope_parameters  # default_spec's base reaches the saved config
+    assert rope["rope_theta"] == pt.default_spec().rope_theta == 10.0 and rope["mrope_section"] == [4, 6, 6]
     with pytest.raises(SystemExit, match="stage 0-2 settings differ from this command's in \\['stage1_steps'\\]"):
         pt.main(["--out", str(tmp_path / "d"), *args[:2], "--stage1-steps", "3", *args[4:], "--from-stage2",
                  str(tmp_path / "s2")])
@@ -98,15 +100,23 @@ def test_one_command_rebuilds_the_same_weights_and_a_saved_stage_2_gives_the_sam
         pt.main(["--out", str(tmp_path / "e"), *args, "--from-stage2", str(tmp_path / "a")])
 
 
-def test_stage_3_lists_the_asked_colour_or_kind_and_says_none_when_absent(pt):
+def test_stage_3_lists_and_finds_the_asked_colour_kind_or_name_and_says_none_when_absent(pt):
     geometry = ProcessorGeometry(min_pixels=56 * 56, max_pixels=224 * 224)
     shapes = [Shape("circle", "red", (60, 10, 80, 30)), Shape("square", "blue", (5, 50, 25, 70)),
               Shape("circle", "blue", (30, 30, 50, 50))]
     rows = {pt.instruct_row(task, random.Random(seed), shapes, 112, geometry)
-            for task in pt.LIST_TASKS for seed in range(40)}  # fmt: skip
+            for task in (*pt.LIST_TASKS, pt.FIND_TASK) for seed in range(60)}  # fmt: skip
     assert ("List the blue shapes.", "blue circle, blue square") in rows
-    assert ("List the circles.", "red circle, blue circle") in rows
-    assert ("List the triangles.", "none") in rows and ("List the green shapes.", "none") in rows
+    assert ("List each circle.", "red circle, blue circle") in rows  # the singular key, as the demo asks
+    assert ("List each triangle.", "none") in rows and ("List the green shapes.", "none") in rows
+    assert ("List each red circle.", "red circle") in rows and ("List each blue square.", "blue square") in rows
+    assert {a for q, a in rows if q == "List each blue circle."} == {"blue circle"}
+    assert any(q.startswith("List each ") and q.count(" ") == 3 and a == "none" for q, a in rows)  # an absent name
+    # find: the asked shapes' grounding JSON (boxes in resized pixels, as the caption writes them), or none
+    finds = {q: a for q, a in rows if q.startswith("Find each ")}
+    assert finds["Find each blue square."] == pt.caption([shapes[1]], 112, geometry)
+    assert json.loads(finds["Find each red circle."]) == [{"bbox_2d": [60, 10, 80, 30], "label": "red circle"}]
+    assert "none" in finds.values() and all(q[10:-1] in pt.NAMES_ALL for q in finds)
     demo_templates = ("How many", "What colour", "Is there", "Locate")
     assert not any(q.startswith(demo_templates) for q, _ in rows)
     assert pt.instruct_row("names", random.Random(0), shapes, 112, geometry) == (pt.NAMES_PROMPT, pt.names(shapes))

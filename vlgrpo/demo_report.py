@@ -209,13 +209,20 @@ def _answered(run: Path) -> dict[str, float]:
     return out
 
 
+NOTES_MARK = "<!-- written by hand below this line: scripts/demo_seeds.sh keeps it -->"
+"""In docs/demo-seeds.md, the line after which the notes are hand-written; a regenerated table keeps them."""
+
+
 def write_seeds_doc(run_root: str | Path, out: str | Path, command: str = "scripts/demo_seeds.sh") -> Path:
-    """Read run_root/seed<S>/summary.json for every seed there and write the seed table to `out`."""
+    """Read run_root/seed<S>/summary.json for every seed there and write the seed table to `out`, keeping what `out`
+    already holds from its NOTES_MARK line on."""
     root = Path(run_root)
     found = sorted(root.glob("seed*/summary.json"), key=lambda p: int(p.parent.name[4:]))
     if not found:
         raise FileNotFoundError(f"no seed<S>/summary.json under {root}: run scripts/demo_seeds.sh first")
     summaries = {int(p.parent.name[4:]): {**json.loads(p.read_text()), **_answered(p.parent)} for p in found}
     path = Path(out)
-    path.write_text(seeds_markdown(summaries, command))
+    old = path.read_text() if path.exists() else ""
+    notes = old[old.index(NOTES_MARK):] if NOTES_MARK in old else ""
+    path.write_text(seeds_markdown(summaries, command) + ("\n" + notes if notes else ""))
     return path

@@ -199,6 +199,7 @@ class TinySpec:
     vision_heads: int = 2
     vision_intermediate: int = 128
     vocab_size: int = 512
+    rope_theta: float = 10000.0  # the language model's M-RoPE base (see pretrain_tiny.default_spec for a small one)
     min_pixels: int = 28 * 28 * 4
     max_pixels: int = 28 * 28 * 64
 
@@ -218,7 +219,7 @@ def _tiny_config(arch: str, spec: TinySpec, tokenizer):
         num_attention_heads=spec.num_heads,
         num_key_value_heads=spec.num_kv_heads,
         max_position_embeddings=4096,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope},
+        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta, "mrope_section": mrope},
         bos_token_id=ids["<|endoftext|>"],
         eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|endoftext|>"],
