@@ -515,8 +515,9 @@ def instruction_quality(model, processor, geometry, s: Settings, n: int) -> dict
         texts = greedy(model, processor, [prompts(q) for q, _ in rows], [img for img, _ in scenes],
                        112 if task == FIND_TASK else 24)
         if task == FIND_TASK:  # the asked shapes found with the right label and a box at IoU >= 0.5
-            found = [score_caption(t, [x for x in sh if x.name == q[10:-1]], s.image_size, geometry)["object_iou50"]
-                     for t, (q, a), (_, sh) in zip(texts, rows, scenes) if a != "none"]
+            asked = [q.removeprefix("Find each ").removesuffix(".") for q, _ in rows]
+            found = [score_caption(t, [x for x in sh if x.name == name], s.image_size, geometry)["object_iou50"]
+                     for t, name, (_, a), (_, sh) in zip(texts, asked, rows, scenes) if a != "none"]
             out[task] = round(sum(found) / len(found), 4)
         else:
             out[task] = round(sum(t.strip() == a for t, (_, a) in zip(texts, rows)) / n, 4)
