@@ -29,15 +29,13 @@ INSTRUCTION_ROWS = (
 TASK_NAMES = {"boxes": "grounding captions", "names": "name lists", "list_colour": "`List the <colour> shapes.`",
               "list_shape": "`List each <kind>.`", "list_name": "`List each <colour> <kind>.`",
               "find_name": "`Find each <colour> <kind>.` (their grounding JSON)"}
-OLD_MIX = ("boxes", "names", *("list_colour", "list_shape") * 3)  # builds whose pretrain.json has no instruct_mix
-OLD_NAMES = {"list_shape": "`List the <kind>s.`"}  # those builds' templates
 
 
 def _mix(f: dict) -> str:
     """Stage 3's task shares, e.g. "grounding captions 1 in 6, name lists 1 in 12, ..."."""
-    mix, names = f.get("instruct_mix", OLD_MIX), TASK_NAMES if "instruct_mix" in f else {**TASK_NAMES, **OLD_NAMES}
+    mix = f["instruct_mix"]
     shares = [(t, Fraction(mix.count(t), len(mix))) for t in dict.fromkeys(mix)]
-    return ", ".join(f"{names[t]} {q.numerator} in {q.denominator}" for t, q in shares)
+    return ", ".join(f"{TASK_NAMES[t]} {q.numerator} in {q.denominator}" for t, q in shares)
 
 
 def stage0_summary(log: list[dict]) -> str:
