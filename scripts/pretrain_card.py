@@ -82,11 +82,20 @@ def _stages(f: dict) -> list[str]:
         "unlabeled scenes.",
         f"- Stage 1 (alignment): {s['stage1_steps']} steps x {s['batch']} captions, vision tower frozen, merger + LM "
         f"at lr {s['lr']} (warmup {s['warmup']}). Stage 2 (whole model): {s['stage2_steps']} steps, merger + LM from "
-        f"lr {s['lr2']}, tower from lr {s['vision_lr']}, cosine to 10 %.",
+        f"lr {s['lr2']}, tower from lr {s['vision_lr']}, cosine to 10 %."
+        + (f" Each prompt is followed by 0-{s['pad_sentences']} generic sentences (\"Be brief.\", \"Keep the order.\"),"
+           " an experiment (`--pad-sentences`): built so on 2026-12-02, stage 2's caption boxes at IoU >= 0.5 "
+           "were 0.01, against 0.367 without."
+           if s.get("pad_sentences") else ""),
         f"- Stage 3 (instructions, LLaVA's instruction tuning on our own templates): {s.get('stage3_steps', 0)} steps "
         f"x {s['batch']}, vision tower frozen, merger + LM from a fresh optimiser at lr {s.get('lr3', '-')} (warmup, "
         f"cosine to 10 %). Each step one task: {_mix(f)} (target: those shapes' name list, or `none`). These are "
-        "the question-conditioned lookups the demo's questions need; the demo's own templates are never trained on.",
+        "the question-conditioned lookups the demo's questions need; the demo's own templates are never trained on."
+        + (" Prompts vary (`restyle`): a paraphrase of the instruction (\"Box the red circle.\", \"Which circle is "
+           "there?\"), 0-3 generic sentences after it (\"Be brief.\"), and one row in two a format to follow: the "
+           "target inside a tag (`<res>...</res>`) or the asked shapes' names in one tag, then the target in another "
+           "(not `<think>` / `<answer>`): an experiment (`--vary-prompts`), meant to unkey the skills from the exact prompt."
+           if s.get("vary_prompts") else ""),
         "- Every stage: AdamW (0.9, 0.98), weight decay 0.01, grad-norm clip 1.0, fresh scenes every step (no scene "
         "repeats).",
         f"- Seed streams (`random.Random`): stage 0 scenes {streams.get('vision')}, caption scenes {streams['train']}, "

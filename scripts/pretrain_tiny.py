@@ -64,9 +64,19 @@ CALIBRATION_STREAM = 700_000_000_003  # unlabeled scenes for the merger calibrat
 ZERO_SHOT_STREAM = 700_000_000_004  # demo-style questions (synth.make_sample), evaluation only
 INSTRUCT_STREAM = 700_000_000_006  # stage 3 scenes and instructions
 INSTRUCT_EVAL_STREAM = 700_000_000_007  # held-out scenes for the instruction metrics
+PAD_STREAM = 700_000_000_008  # the FILLERS of stage 1-2 prompts
 
 CAPTION_PROMPT = "Detect the shapes."  # -> grounding JSON, left to right
 NAMES_PROMPT = "Name the shapes."  # -> "blue square, red circle": what is there, in a fixed colour-then-shape order
+FILLERS = ("Look carefully.", "Be brief.", "Use the image.", "Boxes are [x1, y1, x2, y2] in pixels.",
+           "No extra words.", "Answer in one line.", "Say none if there is none.", "Keep the order.",
+           "Write the labels in lower case.", "Give pixel values.", "Check every shape.")  # fmt: skip
+"""Generic sentences appended to prompts by two opt-in experiments: `--pad-sentences N` (0..N after each stage 1-2
+prompt) and `--vary-prompts` (0-3 in a `restyle`d stage-3 row). Why: the shipped base is keyed on its exact prompts.
+Measured on it (100 held-out caption scenes): "Detect the shapes." puts 0.18 of the first boxes at IoU >= 0.5,
+"Detect the shapes. Be brief." answers `none` to every scene. Padding stages 1-2 with up to 6 of them (a full build,
+2026-12-02) cost the localisation instead: caption boxes at IoU >= 0.5 after stage 2 0.01 against 0.367 unpadded,
+and the finished model was worse at every skill (docs/demo-seeds.md)."""
 CAPTION_RE = re.compile(r'\{"bbox_2d": \[(\d+), (\d+), (\d+), (\d+)\], "label": "(\w+) (\w+)"\}')
 
 
@@ -85,6 +95,8 @@ class Settings:
     warmup: int = 100
     stage3_steps: int = 4000  # instructions: tower frozen, a fresh optimiser
     lr3: float = 1e-3  # merger + language model, stage 3 (start of its cosine)
+    vary_prompts: bool = False  # stage 3: paraphrases, fillers and wrappers (`restyle`); an experiment, see FILLERS
+    pad_sentences: int = 0  # stages 1-2: each prompt gets 0..pad_sentences FILLERS; an experiment, see FILLERS
     single_steps: int = 0  # the first single_steps steps show one shape per scene (a curriculum: what before where)
     names_every: int = 2  # every names_every-th step teaches name lists instead of grounding captions (0: never)
     seed: int = 0
@@ -385,8 +397,7 @@ def train(model, processor, geometry, s: Settings, log: list[dict]) -> dict[str,
     opt = torch.optim.AdamW([{"params": groups["lm"]}, {"params": groups["tower"]}, {"params": groups["merger"]}],
                             lr=s.lr, betas=(0.9, 0.98), weight_decay=0.01)  # fmt: skip
     rng = random.Random(TRAIN_STREAM)
-    prompts = {"boxes": prompt_ids(processor, geometry, s.image_size),
-               "names": prompt_ids(processor, geometry, s.image_size, NAMES_PROMPT)}  # fmt: skip
+    pad_rng, prompts = random.Random(PAD_STREAM), PromptCache(processor, geometry, s.image_size)
     seconds, losses, t0 = {"stage1": 0.0, "stage2": 0.0, "evals": 0.0}, {}, time.perf_counter()
     total = s.stage1_steps + s.stage2_steps
     model.train()
@@ -405,7 +416,9 @@ def train(model, processor, geometry, s: Settings, log: list[dict]) -> dict[str,
             targets = [names(shapes) for _, shapes in scenes]
         else:
             targets = [caption(shapes, s.image_size, geometry) for _, shapes in scenes]
-        loss = fit(model, opt, encode(processor, [prompts[task]] * s.batch, [img for img, _ in scenes], targets))
+        texts = [" ".join([CAPTION_PROMPT if task == "boxes" else NAMES_PROMPT,
+                           *pad_rng.sample(FILLERS, pad_rng.randint(0, s.pad_sentences))]) for _ in scenes]
+        loss = fit(model, opt, encode(processor, [prompts(t) for t in texts], [img for img, _ in scenes], targets))
         seconds[stage] += time.perf_counter() - t
         losses.setdefault(task, []).append(loss)
         if (step + 1) % 50 == 0 or step + 1 == total:
@@ -448,20 +461,55 @@ KEYS = {"list_colour": "colour", "list_shape": "shape", "list_name": "name", FIN
 NAMES_ALL = tuple(f"{c} {k}" for c in COLOURS for k in SHAPES)
 
 
-def instruct_row(task: str, rng: random.Random, shapes, size: int, geometry: ProcessorGeometry) -> tuple[str, str]:
+PHRASES = {
+    "Find each {}.": ("Find each {}.", "Find the {}.", "Show each {}.", "Where is the {}?", "Box the {}.",
+                      "Mark each {}.", "Point to the {}.", "Give the box of the {}."),
+    "List each {}.": ("List each {}.", "Name each {}.", "Which {} is there?", "Tell me each {}.", "List the {} here."),
+    "List the {} shapes.": ("List the {} shapes.", "Name the {} shapes.", "Which {} shapes are there?",
+                            "Show the {} shapes."),
+}  # fmt: skip
+"""Paraphrases of each stage-3 instruction (none is a demo template: no "How many", "What colour", "Is there" or
+"Locate"), drawn when prompts vary."""
+TAGS = ("out", "res", "reply", "list", "note", "ans", "result", "final", "step", "plan")
+"""Tag names of the varied wrappers (not the demo's <think> / <answer>)."""
+
+
+def restyle(rng: random.Random, template: str, value: str, target: str, about: str) -> tuple[str, str]:
+    """A varied stage-3 row (`--vary-prompts`): a paraphrase of the instruction, 0-3 FILLERS, and one time in two a
+    format to follow: the target inside a tag, or the asked shapes' names in one tag then the target in another (the
+    shape of the demo's think-then-answer, with other tags). Meant to unkey the skills from the exact prompt
+    (FILLERS)."""
+    prompt = rng.choice(PHRASES.get(template, (template,))).format(value)
+    prompt = " ".join([prompt, *rng.sample(FILLERS, rng.choice((0, 0, 1, 1, 2, 3)))])
+    style, t1, t2 = rng.choice(("plain", "plain", "tag", "names")), *rng.sample(TAGS, 2)
+    if style == "tag":
+        return f"{prompt} Write it inside <{t1}> </{t1}>.", f"<{t1}>{target}</{t1}>"
+    if style == "names":
+        return (f"{prompt} Name them inside <{t1}> </{t1}>, then write it inside <{t2}> </{t2}>.",
+                f"<{t1}>{about}</{t1}><{t2}>{target}</{t2}>")
+    return prompt, target
+
+
+def instruct_row(
+    task: str, rng: random.Random, shapes, size: int, geometry: ProcessorGeometry, vary: bool = False
+) -> tuple[str, str]:
     """(prompt text, target) of one stage-3 task on a scene. A list or find asks for the colour / kind / name of one
-    of the scene's n shapes or, one time in n + 1, for one drawn at random (then often absent)."""
+    of the scene's n shapes or, one time in n + 1, for one drawn at random (then often absent). `vary`: `restyle`d."""
     if task == "boxes":
-        return CAPTION_PROMPT, caption(shapes, size, geometry)
-    if task == "names":
-        return NAMES_PROMPT, names(shapes)
-    attr = KEYS[task]
-    every = {"colour": COLOURS, "shape": SHAPES, "name": NAMES_ALL}[attr]
-    value = rng.choice([getattr(x, attr) for x in shapes] + [rng.choice(every)])
-    hits = [x for x in shapes if getattr(x, attr) == value]
-    if task == FIND_TASK:
-        return f"Find each {value}.", caption(hits, size, geometry) if hits else "none"
-    return (f"List the {value} shapes." if attr == "colour" else f"List each {value}."), names(hits) if hits else "none"
+        template, value, target, hits = CAPTION_PROMPT, "", caption(shapes, size, geometry), shapes
+    elif task == "names":
+        template, value, target, hits = NAMES_PROMPT, "", names(shapes), shapes
+    else:
+        attr = KEYS[task]
+        every = {"colour": COLOURS, "shape": SHAPES, "name": NAMES_ALL}[attr]
+        value = rng.choice([getattr(x, attr) for x in shapes] + [rng.choice(every)])
+        hits = [x for x in shapes if getattr(x, attr) == value]
+        template = ("Find each {}." if task == FIND_TASK else "List the {} shapes." if attr == "colour"
+                    else "List each {}.")
+        target = (caption(hits, size, geometry) if task == FIND_TASK else names(hits)) if hits else "none"
+    if vary:
+        return restyle(rng, template, value, target, names(hits) or "none")
+    return template.format(value), target
 
 
 def instruct(model, processor, geometry, s: Settings, log: list[dict]) -> dict[str, float]:
@@ -485,7 +533,7 @@ def instruct(model, processor, geometry, s: Settings, log: list[dict]) -> dict[s
         t = time.perf_counter()
         task = INSTRUCT_MIX[rng.randrange(len(INSTRUCT_MIX))]
         scenes = [draw_scene(rng, s.image_size, s.max_shapes) for _ in range(s.batch)]
-        rows = [instruct_row(task, rng, shapes, s.image_size, geometry) for _, shapes in scenes]
+        rows = [instruct_row(task, rng, shapes, s.image_size, geometry, s.vary_prompts) for _, shapes in scenes]
         batch = encode(processor, [prompts(q) for q, _ in rows], [img for img, _ in scenes], [a for _, a in rows])
         losses.setdefault(task, []).append(fit(model, opt, batch))
         seconds["stage3"] += time.perf_counter() - t
@@ -558,8 +606,8 @@ def build_stage2(out: Path, s: Settings, log: list[dict]) -> dict[str, float]:
 
 
 STAGE2_SETTINGS = ("image_size", "max_shapes", "batch", "stage0_steps", "vision0_lr", "stage1_steps", "stage2_steps",
-                   "lr", "lr2", "vision_lr", "warmup", "single_steps", "names_every", "seed", "calibration_images",
-                   "merger_std", "merger_lr_scale", "spec")  # fmt: skip
+                   "lr", "lr2", "vision_lr", "warmup", "pad_sentences", "single_steps", "names_every", "seed",
+                   "calibration_images", "merger_std", "merger_lr_scale", "spec")  # fmt: skip
 """The settings stages 0-2 depend on: a saved stage-2 model is reused only when they all match."""
 
 
@@ -569,7 +617,8 @@ def reuse_stage2(src: Path, out: Path, s: Settings, log: list[dict]) -> dict[str
     earlier = json.loads((src / "pretrain.json").read_text())
     stage2 = earlier.get("stage2", {"weights_sha256": earlier["weights_sha256"]})  # a build without stage 3
     mine = {k: v for k, v in asdict(s).items() if k in STAGE2_SETTINGS}
-    theirs = {k: v for k, v in earlier["settings"].items() if k in STAGE2_SETTINGS}
+    defaults = asdict(Settings())  # a setting added since that build ran at its default
+    theirs = {k: earlier["settings"].get(k, defaults[k]) for k in STAGE2_SETTINGS}
     if mine != theirs:
         diff = sorted(k for k in STAGE2_SETTINGS if mine.get(k) != theirs.get(k))
         raise SystemExit(f"--from-stage2 {src}: its stage 0-2 settings differ from this command's in {diff}")
@@ -629,7 +678,7 @@ def build(out: Path, s: Settings, command: str, from_stage2: Path | None = None)
         "prompts": {"caption": CAPTION_PROMPT, "names": NAMES_PROMPT}, "instruct_mix": list(INSTRUCT_MIX),
         "seed_streams": {"vision": VISION_STREAM, "train": TRAIN_STREAM, "caption_eval": CAPTION_EVAL_STREAM,
                          "calibration": CALIBRATION_STREAM, "zero_shot": ZERO_SHOT_STREAM,
-                         "instruct": INSTRUCT_STREAM, "instruct_eval": INSTRUCT_EVAL_STREAM},
+                         "instruct": INSTRUCT_STREAM, "instruct_eval": INSTRUCT_EVAL_STREAM, "pad": PAD_STREAM},
         "settings": asdict(s), "torch": torch.__version__,
     }  # fmt: skip
     (out / "pretrain.json").write_text(json.dumps(figures, indent=2) + "\n")
@@ -651,6 +700,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr2", type=float, default=Settings.lr2)
     p.add_argument("--vision-lr", type=float, default=Settings.vision_lr)
     p.add_argument("--lr3", type=float, default=Settings.lr3)
+    p.add_argument("--vary-prompts", action="store_true", help="stage 3 on `restyle`d prompts (an experiment)")
+    p.add_argument("--pad-sentences", type=int, default=Settings.pad_sentences, help="stages 1-2: up to this many "
+                   "FILLERS after each prompt (0, the default: the fixed prompts; an experiment)")
     p.add_argument("--merger-std", type=float, default=Settings.merger_std)
     p.add_argument("--merger-lr", type=float, default=None, help="merger learning rate (default: the LM's)")
     p.add_argument("--single-steps", type=int, default=Settings.single_steps)
@@ -669,7 +721,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     torch.set_num_threads(1)  # deterministic and polite: one core
     s = Settings(stage0_steps=round(a.stage0_steps * a.steps_scale), vision0_lr=a.vision0_lr, stage1_steps=round(a.stage1_steps * a.steps_scale), stage2_steps=round(a.stage2_steps * a.steps_scale),
-                 stage3_steps=round(a.stage3_steps * a.steps_scale), lr3=a.lr3,
+                 stage3_steps=round(a.stage3_steps * a.steps_scale), lr3=a.lr3, vary_prompts=a.vary_prompts, pad_sentences=a.pad_sentences,
                  lr=a.lr, lr2=a.lr2, vision_lr=a.vision_lr, names_every=a.names_every, merger_std=a.merger_std, merger_lr_scale=(a.merger_lr / a.lr if a.merger_lr else 1.0), single_steps=round(a.single_steps * a.steps_scale), eval_scenes=a.eval_scenes, eval_every=a.eval_every,
                  zero_shot_questions=a.zero_shot_questions, spec=TinySpec(**{**asdict(default_spec()), **json.loads(a.spec)}))  # fmt: skip
     s.warmup = max(1, min(s.warmup, s.stage1_steps // 2 or 1))

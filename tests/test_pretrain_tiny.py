@@ -93,6 +93,11 @@ def test_one_command_rebuilds_the_same_weights_and_a_saved_stage_2_gives_the_sam
     assert lm.arch == "qwen2_5_vl" and lm.processor.tokenizer.chat_template
     rope = lm.model.config.get_text_config().rope_parameters  # default_spec's base reaches the saved config
     assert rope["rope_theta"] == pt.default_spec().rope_theta == 10.0 and rope["mrope_section"] == [4, 6, 6]
+    old = json.loads((tmp_path / "s2" / "pretrain.json").read_text())
+    del old["settings"]["pad_sentences"]  # a build from before the setting existed (the shipped one): its default
+    (tmp_path / "s2" / "pretrain.json").write_text(json.dumps(old))
+    assert pt.main(["--out", str(tmp_path / "f"), *args, "--stage3-steps", "3", "--from-stage2", str(tmp_path / "s2")]) == 0
+    assert json.loads((tmp_path / "f" / "pretrain.json").read_text())["weights_sha256"] == a["weights_sha256"]
     with pytest.raises(SystemExit, match="stage 0-2 settings differ from this command's in \\['stage1_steps'\\]"):
         pt.main(["--out", str(tmp_path / "d"), *args[:2], "--stage1-steps", "3", *args[4:], "--from-stage2",
                  str(tmp_path / "s2")])
@@ -120,3 +125,29 @@ def test_stage_3_lists_and_finds_the_asked_colour_kind_or_name_and_says_none_whe
     demo_templates = ("How many", "What colour", "Is there", "Locate")
     assert not any(q.startswith(demo_templates) for q, _ in rows)
     assert pt.instruct_row("names", random.Random(0), shapes, 112, geometry) == (pt.NAMES_PROMPT, pt.names(shapes))
+
+
+def test_varied_stage_3_rows_paraphrase_pad_and_wrap_without_the_demo_templates(pt):
+    geometry = ProcessorGeometry(min_pixels=56 * 56, max_pixels=224 * 224)
+    shapes = [Shape("circle", "red", (60, 10, 80, 30)), Shape("square", "blue", (5, 50, 25, 70))]
+    rng = random.Random(0)
+    rows = [(task, *pt.instruct_row(task, rng, shapes, 112, geometry, vary=True))
+            for task in ("boxes", "names", *pt.LIST_TASKS, pt.FIND_TASK) for _ in range(200)]  # fmt: skip
+    demo_templates = ("How many", "What colour", "Is there", "Locate", "<think>", "<answer>")
+    assert not any(t in q or t in a for _, q, a in rows for t in demo_templates)
+    finds = [(q, a) for task, q, a in rows if task == pt.FIND_TASK]
+    red = json.dumps([{"bbox_2d": [60, 10, 80, 30], "label": "red circle"}])
+    # every phrase, the plain target, the tagged one and the names-then-target one all occur
+    assert {q.split(" red circle")[0] for q, a in finds if "red circle" in q} >= {
+        p.split(" {}")[0] for p in pt.PHRASES["Find each {}."]}
+    plain = {a for q, a in finds if q.startswith("Find each red circle.") and "<" not in q}
+    assert plain == {red}
+    tagged = [(q, a) for q, a in finds if "red circle" in q and "Write it inside <" in q]
+    tag = tagged[0][0].split("Write it inside <")[1].split(">")[0]
+    assert tagged[0][1] == f"<{tag}>{red}</{tag}>"
+    both = [(q, a) for q, a in finds if q.startswith("Find each red circle.") and "Name them inside <" in q]
+    t1 = both[0][0].split("Name them inside <")[1].split(">")[0]
+    t2 = both[0][0].split("write it inside <")[1].split(">")[0]
+    assert both[0][1] == f"<{t1}>red circle</{t1}><{t2}>{red}</{t2}>" and t1 != t2
+    fillers = [sum(f in q for f in pt.FILLERS) for _, q, _ in rows]
+    assert set(fillers) == {0, 1, 2, 3}
