@@ -719,6 +719,8 @@ def main(argv: list[str] | None = None) -> int:
         figures = json.loads((Path(a.out) / "pretrain.json").read_text())
         (Path(a.out) / "README.md").write_text(model_card(Path(a.out).name, figures))
         return 0
+    if not 0 <= a.pad_sentences <= len(FILLERS):  # before any build step: random.sample would fail mid-stage-1
+        p.error(f"--pad-sentences {a.pad_sentences}: accepted 0 to {len(FILLERS)} (there are {len(FILLERS)} FILLERS)")
     torch.set_num_threads(1)  # deterministic and polite: one core
     s = Settings(stage0_steps=round(a.stage0_steps * a.steps_scale), vision0_lr=a.vision0_lr, stage1_steps=round(a.stage1_steps * a.steps_scale), stage2_steps=round(a.stage2_steps * a.steps_scale),
                  stage3_steps=round(a.stage3_steps * a.steps_scale), lr3=a.lr3, vary_prompts=a.vary_prompts, pad_sentences=a.pad_sentences,
