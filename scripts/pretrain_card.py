@@ -56,7 +56,8 @@ def _wall(f: dict) -> list[str]:
     line = (f"- Wall time {sec['total']:.0f} s on one CPU thread (stage 0 {sec['stage0']:.0f} s, stage 1 "
             f"{sec['stage1']:.0f} s, stage 2 {sec['stage2']:.0f} s, stage 3 {sec.get('stage3', 0):.0f} s, in-run evals "
             f"{sec['evals'] + sec.get('stage3_evals', 0):.0f} s, final caption and instruction evals "
-            f"{sec['caption_eval']:.0f} s, zero-shot eval {sec['zero_shot_eval']:.0f} s), torch {f['torch']}. The same "
+            f"{sec['caption_eval']:.0f} s, zero-shot eval {sec['zero_shot_eval']:.0f} s), torch {f['torch']}"
+            f"{f', CPU kernels ' + f['cpu_capability'] if 'cpu_capability' in f else ''}. The same "
             f"command on the same machine writes the same weights (model.safetensors sha256 `{f['weights_sha256']}`; "
             "`tests/test_pretrain_tiny.py` checks it on short builds, and that a saved stage-2 model gives the same "
             "result as a rebuild).")  # fmt: skip

@@ -680,6 +680,7 @@ def build(out: Path, s: Settings, command: str, from_stage2: Path | None = None)
                          "calibration": CALIBRATION_STREAM, "zero_shot": ZERO_SHOT_STREAM,
                          "instruct": INSTRUCT_STREAM, "instruct_eval": INSTRUCT_EVAL_STREAM, "pad": PAD_STREAM},
         "settings": asdict(s), "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # kernels differ by ISA: so do the weights' bits
     }  # fmt: skip
     (out / "pretrain.json").write_text(json.dumps(figures, indent=2) + "\n")
     (out / "README.md").write_text(model_card(out.name, figures))

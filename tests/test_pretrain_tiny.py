@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from vlgrpo.data.images import ProcessorGeometry
 from vlgrpo.data.synth import Shape, draw_scene
@@ -88,7 +89,9 @@ def test_one_command_rebuilds_the_same_weights_and_a_saved_stage_2_gives_the_sam
     assert a["instructions"] == c["instructions"] and set(a["instructions"]) == {
         "list_colour", "list_colour_none", "list_shape", "list_shape_none", "list_name", "list_name_none", "find_name", "find_name_none"}
     assert [e["stage3_step"] for e in a["loss_log"] if "stage3_step" in e] == [3]
-    assert (tmp_path / "a" / "README.md").read_text().startswith("# a\n")
+    card = (tmp_path / "a" / "README.md").read_text()
+    assert card.startswith("# a\n") and a["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert f"CPU kernels {a['cpu_capability']}." in card  # the weights' bits depend on them (docs/demo-seeds.md)
     lm = load_model(str(tmp_path / "a"))
     assert lm.arch == "qwen2_5_vl" and lm.processor.tokenizer.chat_template
     rope = lm.model.config.get_text_config().rope_parameters  # default_spec's base reaches the saved config
