@@ -21,7 +21,8 @@ def pg():
 
 
 def test_asked_box_takes_the_first_box_or_the_first_with_the_asked_label(pg):
-    text = json.dumps([{"bbox_2d": [1, 2, 3, 4], "label": "red circle"}, {"bbox_2d": [5, 6, 7, 8], "label": "blue square"},
+    text = json.dumps([{"bbox_2d": [1, 2, 3, 4], "label": "red circle"},
+                       {"bbox_2d": [5, 6, 7, 8], "label": "blue square"},
                        {"bbox_2d": [9, 10, 11, 12], "label": "blue square"}])  # fmt: skip
     assert pg.asked_box(text, None) == (1, 2, 3, 4)
     assert pg.asked_box(text, "blue square") == (5, 6, 7, 8)
