@@ -2,7 +2,10 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-export OMP_NUM_THREADS ?= 1
+# The tests run on one torch thread unless OMP_NUM_THREADS says otherwise. The demo is left at torch's default (every
+# core) or the caller's OMP_NUM_THREADS: at one thread its GRPO steps took 1.5x as long on a 2-core machine (2.85-3.16 s
+# against 1.92-1.96 s, docs/demo-seeds.md), past its 10-minute budget.
+ONE_THREAD := OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1}
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 
@@ -28,13 +31,13 @@ test: test-main test-vllm
 # lint-imports checks the layers and the import rules of pyproject.toml's [tool.importlinter] first.
 test-main: $(VENV)/.installed
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -m "not gpu and not vllm"
+	$(ONE_THREAD) $(PY) -m pytest -q -m "not gpu and not vllm"
 
 $(VLLM_VENV)/.installed: pyproject.toml scripts/vllm_env.sh
 	bash scripts/vllm_env.sh $(VLLM_VENV)
 
 test-vllm: $(VLLM_VENV)/.installed
-	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm -p no:cacheprovider $(VLLM_TESTS)
+	$(ONE_THREAD) VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm -p no:cacheprovider $(VLLM_TESTS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

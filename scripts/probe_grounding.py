@@ -7,28 +7,38 @@ For the first N box questions ("Locate the red circle.") of a demo data split, g
 Each reports Acc@0.5 (the demo's grounding metric, over all N questions), how many answers had a box, and the
 median centre error in x and y (original pixels) of those boxes.
 
+`--positions` asks instead whether the language model's image tokens carry an object's position as content: a ridge
+probe, per layer, from the hidden state of the image token holding an object's centre to that centre (absolute) and
+to its offset within the token's cell, fitted on 70 % of the objects of fresh scenes and scored (mean absolute error,
+px) on the rest, next to always guessing the mean.
+
     OMP_NUM_THREADS=1 .venv/bin/python scripts/probe_grounding.py data/models/shapes-tiny-qwen2_5_vl runs/demo/data
     OMP_NUM_THREADS=1 .venv/bin/python scripts/probe_grounding.py runs/demo/sft_model runs/demo/data
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/probe_grounding.py data/models/shapes-tiny-qwen2_5_vl --positions
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 from pathlib import Path
 
+import torch
 from PIL import Image
 
 from vlgrpo.data.images import ProcessorGeometry
+from vlgrpo.data.synth import draw_scene
 from vlgrpo.models import load_model
-from vlgrpo.rewards.boxes import to_original_pixels
+from vlgrpo.rewards.boxes import from_original_pixels, to_original_pixels
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling pretrain_tiny.py
-from pretrain_tiny import CAPTION_PROMPT, greedy, iou, parse_caption, prompt_ids  # noqa: E402
+from pretrain_tiny import CAPTION_PROMPT, encode, greedy, iou, parse_caption, prompt_ids  # noqa: E402
 
 LOCATE = "Locate the "
+POSITION_STREAM = 123  # the scenes of `--positions` (a demo with seed 0 draws from 0, 1 and 2)
 
 
 def asked_box(text: str, name: str | None) -> tuple[int, ...] | None:
@@ -74,13 +84,67 @@ def probe(model_dir: str, data_dir: Path, split: str, n: int) -> dict[str, dict[
     return result
 
 
+def ridge_mae(x: torch.Tensor, y: torch.Tensor, train: float = 0.7, ridge: float = 1e-2) -> torch.Tensor:
+    """Mean absolute error per column of y on the held-out rows, of a ridge regression (with a bias) fitted on the
+    first `train` share of the rows."""
+    x = torch.cat([x, torch.ones(len(x), 1)], 1).double()
+    y, n = y.double(), int(len(x) * train)
+    w = torch.linalg.solve(x[:n].T @ x[:n] + ridge * torch.eye(x.shape[1], dtype=x.dtype), x[:n].T @ y[:n])
+    return (x[n:] @ w - y[n:]).abs().mean(0)
+
+
+@torch.no_grad()
+def position_probe(model_dir: str, scenes: int = 400, size: int = 112) -> list[dict[str, float]]:
+    """Per hidden-state layer (0: the merger's output): the held-out MAE (px) of the object centre from its token's
+    state, absolute (`abs_x`, `abs_y`) and within the token's cell (`cell_x`, `cell_y`), and of the mean guesses."""
+    lm = load_model(model_dir)
+    lm.model.eval()
+    geometry = ProcessorGeometry.from_processor(lm.processor)
+    cell, cols = geometry.factor, geometry.resized_hw(size, size)[1] // geometry.factor
+    rng = random.Random(POSITION_STREAM)
+    drawn = [draw_scene(rng, size, 3) for _ in range(scenes)]
+    ids = prompt_ids(lm.processor, geometry, size, CAPTION_PROMPT)
+    image_id = lm.processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    states: list[list[torch.Tensor]] = []
+    centres = []
+    for i in range(0, scenes, 50):
+        batch = encode(lm.processor, [ids] * len(drawn[i : i + 50]), [im for im, _ in drawn[i : i + 50]], None)
+        hidden = lm.model(**batch, output_hidden_states=True).hidden_states
+        at = (batch["input_ids"][0] == image_id).nonzero().squeeze(1)  # the same prompt in every row
+        for j, (_, shapes) in enumerate(drawn[i : i + 50]):
+            for s in shapes:
+                (x1, y1, x2, y2), = from_original_pixels([s.box], "qwen2_5", (size, size), geometry)  # resized px
+                cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
+                k = int(cy // cell) * cols + int(cx // cell)
+                states.append([h[j, at[k]] for h in hidden])
+                centres.append([cx, cy, cx % cell, cy % cell])
+    y = torch.tensor(centres)
+    n = int(len(y) * 0.7)
+    guess = (y[n:] - y[:n].mean(0)).abs().mean(0)
+    out = []
+    for layer in range(len(states[0])):
+        err = ridge_mae(torch.stack([row[layer] for row in states]), y)
+        out.append({"abs_x": err[0], "abs_y": err[1], "cell_x": err[2], "cell_y": err[3], "guess_abs_x": guess[0],
+                    "guess_abs_y": guess[1], "guess_cell_x": guess[2], "guess_cell_y": guess[3]})
+    return [{k: round(float(v), 2) for k, v in row.items()} for row in out]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", help="a Qwen2.5-VL model directory (the base, or a demo's sft_model / grpo_model)")
-    ap.add_argument("data", type=Path, help="a demo data directory (train/val/test.jsonl and images/)")
+    ap.add_argument("data", type=Path, nargs="?", help="a demo data directory (train/val/test.jsonl and images/)")
     ap.add_argument("--split", default="test")
     ap.add_argument("-n", type=int, default=150, help="box questions to ask (the demo evaluates 150)")
+    ap.add_argument("--positions", action="store_true", help="the image tokens' position content, per layer")
     args = ap.parse_args()
+    if args.positions:
+        for layer, m in enumerate(position_probe(args.model)):
+            print(f"layer {layer}: centre x {m['abs_x']:.1f} y {m['abs_y']:.1f} px (mean guess {m['guess_abs_x']:.1f} "
+                  f"{m['guess_abs_y']:.1f}); within the cell x {m['cell_x']:.1f} y {m['cell_y']:.1f} px (mean guess "
+                  f"{m['guess_cell_x']:.1f} {m['guess_cell_y']:.1f})")
+        return
+    if args.data is None:
+        ap.error("a data directory is needed unless --positions")
     for task, m in probe(args.model, args.data, args.split, args.n).items():
         print(f"{task:7s} Acc@0.5 {m['acc50']:.3f}  answered {m['answered']:.3f}  "
               f"median centre error x {m['median_dx']:.1f} px, y {m['median_dy']:.1f} px")

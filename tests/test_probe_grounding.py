@@ -49,3 +49,21 @@ def test_probe_on_the_shipped_base_finds_boxes_for_the_demo_questions(pg, tmp_pa
     with pytest.raises(SystemExit, match="no 'Locate the ...' box questions"):
         synth_dataset(tmp_path / "count", 20, seed=3, kinds=("count",))
         pg.probe(str(BASE), tmp_path / "count", "test", 8)
+
+
+def test_ridge_mae_is_zero_for_a_linear_target_and_the_mean_error_for_noise(pg):
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(400, 5, generator=gen)
+    y = torch.stack([3 * x[:, 0] - 2 * x[:, 4] + 7, torch.randn(400, generator=gen)], 1)
+    err = pg.ridge_mae(x, y, ridge=1e-6)
+    assert err[0] < 1e-4  # the linear column is recovered
+    assert err[1] > 0.6  # noise stays at its own spread (mean |N(0, 1)| = 0.8)
+
+
+def test_position_probe_on_the_shipped_base_reads_the_offset_within_a_cell(pg):
+    rows = pg.position_probe(str(BASE), scenes=200)
+    assert len(rows) == 5  # the merger's output and 4 decoder layers
+    merger = rows[0]  # the tower's features carry where an object sits in its 28-px cell, not which cell
+    assert merger["cell_x"] < merger["guess_cell_x"] / 2 and merger["cell_y"] < merger["guess_cell_y"] / 2
+    assert merger["abs_x"] > merger["guess_abs_x"] * 0.8
