@@ -62,6 +62,7 @@ def score(preds: list[tuple | None], golds: list[list[int]]) -> dict[str, float]
 
 
 def probe(model_dir: str, data_dir: Path, split: str, n: int) -> dict[str, dict[str, float]]:
+    """`score` of the `find` and `detect` asks over the first n "Locate the ..." questions of data_dir/split.jsonl."""
     lm = load_model(model_dir)
     geometry = ProcessorGeometry.from_processor(lm.processor)
     rows = [json.loads(line) for line in (data_dir / f"{split}.jsonl").read_text().splitlines()]
