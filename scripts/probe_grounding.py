@@ -33,9 +33,10 @@ from vlgrpo.data.images import ProcessorGeometry
 from vlgrpo.data.synth import draw_scene
 from vlgrpo.models import load_model
 from vlgrpo.rewards.boxes import from_original_pixels, to_original_pixels
+from vlgrpo.rewards.grounding import iou  # the demo's grounding eval scores with it
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling pretrain_tiny.py
-from pretrain_tiny import CAPTION_PROMPT, encode, greedy, iou, parse_caption, prompt_ids  # noqa: E402
+from pretrain_tiny import CAPTION_PROMPT, encode, greedy, parse_caption, prompt_ids  # noqa: E402
 
 LOCATE = "Locate the "
 POSITION_STREAM = 123  # the scenes of `--positions` (a demo with seed 0 draws from 0, 1 and 2)

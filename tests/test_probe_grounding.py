@@ -46,8 +46,8 @@ def test_probe_on_the_shipped_base_finds_boxes_for_the_demo_questions(pg, tmp_pa
     assert set(result) == {"find", "detect"}
     for m in result.values():  # the base answers its own instructions with boxes; scores are shares
         assert m["answered"] >= 0.5 and 0.0 <= m["acc50"] <= m["answered"]
+    synth_dataset(tmp_path / "count", 20, seed=3, kinds=("count",))
     with pytest.raises(SystemExit, match="no 'Locate the ...' box questions"):
-        synth_dataset(tmp_path / "count", 20, seed=3, kinds=("count",))
         pg.probe(str(BASE), tmp_path / "count", "test", 8)
 
 
