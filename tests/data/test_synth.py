@@ -59,3 +59,20 @@ def test_answers_and_boxes_match_the_pixels(tmp_path):
         elif kind == "colour":
             shape = s.question.split()[-1].rstrip("?")
             assert [o["colour"] for o in scene if o["shape"] == shape] == [s.answer]
+
+
+def test_half_the_no_existence_questions_cross_a_present_colour_with_a_present_shape():
+    import random
+
+    from vlgrpo.data.synth import Shape, _question
+
+    scene = [Shape("circle", "red", (0, 0, 10, 10)), Shape("square", "blue", (20, 20, 30, 30))]
+    rng = random.Random(0)
+    asked = [_question(rng, "exist", scene) for _ in range(4000)]
+    no = [q for q, answer, *_ in asked if answer == "no"]
+    crossed = [q for q in no if q in ("Is there a red square in the image?", "Is there a blue circle in the image?")]
+    # 0.5 crossed by choice + 0.5 x 2/16 of the uniform draws (16 absent names, 2 of them crossed) = 0.5625
+    assert 1900 < len(no) < 2100 and abs(len(crossed) / len(no) - 0.5625) < 0.03
+    one = [Shape("circle", "red", (0, 0, 10, 10))]  # nothing to cross: uniform over the 17 absent names
+    names = {q for q, answer, *_ in (_question(rng, "exist", one) for _ in range(2000)) if answer == "no"}
+    assert len(names) == 17
