@@ -68,11 +68,36 @@ def test_half_the_no_existence_questions_cross_a_present_colour_with_a_present_s
 
     scene = [Shape("circle", "red", (0, 0, 10, 10)), Shape("square", "blue", (20, 20, 30, 30))]
     rng = random.Random(0)
-    asked = [_question(rng, "exist", scene) for _ in range(4000)]
+    asked = [_question(rng, "exist", scene, 0.5) for _ in range(4000)]
     no = [q for q, answer, *_ in asked if answer == "no"]
     crossed = [q for q in no if q in ("Is there a red square in the image?", "Is there a blue circle in the image?")]
     # 0.5 crossed by choice + 0.5 x 2/16 of the uniform draws (16 absent names, 2 of them crossed) = 0.5625
     assert 1900 < len(no) < 2100 and abs(len(crossed) / len(no) - 0.5625) < 0.03
     one = [Shape("circle", "red", (0, 0, 10, 10))]  # nothing to cross: uniform over the 17 absent names
-    names = {q for q, answer, *_ in (_question(rng, "exist", one) for _ in range(2000)) if answer == "no"}
+    names = {q for q, answer, *_ in (_question(rng, "exist", one, 0.5) for _ in range(2000)) if answer == "no"}
     assert len(names) == 17
+
+
+def test_only_the_train_split_crosses_and_the_test_split_draws_what_it_drew_before(tmp_path):
+    from vlgrpo.data import synth
+
+    def crossed_share(path):
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        no = [r for r in rows if r["task"] == "shapes/exist" and r["answer"] == "no"]
+        hit = 0
+        for r in no:
+            colour, shape = r["question"].split()[3:5]
+            scene = r["meta"]["scene"]
+            hit += any(o["colour"] == colour for o in scene) and any(o["shape"] == shape for o in scene)
+        return hit / len(no), path.read_text()
+
+    new = synth_dataset(tmp_path / "new", 2000, seed=2, image_size=56, max_shapes=3)
+    synth.CROSSED_NEGATIVES, saved = 0.0, synth.CROSSED_NEGATIVES
+    try:  # the generator as it was: uniform absent names everywhere
+        old = synth_dataset(tmp_path / "old", 2000, seed=2, image_size=56, max_shapes=3)
+    finally:
+        synth.CROSSED_NEGATIVES = saved
+    (train_new, _), (train_old, _) = crossed_share(new["train"]), crossed_share(old["train"])
+    assert train_new > 2.5 * train_old  # 0.22 against 0.07 on scenes of 1-3 shapes
+    assert crossed_share(new["test"])[1] == crossed_share(old["test"])[1]  # byte for byte
+    assert new["val"].read_text() == old["val"].read_text()
