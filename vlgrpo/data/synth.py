@@ -25,7 +25,7 @@ KINDS = ("count", "colour", "exist", "ground")
 CROSSED_NEGATIVES = 0.5
 """In the train split, the share of "no" existence questions, on scenes that allow one, that name a present colour
 with a present shape of another colour ("a blue circle" beside a blue square and a red circle): the binding error
-POPE's 3-object scenes catch. Uniform absent names alone made them about 1 negative in 5 in the demo's data, and a
+POPE's 3-object scenes catch. Uniform absent names alone made them 0.07 of the demo's "no" questions, and a
 model that had not learnt to bind colour to shape said "yes" to them (seed 3: 6 of 6 in the test split, POPE
 yes-ratio 0.68). The val and test splits keep uniform absent names (and draw exactly what they drew before), so an
 evaluation measures the task, not the training recipe; POPE measures the binding."""
