@@ -12,8 +12,8 @@ from trainer_helpers import tiny_config, write_reward_module
 # step -> (train/loss, reward/total, grpo/kl), measured on the CPU in fp32 with one thread
 PINNED = {
     1: (1.601874828338623e-07, 2.1375, 0.0),
-    2: (0.002361934632062912, 1.875, 0.05904377996921539),
-    3: (0.004907829686999321, 1.9875, 0.12269455567002296),
+    2: (0.0022940337657928467, 1.875, 0.05734606832265854),
+    3: (0.0041449181735515594, 1.85, 0.10362392291426659),
 }
 
 
