@@ -118,17 +118,18 @@ def test_sampling_logprobs_equal_the_trainers_pass(load, samples):
 @pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl"])
 def test_shared_prefix_decode_samples_what_the_transformers_forward_samples(load, samples, arch, monkeypatch):
     """The decode step that reads each prompt's KV once for its G rows against the transformers forward over a KV
-    cache copied G ways: the same tokens and log-probs, with left padding and rows that stop at different steps."""
+    cache copied G ways: the same tokens and log-probs, with left padding and rows that stop at different steps, and
+    prompts whose rows have all finished dropped from the decoder."""
     model, processor = load(arch, spread_by=0.1)
     assert SharedPrefixDecoder.supports(model)
     engine = _engine(model, processor, batch_prompts=3)
     eos = processor.tokenizer.eos_token_id
     batch = [samples[0], samples[5], samples[2]]  # different prompt lengths: a left-padded chunk
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=12, seed=5)
-    hook = ForcedLogits(model, always=[eos], bonus=4.0)  # eos likely enough that rows stop at different steps
+    hook = ForcedLogits(model, always=[eos], bonus=5.0)  # eos likely enough that rows stop at different steps
     try:
         shared = engine.generate(batch, params)
-        decode_calls = len(hook.calls)
+        shared_calls = list(hook.calls)
         monkeypatch.setattr(SharedPrefixDecoder, "supports", staticmethod(lambda m: False))
         reference = engine.generate(batch, params)
     finally:
@@ -139,7 +140,12 @@ def test_shared_prefix_decode_samples_what_the_transformers_forward_samples(load
     assert [c.finish_reason for c in rows] == [c.finish_reason for c in ref_rows]
     for c, r in zip(rows, ref_rows):
         assert max(abs(a - b) for a, b in zip(c.logprobs, r.logprobs)) <= 1e-5
-    assert decode_calls == 1 + max(len(c.token_ids) for c in rows) - 1  # prefill, then one step per new token
+    assert len(shared_calls) == 1 + max(len(c.token_ids) for c in rows) - 1  # prefill, then one step per new token
+    # step k runs after the k-th token: a prompt stays in the decoder (all G rows) while one of its rows goes on
+    lengths = [max(len(c.token_ids) for c in g.completions) for g in shared]
+    held = [params.n * sum(n > k for n in lengths) for k in range(1, max(lengths))]
+    assert [rows for rows, _ in shared_calls[1:]] == held
+    assert held[-1] < held[0]  # a prompt left while another's rows went on
 
 
 def test_placeholder_tokens_are_never_sampled_even_when_favoured(load, samples):

@@ -79,7 +79,9 @@ def decode_loop(model, last, cache, next_pos, prompt_mask, params, forbidden, eo
     last [B, V] logits of the last prompt position, cache: the prompts' KV cache, next_pos [B] next M-RoPE position,
     prompt_mask [B, T] (None when unpadded) -> B*G rows (prompt-major). Finished rows stop being sampled at once.
     The step is `SharedPrefixDecoder`'s (each prompt's KV read once for its G rows) when the model is one it runs,
-    else the transformers forward over a KV cache copied G ways, from which finished rows are dropped.
+    from which a prompt is dropped once all its G rows have finished (a short answer's group stops costing compute
+    while a long one's continues), else the transformers forward over a KV cache copied G ways, from which finished
+    rows are dropped. Dropping changes no draw or log-prob: the rows still sampling get the same logits.
     """
     g = params.n
     shared = SharedPrefixDecoder.supports(model)
@@ -91,8 +93,9 @@ def decode_loop(model, last, cache, next_pos, prompt_mask, params, forbidden, eo
     mask = prompt_mask.repeat_interleave(g, dim=0) if prompt_mask is not None and not shared else None
     rows = [_Row() for _ in range(logits.shape[0])]
     active = list(range(len(rows)))
-    tokens = torch.zeros(len(rows), dtype=torch.long, device=logits.device)  # shared: every row steps, finished too
-    active_idx = torch.arange(len(rows), device=logits.device)
+    held = list(range(len(rows) // g))  # shared: the prompts the decoder holds, until all their rows have finished
+    tokens = torch.zeros(len(rows), dtype=torch.long, device=logits.device)  # a held prompt's finished rows step too
+    active_idx = torch.arange(len(rows), device=logits.device)  # the decoder rows of `active`
     for _ in range(params.max_new_tokens):
         tok, logp = sample_next(logits, params, forbidden, generator)  # the active rows only: the same draws
         keep = []
@@ -111,7 +114,14 @@ def decode_loop(model, last, cache, next_pos, prompt_mask, params, forbidden, eo
         if shared:
             tokens[active_idx] = tok
             active = [active[j] for j in keep]
-            active_idx = torch.tensor(active, device=tok.device)
+            live = sorted({r // g for r in active})
+            if len(live) < len(held):  # a prompt's rows have all finished: drop it from the decoder
+                idx = torch.tensor([held.index(p) for p in live], device=tok.device)
+                decoder.keep(idx)
+                kept = (idx[:, None] * g + torch.arange(g, device=tok.device)).flatten()
+                tokens, pos, held = tokens[kept], pos[kept], live
+            slot = {p: i for i, p in enumerate(held)}
+            active_idx = torch.tensor([slot[r // g] * g + r % g for r in active], device=tok.device)
             logits, pos = decoder.step(tokens, pos)[active_idx], pos + 1
             counts["decode_tokens"] += len(active)
             continue
@@ -143,9 +153,11 @@ class HFEngine(EngineCounters):
 
     @classmethod
     def from_config(cls, cfg, lm, vision_cache, box_format: str) -> "HFEngine":
-        """The engine of a run: the trainer's own module, its processor and prompt settings."""
+        """The engine of a run: the trainer's own module, its processor and prompt settings. A step's prompts are
+        prefilled and decoded as one batch, the KV cache the memory planner counts (`memory.planner.rollout_terms`)."""
         d = cfg.data
-        return cls(lm.model, lm.processor, vision_cache, d.answer_format, box_format, d.system_prompt)
+        return cls(lm.model, lm.processor, vision_cache, d.answer_format, box_format, d.system_prompt,
+                   batch_prompts=cfg.train.prompts_per_step)
 
     @classmethod
     def for_eval(cls, lm, vision_cache, *, batch_prompts: int = 8, **kwargs) -> "HFEngine":
