@@ -1,12 +1,14 @@
 """The HF engine's decode, measured: the shared-prefix step (`vlgrpo/rollout/decode.py`: each prompt's KV read once
-per step for its G rows) against the transformers forward over a KV cache copied G ways (the engine's fallback), side
-by side in one run, on the demo's model and prompts.
+per step for its G rows, a prompt dropped once all its rows have finished) against the same step keeping every row to
+the end (`SharedPrefixDecoder.drop_finished = False`, the step before it dropped prompts) and against the transformers
+forward over a KV cache copied G ways (the engine's fallback), side by side in one run, on the demo's model and prompts.
 
-Each round samples the same batches both ways, in mirrored order (shared, transformers, transformers, shared), since
-this machine's speed drifts over minutes; the figures are medians of the per-batch `generate` times (prompt building,
-prefill and decode; the image features are cached beforehand). Both ways sample the same tokens (checked).
+Each round samples the same batches every way, in mirrored order (shared, kept, transformers, transformers, kept,
+shared), since this machine's speed drifts over minutes; the figures are medians of the per-batch `generate` times
+(prompt building, prefill and decode; the image features are cached beforehand). Every way samples the same tokens
+(checked). The default batch is a demo GRPO step: 16 prompts x 8 completions, one prefill.
 
-Usage: OMP_NUM_THREADS=1 python scripts/bench_decode.py [--model DIR] [--prompts 4] [--completions 8] [--rounds 3]
+Usage: OMP_NUM_THREADS=1 python scripts/bench_decode.py [--model DIR] [--prompts 16] [--completions 8] [--rounds 2]
 The model defaults to the demo's SFT cold start when `scripts/bench_async.py` left one in runs/bench_async/seed0,
 else the shipped base (whose completions run to --max-new-tokens).
 """
@@ -56,17 +58,21 @@ def setup(doc: str, model: Path, data: str, prompts: int, batches: int, rounds: 
     return args, samples, lm, cache
 
 
+WAYS = ("shared", "kept", "transformers")
+
+
 def main() -> None:
     args, samples, lm, cache = setup(__doc__, Path("runs/bench_async/seed0/sft_model"), "runs/bench_decode/data",
-                                     prompts=4, batches=8, rounds=3)  # fmt: skip
-    engine = HFEngine(lm.model.eval(), lm.processor, cache, answer_format="think_answer")
+                                     prompts=16, batches=4, rounds=2)  # fmt: skip
+    engine = HFEngine(lm.model.eval(), lm.processor, cache, answer_format="think_answer", batch_prompts=args.prompts)
     batches = [samples[i * args.prompts : (i + 1) * args.prompts] for i in range(args.batches)]
     supports = decode.SharedPrefixDecoder.supports
-    times: dict[str, list[float]] = {"shared": [], "transformers": []}
+    times: dict[str, list[float]] = {way: [] for way in WAYS}
     tokens: dict[str, list] = {}
     for r in range(args.rounds):
-        for way in ("shared", "transformers", "transformers", "shared"):
-            decode.SharedPrefixDecoder.supports = staticmethod(supports if way == "shared" else lambda m: False)
+        for way in WAYS + WAYS[::-1]:
+            decode.SharedPrefixDecoder.supports = staticmethod(supports if way != "transformers" else lambda m: False)
+            decode.SharedPrefixDecoder.drop_finished = way == "shared"
             got = []
             for k, batch in enumerate(batches):
                 params = SamplingParams(n=args.completions, temperature=1.0, max_new_tokens=args.max_new_tokens, seed=k)
@@ -76,16 +82,18 @@ def main() -> None:
                 times[way].append(time.perf_counter() - t)
                 got.append([c.token_ids for g in groups for c in g.completions])
             tokens.setdefault(way, got)
-        print(f"round {r + 1}: shared {statistics.median(times['shared']):.3f} s, transformers "
-              f"{statistics.median(times['transformers']):.3f} s per batch (medians so far)", flush=True)
-    decode.SharedPrefixDecoder.supports = supports
-    same = tokens["shared"] == tokens["transformers"]
+        print(f"round {r + 1}: " + ", ".join(f"{w} {statistics.median(times[w]):.3f} s" for w in WAYS)
+              + " per batch (medians so far)", flush=True)  # fmt: skip
+    decode.SharedPrefixDecoder.supports, decode.SharedPrefixDecoder.drop_finished = supports, True
+    same = tokens["shared"] == tokens["kept"] == tokens["transformers"]
     n_tokens = statistics.fmean(len(t) for batch in tokens["shared"] for t in batch)
-    shared, ref = statistics.median(times["shared"]), statistics.median(times["transformers"])
+    med = {w: statistics.median(times[w]) for w in WAYS}
     print(f"{args.prompts} prompts x {args.completions} completions, {n_tokens:.1f} tokens each; per batch: shared-prefix "
-          f"{shared:.3f} s, transformers forward {ref:.3f} s: {ref / shared:.2f}x; same tokens: {same}")
-    print(json.dumps({"shared_s": shared, "transformers_s": ref, "speedup": ref / shared, "same_tokens": same,
-                      "mean_tokens": n_tokens, "model": args.model}))  # fmt: skip
+          f"{med['shared']:.3f} s, every row kept to the end {med['kept']:.3f} s ({med['kept'] / med['shared']:.2f}x), "
+          f"transformers forward {med['transformers']:.3f} s ({med['transformers'] / med['shared']:.2f}x); "
+          f"same tokens: {same}")  # fmt: skip
+    print(json.dumps({"shared_s": med["shared"], "kept_s": med["kept"], "transformers_s": med["transformers"],
+                      "same_tokens": same, "mean_tokens": n_tokens, "model": args.model}))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -30,8 +30,8 @@ INIT_TINY = "init-tiny"
 
 @dataclass
 class DemoSettings:
-    """Sizes of the demo, chosen for a ≤10-minute budget on a 2-core CPU (313–373 s measured on one such machine,
-    which runs up to about 40 % slower at times: docs/demo-seeds.md)."""
+    """Sizes of the demo, chosen for a ≤10-minute budget on a 2-core CPU (345–450 s measured on one such machine,
+    whose speed drifts by up to nearly 2× over a day: docs/demo-seeds.md)."""
 
     base: str = "shapes-tiny-qwen2_5_vl"  # a name under data/models/, a model directory, or "init-tiny"
     n_samples: int = 6000  # the 10 % test split holds 150 questions of each kind

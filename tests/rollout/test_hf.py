@@ -148,6 +148,29 @@ def test_shared_prefix_decode_samples_what_the_transformers_forward_samples(load
     assert held[-1] < held[0]  # a prompt left while another's rows went on
 
 
+def test_dropping_finished_prompts_changes_no_token_or_logprob(load, samples, monkeypatch):
+    """The decoder without its finished prompts gives the rows still sampling the same logits, bit for bit: the same
+    tokens and exactly the same log-probs as a decoder that steps every row to the end."""
+    model, processor = load("qwen2_5_vl", spread_by=0.1)
+    engine = _engine(model, processor, batch_prompts=4)
+    batch = [samples[0], samples[5], samples[2], samples[3]]
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=12, seed=3)
+    hook = ForcedLogits(model, always=[processor.tokenizer.eos_token_id], bonus=5.0)
+    try:
+        dropped = engine.generate(batch, params)
+        dropped_rows = [rows for rows, _ in hook.calls[1:]]
+        monkeypatch.setattr(SharedPrefixDecoder, "drop_finished", False)
+        del hook.calls[:]
+        kept = engine.generate(batch, params)
+        kept_rows = [rows for rows, _ in hook.calls[1:]]
+    finally:
+        hook.remove()
+    assert dropped_rows[-1] < dropped_rows[0] and set(kept_rows) == {16}  # prompts were dropped, or not
+    a, b = [c for g in dropped for c in g.completions], [c for g in kept for c in g.completions]
+    assert [c.token_ids for c in a] == [c.token_ids for c in b]
+    assert [c.logprobs for c in a] == [c.logprobs for c in b]
+
+
 def test_placeholder_tokens_are_never_sampled_even_when_favoured(load, samples):
     model, processor = load("qwen2_5_vl")
     bad = placeholder_token_ids(processor.tokenizer)

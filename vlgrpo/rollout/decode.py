@@ -48,6 +48,10 @@ def supports_text_decoder(model) -> bool:
 class SharedPrefixDecoder:
     """KV state and one decode step for R = B*G rows, row r continuing prompt r // G."""
 
+    drop_finished = True
+    """`hf.decode_loop` drops a prompt once all its G rows have finished (`keep`); False keeps every row stepping to
+    the end, the same tokens and log-probs at more cost (scripts/bench_decode.py compares the two)."""
+
     @staticmethod
     def supports(model) -> bool:
         return supports_text_decoder(model)

@@ -81,7 +81,8 @@ def decode_loop(model, last, cache, next_pos, prompt_mask, params, forbidden, eo
     The step is `SharedPrefixDecoder`'s (each prompt's KV read once for its G rows) when the model is one it runs,
     from which a prompt is dropped once all its G rows have finished (a short answer's group stops costing compute
     while a long one's continues), else the transformers forward over a KV cache copied G ways, from which finished
-    rows are dropped. Dropping changes no draw or log-prob: the rows still sampling get the same logits.
+    rows are dropped. The rows still sampling get the same logits, so the same draws (bit for bit on the CPU; a
+    GPU's matrix kernels may round a smaller batch differently).
     """
     g = params.n
     shared = SharedPrefixDecoder.supports(model)
@@ -115,7 +116,7 @@ def decode_loop(model, last, cache, next_pos, prompt_mask, params, forbidden, eo
             tokens[active_idx] = tok
             active = [active[j] for j in keep]
             live = sorted({r // g for r in active})
-            if len(live) < len(held):  # a prompt's rows have all finished: drop it from the decoder
+            if decoder.drop_finished and len(live) < len(held):  # a prompt's rows have all finished: drop it
                 idx = torch.tensor([held.index(p) for p in live], device=tok.device)
                 decoder.keep(idx)
                 kept = (idx[:, None] * g + torch.arange(g, device=tok.device)).flatten()
