@@ -171,6 +171,20 @@ def test_dropping_finished_prompts_changes_no_token_or_logprob(load, samples, mo
     assert [c.logprobs for c in a] == [c.logprobs for c in b]
 
 
+def test_a_runs_engine_decodes_the_steps_prompts_as_one_batch(load):
+    """`from_config` (the engine a run builds): one prefill and decode for a step's prompts, the KV the planner
+    counts, not chunks of the eval default 8."""
+    from types import SimpleNamespace
+
+    from vlgrpo.config import load_config
+
+    model, processor = load("qwen2_5_vl")
+    cfg = load_config(None, ["train.prompts_per_step=12", "data.answer_format=answer"])
+    engine = HFEngine.from_config(cfg, SimpleNamespace(model=model, processor=processor),
+                                  VisionCache(model, processor), "qwen2_5")  # fmt: skip
+    assert engine.batch_prompts == 12 and engine.prompt_kw["answer_format"] == "answer"
+
+
 def test_placeholder_tokens_are_never_sampled_even_when_favoured(load, samples):
     model, processor = load("qwen2_5_vl")
     bad = placeholder_token_ids(processor.tokenizer)

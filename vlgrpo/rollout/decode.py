@@ -78,9 +78,10 @@ class SharedPrefixDecoder:
         self.own_v = [k0.new_empty(shape) for _ in self.prompt_k]
         self.length = 0
 
-    def keep(self, prompts: Tensor) -> None:
+    def keep(self, prompts: Tensor) -> Tensor:
         """Keep only the prompts `prompts` [b'] (ascending indices into the current ones) and their G rows each: the
-        loop drops a prompt once all its rows have finished, so later steps compute only rows that can still sample."""
+        loop drops a prompt once all its rows have finished, so later steps compute only rows that can still sample.
+        -> the kept rows' indices [b' * G] into the current rows."""
         rows = (prompts[:, None] * self.g + torch.arange(self.g, device=prompts.device)).flatten()
         self.prompt_k = [k[prompts] for k in self.prompt_k]
         self.prompt_v = [v[prompts] for v in self.prompt_v]
@@ -88,6 +89,7 @@ class SharedPrefixDecoder:
         self.own_v = [v[rows] for v in self.own_v]
         self.bias = self.bias[prompts] if self.bias is not None else None
         self.b, self.rows = len(prompts), len(rows)
+        return rows
 
     def _grouped(self, x: Tensor) -> Tensor:
         """[R, kvh, n, ...] -> [B, kvh, G*n, ...]: a prompt's rows side by side, per KV head."""

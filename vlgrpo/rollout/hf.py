@@ -118,8 +118,7 @@ def decode_loop(model, last, cache, next_pos, prompt_mask, params, forbidden, eo
             live = sorted({r // g for r in active})
             if decoder.drop_finished and len(live) < len(held):  # a prompt's rows have all finished: drop it
                 idx = torch.tensor([held.index(p) for p in live], device=tok.device)
-                decoder.keep(idx)
-                kept = (idx[:, None] * g + torch.arange(g, device=tok.device)).flatten()
+                kept = decoder.keep(idx)
                 tokens, pos, held = tokens[kept], pos[kept], live
             slot = {p: i for i, p in enumerate(held)}
             active_idx = torch.tensor([slot[r // g] * g + r % g for r in active], device=tok.device)
