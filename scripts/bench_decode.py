@@ -1,12 +1,14 @@
 """The HF engine's decode, measured: the shared-prefix step (`vlgrpo/rollout/decode.py`: each prompt's KV read once
 per step for its G rows, a prompt dropped once all its rows have finished) against the same step keeping every row to
 the end (`SharedPrefixDecoder.drop_finished = False`, the step before it dropped prompts) and against the transformers
-forward over a KV cache copied G ways (the engine's fallback), side by side in one run, on the demo's model and prompts.
+forward over a KV cache copied G ways (the engine's fallback), and the first way in chunks of 8 prompts (what a run's
+engine did before it decoded a step's prompts as one batch), side by side in one run, on the demo's model and prompts.
 
-Each round samples the same batches every way, in mirrored order (shared, kept, transformers, transformers, kept,
-shared), since this machine's speed drifts over minutes; the figures are medians of the per-batch `generate` times
-(prompt building, prefill and decode; the image features are cached beforehand). Every way samples the same tokens
-(checked). The default batch is a demo GRPO step: 16 prompts x 8 completions, one prefill.
+Each round samples the same batches every way, in mirrored order (shared, kept, transformers, chunked, chunked,
+transformers, kept, shared), since this machine's speed drifts over minutes; the figures are medians of the per-batch
+`generate` times (prompt building, prefill and decode; the image features are cached beforehand). The first three
+ways sample the same tokens (checked); chunked prefills round differently, so its tokens differ slightly (its mean
+length is printed). The default batch is a demo GRPO step: 16 prompts x 8 completions.
 
 Usage: OMP_NUM_THREADS=1 python scripts/bench_decode.py [--model DIR] [--prompts 16] [--completions 8] [--rounds 2]
 The model defaults to the demo's SFT cold start when `scripts/bench_async.py` left one in runs/bench_async/seed0,
@@ -58,13 +60,15 @@ def setup(doc: str, model: Path, data: str, prompts: int, batches: int, rounds: 
     return args, samples, lm, cache
 
 
-WAYS = ("shared", "kept", "transformers")
+WAYS = ("shared", "kept", "transformers", "chunked")
+CHUNK = 8
 
 
 def main() -> None:
     args, samples, lm, cache = setup(__doc__, Path("runs/bench_async/seed0/sft_model"), "runs/bench_decode/data",
                                      prompts=16, batches=4, rounds=2)  # fmt: skip
     engine = HFEngine(lm.model.eval(), lm.processor, cache, answer_format="think_answer", batch_prompts=args.prompts)
+    chunked = HFEngine(lm.model, lm.processor, cache, answer_format="think_answer", batch_prompts=CHUNK)
     batches = [samples[i * args.prompts : (i + 1) * args.prompts] for i in range(args.batches)]
     supports = decode.SharedPrefixDecoder.supports
     times: dict[str, list[float]] = {way: [] for way in WAYS}
@@ -72,13 +76,13 @@ def main() -> None:
     for r in range(args.rounds):
         for way in WAYS + WAYS[::-1]:
             decode.SharedPrefixDecoder.supports = staticmethod(supports if way != "transformers" else lambda m: False)
-            decode.SharedPrefixDecoder.drop_finished = way == "shared"
+            decode.SharedPrefixDecoder.drop_finished = way != "kept"
             got = []
             for k, batch in enumerate(batches):
                 params = SamplingParams(n=args.completions, temperature=1.0, max_new_tokens=args.max_new_tokens, seed=k)
                 t = time.perf_counter()
                 with torch.no_grad():
-                    groups = engine.generate(batch, params)
+                    groups = (chunked if way == "chunked" else engine).generate(batch, params)
                 times[way].append(time.perf_counter() - t)
                 got.append([c.token_ids for g in groups for c in g.completions])
             tokens.setdefault(way, got)
@@ -86,14 +90,15 @@ def main() -> None:
               + " per batch (medians so far)", flush=True)  # fmt: skip
     decode.SharedPrefixDecoder.supports, decode.SharedPrefixDecoder.drop_finished = supports, True
     same = tokens["shared"] == tokens["kept"] == tokens["transformers"]
-    n_tokens = statistics.fmean(len(t) for batch in tokens["shared"] for t in batch)
+    n_tokens, n_chunked = (statistics.fmean(len(t) for batch in tokens[w] for t in batch) for w in ("shared", "chunked"))
     med = {w: statistics.median(times[w]) for w in WAYS}
     print(f"{args.prompts} prompts x {args.completions} completions, {n_tokens:.1f} tokens each; per batch: shared-prefix "
           f"{med['shared']:.3f} s, every row kept to the end {med['kept']:.3f} s ({med['kept'] / med['shared']:.2f}x), "
-          f"transformers forward {med['transformers']:.3f} s ({med['transformers'] / med['shared']:.2f}x); "
-          f"same tokens: {same}")  # fmt: skip
-    print(json.dumps({"shared_s": med["shared"], "kept_s": med["kept"], "transformers_s": med["transformers"],
-                      "same_tokens": same, "mean_tokens": n_tokens, "model": args.model}))  # fmt: skip
+          f"transformers forward {med['transformers']:.3f} s ({med['transformers'] / med['shared']:.2f}x), "
+          f"in chunks of {CHUNK} {med['chunked']:.3f} s ({med['chunked'] / med['shared']:.2f}x, {n_chunked:.1f} tokens "
+          f"each); same tokens (first three): {same}")  # fmt: skip
+    print(json.dumps({**{f"{w}_s": med[w] for w in WAYS}, "same_tokens": same, "mean_tokens": n_tokens,
+                      "chunked_mean_tokens": n_chunked, "model": args.model}))  # fmt: skip
 
 
 if __name__ == "__main__":
