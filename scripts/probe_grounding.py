@@ -7,6 +7,12 @@ For the first N box questions ("Locate the red circle.") of a demo data split, g
 Each reports Acc@0.5 (the demo's grounding metric, over all N questions), how many answers had a box, and the
 median centre error in x and y (original pixels) of those boxes.
 
+`--distance` asks whether the box readout depends on how far the answer sits from the image: teacher-forced on
+the base's own captions, the share of the boxes' tens and ones digits and of the other caption tokens predicted
+right, with each scene's own image and with another scene's (what the text alone predicts), when the caption is
+moved k positions away from the image: `shift` adds k to the M-RoPE positions of every token after the image (the
+same tokens), `sentences` puts k generic sentences after the prompt (pretrain_tiny.FILLERS).
+
 `--positions` asks instead whether the language model's image tokens carry an object's position as content: a ridge
 probe, per layer, from the hidden state of the image token holding an object's centre to that centre (absolute) and
 to its offset within the token's cell, fitted on 70 % of the objects of fresh scenes and scored (mean absolute error,
@@ -15,6 +21,7 @@ px) on the rest, next to always guessing the mean.
     OMP_NUM_THREADS=1 .venv/bin/python scripts/probe_grounding.py data/models/shapes-tiny-qwen2_5_vl runs/demo/data
     OMP_NUM_THREADS=1 .venv/bin/python scripts/probe_grounding.py runs/demo/sft_model runs/demo/data
     OMP_NUM_THREADS=1 .venv/bin/python scripts/probe_grounding.py data/models/shapes-tiny-qwen2_5_vl --positions
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/probe_grounding.py data/models/shapes-tiny-qwen2_5_vl --distance
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from vlgrpo.rewards.boxes import from_original_pixels, to_original_pixels
 from vlgrpo.rewards.grounding import iou  # the demo's grounding eval scores with it
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling pretrain_tiny.py
-from pretrain_tiny import CAPTION_PROMPT, encode, greedy, parse_caption, prompt_ids  # noqa: E402
+from pretrain_tiny import CAPTION_EVAL_STREAM, CAPTION_PROMPT, FILLERS, caption, encode, greedy, parse_caption, prompt_ids  # noqa: E402
 
 LOCATE = "Locate the "
 POSITION_STREAM = 123  # the scenes of `--positions` (a demo with seed 0 draws from 0, 1 and 2)
@@ -131,6 +138,40 @@ def position_probe(model_dir: str, scenes: int = 400, size: int = 112) -> list[d
     return [{k: round(float(v), 2) for k, v in row.items()} for row in out]
 
 
+@torch.no_grad()
+def distance_probe(model_dir: str, moves=(0, 1, 2, 4, 8), scenes: int = 200, size: int = 112) -> list[dict]:
+    """Per way of moving the caption (`shift`: M-RoPE positions, `sentences`: FILLERS after the prompt), per distance
+    k and per image (the scene's own, or the next scene's): the teacher-forced accuracy of the caption's tens digits,
+    ones digits and other tokens on the caption-eval scenes."""
+    lm = load_model(model_dir)
+    lm.model.eval()
+    tok, geometry = lm.processor.tokenizer, ProcessorGeometry.from_processor(lm.processor)
+    rng = random.Random(CAPTION_EVAL_STREAM)
+    drawn = [draw_scene(rng, size, 3) for _ in range(scenes)]
+    images, targets = [im for im, _ in drawn], [caption(shapes, size, geometry) for _, shapes in drawn]
+    is_digit = torch.tensor([tok.decode([i]).strip().isdigit() for i in range(len(tok))])
+    end, out = tok.convert_tokens_to_ids("<|vision_end|>"), []
+    for move, k, image in ((m, k, i) for m in ("shift", "sentences") for k in moves for i in ("own", "other")):
+        pad = random.Random(k)
+        words = k if move == "sentences" else 0
+        prompts = [prompt_ids(lm.processor, geometry, size, " ".join([CAPTION_PROMPT, *pad.sample(FILLERS, words)]))
+                   for _ in drawn]  # fmt: skip
+        batch = encode(lm.processor, prompts, images if image == "own" else images[1:] + images[:1], targets)
+        labels = batch.pop("labels")[:, 1:]
+        positions, _ = lm.model.model.get_rope_index(batch["input_ids"], batch["mm_token_type_ids"],
+                                                     batch["image_grid_thw"], attention_mask=batch["attention_mask"])
+        after = (batch["input_ids"] == end).long().cumsum(1) > 0  # <|vision_end|> and every token after it
+        positions = positions + (k if move == "shift" else 0) * after.long()
+        right = lm.model(**batch, position_ids=positions).logits[:, :-1].argmax(-1) == labels
+        scored = labels != -100
+        digit = is_digit[labels.clamp(min=0)] & scored
+        tens = digit & torch.cat([digit[:, 1:], torch.zeros_like(digit[:, :1])], 1)  # a digit before a digit
+        out.append({"move": move, "k": k, "image": image, "tens": float(right[tens].float().mean()),
+                    "ones": float(right[digit & ~tens].float().mean()),
+                    "other": float(right[scored & ~digit].float().mean())})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", help="a Qwen2.5-VL model directory (the base, or a demo's sft_model / grpo_model)")
@@ -138,12 +179,18 @@ def main() -> None:
     ap.add_argument("--split", default="test")
     ap.add_argument("-n", type=int, default=150, help="box questions to ask (the demo evaluates 150)")
     ap.add_argument("--positions", action="store_true", help="the image tokens' position content, per layer")
+    ap.add_argument("--distance", action="store_true", help="the caption's box digits against the prompt's length")
     args = ap.parse_args()
     if args.positions:
         for layer, m in enumerate(position_probe(args.model)):
             print(f"layer {layer}: centre x {m['abs_x']:.1f} y {m['abs_y']:.1f} px (mean guess {m['guess_abs_x']:.1f} "
                   f"{m['guess_abs_y']:.1f}); within the cell x {m['cell_x']:.1f} y {m['cell_y']:.1f} px (mean guess "
                   f"{m['guess_cell_x']:.1f} {m['guess_cell_y']:.1f})")
+        return
+    if args.distance:
+        for m in distance_probe(args.model):
+            print(f"{m['move']:9s} {m['k']:2d}, {m['image']:5s} image: tens digits {m['tens']:.3f}, ones digits "
+                  f"{m['ones']:.3f}, other tokens {m['other']:.3f}")
         return
     if args.data is None:
         ap.error("a data directory is needed unless --positions")

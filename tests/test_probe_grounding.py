@@ -67,3 +67,14 @@ def test_position_probe_on_the_shipped_base_reads_the_offset_within_a_cell(pg):
     merger = rows[0]  # the tower's features carry where an object sits in its 28-px cell, not which cell
     assert merger["cell_x"] < merger["guess_cell_x"] / 2 and merger["cell_y"] < merger["guess_cell_y"] / 2
     assert merger["abs_x"] > merger["guess_abs_x"] * 0.8
+
+
+def test_distance_probe_on_the_shipped_base_loses_the_box_digits_when_the_caption_moves(pg):
+    rows = {(r["move"], r["k"], r["image"]): r for r in pg.distance_probe(str(BASE), moves=(0, 1, 8), scenes=100)}
+    assert len(rows) == 12 and rows[("shift", 0, "own")] == {**rows[("sentences", 0, "own")], "move": "shift"}
+    gain = {k: rows[("shift", k, "own")]["tens"] - rows[("shift", k, "other")]["tens"] for k in (0, 1, 8)}
+    assert gain[0] > 0.08  # in place, the image tells the boxes' tens digits
+    assert gain[1] < gain[0] / 2 and abs(gain[8]) < 0.03  # one M-RoPE position later, most of that is gone
+    assert rows[("shift", 1, "own")]["other"] > 0.97  # while the labels and the JSON still come out right
+    for m in rows.values():
+        assert 0.0 <= m["ones"] <= 1.0 and 0.0 <= m["tens"] <= 1.0
