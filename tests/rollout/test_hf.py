@@ -149,8 +149,10 @@ def test_shared_prefix_decode_samples_what_the_transformers_forward_samples(load
 
 
 def test_dropping_finished_prompts_changes_no_token_or_logprob(load, samples, monkeypatch):
-    """The decoder without its finished prompts gives the rows still sampling the same logits, bit for bit: the same
-    tokens and exactly the same log-probs as a decoder that steps every row to the end."""
+    """The decoder without its finished prompts gives the rows still sampling the same logits as a decoder that steps
+    every row to the end: the same tokens, and the same log-probs up to the matrix kernels' rounding of a smaller
+    batch (bit for bit on an AMD EPYC's kernels; up to 3e-6 on an Intel AVX-512 machine's, measured 2026-12-03). A
+    row mapped to another row's KV or bias would differ by far more."""
     model, processor = load("qwen2_5_vl", spread_by=0.1)
     engine = _engine(model, processor, batch_prompts=4)
     batch = [samples[0], samples[5], samples[2], samples[3]]
@@ -168,7 +170,7 @@ def test_dropping_finished_prompts_changes_no_token_or_logprob(load, samples, mo
     assert dropped_rows[-1] < dropped_rows[0] and set(kept_rows) == {16}  # prompts were dropped, or not
     a, b = [c for g in dropped for c in g.completions], [c for g in kept for c in g.completions]
     assert [c.token_ids for c in a] == [c.token_ids for c in b]
-    assert [c.logprobs for c in a] == [c.logprobs for c in b]
+    assert max(abs(x - y) for c, d in zip(a, b) for x, y in zip(c.logprobs, d.logprobs)) <= 1e-5
 
 
 def test_a_runs_engine_decodes_the_steps_prompts_as_one_batch(load):

@@ -81,8 +81,8 @@ def decode_loop(model, last, cache, next_pos, prompt_mask, params, forbidden, eo
     The step is `SharedPrefixDecoder`'s (each prompt's KV read once for its G rows) when the model is one it runs,
     from which a prompt is dropped once all its G rows have finished (a short answer's group stops costing compute
     while a long one's continues), else the transformers forward over a KV cache copied G ways, from which finished
-    rows are dropped. The rows still sampling get the same logits, so the same draws (bit for bit on the CPU; a
-    GPU's matrix kernels may round a smaller batch differently).
+    rows are dropped. The rows still sampling get the same logits up to the matrix kernels' rounding of a smaller batch
+    (bit for bit on some CPUs, within 3e-6 in a log-prob on others; `tests/rollout/test_hf.py`).
     """
     g = params.n
     shared = SharedPrefixDecoder.supports(model)
