@@ -43,7 +43,9 @@ from vlgrpo.rewards.boxes import from_original_pixels, to_original_pixels
 from vlgrpo.rewards.grounding import iou  # the demo's grounding eval scores with it
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling pretrain_tiny.py
-from pretrain_tiny import CAPTION_EVAL_STREAM, CAPTION_PROMPT, FILLERS, caption, encode, greedy, parse_caption, prompt_ids  # noqa: E402
+from pretrain_tiny import (  # noqa: E402
+    CAPTION_EVAL_STREAM, CAPTION_PROMPT, FILLERS, caption, encode, greedy, parse_caption, prompt_ids,
+)
 
 LOCATE = "Locate the "
 POSITION_STREAM = 123  # the scenes of `--positions` (a demo with seed 0 draws from 0, 1 and 2)
