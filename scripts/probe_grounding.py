@@ -44,7 +44,7 @@ from vlgrpo.rewards.grounding import iou  # the demo's grounding eval scores wit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling pretrain_tiny.py
 from pretrain_tiny import (  # noqa: E402
-    CAPTION_EVAL_STREAM, CAPTION_PROMPT, FILLERS, caption, encode, greedy, parse_caption, prompt_ids,
+    CAPTION_EVAL_STREAM, CAPTION_PROMPT, FILLERS, PromptCache, caption, encode, greedy, parse_caption, prompt_ids,
 )
 
 LOCATE = "Locate the "
@@ -152,12 +152,11 @@ def distance_probe(model_dir: str, moves=(0, 1, 2, 4, 8), scenes: int = 200, siz
     drawn = [draw_scene(rng, size, 3) for _ in range(scenes)]
     images, targets = [im for im, _ in drawn], [caption(shapes, size, geometry) for _, shapes in drawn]
     is_digit = torch.tensor([tok.decode([i]).strip().isdigit() for i in range(len(tok))])
-    end, out = tok.convert_tokens_to_ids("<|vision_end|>"), []
+    end, out, cached = tok.convert_tokens_to_ids("<|vision_end|>"), [], PromptCache(lm.processor, geometry, size)
     for move, k, image in ((m, k, i) for m in ("shift", "sentences") for k in moves for i in ("own", "other")):
         pad = random.Random(k)
         words = k if move == "sentences" else 0
-        prompts = [prompt_ids(lm.processor, geometry, size, " ".join([CAPTION_PROMPT, *pad.sample(FILLERS, words)]))
-                   for _ in drawn]  # fmt: skip
+        prompts = [cached(" ".join([CAPTION_PROMPT, *pad.sample(FILLERS, words)])) for _ in drawn]
         batch = encode(lm.processor, prompts, images if image == "own" else images[1:] + images[:1], targets)
         labels = batch.pop("labels")[:, 1:]
         positions, _ = lm.model.model.get_rope_index(batch["input_ids"], batch["mm_token_type_ids"],
