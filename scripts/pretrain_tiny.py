@@ -616,9 +616,10 @@ def reuse_stage2(src: Path, out: Path, s: Settings, log: list[dict]) -> dict[str
     took then. Refuses a build whose stage 0-2 settings differ from `s`."""
     earlier = json.loads((src / "pretrain.json").read_text())
     stage2 = earlier.get("stage2", {"weights_sha256": earlier["weights_sha256"]})  # a build without stage 3
-    mine = {k: v for k, v in asdict(s).items() if k in STAGE2_SETTINGS}
+    mine = json.loads(json.dumps({k: v for k, v in asdict(s).items() if k in STAGE2_SETTINGS}))  # tuples as lists
     defaults = asdict(Settings())  # a setting added since that build ran at its default
     theirs = {k: earlier["settings"].get(k, defaults[k]) for k in STAGE2_SETTINGS}
+    theirs["spec"] = {**asdict(TinySpec()), **theirs["spec"]}  # a TinySpec field added since: its default
     if mine != theirs:
         diff = sorted(k for k in STAGE2_SETTINGS if mine.get(k) != theirs.get(k))
         raise SystemExit(f"--from-stage2 {src}: its stage 0-2 settings differ from this command's in {diff}")

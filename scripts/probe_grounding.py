@@ -181,6 +181,7 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=150, help="box questions to ask (the demo evaluates 150)")
     ap.add_argument("--positions", action="store_true", help="the image tokens' position content, per layer")
     ap.add_argument("--distance", action="store_true", help="the caption's box digits against the prompt's length")
+    ap.add_argument("--moves", default="0,1,2,4,8", help="--distance: the distances k to move the caption, e.g. 0,8,96")
     args = ap.parse_args()
     if args.positions:
         for layer, m in enumerate(position_probe(args.model)):
@@ -189,7 +190,7 @@ def main() -> None:
                   f"{m['guess_cell_x']:.1f} {m['guess_cell_y']:.1f})")
         return
     if args.distance:
-        for m in distance_probe(args.model):
+        for m in distance_probe(args.model, moves=tuple(int(k) for k in args.moves.split(","))):
             print(f"{m['move']:9s} {m['k']:2d}, {m['image']:5s} image: tens digits {m['tens']:.3f}, ones digits "
                   f"{m['ones']:.3f}, other tokens {m['other']:.3f}")
         return

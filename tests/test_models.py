@@ -1,4 +1,5 @@
 import json
+import math
 
 import pytest
 import torch
@@ -95,3 +96,21 @@ def test_init_tiny_cli_calibrates_on_an_image_folder(tmp_path, shapes_dir, capsy
     empty = ["model", "init-tiny", "--out", str(tmp_path / "t2"), "--calibrate-images", str(tmp_path / "empty")]
     assert main(empty) == 2
     assert "no image files" in capsys.readouterr().err
+
+
+def test_mrope_section_reaches_the_config_and_the_rotary_frequencies(tmp_path):
+    from vlgrpo.models import TinySpec, init_tiny
+
+    init_tiny(tmp_path / "m", spec=TinySpec(rope_theta=1000.0, mrope_section=(1, 3, 12)))
+    model = load_model(str(tmp_path / "m")).model
+    assert model.config.get_text_config().rope_parameters["mrope_section"] == [1, 3, 12]
+    # a text token at position p and an image token at (s, s + row, s + col): with sections (1, 3, 12) the width
+    # axis owns frequency pairs 4..15, at 1000 ** (-i / 16) rad per position (0.178 down to 0.0015)
+    rotary = model.model.language_model.rotary_emb
+    pos = torch.tensor([[[0]], [[0]], [[1]]])  # (3 axes, batch 1, 1 token): one step along the width only
+    cos, _ = rotary(torch.zeros(1, 1, 32), pos)
+    moved = [i for i in range(16) if abs(float(cos[0, 0, i]) - 1.0) > 1e-9]
+    assert moved == list(range(4, 16))
+    assert float(cos[0, 0, 4]) == pytest.approx(math.cos(1000.0 ** (-4 / 16)), abs=1e-6)
+    with pytest.raises(ValueError, match=r"mrope_section \[4, 6, 5\].*summing to head_dim / 2 = 16"):
+        init_tiny(tmp_path / "bad", spec=TinySpec(mrope_section=[4, 6, 5]))

@@ -200,6 +200,7 @@ class TinySpec:
     vision_intermediate: int = 128
     vocab_size: int = 512
     rope_theta: float = 10000.0  # the language model's M-RoPE base (see pretrain_tiny.default_spec for a small one)
+    mrope_section: tuple[int, int, int] | None = None  # (temporal, height, width) frequency pairs; None: 1/4, 3/8, 3/8
     min_pixels: int = 28 * 28 * 4
     max_pixels: int = 28 * 28 * 64
 
@@ -210,6 +211,11 @@ def _tiny_config(arch: str, spec: TinySpec, tokenizer):
     head_dim = spec.hidden_size // spec.num_heads
     half = head_dim // 2  # mrope_section must sum to head_dim / 2: (temporal, height, width)
     mrope = [half - 2 * (half * 3 // 8), half * 3 // 8, half * 3 // 8]
+    if spec.mrope_section is not None:
+        mrope = [int(n) for n in spec.mrope_section]
+        if len(mrope) != 3 or min(mrope) < 1 or sum(mrope) != half:
+            raise ValueError(f"TinySpec.mrope_section {spec.mrope_section}: give 3 positive frequency-pair counts "
+                             f"(temporal, height, width) summing to head_dim / 2 = {half}")
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     text = dict(
         vocab_size=len(tokenizer),
