@@ -153,7 +153,9 @@ def distance_probe(model_dir: str, moves=(0, 1, 2, 4, 8), scenes: int = 200, siz
     images, targets = [im for im, _ in drawn], [caption(shapes, size, geometry) for _, shapes in drawn]
     is_digit = torch.tensor([tok.decode([i]).strip().isdigit() for i in range(len(tok))])
     end, out, cached = tok.convert_tokens_to_ids("<|vision_end|>"), [], PromptCache(lm.processor, geometry, size)
-    for move, k, image in ((m, k, i) for m in ("shift", "sentences") for k in moves for i in ("own", "other")):
+    runs = ((m, k, i) for m in ("shift", "sentences") for k in moves for i in ("own", "other")
+            if m == "shift" or k <= len(FILLERS))  # k sentences are k distinct FILLERS: 11 at most
+    for move, k, image in runs:
         pad = random.Random(k)
         words = k if move == "sentences" else 0
         prompts = [cached(" ".join([CAPTION_PROMPT, *pad.sample(FILLERS, words)])) for _ in drawn]

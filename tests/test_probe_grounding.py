@@ -78,3 +78,9 @@ def test_distance_probe_on_the_shipped_base_loses_the_box_digits_when_the_captio
     assert rows[("shift", 1, "own")]["other"] > 0.97  # while the labels and the JSON still come out right
     for m in rows.values():
         assert 0.0 <= m["ones"] <= 1.0 and 0.0 <= m["tens"] <= 1.0
+
+
+def test_distance_probe_shifts_past_the_fillers_but_pads_with_at_most_all_of_them(pg, tiny_model_dir):
+    rows = pg.distance_probe(tiny_model_dir("qwen2_5_vl"), moves=(0, 11, 96), scenes=2)
+    assert [(r["move"], r["k"], r["image"]) for r in rows] == [
+        (m, k, i) for m, ks in (("shift", (0, 11, 96)), ("sentences", (0, 11))) for k in ks for i in ("own", "other")]
