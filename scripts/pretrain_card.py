@@ -170,9 +170,11 @@ def model_card(name: str, f: dict) -> str:
         f"layers, {spec['num_heads']} heads ({spec['num_kv_heads']} KV), MLP {spec['intermediate_size']}. Vision: "
         f"hidden {spec['vision_hidden']}, depth {spec['vision_depth']}, {spec['vision_heads']} heads, MLP "
         f"{spec['vision_intermediate']}. LM M-RoPE base {spec.get('rope_theta', 10000.0):g}"
+        + (f", mrope_section {tuple(spec['mrope_section'])} (temporal, height, width)" if spec.get("mrope_section")
+           else "")
         + (" (not 10,000: at 10,000 the width axis of the 4 x 4 image-token grid gets frequencies under 0.004 rad per "
            "token, too low to tell its columns apart; `default_spec` in scripts/pretrain_tiny.py)."
-           if spec.get("rope_theta", 10000.0) != 10000.0 else "."),
+           if spec.get("rope_theta", 10000.0) != 10000.0 and not spec.get("mrope_section") else "."),
         f"- Images: {f['image_size']} x {f['image_size']} px scenes ({f['image_tokens']} image tokens after the 2x2 "
         f"merge), 1-{s['max_shapes']} non-overlapping shapes from `vlgrpo.data.synth.draw_scene`. Use this image size "
         "downstream: boxes and features were learnt at it.",

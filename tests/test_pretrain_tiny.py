@@ -155,3 +155,17 @@ def test_varied_stage_3_rows_paraphrase_pad_and_wrap_without_the_demo_templates(
     assert both[0][1] == f"<{t1}>red circle</{t1}><{t2}>{red}</{t2}>" and t1 != t2
     fillers = [sum(f in q for f in pt.FILLERS) for _, q, _ in rows]
     assert set(fillers) == {0, 1, 2, 3}
+
+
+def test_model_card_names_a_chosen_mrope_section_and_keeps_the_base_10_reason_for_the_default_split(pt):
+    from pretrain_card import model_card
+
+    shipped = json.loads((Path(pt.__file__).resolve().parents[1] / "data" / "models" / "shapes-tiny-qwen2_5_vl" /
+                          "pretrain.json").read_text())
+    line = next(x for x in model_card("m", shipped).splitlines() if "M-RoPE" in x)
+    assert line.endswith("LM M-RoPE base 10 (not 10,000: at 10,000 the width axis of the 4 x 4 image-token grid gets "
+                         "frequencies under 0.004 rad per token, too low to tell its columns apart; `default_spec` in "
+                         "scripts/pretrain_tiny.py).")
+    shipped["settings"]["spec"].update(rope_theta=1000.0, mrope_section=[1, 3, 12])
+    line = next(x for x in model_card("m", shipped).splitlines() if "M-RoPE" in x)
+    assert line.endswith("LM M-RoPE base 1000, mrope_section (1, 3, 12) (temporal, height, width).")
