@@ -180,3 +180,42 @@ def test_our_top_k_top_p_replay_equals_vllms_own_sampler_op():
         pp = torch.full((64,), p) if p < 1 else None
         theirs = torch.isfinite(apply_top_k_top_p_pytorch(logits.clone(), kk, pp))
         assert torch.equal(_truncate(logits.unsqueeze(0), k, p)[0], theirs), (k, p)
+
+
+def _with_mrope_section(config: dict, section: list[int]) -> int:
+    """Set every `mrope_section` in a saved config (top level and text config) to `section`; how many were set."""
+    found = 0
+    for key, value in config.items():
+        if key == "mrope_section":
+            config[key] = list(section)
+            found += 1
+        elif isinstance(value, dict):
+            found += _with_mrope_section(value, section)
+    return found
+
+
+def test_a_chosen_mrope_section_decodes_like_the_hf_engine(tmp_path, spread, samples):
+    """A base with its own M-RoPE split (the slow-width bases of docs/demo-seeds.md: base 1000, (1, 3, 12)) decodes in
+    vLLM exactly as in the HF engine, and the split matters: the same weights with the default split decode otherwise."""
+    import json
+    import shutil
+
+    from vlgrpo.models import TinySpec, init_tiny
+
+    path = init_tiny(tmp_path / "slow", spec=TinySpec(rope_theta=1000.0, mrope_section=(1, 3, 12)), seed=0)
+    lm = load_model(path)
+    spread(lm.model, 0.5)
+    lm.model.save_pretrained(path)
+    lm, cache, engine = _launch(str(path), "embeds")
+    greedy = SamplingParams(n=1, temperature=0, max_new_tokens=12)
+    want = [g.completions[0].token_ids for g in HFEngine(lm.model, lm.processor, cache).generate(samples[:8], greedy)]
+    assert [g.completions[0].token_ids for g in engine.generate(samples[:8], greedy)] == want
+    assert len({tuple(w) for w in want}) == 8
+    default = tmp_path / "default_split"
+    shutil.copytree(path, default)
+    config = json.loads((default / "config.json").read_text())
+    assert _with_mrope_section(config, [4, 6, 6]) >= 1
+    (default / "config.json").write_text(json.dumps(config))
+    other = load_model(default)
+    hf_other = HFEngine(other.model, other.processor, VisionCache(other.model.eval(), other.processor))
+    assert [g.completions[0].token_ids for g in hf_other.generate(samples[:8], greedy)] != want
