@@ -179,14 +179,13 @@ def seeds_markdown(summaries: dict[int, dict], command: str) -> str:
     checks = ["| target | met | measured |", "|---|---|---|"]
     checks += [f"| {t} | {'yes' if ok else '**no**'} | {m} |" for t, ok, m in seed_targets(summaries)]
     first = runs[0]
+    steps = first["steps"]
+    ground = f"{steps['ground_sft']} SFT steps on the box questions alone, " if "ground_sft" in steps else ""
     return "\n".join([
         "# The demo on five seeds",
         "",
         f"Written by `{command}` (each seed: `vlgrpo demo --seed S`, the README command's defaults). Base "
-        f"`{first['base']}`, kinds {', '.join(first['kinds'])}, "
-        + (f"{first['steps']['ground_sft']} SFT steps on the box questions alone, " if "ground_sft" in first["steps"]
-           else "")
-        + f"{first['steps']['sft']} SFT steps then "
+        f"`{first['base']}`, kinds {', '.join(first['kinds'])}, {ground}{first['steps']['sft']} SFT steps then "
         f"{first['steps']['grpo']} GRPO steps; held-out test split. Each cell: after SFT → after GRPO (lift in "
         f"points). Entropy and the last response length are means over the last {first['collapse_window']} GRPO "
         "steps; the SFT policy's length is the mean over the first 5 GRPO steps. Answered: the share of the test "
