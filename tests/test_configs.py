@@ -170,16 +170,18 @@ def test_train_multinode_sh_starts_the_training_ranks_of_a_split_vllm_rollout(tm
 
 
 def test_eval_sh_evaluates_the_newest_checkpoint_with_the_runs_settings(tmp_path):
+    """The run's suites and completion budget (512 in the recipe; the CLI's own default is 128, which cut reasoning
+    off), as its in-loop eval decodes."""
     run = tmp_path / "run"
     (run / "checkpoints" / "step_50").mkdir(parents=True)
     (run / "checkpoints" / "step_100").mkdir()
-    cfg = load_config(ROOT / "configs" / "qwen2_5_vl_7b_zero3_8xa100.yaml")
+    cfg = load_config(ROOT / "configs" / "qwen2_5_vl_7b_zero3_8xa100.yaml", ["eval.suites=[vqa,pope]"])
     (run / "config.yaml").write_text(yaml.safe_dump(__import__("dataclasses").asdict(cfg)))
     rc, err = _script("eval.sh", str(run), "--max-samples", "50")
     py = sys.executable
     assert rc == 0 and err.splitlines() == [
-        f"+ {py} -m vlgrpo.cli eval --model {run} --suite pope,grounding,vqa --out {run}/eval/step_100 "
-        "--dtype bfloat16 --data data/my_task/test.jsonl --answer-format think_answer --max-samples 50",
+        f"+ {py} -m vlgrpo.cli eval --model {run} --suite vqa,pope --out {run}/eval/step_100 --dtype bfloat16 "
+        "--max-new-tokens 512 --data data/my_task/test.jsonl --answer-format think_answer --max-samples 50",
     ]
 
 

@@ -82,7 +82,7 @@ def test_train_export_eval_equals_eval_on_the_run_directory(tiny_model_dir, shap
                              "train.micro_batch_completions=4", "train.steps=1", f"train.output_dir={run}",
                              "logging.progress_bar=false"])  # fmt: skip
     run_training(cfg, progress=False)
-    expected = PromptContract("qwen2_5_vl", "answer", "qwen2_5", "Answer briefly.", None, 12544)
+    expected = PromptContract("qwen2_5_vl", "answer", "qwen2_5", "Answer briefly.", None, 12544, max_new_tokens=4)
     assert read_contract(run) == expected
     assert main(["export", str(run), "--out", str(tmp_path / "export")]) == 0
     assert read_contract(tmp_path / "export") == expected

@@ -266,7 +266,8 @@ def add_eval_command(sub) -> None:
     p.add_argument("--answer-format", choices=CHOICES["data.answer_format"],
                    help="default: the checkpoint's (run directory, vlgrpo.json), else think_answer")
     p.add_argument("--box-format", choices=BOX_FORMATS, help="default: the checkpoint's, else the model family's")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=int, help="new tokens per completion (default: the run's "
+                   "rollout.max_new_tokens, or the export's vlgrpo.json; else 128)")
     p.add_argument("--batch-prompts", type=int, default=8, help="prompts decoded together (default 8)")
     p.add_argument("--dtype", choices=CHOICES["model.dtype"], default="float32")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")

@@ -168,20 +168,31 @@ def test_cli_eval_on_a_checkpoint_directory(tiny_model_dir, shapes_dir, tmp_path
 
 
 def test_cli_eval_on_a_run_directory(tiny_model_dir, shapes_dir, tmp_path):
+    """The run's settings, its completion budget included (the CLI's own default, 128, cut a 512-token run's
+    reasoning off); an export carries that budget in its vlgrpo.json; --max-new-tokens still wins."""
+    from vlgrpo.config.contract import read_contract
     from vlgrpo.trainer import run_training
 
     run = tmp_path / "run"
     cfg = load_config(None, [f"model.name_or_path={tiny_model_dir('qwen2_5_vl')}",
                              f"data.train={shapes_dir / 'train.jsonl'}", f"data.test={shapes_dir / 'test.jsonl'}",
                              "data.answer_format=answer", "rollout.completions_per_prompt=2",
-                             "rollout.max_new_tokens=4", "train.prompts_per_step=2", "train.micro_batch_completions=4",
+                             "rollout.max_new_tokens=3", "train.prompts_per_step=2", "train.micro_batch_completions=4",
                              "train.steps=1", f"train.output_dir={run}", "logging.progress_bar=false"])  # fmt: skip
     run_training(cfg, progress=False)
     out = tmp_path / "eval"
-    assert main(["eval", "--model", str(run), "--suite", "vqa", "--out", str(out), "--max-new-tokens", "4",
+    assert main(["eval", "--model", str(run), "--suite", "vqa", "--out", str(out), "--max-samples", "4",
                  "--no-progress"]) == 0  # fmt: skip
     info = json.loads((out / "metrics.json").read_text())["info"]
     assert (info["answer_format"], info["data"]) == ("answer", str(shapes_dir / "test.jsonl"))  # the run's settings
+    assert info["max_new_tokens"] == 3
+    export = tmp_path / "export"
+    assert main(["export", str(run), "--out", str(export)]) == 0
+    assert read_contract(export).max_new_tokens == 3
+    for extra, budget in (([], 3), (["--max-new-tokens", "5"], 5)):
+        assert main(["eval", "--model", str(export), "--suite", "vqa", "--data", str(shapes_dir / "test.jsonl"),
+                     "--out", str(out), "--max-samples", "4", "--no-progress", *extra]) == 0  # fmt: skip
+        assert json.loads((out / "metrics.json").read_text())["info"]["max_new_tokens"] == budget
 
 
 def test_in_loop_evaluator_leaves_training_undisturbed(tiny, shapes_dir, tmp_path, monkeypatch):

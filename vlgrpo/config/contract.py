@@ -38,6 +38,9 @@ class PromptContract:
     min_pixels: int | None = None
     """The processor's image pixel bounds in training (None: the checkpoint processor's own)."""
     max_pixels: int | None = None
+    max_new_tokens: int | None = None
+    """The completion budget it was trained with (rollout.max_new_tokens): `vlgrpo eval`'s default, so reasoning is
+    not cut shorter than in training. Not applied to a config (None: a contract written before it was recorded)."""
 
     def __post_init__(self) -> None:
         accepted = {"arch": [a for a in CHOICES["model.arch"] if a != "auto"],
@@ -46,7 +49,7 @@ class PromptContract:
         for key, values in accepted.items():
             if getattr(self, key) not in values:
                 raise ValueError(f"{key} = {getattr(self, key)!r} is not accepted; use one of: {', '.join(values)}")
-        for key in ("min_pixels", "max_pixels"):
+        for key in ("min_pixels", "max_pixels", "max_new_tokens"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{key} = {value!r} is not accepted; use a positive integer or null")
@@ -58,7 +61,7 @@ class PromptContract:
         """The contract of a run of `cfg` on a model of family `arch` writing boxes as `box_format`."""
         return cls(arch=arch, answer_format=cfg.data.answer_format, box_format=box_format,
                    system_prompt=cfg.data.system_prompt, min_pixels=cfg.model.min_pixels,
-                   max_pixels=cfg.model.max_pixels)  # fmt: skip
+                   max_pixels=cfg.model.max_pixels, max_new_tokens=cfg.rollout.max_new_tokens)  # fmt: skip
 
     def write(self, directory: str | Path) -> Path:
         """Write `directory/vlgrpo.json` atomically (a reader sees the old file or the new one, never half)."""

@@ -43,10 +43,22 @@ def load_for_eval(model: str, workdir: Path, dtype: str = "float32", device: str
     return load_model(model, arch, dtype=dtype, device=device, **pixels), None, contract
 
 
+DEFAULT_MAX_NEW_TOKENS = 128
+"""New tokens per completion for a checkpoint that does not say what it was trained with (a hub id)."""
+
+
+def _trained_max_new_tokens(run_cfg, contract) -> int:
+    if run_cfg is not None:
+        return run_cfg.rollout.max_new_tokens
+    if contract is not None and contract.max_new_tokens:
+        return contract.max_new_tokens
+    return DEFAULT_MAX_NEW_TOKENS
+
+
 def run_eval_cli(
     model: str, suites: str, data: str | None, out: str | Path, *, max_samples: int | None = None,
     pope_parser: str = "pope", answer_format: str | None = None, box_format: str | None = None,
-    max_new_tokens: int = 128, batch_prompts: int = 8, pope_data: str | None = None,
+    max_new_tokens: int | None = None, batch_prompts: int = 8, pope_data: str | None = None,
     pope_splits: tuple[str, ...] | None = None, pope_images: int | None = None, pope_per_image: int = 3,
     pope_min_objects: int = 3, dtype: str = "float32", device: str | None = None, cache_dir: str | None = None,
     progress: bool = True, engine: str = "hf", engine_kwargs: dict | None = None,
@@ -57,6 +69,8 @@ def run_eval_cli(
     A run directory also supplies the defaults of answer format, system prompt, box convention, tolerances and data
     (data.test, else data.val); an exported checkpoint's vlgrpo.json those of answer format, system prompt, box
     convention and pixel bounds; otherwise the answer format is think_answer and boxes follow the model family.
+    `max_new_tokens` defaults to the run's rollout.max_new_tokens (a run directory), else the contract's, else
+    DEFAULT_MAX_NEW_TOKENS: a checkpoint trained to reason in 512 tokens is not scored on 128.
     More than half of the completions without an answer to read is reported loudly (the prompt probably differs
     from training).
     engine: hf (transformers) or vllm (greedy decoding through vLLM, with our cached image features: the same
@@ -78,6 +92,7 @@ def run_eval_cli(
             ctx = RewardContext(box_format=contract.box_format, answer_format=contract.answer_format, geometry=geometry)
         else:
             ctx = RewardContext(box_format=box_format_for_arch(lm.arch), geometry=geometry)
+        max_new_tokens = max_new_tokens or _trained_max_new_tokens(run_cfg, contract)
         ctx = dataclasses.replace(ctx, box_format=box_format or ctx.box_format,
                                   answer_format=answer_format or ctx.answer_format)  # fmt: skip
         eval_data = build_eval_data(
