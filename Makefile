@@ -14,15 +14,23 @@ VLLM_TESTS := tests/rollout/test_vllm_engine.py tests/trainer/test_vllm_train.py
 
 .PHONY: demo test test-main test-vllm install bench clean
 
+# The demo needs the runtime packages and matplotlib (curves.png) only; the tests add the dev tools (pytest, TRL for
+# the parity tests, DeepSpeed, import-linter). A dev install holds everything the demo needs, so it marks both.
+$(VENV)/.installed-demo: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[plot]'
+	touch $@
+
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
-	touch $@
+	touch $@ $(VENV)/.installed-demo
 
 install: $(VENV)/.installed
 
-demo: $(VENV)/.installed
+demo: $(VENV)/.installed-demo
 	$(VENV)/bin/vlgrpo demo --out runs/demo
 
 # The main suite, then the vLLM tests in vLLM's own environment (its CPU build: see scripts/vllm_env.sh).
