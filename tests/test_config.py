@@ -78,7 +78,7 @@ def test_batch_divisibility_explains_why():
         ("model.freeze_vision=maybe", "true or false"),
         ("rollout.completions_per_prompt=1", "group of one"),
         ("grpo.dual_clip=0.5", "grpo.dual_clip"),
-        ("eval.suites=pope,mmmu", "accepted suites"),
+        ("eval.suites=pope,mmbench", "accepted suites"),
         ("train", "section.key=value"),
         ("train=3", "is a section"),
         # issue #17: each of these was accepted and failed (or silently never learnt) later
@@ -117,3 +117,13 @@ def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path):
         load_config(path)
     msg = str(e.value)
     assert f"config file '{path}' is not valid YAML at line 4, column 1" in msg and "<unicode string>" not in msg
+
+
+def test_offload_keys_beside_a_deepspeed_json_are_refused():
+    """The JSON is what DeepSpeed runs: train.zero3.offload_optimizer=true next to it changed nothing, silently."""
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["train.backend=zero3", "train.zero3.deepspeed_config=configs/ds_zero3_bf16.json",
+                           "train.zero3.offload_optimizer=true"])  # fmt: skip
+    assert "zero_optimization.offload_optimizer.device: cpu" in str(e.value)
+    assert "configs/ds_zero3_bf16.json" in str(e.value)
+    load_config(None, ["train.backend=zero3", "train.zero3.offload_optimizer=true"])  # vlgrpo builds the JSON: fine

@@ -65,6 +65,17 @@ def test_8xa100_recipes_fit_a100_80gb(path, capsys):
     assert report["inputs"]["image_tokens"] == 484  # 4000 px scaled into 401408 px: 616 x 616 -> 22 x 22 tokens
 
 
+@pytest.mark.parametrize("path", [p for p in CONFIGS if p.name.startswith("qwen")], ids=lambda p: p.name)
+def test_user_data_recipes_evaluate_only_what_any_verifiable_data_supports(path):
+    """A converted LLaVA / R1-V file has neither boxes nor objects: grounding and POPE stay a commented opt-in, or
+    `vlgrpo train` would refuse the recipe on such data."""
+    cfg = load_config(path)
+    assert cfg.eval.every_steps == 50 and cfg.eval.suites == ["vqa"]
+    text = path.read_text()
+    assert "# suites: [vqa, grounding, pope]" in text and "answer_type box" in text and "distinct" in text
+    assert "vlgrpo/config.py" not in text and "grpo/clip_fraction" not in text  # a file and a metric that do not exist
+
+
 def test_deepspeed_json_is_zero3_bf16_and_agrees_with_the_configs_using_it():
     ds = json.loads(DS_JSON.read_text())
     zero = ds["zero_optimization"]

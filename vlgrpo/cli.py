@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from vlgrpo.cli_data import add_data_command
-from vlgrpo.config import CHOICES
+from vlgrpo.config import CHOICES, EVAL_SUITES
 
 ARCHS = [a for a in CHOICES["model.arch"] if a != "auto"]
 BOX_FORMATS = [b for b in CHOICES["reward.box_format"] if b != "auto"]
@@ -192,7 +192,8 @@ def _context_from_checkpoint(model: str, ctx):
 
 def add_plan_command(sub) -> None:
     p = sub.add_parser("plan", help="per-GPU memory plan of a run: breakdown, verdict per GPU type, suggestions")
-    p.add_argument("config", nargs="?", help="run config YAML (default: built-in defaults with bfloat16)")
+    p.add_argument("config", nargs="?", help="run config YAML (default: the config defaults with bfloat16; their model, "
+                   "runs/tiny-qwen2_5_vl, is planned as `vlgrpo model init-tiny` builds it until it exists)")
     p.add_argument("--model", help="hub name (e.g. qwen2.5-vl-7b) or a directory with config.json")
     p.add_argument("--params", type=float, help="plan model states for N trainable parameters, no model spec")
     p.add_argument("--largest-layer", type=float, help="with --params: largest layer's parameters (ZeRO-3 buffer)")
@@ -222,14 +223,20 @@ def _cmd_plan(args) -> int:
 
     from vlgrpo.config import load_config
     from vlgrpo.memory.report import build_report, format_report, parse_image_size, parse_offload
-    from vlgrpo.memory.report import plan_input_from_config
+    from vlgrpo.memory.report import config_notes, init_tiny_spec, plan_input_from_config, unbuilt_default_model
 
     flags = {"model.name_or_path": args.model, "train.num_gpus": args.gpus, "grpo.beta": args.beta,
              "model.dtype": args.dtype or (None if args.config else "bfloat16"),
              "train.backend": "lora" if args.lora_rank else None, "train.lora.rank": args.lora_rank}
     overrides = [f"{k}={v}" for k, v in flags.items() if v is not None] + args.set
     cfg = load_config(args.config, overrides)
-    inp = plan_input_from_config(cfg, params=int(args.params) if args.params else None,
+    spec, notes = None, config_notes(cfg)
+    if not args.params and unbuilt_default_model(cfg):  # the default model before `vlgrpo model init-tiny` built it
+        from vlgrpo.models import TinySpec
+
+        spec, note = init_tiny_spec(TinySpec(), cfg)
+        notes.insert(0, note)
+    inp = plan_input_from_config(cfg, params=int(args.params) if args.params else None, spec=spec,
                                  image_size=parse_image_size(args.image_size), text_tokens=args.text_tokens)
     changes = {"zero_stage": args.zero, "offload": parse_offload(args.offload) if args.offload else None,
                # --zero plans DeepSpeed's ZeRO, whose mixed precision keeps an fp32 master copy and fp32 moments
@@ -239,7 +246,7 @@ def _cmd_plan(args) -> int:
                "reward_model_params": int(args.reward_model_params) if args.reward_model_params else None,
                "critic": args.critic or None, "logits_chunk": args.logits_chunk}
     inp = dataclasses.replace(inp, **{k: v for k, v in changes.items() if v is not None})
-    report = build_report(inp, args.gpu_type)
+    report = build_report(inp, args.gpu_type, notes)
     return _emit(report, args.json, format_report)
 
 
@@ -252,7 +259,8 @@ def add_eval_command(sub) -> None:
         "predictions.jsonl and report.md; `vlgrpo eval score ...` scores predictions made elsewhere.",
     )  # fmt: skip
     p.add_argument("--model", help="HF checkpoint directory, run directory (config.yaml + checkpoints/) or hub id")
-    p.add_argument("--suite", dest="suites", default="pope,grounding,vqa", help="comma list of pope, grounding, vqa")
+    p.add_argument("--suite", dest="suites", default="pope,grounding,vqa",
+                   help=f"comma list of {', '.join(EVAL_SUITES)} (default pope,grounding,vqa)")
     p.add_argument("--data", help="Sample dataset (or a POPE question file); default for a run: data.test/data.val")
     p.add_argument("--out", dest="eval_out", help="output directory (default: eval_out)")
     p.add_argument("--max-samples", type=int, help="at most N samples per suite (POPE: about N questions per split)")
@@ -343,7 +351,7 @@ def _cmd_train(args) -> int:
     if cfg.eval.every_steps:  # POPE / grounding / VQA on the training model every N steps
         from vlgrpo.evals.run import make_evaluator
 
-        evaluator = make_evaluator(cfg)
+        evaluator = make_evaluator(cfg)  # selects its data now: a suite without any stops before the model loads
     history = run_training(cfg, args.out, evaluator=evaluator)
     if history:
         last = history[-1]

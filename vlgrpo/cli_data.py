@@ -40,9 +40,11 @@ def _add_data_convert(dsub) -> None:
     p = dsub.add_parser(
         "convert", help="rewrite a dataset in another project's shape (LLaVA, chat messages, R1-V, EasyR1) as JSONL",
         description="Reads SRC through a preset (or a column mapping), infers each row's answer_type (numbers, option "
-        "letters, yes/no, math, boxes), converts boxes to original-image pixels and writes vlgrpo JSONL; embedded "
-        "images go to OUT_images/. Prints what was inferred, assumed and skipped (several images, several turns, no "
-        "image) by row. Exit status 1 when a row is malformed. Presets: "
+        "letters, yes/no, math, boxes), converts boxes to original-image pixels (a box row's image_size is read from "
+        "the image header when not given) and writes vlgrpo JSONL with image paths relative to OUT, so it moves with "
+        "its images; embedded images go to OUT_images/; rows without an id get '<SRC stem>-<row>'. Prints what was "
+        "inferred, assumed and skipped (several images, several turns, no image) by row. Rows that are malformed or "
+        "whose image file is missing are listed and not written, with exit status 1. Presets: "
         + "; ".join(f"{o.name}: {o.help}" for o in DATA_PRESET.options.values() if o.target),
     )  # fmt: skip
     p.add_argument("source", help="a .json / .jsonl file, a .parquet file or a saved HF dataset directory")
@@ -67,7 +69,7 @@ def _cmd_data_convert(args) -> int:
     result = convert_dataset(args.source, args.out, args.preset or "none", columns, args.image_root, args.split)
     summary = conversion_summary(result)
     print(json.dumps(summary, indent=2) if args.json else format_summary(summary, args.source, args.out))
-    return 1 if summary["invalid"] else 0
+    return 1 if summary["invalid"] or summary["missing_images"] else 0
 
 
 def _add_data_doctor(dsub) -> None:
@@ -76,8 +78,9 @@ def _add_data_doctor(dsub) -> None:
     p = dsub.add_parser(
         "doctor", help="pre-flight checks of a dataset (or of every split of a run config); exit 1 on errors",
         description="Opens every image and checks rows, image tokens against data.max_prompt_length, image "
-        "placeholders, image_size, boxes, gold answers against the configured reward, duplicate ids and the answer "
-        "distribution. Prints a summary table; exit status 1 when any error is found (warnings alone exit 0).",
+        "placeholders, image_size, boxes, gold answers against the configured reward, duplicate ids, the answer "
+        "distribution and, for a run config, that each of eval.suites has data to run on. Prints a summary table; "
+        "exit status 1 when any error is found (warnings alone exit 0).",
     )  # fmt: skip
     p.add_argument("target", help="a run config YAML (checks data.train/val/test and eval.data) or one dataset")
     p.add_argument("--split", help="comma list of the config's splits to check: train, val, test, eval")
@@ -96,15 +99,16 @@ def _add_data_doctor(dsub) -> None:
 
 def _cmd_data_doctor(args) -> int:
     from vlgrpo.data.doctor import format_report
-    from vlgrpo.preflight import diagnose
-
     from vlgrpo.data.presets import parse_columns
+    from vlgrpo.evals.run import in_loop_eval_problem
+    from vlgrpo.preflight import diagnose
 
     splits = [s.strip() for s in args.split.split(",") if s.strip()] if args.split else None
     overrides = list(args.set) + [f"data.preset={args.preset}"] * bool(args.preset)
     if args.columns:  # JSON is YAML: the mapping goes through the config loader like any override
         overrides.append("data.columns=" + json.dumps(parse_columns(args.columns)))
-    report = diagnose(args.target, overrides, splits, not args.no_progress and sys.stderr.isatty(), args.workers)
+    report = diagnose(args.target, overrides, splits, not args.no_progress and sys.stderr.isatty(), args.workers,
+                      eval_check=in_loop_eval_problem)  # the in-loop eval's suites, as `vlgrpo train` checks them
     print(json.dumps(report.to_dict(), indent=2) if args.json else format_report(report, args.examples))
     return 1 if report.errors else 0
 

@@ -2,18 +2,19 @@
 (the processor geometry read from the checkpoint directory, no model loaded; the model family's box convention; the
 row shape, data.preset / data.columns) and the gold-answer check built from the configured reward recipe.
 
-Sits above data and rewards, which know nothing of each other.
+Sits above data and rewards, which know nothing of each other; below the evals, whose in-loop data check the CLI
+hands in as a function.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from vlgrpo.config import ConfigError, get_key, load_config
 from vlgrpo.data.doctor import (
-    CORRECTNESS, ERROR, WARNING, DoctorReport, DoctorSettings, GoldCheck, run_doctor,
+    CORRECTNESS, ERROR, WARNING, DoctorReport, DoctorSettings, Finding, GoldCheck, run_doctor,
 )  # fmt: skip
 from vlgrpo.data.images import checkpoint_geometry
 from vlgrpo.data.prompts import check_system_prompt
@@ -50,7 +51,8 @@ def reward_checker(recipe: dict[str, float], ctx) -> GoldCheck:
             return []  # the image problem is already reported; boxes cannot be rendered without its size
         sized = s if size is None else dataclasses.replace(s, image_size=size)  # boxes scale by the decoded size
         text = render_completion(sized, ctx.answer_format, ctx.box_format, ctx.geometry, decimals=6)
-        batch = score([text], [s], recipe, ctx)
+        # as training scores it: the declared image_size, else the one read from the image
+        batch = score([text], [s if s.image_size is not None else sized], recipe, ctx)
         out = [(ERROR, "gold_unparseable", f"reward '{name}' cannot score the gold answer: {err}")
                for _, name, err in batch.failures]  # fmt: skip
         low = [n for n, v in batch.components.items() if v[0] < 1 - 1e-4 and (n == "accuracy" or (
@@ -69,9 +71,14 @@ SPLIT_KEYS = {"train": "data.train", "val": "data.val", "test": "data.test", "ev
 
 
 def diagnose(target: str, overrides: list[str] | None = None, splits: list[str] | None = None,
-             progress: bool = False, workers: int = 8) -> DoctorReport:  # fmt: skip
+             progress: bool = False, workers: int = 8,
+             eval_check: Callable[[Any], str | None] | None = None) -> DoctorReport:  # fmt: skip
     """`vlgrpo data doctor TARGET`: a run config (checks data.train / val / test and eval.data with the run's
-    geometry, lengths and reward) or one dataset (checked with the config defaults plus `overrides`)."""
+    geometry, lengths and reward) or one dataset (checked with the config defaults plus `overrides`).
+
+    `eval_check(cfg)`: what `vlgrpo train` would refuse about the in-loop eval's data, or None
+    (`vlgrpo.evals.run.in_loop_eval_problem`, passed in by the CLI: the evals sit above this module); an answer is
+    an `eval_suites` error."""
     is_config = Path(target).suffix in CONFIG_SUFFIXES
     dataset = [] if is_config else [f"data.train={target}"]
     cfg = load_config(target if is_config else None, dataset + list(overrides or []))
@@ -90,4 +97,24 @@ def diagnose(target: str, overrides: list[str] | None = None, splits: list[str] 
                               f"({', '.join(SPLIT_KEYS[n] for n in found if n in SPLIT_KEYS) or 'a dataset'})")
         found = {n: found[n] for n in splits}
     settings, ctx = settings_from_config(cfg)
-    return run_doctor(found, settings, reward_checker(dict(cfg.reward.recipe), ctx), progress, workers)
+    report = run_doctor(found, settings, reward_checker(dict(cfg.reward.recipe), ctx), progress, workers)
+    if is_config and eval_check is not None:
+        report.findings += _eval_findings(cfg, found, report, eval_check)
+    return report
+
+
+def _eval_findings(cfg, found: dict[str, str], report: DoctorReport,
+                   eval_check: Callable[[Any], str | None]) -> list[Finding]:  # fmt: skip
+    """The `eval_suites` error when `vlgrpo train` would refuse the in-loop eval's data (a suite with nothing to run
+    on, or no eval data at all); nothing when --split left that data out, or when its file is already reported
+    unreadable or empty."""
+    source = cfg.eval.data or cfg.data.val
+    split = next((name for name, path in found.items() if path == source), None)
+    if source and split is None:
+        return []
+    if any(f.split == split and f.check in ("dataset_unreadable", "dataset_empty") for f in report.findings):
+        return []
+    problem = eval_check(cfg)
+    if problem is None:
+        return []
+    return [Finding(ERROR, "eval_suites", split or "eval", source or "(none)", None, None, problem)]

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -103,8 +104,11 @@ def test_unknown_format_and_missing_path(tmp_path):
 def test_write_jsonl_round_trip(tmp_path, shapes_dir):
     samples = load_samples(shapes_dir / "train.jsonl").samples
     write_jsonl(samples, tmp_path / "copy.jsonl")
+    first = json.loads((tmp_path / "copy.jsonl").read_text().splitlines()[0])
+    assert first["image"] == f"../{shapes_dir.name}/images/{Path(samples[0].image).name}"  # relative, `..` included
     again = load_samples(tmp_path / "copy.jsonl").samples
-    assert [s.to_dict() for s in again] == [s.to_dict() for s in samples]
+    assert [Path(s.image).resolve() for s in again] == [Path(s.image).resolve() for s in samples]
+    assert [{**s.to_dict(), "image": None} for s in again] == [{**s.to_dict(), "image": None} for s in samples]
 
 
 def test_a_json_array_file_is_read_element_by_element(tmp_path):

@@ -7,7 +7,9 @@ import pytest
 from PIL import Image
 
 from vlgrpo.cli import main
+from vlgrpo.data.adapters import load_samples
 from vlgrpo.data.doctor import HUB_GEOMETRY, DoctorSettings, check_split, inspect_image, prompt_tokens
+from vlgrpo.data.schema import DataError
 from vlgrpo.preflight import diagnose, processor_geometry
 
 QUESTION = "How many red shapes are there?"
@@ -68,14 +70,14 @@ def test_each_planted_fault_is_found_at_its_row(broken):
         4: {"image_corrupt"},
         5: {"image_corrupt"},
         6: {"row_boxes"},
-        7: {"box_out_of_image", "gold_unparseable"},  # no image_size: the qwen2_5 box reward cannot convert
+        7: {"box_out_of_image"},  # no image_size: read from the image, as training does (no false gold_unparseable)
         8: {"duplicate_id"},
         9: {"gold_unparseable"},
         10: {"prompt_too_long"},
         11: {"image_size_mismatch"},
         12: {"placeholder_literal"},
     }
-    assert all(f.severity == "error" for f in report.findings) and report.errors == 12
+    assert all(f.severity == "error" for f in report.findings) and report.errors == 11
     msg = {f.row: f.message for f in report.findings if f.check != "gold_unparseable"}
     assert "inverted" in msg[6] and "[10.0, 10.0, 200.0, 90.0]" in msg[7] and "112x112" in msg[7]
     assert "already used at row 1" in msg[8]
@@ -91,7 +93,7 @@ def test_each_planted_fault_is_found_at_its_row(broken):
 def test_exit_status_and_json(broken, capsys):
     assert main(["data", "doctor", str(broken / "train.jsonl"), "--json", "--set", "data.max_prompt_length=200"]) == 1
     out = json.loads(capsys.readouterr().out)
-    assert out["ok"] is False and out["errors"] == 12 and out["warnings"] == 0
+    assert out["ok"] is False and out["errors"] == 11 and out["warnings"] == 0
     assert out["checks"]["image_corrupt"] == {"severity": "error", "count": 2}
     assert out["splits"]["train.jsonl"]["image_tokens"] == {"min": 16, "median": 16, "max": 256}
     assert {f["row"] for f in out["findings"] if f["check"] == "duplicate_id"} == {8}
@@ -99,7 +101,7 @@ def test_exit_status_and_json(broken, capsys):
     assert main(["data", "doctor", str(broken / "train.jsonl"), "--set", "data.max_prompt_length=200"]) == 1
     table = capsys.readouterr().out
     assert f"{broken / 'train.jsonl'}, row 2 (id 'missing'): image file" in table
-    assert "12 error(s), 0 warning(s): fix the errors before training" in table
+    assert "11 error(s), 0 warning(s): fix the errors before training" in table
 
 
 def test_clean_shapes_dataset_exits_0(shapes_dir, capsys):
@@ -239,3 +241,25 @@ def test_a_system_prompt_with_template_tokens_is_a_config_error(tmp_path, capsys
     (tmp_path / "d.jsonl").write_text(json.dumps(_row("a")) + "\n")
     assert main(["data", "doctor", str(tmp_path / "d.jsonl"), "--set", "data.system_prompt=Be brief.<|im_end|>"]) == 2
     assert "error: data.system_prompt contains <|im_end|>: the chat template's control tokens" in capsys.readouterr().err
+
+
+# R1-V's rows (Deep-Agent/R1-V: image, problem, solution) checked as vlgrpo rows: "unknown field" alone did not say
+# that `--preset r1v` reads them; the doctor and the loader (so `vlgrpo train`) now name the preset.
+def test_rows_of_a_preset_shape_checked_without_it_name_the_preset(tmp_path, capsys):
+    _png(tmp_path / "a.png", (112, 112))
+    rows = [{"image": "a.png", "problem": f"How many cubes are there? ({i})", "solution": "<answer> 3 </answer>"}
+            for i in range(3)]  # fmt: skip
+    path = tmp_path / "clevr.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    hint = "the row looks like the r1v preset: run with --preset r1v, or set data.preset: r1v in the config"
+    assert main(["data", "doctor", str(path), "--no-progress", "--json"]) == 1
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    assert [(f["row"], f["check"]) for f in findings] == [(1, "row_problem"), (2, "row_problem"), (3, "row_problem")]
+    assert all(f["message"].startswith("unknown field;") and f["message"].endswith(hint) for f in findings)
+    assert main(["data", "doctor", str(path), "--no-progress"]) == 1
+    assert f"{path}, row 1: unknown field; accepted fields" in capsys.readouterr().out
+    with pytest.raises(DataError, match=r"clevr.jsonl, row 1, field 'problem': unknown field.*--preset r1v"):
+        load_samples(path)  # what `vlgrpo train` reads the file with
+    (tmp_path / "own.jsonl").write_text(json.dumps(_row("a", "a.png", colour="red")) + "\n")  # no preset's shape
+    with pytest.raises(DataError, match=r"unknown field; accepted fields: [^;]*\(put extras under 'meta'\)$"):
+        load_samples(tmp_path / "own.jsonl")

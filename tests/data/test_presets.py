@@ -11,8 +11,8 @@ from vlgrpo.cli import main
 from vlgrpo.config import CHOICES, ConfigError, load_config
 from vlgrpo.data.adapters import load_samples
 from vlgrpo.data.preset_fields import RowSkipped, infer_answer
-from vlgrpo.data.presets import PRESETS, parse_columns
-from vlgrpo.data.schema import DataError
+from vlgrpo.data.presets import PRESETS, matching_presets, parse_columns
+from vlgrpo.data.schema import FIELDS, DataError
 from vlgrpo.types import InputError
 
 
@@ -107,12 +107,14 @@ def test_vlm_r1_jsonl_through_the_llava_preset(tmp_path):
     path = tmp_path / "annotations" / "rec.jsonl"
     path.parent.mkdir()
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _image(tmp_path / "images/train2014/COCO_train2014_000000581857.jpg", size=(427, 640))
 
     result = load_samples(path, errors="skip", preset="llava", image_root=tmp_path / "images")
     clevr, rec = result.samples
-    assert (clevr.id, clevr.answer_type, clevr.answer) == ("1", "number", "0")
+    assert (clevr.id, clevr.answer_type, clevr.answer) == ("1", "number", "0")  # the row's own id, kept
     assert clevr.image == str(tmp_path / "images/Clevr_CoGenT_TrainA_R1/data/images/CLEVR_trainA_000001_16885.png")
-    assert rec.answer_type == "box" and rec.boxes == [[103.93, 299.99, 238.15, 477.41]]  # pixels: no image read
+    assert rec.answer_type == "box" and rec.boxes == [[103.93, 299.99, 238.15, 477.41]]  # pixels: kept as they are
+    assert rec.image_size == (427, 640)  # not declared: read from the image header (box rewards convert with it)
     assert rec.meta == {"accu_reward_method": "default"}
     assert _skipped(result) == {2: "several_images"} and dict(result.conversion.boxes) == {"original-image pixels": 1}
 
@@ -140,7 +142,7 @@ def test_r1v_and_visual_rft_parquet(tmp_path):
 
     result = load_samples(tmp_path / "train.parquet", errors="skip", preset="r1v")
     count, date, tv = result.samples
-    assert (count.id, count.answer_type, count.answer) == ("1", "number", "3")
+    assert (count.id, count.answer_type, count.answer) == ("train-1", "number", "3")  # no id: <file stem>-<row>
     assert isinstance(count.image, bytes) and count.image[:4] == b"\x89PNG"
     assert (date.answer_type, date.answer) == ("text", "1/8/93") and result.conversion.not_inferred == [2]
     assert tv.answer_type == "box" and tv.boxes == [[0.2, 36.4, 19.6, 64.9]] and tv.image_size == (200, 100)
@@ -189,7 +191,8 @@ def test_messages_trl_saved_dataset(tmp_path):
 
     result = load_samples(tmp_path / "vsft", errors="skip", preset="messages")
     (s,) = result.samples
-    assert (s.id, s.question, s.answer_type, s.answer) == ("1", "How many dogs are in the picture?", "number", "2")
+    assert (s.id, s.question, s.answer_type, s.answer) == ("vsft-1", "How many dogs are in the picture?", "number",
+                                                           "2")  # fmt: skip
     assert isinstance(s.image, bytes) and _skipped(result) == {2: "several_turns"}
 
 
@@ -255,7 +258,8 @@ def test_columns_without_a_preset(tmp_path, capsys):
     row = {"img": "a.png", "query": "Is it red?", "label": "<answer> Yes </answer>", "k": 1}
     path.write_text(json.dumps(row) + "\n")
     (s,) = load_samples(path, columns={"image": "img", "question": "query", "answer": "label"}).samples
-    assert (s.id, s.image, s.answer_type, s.answer, s.meta) == ("1", str(tmp_path / "a.png"), "yesno", "yes", {"k": 1})
+    assert (s.id, s.image, s.answer) == ("custom-1", str(tmp_path / "a.png"), "yes")
+    assert (s.answer_type, s.meta) == ("yesno", {"k": 1})
     with pytest.raises(DataError, match=r"data.columns maps onto \['prompt'\], which are not row fields"):
         load_samples(path, columns={"prompt": "query"})
     with pytest.raises(DataError, match=r"custom.jsonl, row 1, field 'question_text': is mapped by data.columns"):
@@ -275,6 +279,22 @@ def test_config_keys_read_the_preset_registry():
     assert (cfg.data.preset, cfg.data.columns) == ("r1v", {"problem": "query"})
     with pytest.raises(ConfigError, match="data.preset.*none, llava, messages, r1v, easyr1"):
         load_config(None, ["data.preset=llama"])
+
+
+@pytest.mark.parametrize(
+    "keys, expected",
+    [
+        (["id", "image", "conversations"], ["llava"]),  # LLaVA-1.5, VLM-R1's JSONL
+        (["messages", "images"], ["messages"]),  # TRL
+        (["images", "prompt", "completion"], ["messages"]),  # TRL prompt-completion
+        (["image", "problem", "solution", "width", "height", "normal_caption"], ["r1v"]),  # R1-V, VLM-R1 REC
+        (["images", "problem", "answer"], ["easyr1"]),
+        (["image", "problem", "answer"], []),  # neither R1-V (solution) nor EasyR1 (images): no guess
+        (list(FIELDS), []),  # a vlgrpo row
+    ],
+)
+def test_matching_presets_reads_each_converters_declared_shape(keys, expected):
+    assert matching_presets(keys) == expected
 
 
 @pytest.mark.parametrize(

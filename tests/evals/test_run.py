@@ -208,6 +208,7 @@ def test_in_loop_evaluator_leaves_training_undisturbed(tiny, shapes_dir, tmp_pat
     state = SimpleNamespace(backend=SimpleNamespace(model=tiny.model), lm=tiny,
                             cache=VisionCache(tiny.model, tiny.processor), reward_ctx=ctx)  # fmt: skip
     evaluator = make_evaluator(cfg)
+    val.unlink()  # the samples were selected when the evaluator was made (before step 1): no call reads the file
     for training in (True, False):
         tiny.model.train(training)
         torch.manual_seed(123)
@@ -216,7 +217,6 @@ def test_in_loop_evaluator_leaves_training_undisturbed(tiny, shapes_dir, tmp_pat
         assert torch.equal(torch.get_rng_state(), before) and tiny.model.training is training
         assert {"eval/pope/accuracy", "eval/vqa/accuracy"} <= set(metrics)
         assert not any("grounding" in k for k in metrics)
-        val.unlink(missing_ok=True)  # loaded once, on the first call: the second call does not need the file
     # Greedy decoding itself draws no random numbers ...
     engine = HFEngine(tiny.model, tiny.processor, state.cache, "answer", "qwen2_5")
     before = torch.get_rng_state()

@@ -1,12 +1,15 @@
 """`vlgrpo plan`: config mapping, JSON and table output, flags overriding the config, clear errors."""
 
 import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from vlgrpo.cli import main
-from vlgrpo.config import load_config
-from vlgrpo.memory import MODEL_TABLE
+from vlgrpo.config import ModelConfig, load_config
+from vlgrpo.memory import MODEL_TABLE, PlanError
 from vlgrpo.memory.report import image_tokens_for, plan_input_from_config
 
 Q7 = MODEL_TABLE["Qwen/Qwen2.5-VL-7B-Instruct"]
@@ -43,7 +46,7 @@ def test_lora_7b_config_on_8_gpus_fits_a100_80gb(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "LoRA r=16" in table and "rollout KV cache" in table
     a100 = next(line for line in table.splitlines() if line.startswith("A100-80GB"))
-    assert a100.endswith("fits") and "NOT" not in a100
+    assert a100.endswith("fits: rollout peak 55.73 GB <= 85.90 GB capacity") and "NOT" not in a100
 
 
 def test_params_flag_gives_model_states(capsys):
@@ -105,9 +108,15 @@ def test_config_mapping_backends_and_freezing():
     assert plain.zero_stage == 0 and plain.offload == frozenset()  # zero3 keys only count with backend zero3
 
 
-def test_image_tokens_follow_smart_resize():
-    assert image_tokens_for(448, 448, None, None) == 256  # 32x32 patches, 2x2 merge
-    assert image_tokens_for(1000, 1000, None, 448 * 448) == 256  # max_pixels caps the area
+def test_image_tokens_follow_smart_resize_and_the_checkpoints_processor(tmp_path):
+    hub = ModelConfig(name_or_path="Qwen/Qwen2.5-VL-7B-Instruct")
+    assert image_tokens_for(448, 448, hub, Q7) == 256  # 32x32 patches, 2x2 merge
+    assert image_tokens_for(1000, 1000, replace(hub, max_pixels=448 * 448), Q7) == 256  # max_pixels caps the area
+    # a local checkpoint's processor bounds, as the trainer's processor applies them: 28 x 28 x 64 px -> 8 x 8 tokens
+    size = {"shortest_edge": 3136, "longest_edge": 28 * 28 * 64}
+    (tmp_path / "processor_config.json").write_text(json.dumps({"image_processor": {"size": size}}))
+    assert image_tokens_for(448, 448, ModelConfig(name_or_path=str(tmp_path)), None) == 64
+    assert image_tokens_for(448, 448, hub, replace(Q7, min_pixels=3136, max_pixels=28 * 28 * 16)) == 16  # spec's
 
 
 @pytest.mark.parametrize("argv", [["--params", "7e9", "--critic"], ["--model", "qwen2.5-vl-3b", "--convention",
@@ -116,3 +125,99 @@ def test_table_renders_for_other_modes(capsys, argv):
     assert main(["plan", *argv]) == 0
     out = capsys.readouterr().out
     assert "TOTAL need per GPU" in out and "conventions:" in out
+
+
+# The memory keys of configs/qwen2_5_vl_7b_lora_8xa100.yaml and of the ZeRO-3 recipe, copied so that these pins do not
+# move with the recipes (tests/test_configs.py plans the recipes themselves).
+LORA_RECIPE = """\
+model: {name_or_path: Qwen/Qwen2.5-VL-7B-Instruct, dtype: bfloat16, max_pixels: 401408, gradient_checkpointing: true}
+data: {max_prompt_length: 768}
+rollout: {engine: vllm, max_new_tokens: 512, vllm: {gpu_memory_utilization: 0.35}}
+train: {backend: lora, num_gpus: 8, prompts_per_step: 4, lora: {rank: 64, alpha: 128}}
+"""
+ZERO3_ONE_GPU = LORA_RECIPE.replace("0.35", "0.4").replace(
+    "train: {backend: lora, num_gpus: 8, prompts_per_step: 4, lora: {rank: 64, alpha: 128}}",
+    "train: {backend: zero3, num_gpus: 1, prompts_per_step: 4}\ngrpo: {beta: 0.04}")
+
+
+def verdict_rows(capsys, *argv) -> dict[str, str]:
+    assert main(["plan", *argv]) == 0
+    return {line.split()[0]: line for line in capsys.readouterr().out.splitlines()
+            if line.split()[:1] and line.split()[0] in {"A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB"}}
+
+
+def test_each_verdict_row_gives_its_reason(tmp_path, capsys):
+    path = tmp_path / "lora.yaml"
+    path.write_text(LORA_RECIPE)
+    rows = verdict_rows(capsys, str(path))
+    # A100-40GB: the peak would leave 5.09 GB, but vLLM's 16.58 GB of bf16 weights do not fit the 0.35 x 42.95 GB it
+    # may take, so the engine cannot start: the row says that, not only "does NOT fit" next to a positive headroom
+    assert Q7.total_params() * 2 == 16_584_333_312 and int(0.35 * 40960 * 2**20) == 15_032_385_536
+    assert rows["A100-40GB"] == ("A100-40GB        42.95     37.86      5.09  does NOT fit: vLLM weights 16.58 GB > "
+                                 "its budget 15.03 GB (gpu_memory_utilization 0.35 x 42.95 GB): the engine cannot start")
+    assert rows["A100-80GB"] == ("A100-80GB        85.90     52.89     33.01  fits: rollout peak 52.89 GB <= 85.90 GB "
+                                 "capacity")
+    r = run_json(capsys, str(path))["verdicts"]
+    assert (r["A100-80GB"]["peak_phase"], r["A100-80GB"]["fits"]) == ("rollout", True)
+    assert r["A100-40GB"]["headroom_bytes"] > 5e9 and not r["A100-40GB"]["fits"]
+
+
+def test_a_peak_over_the_capacity_names_its_phase(tmp_path, capsys):
+    path = tmp_path / "zero3.yaml"
+    path.write_text(ZERO3_ONE_GPU)
+    rows = verdict_rows(capsys, str(path))
+    # ZeRO-3 on one GPU shards nothing: 7.6 B trainable parameters x 16 B. vLLM claims 0.4 x capacity in the rollout,
+    # so on A100-40GB the update peaks higher, on the larger cards the rollout does
+    assert rows["A100-40GB"].endswith("does NOT fit: update peak 154.05 GB > 42.95 GB capacity")
+    assert rows["A100-80GB"] == ("A100-80GB        85.90    163.22    -77.32  does NOT fit: rollout peak 163.22 GB > "
+                                 "85.90 GB capacity")
+
+
+def test_bare_plan_plans_the_config_defaults(tmp_path, monkeypatch, capsys):
+    """No config, no flags: the default model.name_or_path (runs/tiny-qwen2_5_vl) is not built in a fresh directory,
+    so the plan is of the tiny model `vlgrpo model init-tiny` would build there, and it says so."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("model: runs/tiny-qwen2_5_vl  (1.11 M params, 0.9 M trainable)")
+    assert ("note: model.name_or_path=runs/tiny-qwen2_5_vl (the config default) is not built yet: planned the tiny "
+            "qwen2_5_vl that `vlgrpo model init-tiny --out runs/tiny-qwen2_5_vl` builds there") in out
+    assert "A100-80GB        85.90      4.35     81.55  fits: update peak 4.35 GB <= 85.90 GB capacity" in out
+    r = run_json(capsys)
+    # init-tiny's sizes with its BPE's target vocabulary of 512 (tied embeddings)
+    assert r["counts"]["total_params"] == 1_111_488 and r["inputs"]["dtype_bytes"] == 2
+    assert r["inputs"]["image_tokens"] == 64  # its processor caps images at 28 x 28 x 64 px: 8 x 8 tokens
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl"])
+def test_the_default_model_is_planned_as_init_tiny_builds_it(arch, tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """Before and after `vlgrpo model init-tiny --out runs/tiny-qwen2_5_vl`: the same architecture, image tokens from
+    the same processor bounds, the parameter count apart from the tokenizer's exact size."""
+    from vlgrpo.models import load_model
+
+    monkeypatch.chdir(tmp_path)
+    before = run_json(capsys, "--set", f"model.arch={arch}")
+    built = Path(tiny_model_dir(arch))
+    capsys.readouterr()  # what building it printed
+    target = tmp_path / "runs" / "tiny-qwen2_5_vl"
+    target.mkdir(parents=True)
+    for name in ("config.json", "processor_config.json"):
+        shutil.copy(built / name, target / name)
+    after = run_json(capsys, "--set", f"model.arch={arch}")
+    assert before["config_notes"] and after["config_notes"] == []
+    real = sum(p.numel() for p in load_model(str(built), arch).model.parameters())
+    vocab = json.loads((built / "config.json").read_text())["text_config"]["vocab_size"]
+    assert after["counts"]["total_params"] == real
+    assert before["counts"]["total_params"] == real + (512 - vocab) * 128  # tied embeddings, hidden 128
+    assert before["inputs"]["image_tokens"] == after["inputs"]["image_tokens"] == 64
+
+
+def test_the_default_model_of_an_arch_the_planner_cannot_count_is_named():
+    from vlgrpo.config import Config
+    from vlgrpo.memory.report import init_tiny_spec
+    from vlgrpo.models import TinySpec
+
+    cfg = Config()
+    cfg.model.arch = "qwen3_vl"
+    with pytest.raises(PlanError, match="model.arch=qwen3_vl: the planner counts the parameters of qwen2_vl and"):
+        init_tiny_spec(TinySpec(), cfg)

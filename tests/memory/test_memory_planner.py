@@ -183,11 +183,30 @@ def test_verdicts_and_headroom():
     # rollout phase peaks: 1.75 GB weight shard + 10.5 GB optimiser + 1 GB overhead + 12.25 GB (the other 7/8 of the
     # 14 GB bf16 policy, gathered for HF decoding) = 25.5 GB; training peaks at 14 + 1 = 15 GB
     assert v["A100-40GB"] == {"fits": True, "headroom_bytes": GPU_TYPES["A100-40GB"] - int(25.5 * GB),
-                              "capacity_bytes": 40960 * 2**20, "peak_bytes": int(25.5 * GB), "warnings": []}
+                              "capacity_bytes": 40960 * 2**20, "peak_bytes": int(25.5 * GB), "peak_phase": "rollout",
+                              "reason": "rollout peak 25.50 GB <= 42.95 GB capacity", "warnings": []}
     big = replace(inp, zero_stage=0)  # 112 GB of model states + 1 GB overhead
     v = verdicts(big, plan(big)["per_gpu"])
     assert [k for k, x in v.items() if x["fits"]] == ["H200-141GB"]
     assert v["A100-80GB"]["headroom_bytes"] == 81920 * 2**20 - 113 * GB
+    # the whole capacity is compared, no margin: 113 GB against 81920 MiB = 85.90 GB
+    assert v["A100-80GB"]["reason"] == "update peak 113.00 GB > 85.90 GB capacity"
+
+
+def test_verdict_reasons_name_the_phase_and_vllms_budget():
+    # LoRA 7B, vLLM colocated at 0.2: its budget on A100-80GB is 0.2 x 85.90 = 17.18 GB, more than the 16.58 GB of
+    # bf16 weights; on A100-40GB it is 8.59 GB, so the engine cannot start whatever the peak
+    inp = PlanInput(spec=Q7, lora_rank=16, engine="vllm", vllm_gpu_memory_utilization=0.2, num_gpus=8)
+    g = plan(inp)["per_gpu"]
+    v = verdicts(inp, g)
+    assert not v["A100-40GB"]["fits"] and v["A100-40GB"]["headroom_bytes"] > 0
+    assert v["A100-40GB"]["reason"] == ("vLLM weights 16.58 GB > its budget 8.59 GB (gpu_memory_utilization 0.2 x "
+                                        "42.95 GB): the engine cannot start")
+    assert v["A100-80GB"]["fits"] and v["A100-80GB"]["peak_phase"] == "update"  # the update outweighs 17.18 GB
+    # without sleep mode vLLM keeps its budget through the update: the update peaks higher by exactly that budget
+    awake = verdicts(replace(inp, vllm_sleep=False), g)["A100-80GB"]
+    assert awake["peak_bytes"] == g["train_phase"] + int(0.2 * GPU_TYPES["A100-80GB"])
+    assert awake["reason"] == f"update peak {awake['peak_bytes'] / GB:.2f} GB <= 85.90 GB capacity"
 
 
 def test_suggestions_when_it_does_not_fit():

@@ -5,7 +5,10 @@ micro-batch x ZeRO-3 offload): each suggested override must pass config validati
 builds, and give back exactly the input the planner priced when mapped through the same config path.
 """
 
+import dataclasses
 import itertools
+import json
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +18,7 @@ from vlgrpo.config.schema import CHOICES
 from vlgrpo.memory import GPU_TYPES, PlanInput, plan, suggestions
 from vlgrpo.memory.planner import peak_on
 from vlgrpo.memory.report import plan_input_from_config
-from vlgrpo.memory.suggest import candidates, merge_overrides, not_run_by_trainer
+from vlgrpo.memory.suggest import DEEPSPEED_JSON, candidates, merge_overrides, not_run_by_trainer
 
 MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
 BIG = "Qwen/Qwen2.5-VL-72B-Instruct"
@@ -112,3 +115,120 @@ def test_merging_overrides_keeps_the_last_backend_and_its_section():
     assert merge_overrides(steps) == ("model.gradient_checkpointing=true", "train.backend=lora", "train.lora.rank=16")
     assert merge_overrides([("train.micro_batch_completions=4",), ("train.micro_batch_completions=2",)]) == (
         "train.micro_batch_completions=2",)
+    # an edit of the DeepSpeed JSON goes with the zero3 backend: a later switch to LoRA drops it
+    offload = f"{DEEPSPEED_JSON}zero_optimization.offload_optimizer.device=cpu"
+    assert merge_overrides([(offload,), ("train.backend=lora", "train.lora.rank=16")]) == (
+        "train.backend=lora", "train.lora.rank=16")
+    assert merge_overrides([(offload,), ("model.gradient_checkpointing=true",)]) == (
+        offload, "model.gradient_checkpointing=true")
+
+
+ROOT = Path(__file__).resolve().parents[2]
+ZERO3_RECIPE = ROOT / "configs" / "qwen2_5_vl_7b_zero3_8xa100.yaml"
+
+
+def _set(tree: dict, dotted: str, value) -> None:
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        tree = tree.setdefault(key, {})
+    tree[leaf] = value
+
+
+def _get(tree: dict, dotted: str):
+    for key in dotted.split("."):
+        tree = tree.get(key, {})
+    return tree
+
+
+def _apply(suggestion: dict, base: list[str], tmp_path: Path) -> list[str]:
+    """The overrides that apply a printed suggestion: its config overrides, and its DeepSpeed JSON edits made in a copy
+    of the file that the run then names."""
+    extra = list(suggestion["overrides"])
+    if suggestion.get("deepspeed_json"):
+        ds = json.loads(Path(suggestion["deepspeed_json"]["file"]).read_text())
+        for key, value in suggestion["deepspeed_json"]["set"].items():
+            _set(ds, key, value)
+        copy = tmp_path / f"ds_{len(list(tmp_path.iterdir()))}.json"
+        copy.write_text(json.dumps(ds))
+        extra.append(f"train.zero3.deepspeed_config={copy}")
+    return base + extra
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_printed_suggestions_change_what_the_trainer_runs(gpus, tmp_path, monkeypatch, capsys):
+    """The ZeRO-3 recipe names configs/ds_zero3_bf16.json, which wins over train.zero3.offload_*: offload must be
+    suggested in that file's terms, and every suggestion, applied as printed, must change the DeepSpeed config the
+    trainer builds (`trainer.zero3.ds_config`) and give the peak that was printed."""
+    from vlgrpo.trainer.zero3 import ds_config
+
+    monkeypatch.chdir(ROOT)  # the recipe names its JSON relative to the repository root, as the launch scripts run
+    assert main(["plan", str(ZERO3_RECIPE), "--gpus", str(gpus)]) == 0
+    table = capsys.readouterr().out
+    assert main(["plan", str(ZERO3_RECIPE), "--gpus", str(gpus), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)["suggestions"]
+    base = [f"train.num_gpus={gpus}"]
+    before = ds_config(load_config(ZERO3_RECIPE, base), world_size=gpus)
+    assert "offload_optimizer" not in before["zero_optimization"]
+    for s in out:
+        assert s["change"] in table
+        cfg = load_config(ZERO3_RECIPE, _apply(s, base, tmp_path))
+        inp = plan_input_from_config(cfg)
+        assert peak_on(inp, plan(inp)["per_gpu"], GPU_TYPES["A100-80GB"])[0] == s["peak_bytes"], s["change"]
+        if cfg.train.backend != "zero3":
+            continue  # LoRA: no DeepSpeed at all
+        after = ds_config(cfg, world_size=gpus)  # what DeepSpeed is handed; rollout changes do not reach it
+        assert after["train_micro_batch_size_per_gpu"] == cfg.train.micro_batch_completions
+        for target in ("optimizer", "param"):
+            device = f"zero_optimization.offload_{target}.device"
+            if target in inp.offload:  # planned as offloaded: DeepSpeed must be told so
+                assert _get(before, device) != "cpu" and _get(after, device) == "cpu", (
+                    f"{s['change']} does not change what DeepSpeed runs")
+    # in the JSON's terms, never as train.zero3.offload_* keys the trainer would ignore
+    assert not any(o.startswith("train.zero3.") for s in out for o in s["overrides"])
+    assert [s["deepspeed_json"]["set"] for s in out if s["deepspeed_json"]] == [
+        {"zero_optimization.offload_optimizer.device": "cpu"}, {"zero_optimization.offload_param.device": "cpu"}]
+    assert 'fits   in configs/ds_zero3_bf16.json set zero_optimization.offload_optimizer.device to "cpu"' in table
+
+
+def test_the_plan_takes_offload_from_the_deepspeed_json(tmp_path, capsys):
+    """With train.zero3.deepspeed_config set, the trainer reads offload from the file: so does the plan, and a
+    train.zero3.offload_* key the file contradicts is named as ignored."""
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"bf16": {"enabled": True}, "zero_optimization": {
+        "stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "none"}}}))
+    base = [f"model.name_or_path={MODEL}", "model.dtype=bfloat16", "train.backend=zero3", "train.num_gpus=8",
+            f"train.zero3.deepspeed_config={ds}"]
+    inp = plan_input_from_config(load_config(None, base + ["train.zero3.offload_param=true"]))
+    assert inp.offload == frozenset({"optimizer"}) and inp.deepspeed_config == str(ds)
+    assert main(["plan", "--set", base[0], "--set", base[2], "--set", base[3], "--set", base[4], "--set",
+                 "train.zero3.offload_param=true"]) == 0
+    table = capsys.readouterr().out
+    assert f"offload: optimizer (from {ds})" in table
+    assert (f"note: train.zero3.offload_param=true is ignored: the trainer takes offload from {ds}, which keeps the "
+            'param on the GPU (planned so); set zero_optimization.offload_param.device to "cpu" there') in table
+    # each offload change, applied to a copy of the JSON, gives back exactly the input that was priced
+    for changes, alt in candidates(inp):
+        edits = {c.removeprefix(DEEPSPEED_JSON).split("=")[0]: "cpu" for c in changes if c.startswith(DEEPSPEED_JSON)}
+        if not edits:
+            continue
+        assert not any(c.startswith("train.zero3.offload") for c in changes)
+        edited = json.loads(ds.read_text())
+        for key, value in edits.items():
+            _set(edited, key, value)
+        copy = tmp_path / "edited.json"
+        copy.write_text(json.dumps(edited))
+        cfg = load_config(None, base + [f"train.zero3.deepspeed_config={copy}"])
+        assert plan_input_from_config(cfg) == dataclasses.replace(alt, deepspeed_config=str(copy))
+
+
+def test_deepspeed_json_settings_the_plan_does_not_follow_are_named(tmp_path, capsys):
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"fp16": {"enabled": True}, "zero_optimization": {"stage": 2}}))
+    assert main(["plan", "--model", MODEL, "--set", "train.backend=zero3", "--set",
+                 f"train.zero3.deepspeed_config={ds}"]) == 0
+    table = capsys.readouterr().out
+    assert f"note: {ds} sets zero_optimization.stage=2: the zero3 backend is built for stage 3" in table
+    assert f"note: {ds} enables float16 but model.dtype=bfloat16" in table
+    assert main(["plan", "--model", MODEL, "--set", "train.backend=zero3", "--set",
+                 f"train.zero3.deepspeed_config={tmp_path / 'missing.json'}"]) == 2
+    assert "train.zero3.deepspeed_config: cannot read" in capsys.readouterr().err

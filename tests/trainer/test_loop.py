@@ -83,3 +83,66 @@ def test_a_fresh_run_refuses_to_mix_with_an_earlier_runs_checkpoints(tmp_path, t
     with pytest.raises(ConfigError, match="train.resume is false"):
         build_state(again, progress=False)
     assert len(read_metrics(tmp_path / "run")) == 1  # nothing was appended or overwritten
+
+
+def _eval_run(tmp_path, tiny_model_dir, shapes_dir, evaluator, *overrides):
+    """A 3-step run with in-loop eval at every step and a checkpoint every 2 steps (and at the last one)."""
+    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", "train.steps=3", "train.save_every=2",
+                      "eval.every_steps=1", *overrides)  # fmt: skip
+    return run_training(cfg, progress=False, evaluator=evaluator)
+
+
+def test_a_steps_checkpoint_is_written_before_its_eval(tmp_path, tiny_model_dir, shapes_dir):
+    seen = {}
+
+    def evaluator(state):
+        seen[state.step] = (state.run_dir / "checkpoints" / f"step_{state.step}").is_dir()
+        return {"eval/probe/step": float(state.step)}
+
+    _eval_run(tmp_path, tiny_model_dir, shapes_dir, evaluator)
+    assert seen == {1: False, 2: True, 3: True}  # save_every=2, and the last step
+    rows = read_metrics(tmp_path / "run")
+    assert [(r["eval/probe/step"], r["eval/failures"]) for r in rows] == [(1.0, 0.0), (2.0, 0.0), (3.0, 0.0)]
+
+
+def test_an_eval_that_raises_is_counted_and_the_run_goes_on(tmp_path, tiny_model_dir, shapes_dir, capsys):
+    def evaluator(state):
+        if state.step == 2:
+            raise RuntimeError("CUDA out of memory while decoding")
+        return {"eval/probe/step": float(state.step)}
+
+    history = _eval_run(tmp_path, tiny_model_dir, shapes_dir, evaluator)
+    assert [h["step"] for h in history] == [1, 2, 3]
+    rows = read_metrics(tmp_path / "run")
+    assert [r["eval/failures"] for r in rows] == [0.0, 1.0, 1.0]  # a run total
+    assert "eval/probe/step" not in rows[1] and rows[2]["eval/probe/step"] == 3.0
+    assert rows[1]["timing/eval"] >= 0 and "train/loss" in rows[1]  # the step's own metrics are all there
+    assert (tmp_path / "run" / "checkpoints" / "step_2").is_dir()
+    err = capsys.readouterr().err
+    assert ("warning: in-loop eval at step 2 failed, training goes on (eval/failures = 1): RuntimeError: CUDA out "
+            "of memory while decoding") in err  # fmt: skip
+
+
+def test_an_interrupted_eval_still_stops_the_run(tmp_path, tiny_model_dir, shapes_dir):
+    import pytest
+
+    def evaluator(state):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _eval_run(tmp_path, tiny_model_dir, shapes_dir, evaluator, "train.steps=1")
+    assert (tmp_path / "run" / "checkpoints" / "step_1").is_dir()  # written before the eval began
+
+
+def test_eval_failures_carry_over_a_resume(tmp_path, tiny_model_dir, shapes_dir):
+    """`eval/failures` is a run total: a resumed run goes on counting from its checkpoint's meta.json."""
+
+    def evaluator(state):
+        if state.step == 1:
+            raise RuntimeError("decoding failed")
+        return {}
+
+    _eval_run(tmp_path, tiny_model_dir, shapes_dir, evaluator)
+    _eval_run(tmp_path, tiny_model_dir, shapes_dir, evaluator, "train.steps=4", "train.resume=true")
+    assert [(r["step"], r["eval/failures"]) for r in read_metrics(tmp_path / "run")] == [
+        (1, 1.0), (2, 1.0), (3, 1.0), (4, 1.0)]  # fmt: skip

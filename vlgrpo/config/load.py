@@ -278,6 +278,15 @@ def validate(cfg: Config) -> None:
             "the trainer's model itself: use auto or none"
         )
     _check_placement(cfg)
+    z = t.zero3
+    offload = [k for k in ("offload_optimizer", "offload_param") if getattr(z, k)]
+    if z.deepspeed_config and offload:  # the JSON is handed to DeepSpeed as it is: the keys would do nothing
+        what = " and ".join(f"zero_optimization.{k}.device: cpu" for k in offload)
+        raise ConfigError(
+            f"train.zero3.{offload[0]}=true is ignored when train.zero3.deepspeed_config is set "
+            f"('{z.deepspeed_config}' is what DeepSpeed runs): set {what} in that file instead, or drop "
+            "train.zero3.deepspeed_config to have vlgrpo build the DeepSpeed config from the train.zero3 keys"
+        )
     if cfg.model.freeze_vision and cfg.model.freeze_merger and cfg.model.freeze_language and t.backend != "lora":
         raise ConfigError("model.freeze_vision, freeze_merger and freeze_language are all true: nothing would train")
     bad = [s for s in cfg.eval.suites if s not in EVAL_SUITES]

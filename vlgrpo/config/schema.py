@@ -17,9 +17,10 @@ class ConfigError(InputError):
 @dataclass
 class ModelConfig:
     name_or_path: str = "runs/tiny-qwen2_5_vl"
-    """Local checkpoint directory or hub id of a Qwen2-VL / Qwen2.5-VL model."""
+    """Local checkpoint directory or hub id of a Qwen2-VL, Qwen2.5-VL or Qwen3-VL model."""
     arch: str = "auto"
-    """Model family: auto (read config.json), qwen2_vl or qwen2_5_vl. Decides the box convention."""
+    """Model family: auto (read config.json's model_type), qwen2_vl, qwen2_5_vl or qwen3_vl. Decides the processor and
+    the box convention (qwen2_vl: 0-1000 box tokens, qwen2_5_vl: resized-input pixels, qwen3_vl: 0-1000 bbox_2d)."""
     dtype: str = "float32"
     """Weights dtype for training: float32, bfloat16 or float16."""
     attn_implementation: str = "sdpa"
@@ -201,9 +202,9 @@ class Zero3Config:
     deepspeed_config: str | None = None
     """Path of a DeepSpeed JSON; None builds one from the fields below."""
     offload_optimizer: bool = False
-    """Keep optimiser states in CPU memory."""
+    """Keep optimiser states in CPU memory (without deepspeed_config; with it, set the offload in that file)."""
     offload_param: bool = False
-    """Keep partitioned parameters in CPU memory."""
+    """Keep partitioned parameters in CPU memory (without deepspeed_config; with it, set the offload in that file)."""
 
 
 @dataclass
@@ -252,7 +253,9 @@ class EvalConfig:
     every_steps: int = 0
     """Run the in-loop eval every N steps (0 disables)."""
     suites: list[str] = field(default_factory=lambda: ["vqa"])
-    """Eval suites: pope, grounding, vqa."""
+    """Eval suites: vqa (rows with a number/choice/yesno/text/math answer), grounding (rows of answer_type box),
+    pope (images with >= 3 distinct `objects`, or eval.data a POPE question file). `vlgrpo train` and
+    `vlgrpo data doctor` refuse a suite that the eval data gives nothing to run on."""
     data: str | None = None
     """Eval dataset (defaults to data.val)."""
     pope_parser: str = "pope"

@@ -9,13 +9,14 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 from vlgrpo.data.jsonl import json_rows, read_text
-from vlgrpo.data.preset_fields import ConversionReport, RowSkipped
-from vlgrpo.data.presets import convert_rows
+from vlgrpo.data.preset_fields import LABEL_FILES, ConversionReport, RowSkipped
+from vlgrpo.data.presets import convert_rows, with_preset_hint
 from vlgrpo.data.schema import DataError, sample_from_dict
 from vlgrpo.registry import DATA_FORMAT
 from vlgrpo.types import Sample
@@ -23,7 +24,6 @@ from vlgrpo.types import Sample
 FORMATS = DATA_FORMAT.names
 RawRows = tuple[str, "Path | None", Iterator[tuple[int, Any]]]
 """(the name messages use, the directory relative image paths resolve against, (row number, raw row) pairs)."""
-LABEL_FILES = ("labels.jsonl", "labels.csv")
 
 
 @dataclass
@@ -59,22 +59,23 @@ def detect_format(path: str | Path) -> str:
     )  # fmt: skip
 
 
-def _load_hf(path: Path | Any, split: str) -> Any:
+def _load_hf(path: Path | Any, split: str) -> tuple[Any, bool]:
+    """(the dataset, whether `split` was picked from a DatasetDict)."""
     import datasets
 
     if isinstance(path, (datasets.Dataset, datasets.IterableDataset)):
-        return path
+        return path, False
     if isinstance(path, datasets.DatasetDict):
         ds = path
     elif Path(path).suffix == ".parquet":
-        return datasets.Dataset.from_parquet(str(path))
+        return datasets.Dataset.from_parquet(str(path)), False
     else:
         ds = datasets.load_from_disk(str(path))
     if isinstance(ds, datasets.DatasetDict):
         if split not in ds:
             raise DataError(str(path), None, None, f"has no split '{split}'; splits: {', '.join(ds)}")
-        return ds[split]
-    return ds
+        return ds[split], True
+    return ds, False
 
 
 def read_jsonl(source: str | Path, split: str = "train") -> RawRows:
@@ -86,10 +87,11 @@ def read_jsonl(source: str | Path, split: str = "train") -> RawRows:
 
 
 def read_hf(source: str | Path | Any, split: str = "train") -> RawRows:
-    """A dataset saved with save_to_disk (its `split`), a parquet file, or a Dataset object in memory."""
+    """A dataset saved with save_to_disk (its `split`, named `path[split]` in messages and generated ids), a parquet
+    file, or a Dataset object in memory."""
     in_memory = not isinstance(source, (str, Path))
-    name = "<in-memory dataset>" if in_memory else str(source)
-    dataset = _load_hf(source, split)
+    dataset, picked = _load_hf(source, split)
+    name = "<in-memory dataset>" if in_memory else str(source) + (f"[{split}]" if picked else "")
     return name, None if in_memory else Path(source).parent, ((no, dict(row)) for no, row in enumerate(dataset, 1))
 
 
@@ -140,6 +142,14 @@ def raw_rows(source: str | Path | Any, format: str = "auto", split: str = "train
     return DATA_FORMAT.load(detect_format(source) if format == "auto" else format)(source, split)
 
 
+def schema_sample(row: Any, source: str, no: int | None, base: Path | None) -> Sample:
+    """`schema.sample_from_dict`, its error naming the preset that reads the row when the row is in one's shape."""
+    try:
+        return sample_from_dict(row, source, no, base)
+    except DataError as e:
+        raise with_preset_hint(e, row) from None
+
+
 def load_samples(
     source: str | Path | Any, format: str = "auto", errors: str = "raise", split: str = "train",
     max_samples: int | None = None, preset: str = "none", columns: dict[str, str] | None = None,
@@ -160,7 +170,7 @@ def load_samples(
         try:
             if isinstance(row, DataError):
                 raise row
-            result.samples.append(sample_from_dict(row, name, no, base))
+            result.samples.append(schema_sample(row, name, no, base))
         except DataError as e:
             if errors == "raise" and not isinstance(e, RowSkipped):
                 raise
@@ -198,15 +208,19 @@ def no_usable_row(source: str, skipped: list[tuple[str, int | None]], scope: str
 
 
 def write_jsonl(samples: list[Sample], path: str | Path) -> None:
-    """Write Samples as JSONL with image paths relative to the file where possible."""
+    """Write Samples as JSONL, image paths relative to the file's directory (`../images/a.jpg` too), as the loader
+    resolves them: the file moves with its images, to another machine or working directory. Paths are compared after
+    resolving symlinks, so a `..` never climbs out of a linked directory; absolute only across Windows drives."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    folder = path.parent.resolve()
     with path.open("w") as f:
         for s in samples:
             row = s.to_dict()
             if isinstance(s.image, str):
+                image = Path(s.image).resolve()
                 try:
-                    row["image"] = str(Path(s.image).resolve().relative_to(path.parent.resolve()))
-                except ValueError:
-                    row["image"] = str(Path(s.image).resolve())
+                    row["image"] = Path(os.path.relpath(image, folder)).as_posix()
+                except ValueError:  # another drive (Windows): no relative path exists
+                    row["image"] = str(image)
             f.write(json.dumps(row) + "\n")

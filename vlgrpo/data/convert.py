@@ -1,6 +1,7 @@
 """`vlgrpo data convert`: read a dataset through a preset (or a column mapping), write vlgrpo JSONL, and report what
-was inferred, what was assumed and which rows were skipped. Images embedded in parquet / HF datasets are written to
-files next to the JSONL (deduplicated by content). Knows nothing of models.
+was inferred, what was assumed and which rows were skipped or left out (malformed, image missing). Image paths are
+written relative to the JSONL, so the file moves with its images; images embedded in parquet / HF datasets are written
+to files next to it (deduplicated by content). Knows nothing of models.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from vlgrpo.data.adapters import LoadResult, load_samples, write_jsonl
-from vlgrpo.data.preset_fields import RowSkipped
+from vlgrpo.data.preset_fields import ImageUnusable, RowSkipped
 from vlgrpo.types import Sample
 
 SHOWN_ROWS = 10
@@ -23,9 +24,20 @@ def convert_dataset(
     source: str | Path, out: str | Path, preset: str = "none", columns: dict[str, str] | None = None,
     image_root: str | Path | None = None, split: str = "train", fmt: str = "auto",
 ) -> LoadResult:  # fmt: skip
-    """Convert every row it can, skip (and keep in `errors`) the rest, write `out` (JSONL) and return the result."""
+    """Convert every row it can, skip (and keep in `errors`) the rest, write `out` (JSONL) and return the result.
+    A row whose image file is missing is left out too (an ImageUnusable error), as training could not use it."""
     result = load_samples(source, fmt, errors="skip", split=split, preset=preset, columns=columns,
                           image_root=image_root)  # fmt: skip
+    is_file: dict[str, bool] = {}  # image path -> whether it is a file (rows often share an image: one stat each)
+    kept = []
+    for s in result.samples:
+        if isinstance(s.image, str) and s.image not in is_file:
+            is_file[s.image] = Path(s.image).is_file()
+        if isinstance(s.image, str) and not is_file[s.image]:
+            result.errors.append(ImageUnusable(result.source, s.row, s.image, f"image file '{s.image}' does not exist"))
+        else:
+            kept.append(s)
+    result.samples = kept
     write_samples(result.samples, out)
     return result
 
@@ -55,8 +67,10 @@ def write_samples(samples: list[Sample], out: str | Path) -> None:
 
 def conversion_summary(result: LoadResult) -> dict[str, Any]:
     """Counts and row numbers of a conversion: answer types, rows left as text, box conventions, skipped rows by
-    reason, malformed rows (file, row, field, problem)."""
+    reason, malformed rows (file, row, field, problem), rows whose image is missing or unreadable (row, path,
+    problem). Malformed rows and missing images are not written: `vlgrpo data convert` exits 1 for them."""
     rep = result.conversion
+    missing = [e for e in result.errors if isinstance(e, ImageUnusable)]
     skipped: dict[str, list[int | None]] = {}
     for e in result.errors:
         if isinstance(e, RowSkipped):
@@ -70,7 +84,9 @@ def conversion_summary(result: LoadResult) -> dict[str, Any]:
         "box_conventions": dict(rep.boxes) if rep else {},
         "notes": dict(rep.notes) if rep else {},
         "skipped": skipped,
-        "invalid": [str(e) for e in result.errors if not isinstance(e, RowSkipped)],
+        "invalid": [str(e) for e in result.errors if not isinstance(e, (RowSkipped, ImageUnusable))],
+        "missing_images": [{"row": e.row, "image": e.image, "problem": e.problem}
+                           for e in sorted(missing, key=lambda e: e.row or 0)],
     }
 
 
@@ -82,10 +98,11 @@ def _rows(rows: list) -> str:
 def format_summary(summary: dict[str, Any], source: str, out: str) -> str:
     """The readable report of `conversion_summary`."""
     s = summary
-    skipped = sum(map(len, s["skipped"].values()))
+    skipped, missing = sum(map(len, s["skipped"].values())), s["missing_images"]
     lines = [
         f"{source} (preset {s['preset']}) -> {out}",
-        f"  rows {s['rows']}: {s['samples']} samples written, {skipped} skipped, {len(s['invalid'])} invalid",
+        f"  rows {s['rows']}: {s['samples']} samples written, {skipped} skipped, {len(s['invalid'])} invalid, "
+        f"{len(missing)} image missing",
         "  answer types: " + (", ".join(f"{k} {v}" for k, v in s["answer_types"].items()) or "-"),
     ]
     if s["answer_type_not_inferred_rows"]:
@@ -97,4 +114,10 @@ def format_summary(summary: dict[str, Any], source: str, out: str) -> str:
     lines += [f"  invalid: {e}" for e in s["invalid"][:SHOWN_ROWS]]
     if len(s["invalid"]) > SHOWN_ROWS:
         lines.append(f"  … {len(s['invalid']) - SHOWN_ROWS} more invalid rows (--json lists them all)")
+    lines += [f"  image missing, row {m['row']}: {m['image']}" for m in missing[:SHOWN_ROWS]]
+    if len(missing) > SHOWN_ROWS:
+        lines.append(f"  … {len(missing) - SHOWN_ROWS} more rows with a missing image (--json lists them all)")
+    if missing:
+        lines.append(f"  {len(missing)} rows not written (exit status 1): their image file is missing or unreadable; "
+                     "fix the paths (or --image-root) and convert again")  # fmt: skip
     return "\n".join(lines)

@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from vlgrpo.data.adapters import raw_rows, skip_reason
+from vlgrpo.data.adapters import raw_rows, schema_sample, skip_reason
 from vlgrpo.data.preset_fields import ConversionReport, RowSkipped
 from vlgrpo.data.presets import convert_rows
 from vlgrpo.data.images import DEFAULT_GEOMETRY, ImageInfo, ProcessorGeometry, inspect_image
 from vlgrpo.data.jsonl import ACCEPTED
 from vlgrpo.data.prompts import instruction
 from vlgrpo.data.rowcheck import image_tokens, row_problems
-from vlgrpo.data.schema import DataError, sample_from_dict
+from vlgrpo.data.schema import DataError
 from vlgrpo.types import Sample
 
 ERROR, WARNING = "error", "warning"
@@ -238,7 +238,7 @@ def check_split(
         try:
             if isinstance(raw, DataError):
                 raise raw
-            s = sample_from_dict(raw, src_name, no, base)
+            s = schema_sample(raw, src_name, no, base)  # an unknown field names the preset the row looks like
         except DataError as e:  # inverted/empty boxes, boxes outside a declared image_size, missing fields, ...
             severity = WARNING if isinstance(e, RowSkipped) else ERROR  # a preset's skip: training skips it too
             add(severity, skip_reason(e), no, raw.get("id") if isinstance(raw, dict) else None, e.problem, e.field)

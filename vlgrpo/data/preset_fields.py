@@ -1,7 +1,7 @@
 """Reading the fields of a row in another project's shape, for the presets (`presets.py`): questions (format
 instructions stripped), answers and the answer type they imply, boxes and their scale (converted to original-image
-pixels), and images (paths, bytes, data URLs). What cannot be read raises DataError or RowSkipped naming the row.
-Knows nothing of models; it opens an image header only to scale a normalised box to pixels.
+pixels), images (paths, bytes, data URLs) and generated ids. What cannot be read raises DataError or RowSkipped
+naming the row. Knows nothing of models; it opens an image header only for the size of a box row that declares none.
 """
 
 from __future__ import annotations
@@ -16,6 +16,15 @@ from typing import Any, Iterable
 
 from vlgrpo.data.images import ImageError, image_size
 from vlgrpo.data.schema import DataError
+
+
+class ImageUnusable(DataError):
+    """A row whose image file is missing, or does not open where its size is needed (a box row that declares none).
+    `image` is where it was looked for (a path, or `<N bytes>`): `vlgrpo data convert` lists these rows by path."""
+
+    def __init__(self, source: str, row: int | None, image: str, problem: str):
+        self.image = image
+        super().__init__(source, row, "image", problem)
 
 
 class RowSkipped(DataError):
@@ -144,15 +153,16 @@ SCALES = {"pixels": "original-image pixels", "unit": "normalised [0, 1] of the o
 
 
 def to_pixels(boxes: list[list[float]], scale: str, image: Any, size, row: Row) -> tuple[list, tuple | None]:
-    """Boxes in original-image pixels. 'auto': all coordinates <= 1 mean normalised, else pixels. Pixel boxes that
-    overshoot the declared image by at most 1 px (COCO's x + w + 1) are clamped to it."""
+    """Boxes in original-image pixels, and the image size. 'auto': all coordinates <= 1 mean normalised, else pixels.
+    A size the row does not declare is read from the image header (a scaled box needs it; a pixel box's reward
+    converts with it). Pixel boxes that overshoot the image by at most 1 px (COCO's x + w + 1) are clamped to it."""
     if scale == "auto":
         scale = "unit" if all(0 <= c <= 1 for b in boxes for c in b) else "pixels"
+    size = size or _read_size(image, row)
     if scale != "pixels":
-        size = size or _read_size(image, row)
         d = 1.0 if scale == "unit" else 1000.0
         boxes = [[round(c / d * size[i % 2], 2) for i, c in enumerate(b)] for b in boxes]
-    elif size is not None:
+    else:
         limits = [size[0], size[1], size[0], size[1]]
         clamped = [[min(max(c, 0.0), lim) if -1 <= c <= lim + 1 else c for c, lim in zip(b, limits)] for b in boxes]
         if clamped != boxes:
@@ -198,16 +208,22 @@ def one_image(value: Any, row: Row, fld: str) -> Any:
 
 
 def _read_size(image: Any, row: Row) -> tuple[int, int]:
+    """(width, height) of the row's image after EXIF rotation, from its header (no full decode)."""
     if hasattr(image, "size") and hasattr(image, "save"):  # a decoded PIL image from an HF dataset
         return tuple(image.size)
     if isinstance(image, dict):
         image = image.get("bytes") or image.get("path")
     if isinstance(image, str) and row.base is not None and not Path(image).is_absolute():
         image = str(row.base / image)
+    if not isinstance(image, (str, bytes, bytearray)) or not image:
+        raise row.error("image", f"a box row needs its image (boxes are read against its size), got {image!r}")
     try:
         return image_size(image)
     except ImageError as e:
-        raise row.error("image", f"a normalised box is scaled by the image size, which cannot be read: {e}") from None
+        where = image if isinstance(image, str) else f"<{len(image)} bytes>"
+        problem = (f"the row declares no image size and it cannot be read from the image: {e}; fix the path (or "
+                   "--image-root), or give the row's width and height")  # fmt: skip
+        raise ImageUnusable(row.source, row.no, where, problem) from None
 
 
 def url_image(url: Any, row: Row, fld: str) -> Any:
@@ -235,6 +251,21 @@ def extras(raw: dict, used: Iterable[str]) -> dict[str, Any]:
     return {k: v for k, v in raw.items() if k not in used and isinstance(v, (str, int, float, bool))}
 
 
+LABEL_FILES = ("labels.jsonl", "labels.csv")
+"""An image folder's labels file (vlgrpo.data.adapters reads it): its rows are named after the folder."""
+
+
+def id_prefix(source: str) -> str:
+    """What a generated id starts with: the source's file stem (`train` for data/train.jsonl; an image folder's name;
+    `name[split]` for a split of a saved DatasetDict), so rows without ids in separately converted splits differ."""
+    path = Path(source)
+    stem = path.parent.name if path.name in LABEL_FILES else path.stem
+    return re.sub(r"[^\w.\-\[\]]+", "_", stem).strip("_") or "row"
+
+
 def row_id(raw: dict, row: Row) -> str | int:
+    """The id the row declares, as it is; else `<source stem>-<row number>` (`train-17`), unique across files."""
     rid = raw.get("id")
-    return rid if isinstance(rid, (str, int)) and not isinstance(rid, bool) and rid != "" else row.no
+    if isinstance(rid, (str, int)) and not isinstance(rid, bool) and rid != "":
+        return rid
+    return f"{id_prefix(row.source)}-{row.no}"

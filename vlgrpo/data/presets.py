@@ -3,18 +3,20 @@ solution, EasyR1 parquet), rewritten into vlgrpo's row schema before `schema.sam
 
 `vlgrpo.registry.DATA_PRESET` names each converter here: the config's choices, the CLI's and `load_samples(preset=...)`
 read it. A converter returns a schema row, or raises RowSkipped (a row vlgrpo cannot train on: several images, several
-turns, no image) or DataError (a malformed row); the fields are read by `preset_fields.py`. Knows nothing of models.
+turns, no image) or DataError (a malformed row); the fields are read by `preset_fields.py`. Each converter also names
+the raw fields of its shape (`@shape`), from which a row given without its preset is told which one reads it.
+Knows nothing of models.
 """
 
 from __future__ import annotations
 
 from itertools import takewhile
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from vlgrpo.data.preset_fields import (
-    ANSWER_TAGS, ConversionReport, Row, declared_size, extras, gold_fields, one_image, parse_box_value, question_text,
-    row_id, to_pixels, url_image,
+    ANSWER_TAGS, ConversionReport, Row, declared_size, extras, gold_fields, one_image, parse_box_value,
+    question_text, row_id, to_pixels, url_image,
 )  # fmt: skip
 from vlgrpo.data.schema import FIELDS, DataError
 from vlgrpo.registry import DATA_PRESET
@@ -23,9 +25,22 @@ from vlgrpo.types import InputError
 
 # ---------------------------------------------------------------- the presets
 
+
+def shape(*alternatives: tuple[str, ...]) -> Callable:
+    """Mark a converter with the raw fields a row of its shape has: a row has all the fields of one alternative.
+    `matching_presets` reads them (through DATA_PRESET), so they are written once, next to the code that reads them."""
+
+    def mark(convert: Callable) -> Callable:
+        convert.shapes = alternatives  # type: ignore[attr-defined]
+        return convert
+
+    return mark
+
+
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
 
 
+@shape(("image", "conversations"))
 def llava(raw: dict, row: Row) -> dict[str, Any]:
     """LLaVA `conversations`: one human turn with `<image>`, one gpt turn (LLaVA-1.5 JSON, VLM-R1 JSONL)."""
     image = one_image(raw.get("image"), row, "image")
@@ -61,6 +76,7 @@ def _parts(message: dict, row: Row, fld: str) -> list[tuple[str, Any]]:
     return parts
 
 
+@shape(("messages",), ("prompt", "completion"))
 def messages(raw: dict, row: Row) -> dict[str, Any]:
     """Chat `messages` (TRL, OpenAI; or TRL's `prompt` + `completion`) with text and image parts.
 
@@ -96,6 +112,7 @@ def messages(raw: dict, row: Row) -> dict[str, Any]:
     return {"id": row_id(raw, row), "image": image, "question": question, **gold, "meta": meta}
 
 
+@shape(("image", "problem", "solution"))
 def r1v(raw: dict, row: Row) -> dict[str, Any]:
     """R1-V / VLM-R1 / Visual-RFT: `image`, `problem`, `solution` (text in <answer> tags, or boxes).
 
@@ -109,6 +126,7 @@ def r1v(raw: dict, row: Row) -> dict[str, Any]:
     return {"id": row_id(raw, row), "image": image, "question": question, **gold, "meta": meta}
 
 
+@shape(("images", "problem", "answer"))
 def easyr1(raw: dict, row: Row) -> dict[str, Any]:
     """EasyR1: `images` (a list), `problem` (with `<image>`), `answer`."""
     image = one_image(raw.get("images"), row, "images")
@@ -140,6 +158,24 @@ def _schema_row(raw: dict, row: Row) -> dict[str, Any]:
 
 PRESETS = tuple(name for name in DATA_PRESET.names if name != "none")
 """The presets (vlgrpo.registry.DATA_PRESET names each converter)."""
+
+
+def matching_presets(keys: Iterable[str]) -> list[str]:
+    """The presets (DATA_PRESET's order) whose shape a raw row with these keys has, e.g. ['r1v'] for image, problem,
+    solution; [] for a vlgrpo row or a shape no preset reads."""
+    have = set(keys)
+    return [name for name in PRESETS if any(set(fields) <= have for fields in DATA_PRESET.load(name).shapes)]
+
+
+def with_preset_hint(error: DataError, raw: Any) -> DataError:
+    """`error` (a row that fails the schema) naming the preset that reads the row, when its fields are one's shape:
+    "unknown field 'problem'" alone does not say that `--preset r1v` reads the file."""
+    names = matching_presets(raw) if isinstance(raw, dict) else []
+    if not names:
+        return error
+    hint = (f"; the row looks like the {' or '.join(names)} preset: run with --preset {names[0]}, or set "
+            f"data.preset: {names[0]} in the config")  # fmt: skip
+    return DataError(error.source, error.row, error.field, error.problem + hint)
 
 
 def parse_columns(text: str) -> dict[str, str]:

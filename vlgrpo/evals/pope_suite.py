@@ -46,7 +46,8 @@ def pope_from_samples(
     if eligible == 0:
         raise InputError(
             f"POPE: none of the {len(images)} images has >= {min_objects} distinct objects (Sample.objects) to ask "
-            "about; lower the POPE min-objects / per-image, or give a POPE question file"
+            f"about: give rows whose `objects` list >= {min_objects} names, or a POPE question file (`vlgrpo eval "
+            "--pope-data`, or eval.data for the in-loop eval); `vlgrpo eval --pope-min-objects` lowers the bound"
         )
     n = min(n_images, eligible) if n_images else eligible
     pope = build_pope(images, n, per_image, min_objects, seed, splits=tuple(splits))
@@ -125,4 +126,5 @@ def report(metrics: dict, counts: dict, info: dict) -> list[str]:
     return [f"## POPE (parser `{parser}`)", "", *table(["split", "n", *COLUMNS], rows), "", note]
 
 
-SUITE = Suite("pope", "objects lists or POPE questions", select, score, report)
+SUITE = Suite("pope", "rows whose `objects` name >= 3 distinct objects (POPE asks about them), or a POPE question "
+              "file", select, score, report)

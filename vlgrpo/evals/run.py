@@ -15,16 +15,20 @@ from typing import Any, Callable
 
 import torch
 
+from vlgrpo.config import ConfigError
 from vlgrpo.evals.pope_score import PARSERS
 from vlgrpo.evals.pope_suite import is_pope_file
+from vlgrpo.evals.reasoning import load_benchmark, published_benchmark
 from vlgrpo.evals.report import write_outputs
 from vlgrpo.evals.suite import EvalData, EvalResult, Selection, load_suite, parse_suites
 from vlgrpo.models import eval_mode
+from vlgrpo.preflight import settings_from_config
 from vlgrpo.rewards.context import RewardContext
 from vlgrpo.rollout.base import SamplingParams
 from vlgrpo.types import Completion, InputError, Sample
 
-__all__ = ["EvalData", "EvalResult", "build_eval_data", "evaluate", "make_evaluator", "write_outputs"]
+__all__ = ["EvalData", "EvalResult", "build_eval_data", "evaluate", "in_loop_eval_data", "in_loop_eval_problem",
+           "make_evaluator", "select_suites", "write_outputs"]
 
 
 # ---------------------------------------------------------------- choosing the samples
@@ -42,23 +46,48 @@ def build_eval_data(
     images up to `max_samples` questions per split, so a small cap still has the whole dataset's objects to pick
     negatives from). `pope_data`, or `data` itself when it is a POPE question file, supplies POPE instead (every
     split in it unless `pope_splits`). max_samples caps every suite (the first N). With `ctx`, VQA gold answers are
-    checked before any decoding."""
+    checked before any decoding. A suite with nothing to run on is an InputError naming every such suite."""
+    names = parse_suites(suites)
+    sel = _selection(data, max_samples=max_samples, pope_data=pope_data, pope_splits=pope_splits,
+                     pope_images=pope_images, pope_per_image=pope_per_image, pope_min_objects=pope_min_objects,
+                     ctx=ctx, preset=preset, columns=columns)  # fmt: skip
+    selected, problems = select_suites(names, sel)
+    if problems:
+        raise InputError("; ".join(f"eval suite '{name}' {why} (data '{data}')" for name, why in problems.items()))
+    return EvalData(**selected)
+
+
+def _selection(data: str | Path | None, *, pope_data: str | Path | None = None, preset: str = "none",
+               columns: dict[str, str] | None = None, **asked: Any) -> Selection:  # fmt: skip
+    """The Selection of `build_eval_data`'s arguments: the dataset's samples read once (none when `data` is a POPE
+    question file), `asked` (max_samples, pope_*, ctx) passed on as they are."""
     from vlgrpo.data.adapters import load_samples
 
-    names = parse_suites(suites)
     if data is None and pope_data is None:
         raise InputError("no eval data: pass --data (a Sample dataset or a POPE question file) or set eval.data")
     pope_file = pope_data if pope_data is not None else (data if is_pope_file(data) else None)
+    if pope_file != data and published_benchmark(data, preset):  # MathVista, MMMU, ... read as published
+        return Selection(data, load_benchmark(data), pope_file=pope_file, **asked)
     samples = [] if data is None or pope_file == data else load_samples(data, preset=preset, columns=columns).samples
-    sel = Selection(data, samples, max_samples, pope_file, pope_splits, pope_images, pope_per_image, pope_min_objects,
-                    ctx)  # fmt: skip
-    out = {}
+    return Selection(data, samples, pope_file=pope_file, **asked)
+
+
+def select_suites(names: list[str], sel: Selection) -> tuple[dict[str, list[Sample]], dict[str, str]]:
+    """(samples by suite, why by suite): each suite's own `select`, and for each suite that cannot run, what it
+    needs and why it has nothing (its selection is empty, or its `select` refused the data with an InputError,
+    e.g. POPE finding no image with enough objects). The one place that decides whether a suite has data: the
+    offline eval, the in-loop eval and the doctor all come through here."""
+    selected, problems = {}, {}
     for name in names:
         suite = load_suite(name)
-        out[name] = suite.select(sel)
-        if not out[name]:
-            raise InputError(f"eval suite '{name}' has nothing to run on in '{data}': it needs {suite.needs}")
-    return EvalData(**out)
+        try:
+            selected[name] = suite.select(sel)
+        except InputError as e:
+            problems[name] = f"cannot run: {e} (it needs {suite.needs})"
+            continue
+        if not selected[name]:
+            problems[name] = f"has nothing to run on: it needs {suite.needs}"
+    return selected, problems
 
 
 # ---------------------------------------------------------------- decoding and scoring
@@ -146,34 +175,71 @@ def _undisturbed(model: torch.nn.Module):
             torch.cuda.set_rng_state_all(cuda_rng)
 
 
+def in_loop_eval_data(cfg, ctx: RewardContext | None = None) -> EvalData:
+    """The samples the in-loop eval runs on: `eval.data` (else `data.val`) read as training reads data (data.preset,
+    data.columns), each of `eval.suites` selected by `select_suites` with `eval.max_samples` per suite and the POPE
+    defaults of `build_eval_data` (random split, >= 3 distinct objects per image). With `ctx`, VQA gold answers are
+    checked too. A ConfigError names every suite with nothing to run on, what it needs, and the fix: `vlgrpo train`
+    refuses such a config before step 1 (not at the first eval, `eval.every_steps` steps in)."""
+    e = cfg.eval
+    key = "eval.data" if e.data else "data.val"
+    source = e.data or cfg.data.val
+    if not source:
+        raise ConfigError("eval.every_steps > 0 needs an eval dataset: set eval.data or data.val")
+    names = parse_suites(e.suites)
+    sel = _selection(source, max_samples=e.max_samples, ctx=ctx, preset=cfg.data.preset,
+                     columns=dict(cfg.data.columns))  # fmt: skip
+    selected, problems = select_suites(names, sel)
+    if problems:
+        raise ConfigError(_refusal(names, problems, f"{key} '{source}'"))
+    return EvalData(**selected)
+
+
+def _refusal(names: list[str], problems: dict[str, str], where: str) -> str:
+    """The in-loop eval's refusal: each suite without data, what it needs, and the two fixes."""
+    kept = [n for n in names if n not in problems]
+    drop = f"eval.suites=[{', '.join(kept)}]" if kept else "eval.every_steps=0: no in-loop eval"
+    return (f"eval.suites [{', '.join(names)}] cannot all run on the in-loop eval data ({where}): "
+            + "; ".join(f"'{name}' {why}" for name, why in problems.items())
+            + f". Drop {' and '.join(repr(n) for n in problems)} from eval.suites ({drop}), or set eval.data to "
+            "data that holds what they need")  # fmt: skip
+
+
+def in_loop_eval_problem(cfg) -> str | None:
+    """What `vlgrpo train` would refuse about the in-loop eval's data (`in_loop_eval_data`), or None: also when
+    eval.every_steps is 0. For the doctor, which checks gold answers itself (no reward context here)."""
+    if not cfg.eval.every_steps:
+        return None
+    try:
+        in_loop_eval_data(cfg)
+    except InputError as e:
+        return str(e)
+    return None
+
+
 def make_evaluator(cfg) -> Callable[[Any], dict[str, float]]:
     """The trainer's hook: `evaluator(state) -> {"eval/<suite>/<metric>": value}` on the *training* model.
 
-    Loads `eval.data` (else `data.val`) on the first call; decodes through an HFEngine over `state.backend.model`
-    with the run's vision cache, processor, box convention and answer format, `eval.max_samples` per suite,
-    `rollout.max_new_tokens` new tokens. Greedy decoding draws no random numbers; the torch RNG state and the
-    model's mode are restored anyway, so a run with in-loop eval trains exactly as one without."""
-    source = cfg.eval.data or cfg.data.val
-    if not source:
-        from vlgrpo.config import ConfigError
-
-        raise ConfigError("eval.every_steps > 0 needs an eval dataset: set eval.data or data.val")
+    Selects its data now (`in_loop_eval_data`, gold answers checked with the run's reward context read from the
+    config, no model loaded), so a suite without data stops `vlgrpo train` before step 1. Decodes through an HFEngine
+    over `state.backend.model` with the run's vision cache, processor, box convention and answer format,
+    `eval.max_samples` per suite, `rollout.max_new_tokens` new tokens. Greedy decoding draws no random numbers; the
+    torch RNG state and the model's mode are restored anyway, so a run with in-loop eval trains exactly as one
+    without."""
+    data = in_loop_eval_data(cfg, settings_from_config(cfg)[1])
     held: dict[str, Any] = {}
 
     def evaluator(state) -> dict[str, float]:
         from vlgrpo.rollout.hf import HFEngine
 
         e = cfg.eval
-        if "data" not in held:
-            held["data"] = build_eval_data(source, e.suites, max_samples=e.max_samples, ctx=state.reward_ctx,
-                                           preset=cfg.data.preset, columns=dict(cfg.data.columns))  # fmt: skip
         model = state.backend.model
         if held.get("model") is not model:
             held["engine"] = HFEngine(model, state.lm.processor, state.cache, cfg.data.answer_format,
                                       state.reward_ctx.box_format, cfg.data.system_prompt, e.batch_prompts)  # fmt: skip
             held["model"] = model
         with _undisturbed(model):
-            result = evaluate(held["engine"], held["data"], state.reward_ctx, pope_parser=e.pope_parser,
+            result = evaluate(held["engine"], data, state.reward_ctx, pope_parser=e.pope_parser,
                               batch_prompts=e.batch_prompts, max_new_tokens=cfg.rollout.max_new_tokens,
                               progress=False)  # fmt: skip
         return result.metrics

@@ -47,6 +47,9 @@ class PlanInput:
     num_gpus: int = 1
     offload: frozenset[str] = frozenset()
     """Any of optimizer, param (ZeRO-3), reference, reward: kept in CPU memory."""
+    deepspeed_config: str | None = None
+    """The DeepSpeed JSON a ZeRO-3 run reads (train.zero3.deepspeed_config). The trainer then takes offload from that
+    file and ignores train.zero3.offload_*, so offload changes are suggested as edits of it."""
     optimizer_states: str = "fp32"
     """fp32: Adam with fp32 master + two fp32 moments; bf16: two 16-bit moments, no master copy."""
     convention: str = "16-byte"
@@ -279,15 +282,34 @@ def conventions(inp: PlanInput) -> dict[str, str]:
 # ---------------------------------------------------------------- verdicts (suggestions: suggest.py)
 
 
-def peak_on(inp: PlanInput, per_gpu: dict[str, int], capacity: int) -> tuple[int, bool, list[str]]:
-    """Peak bytes on a card of `capacity`, whether the rollout engine can start, and warnings.
+def vllm_budget(inp: PlanInput, capacity: int) -> int:
+    """Bytes vLLM claims on a card of `capacity` (its weights and KV blocks must fit in them)."""
+    return int(inp.vllm_gpu_memory_utilization * capacity)
+
+
+def phase_peaks_on(inp: PlanInput, per_gpu: dict[str, int], capacity: int) -> dict[str, int]:
+    """Peak bytes of the update and of the rollout on a card of `capacity` (split placement: the rollout's on the
+    vLLM GPUs).
 
     vLLM takes gpu_memory_utilization x capacity up front (weights + KV blocks) whatever the batch needs; with
     sleep mode it frees that during the update, without it the budget stays taken.
     """
+    update, rollout = per_gpu["train_phase"], per_gpu["rollout_phase"]
     if inp.engine != "vllm":
-        return per_gpu["total"], True, []
-    budget = int(inp.vllm_gpu_memory_utilization * capacity)
+        return {"update": update, "rollout": rollout}
+    budget = vllm_budget(inp, capacity)
+    if inp.vllm_placement == "split":
+        return {"update": update, "rollout": per_gpu["overhead"] + budget}
+    resident = rollout - per_gpu["rollout_weights"] - per_gpu["kv_cache"]
+    return {"update": update + (0 if inp.vllm_sleep else budget), "rollout": resident + budget}
+
+
+def peak_on(inp: PlanInput, per_gpu: dict[str, int], capacity: int) -> tuple[int, bool, list[str]]:
+    """Peak bytes on a card of `capacity` (the larger phase), whether the rollout engine can start, and warnings."""
+    peak = max(phase_peaks_on(inp, per_gpu, capacity).values())
+    if inp.engine != "vllm":
+        return peak, True, []
+    budget = vllm_budget(inp, capacity)
     weights, kv = per_gpu["rollout_weights"], per_gpu["kv_cache"]
     warnings, startable = [], weights < budget
     if not startable:
@@ -299,18 +321,32 @@ def peak_on(inp: PlanInput, per_gpu: dict[str, int], capacity: int) -> tuple[int
         warnings.append(f"KV cache of every sequence needs {kv / GB:.1f} GB, vLLM's budget leaves "
                         f"{(budget - weights) / GB:.1f} GB: it will run fewer sequences at once (slower, not OOM); "
                         + fix)
-    if inp.vllm_placement == "split":
-        return max(per_gpu["train_phase"], per_gpu["overhead"] + budget), startable, warnings
-    resident = per_gpu["rollout_phase"] - weights - kv
-    train = per_gpu["train_phase"] + (0 if inp.vllm_sleep else budget)
-    return max(train, resident + budget), startable, warnings
+    return peak, startable, warnings
+
+
+def verdict_reason(inp: PlanInput, per_gpu: dict[str, int], capacity: int) -> tuple[str, str]:
+    """(the phase that peaks, why the run fits or not) on a card of `capacity`, with the numbers compared: the
+    larger phase peak against the whole capacity (no margin), and vLLM's weights against its budget."""
+    phases = phase_peaks_on(inp, per_gpu, capacity)
+    phase = max(phases, key=phases.__getitem__)
+    peak = phases[phase]
+    over = [] if peak <= capacity else [f"{phase} peak {peak / GB:.2f} GB > {capacity / GB:.2f} GB capacity"]
+    weights, budget = per_gpu["rollout_weights"], vllm_budget(inp, capacity)
+    if inp.engine == "vllm" and weights >= budget:  # peak_on's startable test
+        sign = ">" if weights > budget else ">="
+        over.append(f"vLLM weights {weights / GB:.2f} GB {sign} its budget {budget / GB:.2f} GB "
+                    f"(gpu_memory_utilization {inp.vllm_gpu_memory_utilization} x {capacity / GB:.2f} GB): "
+                    "the engine cannot start")
+    return phase, "; ".join(over) or f"{phase} peak {peak / GB:.2f} GB <= {capacity / GB:.2f} GB capacity"
 
 
 def verdicts(inp: PlanInput, per_gpu: dict[str, int]) -> dict[str, dict[str, Any]]:
-    """Fit and headroom (capacity - peak) on each GPU type."""
+    """Fit, headroom (capacity - peak), the phase that peaks and the reason, on each GPU type."""
     out = {}
     for name, capacity in GPU_TYPES.items():
         peak, startable, warnings = peak_on(inp, per_gpu, capacity)
+        phase, reason = verdict_reason(inp, per_gpu, capacity)
         out[name] = {"fits": peak <= capacity and startable, "headroom_bytes": capacity - peak,
-                     "capacity_bytes": capacity, "peak_bytes": peak, "warnings": warnings}
+                     "capacity_bytes": capacity, "peak_bytes": peak, "peak_phase": phase, "reason": reason,
+                     "warnings": warnings}
     return out

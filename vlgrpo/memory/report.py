@@ -1,49 +1,141 @@
 """`vlgrpo plan` glue: map a run config onto a `PlanInput`, assemble the JSON report, render the table.
 
-The only memory module that knows the config tree; the image geometry (`vlgrpo.data.images`, which pulls in
-transformers) is imported lazily and only to turn an image size into image tokens.
+The only memory module that knows the config tree and reads the run's DeepSpeed JSON; the image geometry
+(`vlgrpo.data.images`, whose smart_resize pulls in transformers) is imported lazily. The tiny model's sizes come in
+as an argument: memory imports neither vlgrpo.tiny nor vlgrpo.models.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 from typing import Any
 
-from vlgrpo.config import Config
+from vlgrpo.config import Config, ModelConfig
 from vlgrpo.memory.planner import DTYPE_BYTES, GB, OFFLOAD_TARGETS, PlanInput, plan, trainer_optimizer_states, verdicts
 from vlgrpo.memory.specs import ModelSpec, PlanError, resolve_model
 from vlgrpo.memory.suggest import not_run_by_trainer, suggestions
 
 
-def image_tokens_for(width: int, height: int, min_pixels: int | None, max_pixels: int | None,
-                     patch: int = 14, merge: int = 2) -> int:
-    """Language-model tokens of one image after Qwen's smart_resize and the 2x2 merge."""
-    from vlgrpo.data.images import ProcessorGeometry
+def image_tokens_for(width: int, height: int, m: ModelConfig, spec: ModelSpec | None) -> int:
+    """Language-model tokens of one W x H image after Qwen's smart_resize and the 2x2 merge, with the geometry the run
+    uses: the spec's processor bounds when it knows them (init-tiny's), else the checkpoint directory's processor
+    files or the released processors' bounds; model.min_pixels / max_pixels override both."""
+    from vlgrpo.data.images import ProcessorGeometry, checkpoint_geometry
 
-    defaults = ProcessorGeometry()
-    geometry = ProcessorGeometry(patch_size=patch, merge_size=merge, min_pixels=min_pixels or defaults.min_pixels,
-                                 max_pixels=max_pixels or defaults.max_pixels)
+    if spec is not None and spec.max_pixels:
+        geometry = ProcessorGeometry(patch_size=spec.patch, merge_size=spec.merge, min_pixels=spec.min_pixels,
+                                     max_pixels=spec.max_pixels).with_pixels(m.min_pixels, m.max_pixels)
+    else:
+        geometry, _ = checkpoint_geometry(m.name_or_path, m.min_pixels, m.max_pixels)
     return geometry.num_image_tokens(height, width)
 
 
-def plan_input_from_config(cfg: Config, *, params: int | None = None, image_size: tuple[int, int] = (448, 448),
-                           text_tokens: int = 64) -> PlanInput:
-    """The planner's input for a run config (`params` replaces the model spec; `image_size` is W x H)."""
+def read_deepspeed_json(path: str) -> dict[str, Any]:
+    """The DeepSpeed JSON of train.zero3.deepspeed_config, read from the current directory as the trainer does."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise PlanError(f"train.zero3.deepspeed_config: cannot read '{path}' ({e}); a relative path is read from the "
+                        "current directory, as the trainer does") from None
+
+
+def deepspeed_offload(ds: dict[str, Any]) -> frozenset[str]:
+    """What a DeepSpeed JSON offloads: zero_optimization.offload_optimizer / offload_param with a device other than
+    none (cpu, or nvme: planned as CPU memory)."""
+    zero = ds.get("zero_optimization") or {}
+    return frozenset(t for t in ("optimizer", "param")
+                     if str((zero.get(f"offload_{t}") or {}).get("device", "none")).lower() != "none")
+
+
+def zero3_offload(cfg: Config) -> frozenset[str]:
+    """What the zero3 backend offloads: the DeepSpeed JSON's settings when train.zero3.deepspeed_config names one
+    (`trainer.zero3.ds_config` then ignores train.zero3.offload_*), else those two keys."""
+    z = cfg.train.zero3
+    if z.deepspeed_config:
+        return deepspeed_offload(read_deepspeed_json(z.deepspeed_config))
+    return frozenset(t for t, on in (("optimizer", z.offload_optimizer), ("param", z.offload_param)) if on)
+
+
+def config_notes(cfg: Config) -> list[str]:
+    """Config keys a zero3 run with a DeepSpeed JSON does not read, and JSON settings the plan does not follow."""
+    t = cfg.train
+    path = t.zero3.deepspeed_config
+    if t.backend != "zero3" or not path:
+        return []
+    ds = read_deepspeed_json(path)
+    notes = []
+    for target in ("optimizer", "param"):
+        if getattr(t.zero3, f"offload_{target}") and target not in deepspeed_offload(ds):
+            notes.append(f"train.zero3.offload_{target}=true is ignored: the trainer takes offload from {path}, which "
+                         f"keeps the {target} on the GPU (planned so); set zero_optimization.offload_{target}.device "
+                         'to "cpu" there to offload it')
+    stage = (ds.get("zero_optimization") or {}).get("stage", 0)
+    if stage != 3:
+        notes.append(f"{path} sets zero_optimization.stage={stage}: the zero3 backend is built for stage 3, which is "
+                     "what is planned; set it to 3")
+    precision = [name for key, name in (("bf16", "bfloat16"), ("fp16", "float16"))
+                 if (ds.get(key) or {}).get("enabled")]
+    if precision and precision[0] != cfg.model.dtype:
+        notes.append(f"{path} enables {precision[0]} but model.dtype={cfg.model.dtype}: DeepSpeed computes in "
+                     f"{precision[0]}, the plan uses model.dtype; make the two agree")
+    return notes
+
+
+def unbuilt_default_model(cfg: Config) -> bool:
+    """model.name_or_path is still the config default and nothing is built there yet (no config.json)."""
+    name = cfg.model.name_or_path
+    return name == Config().model.name_or_path and not (Path(name) / "config.json").is_file()
+
+
+def init_tiny_spec(tiny: Any, cfg: Config) -> tuple[ModelSpec, str]:
+    """The spec of the model `vlgrpo model init-tiny --out <model.name_or_path>` builds, and a note saying so.
+
+    `tiny` is a `TinySpec` (vlgrpo.tiny, re-exported by vlgrpo.models), passed in by the CLI: memory imports
+    neither. Its vocab_size is the BPE's target; the trained tokenizer may come out a few tokens smaller."""
+    arch = "qwen2_5_vl" if cfg.model.arch == "auto" else cfg.model.arch  # init-tiny's --arch default
+    if arch not in ("qwen2_vl", "qwen2_5_vl"):
+        raise PlanError(f"model.arch={arch}: the planner counts the parameters of qwen2_vl and qwen2_5_vl models; "
+                        "plan model states with --params N")
+    vision_mlp = tiny.vision_intermediate
+    if arch == "qwen2_vl":  # Qwen2-VL's ViT MLP is mlp_ratio x embed_dim
+        vision_mlp = tiny.vision_intermediate // tiny.vision_hidden * tiny.vision_hidden
+    name = cfg.model.name_or_path
+    spec = ModelSpec(name=name, family=arch, hidden=tiny.hidden_size, intermediate=tiny.intermediate_size,
+                     layers=tiny.num_layers, heads=tiny.num_heads, kv_heads=tiny.num_kv_heads,
+                     head_dim=tiny.hidden_size // tiny.num_heads, vocab=tiny.vocab_size,
+                     tie_embeddings=tiny.tie_word_embeddings,
+                     vision_depth=tiny.vision_depth, vision_hidden=tiny.vision_hidden, vision_intermediate=vision_mlp,
+                     min_pixels=tiny.min_pixels, max_pixels=tiny.max_pixels)
+    flag = "" if arch == "qwen2_5_vl" else f" --arch {arch}"
+    note = (f"model.name_or_path={name} (the config default) is not built yet: planned the tiny {arch} that "
+            f"`vlgrpo model init-tiny --out {name}{flag}` builds there. A real model: vlgrpo plan --model "
+            "qwen2.5-vl-7b --gpus 8 --lora-rank 16, or a recipe such as configs/qwen2_5_vl_7b_lora_8xa100.yaml")
+    return spec, note
+
+
+def plan_input_from_config(cfg: Config, *, params: int | None = None, spec: ModelSpec | None = None,
+                           image_size: tuple[int, int] = (448, 448), text_tokens: int = 64) -> PlanInput:
+    """The planner's input for a run config (`params` replaces the model spec, `spec` the one model.name_or_path
+    names; `image_size` is W x H). A zero3 run's offload is what its DeepSpeed JSON says when it has one."""
     m, t, r = cfg.model, cfg.train, cfg.rollout
-    spec: ModelSpec | None = None if params else resolve_model(m.name_or_path)
+    if params:
+        spec = None
+    elif spec is None:
+        spec = resolve_model(m.name_or_path)
     frozen = {"vision": m.freeze_vision, "merger": m.freeze_merger, "language": m.freeze_language}
-    offload = {"optimizer": t.zero3.offload_optimizer, "param": t.zero3.offload_param} if t.backend == "zero3" else {}
-    patch, merge = (spec.patch, spec.merge) if spec else (14, 2)
+    zero3 = t.backend == "zero3"
     return PlanInput(
         spec=spec, params=params, dtype_bytes=DTYPE_BYTES[m.dtype],
         trainable=tuple(part for part, is_frozen in frozen.items() if not is_frozen),
         lora_rank=t.lora.rank if t.backend == "lora" else None, lora_targets=tuple(t.lora.target_modules),
-        zero_stage=3 if t.backend == "zero3" else 0, num_gpus=t.num_gpus,
-        offload=frozenset(k for k, on in offload.items() if on), beta=cfg.grpo.beta,
+        zero_stage=3 if zero3 else 0, num_gpus=t.num_gpus, offload=zero3_offload(cfg) if zero3 else frozenset(),
+        deepspeed_config=t.zero3.deepspeed_config if zero3 else None, beta=cfg.grpo.beta,
         optimizer_states=trainer_optimizer_states(t.backend, DTYPE_BYTES[m.dtype]),
         micro_batch=t.micro_batch_completions, prompts_per_step=t.prompts_per_step,
         completions_per_prompt=r.completions_per_prompt, text_tokens=text_tokens,
-        image_tokens=image_tokens_for(*image_size, m.min_pixels, m.max_pixels, patch, merge),
+        image_tokens=image_tokens_for(*image_size, m, spec),
         completion_tokens=r.max_new_tokens, max_prompt_length=cfg.data.max_prompt_length,
         gradient_checkpointing=m.gradient_checkpointing, engine=r.engine,
         vllm_gpu_memory_utilization=r.vllm.gpu_memory_utilization, vllm_placement=r.placement,
@@ -61,10 +153,13 @@ def _inputs_dict(inp: PlanInput) -> dict[str, Any]:
     return d
 
 
-def build_report(inp: PlanInput, gpu_type: str = "A100-80GB") -> dict[str, Any]:
-    """The whole plan as plain data (every size in bytes): the JSON of `vlgrpo plan --json`."""
+def build_report(inp: PlanInput, gpu_type: str = "A100-80GB", config_notes: list[str] | None = None
+                 ) -> dict[str, Any]:
+    """The whole plan as plain data (every size in bytes): the JSON of `vlgrpo plan --json`. `config_notes` say how
+    the run config was read (printed under the headline)."""
     result = plan(inp)
-    return {"inputs": _inputs_dict(inp), "counts": result["counts"], "per_gpu": result["per_gpu"],
+    return {"inputs": _inputs_dict(inp), "config_notes": list(config_notes or []), "counts": result["counts"],
+            "per_gpu": result["per_gpu"],
             "cpu": result["cpu"], "conventions": result["conventions"], "warnings": result["warnings"],
             "not_run_by_trainer": not_run_by_trainer(inp), "verdicts": verdicts(inp, result["per_gpu"]),
             "suggestions": suggestions(inp, gpu_type)}
@@ -82,18 +177,27 @@ _ROWS = [
 ]
 
 
+_LABEL = 36  # width of the term column
+
+
 def _gb(x: float) -> str:
     return f"{x / GB:8.2f}"
 
 
+def _count(n: int) -> str:
+    """A parameter count: 8.29 B, or 1.11 M for a tiny model."""
+    return f"{n / 1e9:.2f} B" if n >= 1e8 else f"{n / 1e6:.2f} M"
+
+
 def _headline(report: dict[str, Any]) -> list[str]:
     i, c = report["inputs"], report["counts"]
-    name = i["spec"]["name"] if i["spec"] else f"{c['total_params'] / 1e9:.2f} B parameters (--params)"
+    name = i["spec"]["name"] if i["spec"] else f"{_count(c['total_params'])} parameters (--params)"
     method = f"LoRA r={i['lora_rank']}" if i["lora_rank"] else f"full fine-tune of {', '.join(i['trainable'])}"
+    source = f" (from {i['deepspeed_config']})" if i["deepspeed_config"] else ""
     return [
-        f"model: {name}  ({c['total_params'] / 1e9:.2f} B params, {c['trainable_params'] / 1e6:,.1f} M trainable)",
+        f"model: {name}  ({_count(c['total_params'])} params, {c['trainable_params'] / 1e6:,.1f} M trainable)",
         f"{method}; ZeRO-{i['zero_stage']} over {c['train_gpus']} training GPU(s) of {i['num_gpus']}; "
-        f"{i['dtype_bytes']}-byte dtype; offload: {', '.join(i['offload']) or 'none'}; beta={i['beta']}",
+        f"{i['dtype_bytes']}-byte dtype; offload: {', '.join(i['offload']) or 'none'}{source}; beta={i['beta']}",
         f"per step and GPU: {i['prompts_per_step']} prompts x {i['completions_per_prompt']} completions; micro-batch "
         f"{i['micro_batch']}; tokens: {i['text_tokens']} text + {i['image_tokens']} image + {i['completion_tokens']} "
         f"completion; gradient checkpointing {'on' if i['gradient_checkpointing'] else 'off'}; engine {i['engine']}"
@@ -104,24 +208,26 @@ def _headline(report: dict[str, Any]) -> list[str]:
 
 def format_report(report: dict[str, Any]) -> str:
     """The readable table: one row per term in GB per GPU, verdicts per GPU type, suggestions."""
-    lines = _headline(report) + ["", f"{'term':<30}{'GB/GPU':>8}", "-" * 38]
+    rule = "-" * (_LABEL + 8)
+    lines = _headline(report) + [f"note: {n}" for n in report["config_notes"]]
+    lines += ["", f"{'term':<{_LABEL}}{'GB/GPU':>8}", rule]
     per_gpu = report["per_gpu"]
     for key, label in _ROWS:
         if key in ("train_phase", "total"):
-            lines.append("-" * 38)
+            lines.append(rule)
         if per_gpu[key] or key in ("model_states", "total"):
-            lines.append(f"{label:<30}{_gb(per_gpu[key])}")
+            lines.append(f"{label:<{_LABEL}}{_gb(per_gpu[key])}")
     if report["inputs"]["engine"] == "vllm":
         lines.append(f"(vLLM reserves gpu_memory_utilization={report['inputs']['vllm_gpu_memory_utilization']} x "
                      "capacity in the rollout: see each GPU type's peak below)")
     cpu = report["cpu"]
     if cpu["per_rank"]:
-        lines.append(f"{'CPU memory per rank / all':<30}{_gb(cpu['per_rank'])} / {cpu['all_ranks'] / GB:.2f}")
-    lines += ["", f"{'GPU':<12}{'capacity':>10}{'peak':>10}{'headroom':>10}  verdict (GB)"]
+        lines.append(f"{'CPU memory per rank / all':<{_LABEL}}{_gb(cpu['per_rank'])} / {cpu['all_ranks'] / GB:.2f}")
+    lines += ["", f"{'GPU':<12}{'capacity':>10}{'peak':>10}{'headroom':>10}  verdict and why (GB)"]
     for name, v in report["verdicts"].items():
         verdict = "fits" if v["fits"] else "does NOT fit"
-        lines.append(f"{name:<12} {_gb(v['capacity_bytes'])}  {_gb(v['peak_bytes'])}  {_gb(v['headroom_bytes'])}  "
-                     f"{verdict}")
+        lines.append(f"{name:<12}  {_gb(v['capacity_bytes'])}  {_gb(v['peak_bytes'])}  {_gb(v['headroom_bytes'])}  "
+                     f"{verdict}: {v['reason']}")
     warnings = report["warnings"] + [f"{name}: {w}" for name, v in report["verdicts"].items() for w in v["warnings"]]
     lines += [f"warning: {w}" for w in warnings] + [f"note: {n}" for n in report["not_run_by_trainer"]]
     if report["suggestions"]:

@@ -42,6 +42,11 @@ class ModelSpec:
     merge: int = 2
     temporal_patch: int = 2
     in_channels: int = 3
+    min_pixels: int | None = None
+    """The processor's smallest image area when the spec knows it (init-tiny's); None: the checkpoint directory's
+    processor files, else the released Qwen processors' bounds (`vlgrpo.data.images.checkpoint_geometry`)."""
+    max_pixels: int | None = None
+    """The processor's largest image area when the spec knows it; None as for min_pixels."""
 
     def language_params(self) -> int:
         h, kv = self.hidden, self.kv_heads * self.head_dim

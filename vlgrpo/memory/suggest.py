@@ -1,7 +1,9 @@
 """Suggestions of `vlgrpo plan`: single config changes that lower the per-GPU peak, then a greedy combination.
 
 Every suggestion is a list of `key=value` config overrides that the trainer runs: applied to the run config they give
-exactly the input that was planned. Pure arithmetic on `PlanInput`s, like the planner; no torch, no config tree.
+exactly the input that was planned. A run with a DeepSpeed JSON (train.zero3.deepspeed_config) takes offload from that
+file and ignores train.zero3.offload_*, so there offload is suggested as an edit of the file (`DEEPSPEED_JSON`).
+Pure arithmetic on `PlanInput`s, like the planner; no torch, no config tree.
 """
 
 from __future__ import annotations
@@ -13,6 +15,18 @@ from vlgrpo.memory.planner import GPU_TYPES, PlanInput, peak_on, plan, train_gpu
 from vlgrpo.memory.specs import PlanError
 
 Candidate = tuple[tuple[str, ...], PlanInput]
+
+DEEPSPEED_JSON = "train.zero3.deepspeed_config:"
+"""Prefix of a change that edits the DeepSpeed JSON instead of a config key: `<prefix><dotted JSON key>=<value>`.
+Under the train.zero3 prefix, so `merge_overrides` drops it with the other train.zero3 keys when the backend changes."""
+
+
+def offload_change(inp: PlanInput, target: str) -> tuple[str, ...]:
+    """Offload `target` (optimizer or param) the way the trainer reads it: in the DeepSpeed JSON when the run has one,
+    else with train.zero3.offload_<target>=true."""
+    if inp.deepspeed_config:
+        return (f"{DEEPSPEED_JSON}zero_optimization.offload_{target}.device=cpu",)
+    return (f"train.zero3.offload_{target}=true",)
 
 
 def not_run_by_trainer(inp: PlanInput) -> list[str]:
@@ -35,7 +49,8 @@ def not_run_by_trainer(inp: PlanInput) -> list[str]:
 
 
 def candidates(inp: PlanInput) -> list[Candidate]:
-    """Single changes that lower the peak, cheapest in speed first: (config overrides, changed input)."""
+    """Single changes that lower the peak, cheapest in speed first: (config overrides and `DEEPSPEED_JSON` edits,
+    changed input)."""
     rep, c = dataclasses.replace, []
     if not inp.gradient_checkpointing and inp.spec is not None:
         c.append((("model.gradient_checkpointing=true",), rep(inp, gradient_checkpointing=True)))
@@ -49,16 +64,15 @@ def candidates(inp: PlanInput) -> list[Candidate]:
             c.append((("train.backend=zero3",), rep(inp, **zero3)))
         # ZeRO-Offload: optimiser states in CPU memory, on any number of GPUs (train.backend=zero3 is the only
         # backend that offloads)
-        c.append((("train.backend=zero3", "train.zero3.offload_optimizer=true"),
+        c.append((("train.backend=zero3", *offload_change(inp, "optimizer")),
                   rep(inp, **zero3, offload=inp.offload | {"optimizer"})))
     if full and inp.spec is not None:
         c.append((("train.backend=lora", "train.lora.rank=16"),
                   rep(inp, lora_rank=16, zero_stage=0, offload=inp.offload - {"optimizer", "param"},
                       optimizer_states=trainer_optimizer_states("lora", inp.dtype_bytes))))
-    if inp.zero_stage == 3 and "optimizer" not in inp.offload:
-        c.append((("train.zero3.offload_optimizer=true",), rep(inp, offload=inp.offload | {"optimizer"})))
-    if inp.zero_stage == 3 and "param" not in inp.offload:
-        c.append((("train.zero3.offload_param=true",), rep(inp, offload=inp.offload | {"param"})))
+    for target in ("optimizer", "param"):
+        if inp.zero_stage == 3 and target not in inp.offload:
+            c.append((offload_change(inp, target), rep(inp, offload=inp.offload | {target})))
     if inp.engine == "vllm" and inp.vllm_placement == "colocate" and inp.num_gpus % 2 == 0 and inp.tensor_parallel == 1:
         r = inp.num_gpus // 2  # the split the trainer runs: one vLLM GPU (one engine) per training rank
         c.append((("rollout.placement=split", f"rollout.vllm.rollout_gpus={r}"),
@@ -82,8 +96,17 @@ def merge_overrides(steps: list[tuple[str, ...]]) -> tuple[str, ...]:
     return tuple(f"{k}={v}" for k, v in merged.items())
 
 
-def _entry(overrides: tuple[str, ...], peak: int, cap: int, gpu_type: str) -> dict[str, Any]:
-    return {"change": " ".join(overrides) or "nothing helps enough", "overrides": list(overrides),
+def _entry(changes: tuple[str, ...], peak: int, cap: int, gpu_type: str,
+           deepspeed_config: str | None) -> dict[str, Any]:
+    """One suggestion: config overrides, edits of the DeepSpeed JSON (dotted key -> value), and both in words."""
+    overrides = [c for c in changes if not c.startswith(DEEPSPEED_JSON)]
+    edits = dict(c.removeprefix(DEEPSPEED_JSON).split("=", 1) for c in changes if c.startswith(DEEPSPEED_JSON))
+    words = " ".join(overrides)
+    if edits:  # e.g. in configs/ds_zero3_bf16.json set zero_optimization.offload_optimizer.device to "cpu"
+        in_json = f"in {deepspeed_config} set " + ", ".join(f'{k} to "{v}"' for k, v in edits.items())
+        words = f"{words} + {in_json}" if words else in_json
+    return {"change": words or "nothing helps enough", "overrides": overrides,
+            "deepspeed_json": {"file": deepspeed_config, "set": edits} if edits else None,
             "peak_bytes": peak, "fits": peak <= cap, "gpu_type": gpu_type}
 
 
@@ -100,7 +123,7 @@ def suggestions(inp: PlanInput, gpu_type: str) -> list[dict[str, Any]]:
 
     if peak(inp) <= cap:
         return []
-    out = [_entry(overrides, peak(alt), cap, gpu_type) for overrides, alt in candidates(inp)]
+    out = [_entry(changes, peak(alt), cap, gpu_type, inp.deepspeed_config) for changes, alt in candidates(inp)]
     if any(o["fits"] for o in out):
         return out
     steps: list[tuple[str, ...]] = []
@@ -112,5 +135,5 @@ def suggestions(inp: PlanInput, gpu_type: str) -> list[dict[str, Any]]:
             break
         steps.append(best[1])
         current = best[2]
-    out.append(_entry(merge_overrides(steps), peak(current), cap, gpu_type))
+    out.append(_entry(merge_overrides(steps), peak(current), cap, gpu_type, inp.deepspeed_config))
     return out

@@ -57,7 +57,8 @@ def _write_parts(state: RunState, tmp: Path, final: Path, rank: int) -> None:
     write_json(tmp / f"data_rank{rank}.json", state.data.state_dict())
     if rank == 0:
         meta = {"step": state.step, "policy_version": state.step, "backend": state.backend.name,
-                "nonfinite_steps": state.nonfinite_steps, "nonfinite_streak": state.nonfinite_streak}  # fmt: skip
+                "nonfinite_steps": state.nonfinite_steps, "nonfinite_streak": state.nonfinite_streak,
+                "eval_failures": state.eval_failures}  # fmt: skip
         write_json(tmp / "meta.json", meta)
         write_json(tmp / "config.json", to_dict(state.cfg))
 
@@ -102,7 +103,7 @@ def _fail(state: RunState, tmp: Path, error: BaseException | None) -> None:
     resume = f"resume continues from {kept[-1]}" if kept else "no checkpoint to resume from"
     raise RunDirError(
         f"could not write checkpoint step_{state.step}: '{where}': {cause}. Kept: {', '.join(kept) or 'nothing'} "
-        f"under '{tmp.parent}' ({resume}) and metrics.jsonl up to step {state.step}; the partial {tmp.name} was "
+        f"under '{tmp.parent}' ({resume}) and metrics.jsonl up to step {state.step - 1}; the partial {tmp.name} was "
         "removed. Free space or make train.output_dir writable, then rerun with train.resume=true"
     ) from error
 
@@ -179,6 +180,7 @@ def resume(state: RunState, for_export: bool = False) -> bool:
     state.data.load_state_dict(load_json(ckpt / f"data_rank{rank}.json", "data position of this rank"))
     state.step = int(meta["step"])
     state.nonfinite_steps, state.nonfinite_streak = meta.get("nonfinite_steps", 0), meta.get("nonfinite_streak", 0)
+    state.eval_failures = meta.get("eval_failures", 0)
     state.cache.set_step(state.step)
     if state.engine is not None:
         state.engine.update_weights(state.backend.named_weights() if state.engine_needs_weights else None, state.step)

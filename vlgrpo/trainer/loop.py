@@ -250,7 +250,7 @@ class Trainer:
         state = self.state
         for rows, part, used in batch.micro_batches(state.cfg.train.micro_batch_completions):
             if features is None and torch.is_grad_enabled() and state.backend.vision_trainable():
-                feats = [f.embeds for f in state.cache.encode_with_grad([batch.images[i] for i in used])]
+                feats = state.cache.encode_with_grad([batch.images[i] for i in used])
             else:
                 feats = [(features or batch.features)[i] for i in used]
             yield rows, part, feats
@@ -262,7 +262,7 @@ class Trainer:
             return None
         if state.ref_cache is None:  # the reference never changes: its features stay valid for the whole run
             state.ref_cache = VisionCache(ref_model, state.lm.processor, state.cfg.rollout.vision_cache_bytes)
-        return [f.embeds for f in state.ref_cache.get(batch.images)]
+        return state.ref_cache.get(batch.images)
 
     @torch.no_grad()
     def _logprobs(self, model, batch: TrainBatch, features: list | None = None) -> torch.Tensor:
@@ -341,8 +341,9 @@ class Trainer:
         return out
 
     def train(self) -> list[dict]:
-        """Run until train.steps; log, evaluate and checkpoint on schedule. Returns the logged rows.
+        """Run until train.steps; checkpoint, evaluate and log on schedule. Returns the logged rows.
 
+        A step's checkpoint is written before its in-loop eval: a failing eval (`_evaluate`) never costs the weights.
         A step whose loss or gradient is non-finite leaves the weights alone (the backend skips its optimiser step,
         on every rank alike) and is counted in `train/nonfinite_steps`; after train.max_nonfinite_steps such steps in
         a row the run logs the step and stops with NonFiniteError, without writing a checkpoint of its own."""
@@ -358,22 +359,43 @@ class Trainer:
             metrics["train/nonfinite_steps"] = float(state.nonfinite_steps)
             metrics["data/skipped_rows"] = float(state.skipped_rows)
             stop = state.nonfinite_streak >= cfg.train.max_nonfinite_steps
+            save_s = self._save_if_due() if not stop else 0.0
             if state.evaluator is not None and cfg.eval.every_steps and state.step % cfg.eval.every_steps == 0:
-                with state.timers("eval"), state.backend.rollout_weights():
-                    metrics.update(state.evaluator(state))
+                metrics.update(self._evaluate())
             metrics.update(state.timers.pop())
             metrics.update(self._counters())
             metrics.update(memory_metrics())
-            metrics["timing/step"] = time.perf_counter() - t0
+            metrics["timing/step"] = time.perf_counter() - t0 - save_s  # the step and its eval, not the write
             if stop or state.step % cfg.logging.log_every == 0 or state.step == cfg.train.steps:
                 state.logger.log(state.step, metrics)
             history.append({"step": state.step, **metrics})
             if stop:
                 raise self._nonfinite_error()
-            if cfg.train.save_every and state.step % cfg.train.save_every == 0:
-                state.save_checkpoint()
-        state.save_checkpoint()
+        state.save_checkpoint()  # for a loop that ran no step (an existing checkpoint is not written again)
         return history
+
+    def _save_if_due(self) -> float:
+        """Write this step's checkpoint on train.save_every and at the last step; the seconds it took."""
+        state, t, t0 = self.state, self.state.cfg.train, time.perf_counter()
+        if (t.save_every and state.step % t.save_every == 0) or state.step == t.steps:
+            state.save_checkpoint()
+        return time.perf_counter() - t0
+
+    def _evaluate(self) -> dict[str, float]:
+        """This step's in-loop eval metrics and `eval/failures`: an eval that raises is a warning, not the run's end
+        (the step's checkpoint is written already; KeyboardInterrupt and SystemExit still stop the run). The error
+        leaves `rollout_weights` through its exit, a collective under ZeRO-3 (DeepSpeed all-reduces on leaving its
+        gather), so a rank whose eval fails alone waits there for the others; nothing inside the eval is a
+        collective. The count stays per rank: the metrics row is rank 0's."""
+        state, metrics = self.state, {}
+        try:
+            with state.timers("eval"), state.backend.rollout_weights():
+                metrics = state.evaluator(state)
+        except Exception as e:  # noqa: BLE001 - a measurement, not the job
+            state.eval_failures += 1
+            state.log_warning(f"in-loop eval at step {state.step} failed, training goes on (eval/failures = "
+                              f"{state.eval_failures}): {type(e).__name__}: {e}")  # fmt: skip
+        return {**metrics, "eval/failures": float(state.eval_failures)}
 
     def _nonfinite_error(self) -> NonFiniteError:
         state, limit = self.state, self.state.cfg.train.max_nonfinite_steps

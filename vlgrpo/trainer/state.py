@@ -72,6 +72,8 @@ class RunState:
     """Steps whose optimiser step was skipped for a non-finite loss or gradient (`train/nonfinite_steps`)."""
     nonfinite_streak: int = 0
     """Such steps in a row, up to now; the run stops at train.max_nonfinite_steps."""
+    eval_failures: int = 0
+    """In-loop evals that raised in this process (`eval/failures`): logged as warnings, never fatal."""
     lock: RunLock | None = None
     """The run directory's lock (rank 0 while training; None on other ranks and for exports)."""
     timers: Timers = field(default_factory=Timers)
