@@ -9,14 +9,15 @@ from vlgrpo.cli import main
 from vlgrpo.models import ModelLoadError, detect_arch, load_model, placeholder_token_ids
 
 
-@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl"])
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl", "qwen3_vl"])
 def test_init_tiny_loads_back_and_generates_with_an_image(tmp_path, arch, capsys):
     out = tmp_path / arch
     assert main(["model", "init-tiny", "--arch", arch, "--out", str(out)]) == 0
     assert "parameters" in capsys.readouterr().out
     assert json.loads((out / "config.json").read_text())["model_type"] == arch
     lm = load_model(str(out))
-    expected = {"qwen2_5_vl": "Qwen2_5_VLProcessor", "qwen2_vl": "Qwen2VLProcessor"}[arch]
+    expected = {"qwen2_5_vl": "Qwen2_5_VLProcessor", "qwen2_vl": "Qwen2VLProcessor",
+                "qwen3_vl": "Qwen3VLProcessor"}[arch]  # fmt: skip
     assert type(lm.processor).__name__ == expected  # not a bare tokenizer
     assert lm.processor.tokenizer.padding_side == "left"
     n_params = sum(p.numel() for p in lm.model.parameters())
@@ -26,7 +27,7 @@ def test_init_tiny_loads_back_and_generates_with_an_image(tmp_path, arch, capsys
     assert text.endswith("<|im_start|>assistant\n") and "<|vision_start|><|image_pad|><|vision_end|>" in text
     inputs = lm.processor(text=[text], images=[Image.new("RGB", (112, 112), (200, 0, 0))], return_tensors="pt")
     n_image_tokens = int((inputs["input_ids"] == lm.model.config.image_token_id).sum())
-    assert n_image_tokens == 16  # 112 px -> 8x8 patches -> 2x2 merge -> 16 tokens
+    assert n_image_tokens == 16  # 112 px -> 8x8 patches of 14 px (Qwen3-VL: 128 px, 16 px patches) -> 2x2 merge
     torch.manual_seed(0)
     bad = torch.tensor(placeholder_token_ids(lm.processor.tokenizer))
     out_ids = lm.model.generate(**inputs, max_new_tokens=6, do_sample=False, suppress_tokens=bad)
@@ -41,8 +42,37 @@ def test_placeholders_and_arch_detection(tiny_model_dir):
     assert len(ids) == 5
     assert detect_arch("Qwen/Qwen2.5-VL-7B-Instruct") == "qwen2_5_vl"
     assert detect_arch("Qwen/Qwen2-VL-2B-Instruct") == "qwen2_vl"
+    assert detect_arch("Qwen/Qwen3-VL-8B-Instruct") == "qwen3_vl"
     with pytest.raises(ModelLoadError, match="set model.arch"):
         detect_arch("meta-llama/Llama-3-8B")
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_tiny_qwen3_vl_has_deepstack_16px_patches_and_tied_or_untied_embeddings(tmp_path, tied):
+    from safetensors.torch import load_file
+
+    from vlgrpo.data.images import ProcessorGeometry
+    from vlgrpo.models import TinySpec, init_tiny
+
+    out = init_tiny(tmp_path / "m", "qwen3_vl", spec=TinySpec(tie_word_embeddings=tied))
+    assert detect_arch(str(out)) == "qwen3_vl"
+    lm = load_model(str(out))
+    vision, text = lm.model.config.vision_config, lm.model.config.get_text_config()
+    assert vision.deepstack_visual_indexes == [0, 1] and vision.depth == 2  # a map after each of the 2 blocks
+    assert len(lm.model.model.visual.deepstack_merger_list) == 2 and vision.patch_size == 16
+    assert text.head_dim == 32 and text.rope_parameters["mrope_section"] == [6, 5, 5]  # sums to head_dim / 2
+    assert lm.model.model.language_model.layers[0].self_attn.q_norm.weight.shape == (32,)  # Qwen3: per-head norms
+    geometry = ProcessorGeometry.from_processor(lm.processor)
+    assert (geometry.patch_size, geometry.factor) == (16, 32)
+    assert geometry.grid_thw(100, 300) == (1, 6, 18)  # smart_resize to multiples of 32 px: 96 x 288
+    head, embed = lm.model.lm_head.weight, lm.model.model.language_model.embed_tokens.weight
+    assert (head.data_ptr() == embed.data_ptr()) is tied
+    saved = load_file(str(out / "model.safetensors"))
+    assert ("lm_head.weight" in saved) is not tied
+    if not tied:
+        assert not torch.equal(head, embed)
+    with pytest.raises(ValueError, match=r"deepstack_visual_indexes \[0, 2\]: \[2\] not a vision block"):
+        init_tiny(tmp_path / "bad", "qwen3_vl", spec=TinySpec(deepstack_visual_indexes=(0, 2)))
 
 
 def test_pixel_overrides_reach_the_processor(tiny_model_dir):
@@ -53,7 +83,7 @@ def test_pixel_overrides_reach_the_processor(tiny_model_dir):
         load_model(tiny_model_dir("qwen2_5_vl"), max_pixels=100, min_pixels=1000)
 
 
-@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl"])
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl", "qwen3_vl"])
 def test_calibrate_merger_centres_and_scales_image_features(tmp_path, tiny_model_dir, shapes_dir, arch):
     import shutil
 
@@ -67,7 +97,8 @@ def test_calibrate_merger_centres_and_scales_image_features(tmp_path, tiny_model
     lm = load_model(str(model_dir))
     after = lm.model.state_dict()
     changed = {k for k in before if not torch.equal(before[k], after[k])}
-    assert sorted(k.split("merger.")[-1] for k in changed) == ["mlp.2.bias", "mlp.2.weight"]  # only its last Linear
+    last = {"qwen3_vl": "linear_fc2"}.get(arch, "mlp.2")  # only its last Linear (not a DeepStack merger's)
+    assert sorted(k.split("visual.")[-1] for k in changed) == [f"merger.{last}.bias", f"merger.{last}.weight"]
     assert len(changed) == 2 and stats["std_before"] < 0.1
     from vlgrpo.data.images import load_image
 

@@ -38,24 +38,30 @@ def _pixel_features(lm, paths):
     return list(feats.pooler_output), out["image_grid_thw"]
 
 
-def test_features_equal_the_pixel_path_and_duplicates_are_encoded_once(lm, images):
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
+def test_features_equal_the_pixel_path_and_duplicates_are_encoded_once(tiny_model_dir, images, arch):
+    lm = load_model(tiny_model_dir(arch))
     cache = VisionCache(lm.model, lm.processor)
     a, b, c = images[:3]
     feats = cache.get([a, b, a])
     ref, grid = _pixel_features(lm, [a, b])
     assert torch.equal(feats[0].embeds, ref[0]) and torch.equal(feats[1].embeds, ref[1])
-    assert feats[0].grid_thw.tolist() == grid[0].tolist() == [1, 8, 8]  # 112 px -> 8x8 patches
+    assert feats[0].grid_thw.tolist() == grid[0].tolist() == [1, 8, 8]  # 112 px -> 8x8 patches (Qwen3-VL: 128 px)
     assert feats[0].embeds.shape == (16, 128)  # 8*8 / 2*2 merged tokens, LM hidden 128
+    maps = 2 if arch == "qwen3_vl" else 0  # Qwen3-VL: a DeepStack map per deepstack_visual_indexes entry
+    assert (feats[0].deepstack is None) is (maps == 0)
+    if maps:
+        assert feats[0].deepstack.shape == (maps, 16, 128)
     assert feats[2] is feats[0]
+    entry = (1 + maps) * 16 * 128 * 4 + 3 * 8
     assert cache.stats() == {"hits": 0, "misses": 2, "encoder_calls": 1, "images_encoded": 2, "disk_hits": 0,
-                             "corrupt": 0, "write_errors": 0, "adopted": 0,
-                             "bytes": 2 * (16 * 128 * 4 + 3 * 8)}  # fmt: skip
+                             "corrupt": 0, "write_errors": 0, "adopted": 0, "bytes": 2 * entry}  # fmt: skip
     # bytes of the same image under another path are the same cache entry
     cache.get([b, c, open(a, "rb").read()])
     s = cache.stats()
     assert (s["hits"], s["misses"], s["encoder_calls"], s["images_encoded"]) == (2, 3, 2, 3)
     cache.reset_stats()
-    assert cache.stats()["encoder_calls"] == 0 and cache.stats()["bytes"] == 3 * (16 * 128 * 4 + 24)
+    assert cache.stats()["encoder_calls"] == 0 and cache.stats()["bytes"] == 3 * entry
 
 
 def test_a_frozen_towers_features_are_handed_over_to_a_cache_of_the_same_weights(lm, tiny_model_dir, images,
@@ -232,3 +238,108 @@ def test_a_cache_write_that_fails_is_skipped_and_counted(lm, images, tmp_path, m
     err = capsys.readouterr().err
     assert err.count("not written") == 1 and "No space left on device" in err and str(disk) in err
     assert cache.get(images[:1])[0] is feats[0] and cache.stats()["hits"] == 1
+
+
+# ---------------------------------------------------------------- Qwen3-VL: DeepStack maps in every entry
+
+
+def _prefill(lm, sample, feats):
+    """The HF engine's prefill of one prompt from `feats` -> (last-position logits [1, V], KV cache)."""
+    from vlgrpo.rollout.inputs import build_prompt, prefill
+
+    p = build_prompt(sample, lm.processor)
+    ids = torch.tensor([p.input_ids])
+    with torch.no_grad():
+        last, kv, _ = prefill(lm.model, ids, torch.ones_like(ids), torch.tensor([p.mm_token_type_ids]),
+                              p.image_grid_thw, feats)  # fmt: skip
+    return last, kv
+
+
+def _pixel_last_logits(lm, sample):
+    """The model's own forward on pixels (its own DeepStack path): logits of the last prompt position."""
+    from vlgrpo.data.prompts import render_messages
+
+    text = lm.processor.apply_chat_template(render_messages(sample), add_generation_prompt=True, tokenize=False)
+    inputs = lm.processor(text=[text], images=[load_image(sample.image)], return_tensors="pt")
+    with torch.no_grad():
+        return lm.model(**inputs).logits[:, -1]
+
+
+def test_a_qwen3_vl_entry_holds_every_deepstack_map_and_a_hit_prefills_bit_for_bit(tiny_model_dir, shapes_dir,
+                                                                                     tmp_path):  # fmt: skip
+    """Fresh encode, memory hit and disk hit (a restarted process) give the same prefill bit for bit, equal to the
+    model's own pixel forward; the same features short of their DeepStack maps give other logits, so a cache that
+    dropped them fails here."""
+    from vlgrpo.vision_cache import ImageFeatures
+
+    samples = load_samples(shapes_dir / "train.jsonl").samples[:2]
+    lm = load_model(tiny_model_dir("qwen3_vl"))
+    disk = tmp_path / "vc"
+    cache = VisionCache(lm.model, lm.processor, disk_dir=disk)
+    fresh = cache.get([s.image for s in samples])
+    out = lm.processor.image_processor(images=[load_image(s.image) for s in samples], return_tensors="pt")
+    with torch.no_grad():
+        ref = lm.model.model.get_image_features(out["pixel_values"], out["image_grid_thw"], return_dict=True)
+    assert len(ref.deepstack_features) == 2  # deepstack_visual_indexes (0, 1)
+    for j, f in enumerate(fresh):
+        assert f.deepstack.shape == (2, 16, 128)
+        assert all(torch.equal(f.deepstack[i], ref.deepstack_features[i][j]) for i in range(2))
+    files = sorted(disk.glob("*/*.safetensors"))
+    assert len(files) == 2 and all(set(load_file(str(p))) == {"embeds", "grid_thw", "deepstack"} for p in files)
+
+    memory = cache.get([s.image for s in samples])
+    again = load_model(tiny_model_dir("qwen3_vl"))  # a restart: the same key, served from disk
+    restarted = VisionCache(again.model, again.processor, disk_dir=disk)
+    from_disk = restarted.get([s.image for s in samples])
+    assert (cache.stats()["hits"], restarted.stats()["disk_hits"], restarted.stats()["encoder_calls"]) == (2, 2, 0)
+    for j, s in enumerate(samples):
+        last, kv = _prefill(lm, s, [fresh[j]])
+        for feats in (memory[j], from_disk[j]):
+            hit_last, hit_kv = _prefill(lm, s, [feats])
+            assert torch.equal(hit_last, last)
+            assert all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+                       for a, b in zip(hit_kv.layers, kv.layers))  # fmt: skip
+        own = _pixel_last_logits(lm, s)
+        assert (last - own).abs().max() <= 1e-5
+        dropped = ImageFeatures(fresh[j].embeds, fresh[j].grid_thw, torch.zeros_like(fresh[j].deepstack))
+        assert (_prefill(lm, s, [dropped])[0] - own).abs().max() > 1e-3  # the maps matter at this size
+    with pytest.raises(ValueError, match="lack the model's 2 DeepStack maps"):
+        _prefill(lm, samples[0], [ImageFeatures(fresh[0].embeds, fresh[0].grid_thw)])
+
+
+def test_a_disk_entry_short_of_its_deepstack_maps_is_refused_and_re_encoded(tiny_model_dir, images, tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    lm = load_model(tiny_model_dir("qwen3_vl"))
+    disk = tmp_path / "vc"
+    (first,) = VisionCache(lm.model, lm.processor, disk_dir=disk).get(images[:1])
+    (path,) = disk.glob("*/*.safetensors")
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+    tensors = load_file(str(path))
+    del tensors["deepstack"]
+    save_file(tensors, str(path), metadata=meta)  # key and checksum metadata kept: only the maps are gone
+    assert read_entry(path) is None
+    cache = VisionCache(lm.model, lm.processor, disk_dir=disk)
+    (got,) = cache.get(images[:1])
+    s = cache.stats()
+    assert (s["corrupt"], s["disk_hits"], s["encoder_calls"]) == (1, 0, 1)
+    assert torch.equal(got.deepstack, first.deepstack) and read_entry(path).deepstack is not None  # rewritten whole
+
+
+def test_the_key_separates_archs_and_vision_configs(tiny_model_dir, tmp_path):
+    """Same weights, other DeepStack layers: other features, so another key. Qwen3-VL's 16 px patches change the
+    processor fingerprint too."""
+    from vlgrpo.models import TinySpec, init_tiny
+
+    q3 = load_model(tiny_model_dir("qwen3_vl"))
+    q25 = load_model(tiny_model_dir("qwen2_5_vl"))
+    assert vision_fingerprint(q3.model) != vision_fingerprint(q25.model)
+    assert processor_fingerprint(q3.processor) != processor_fingerprint(q25.processor)
+    swapped = load_model(str(init_tiny(tmp_path / "m", "qwen3_vl", TinySpec(deepstack_visual_indexes=(1, 0)))))
+    a, b = q3.model.model.visual.state_dict(), swapped.model.model.visual.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # the same weights, seed 0
+    assert vision_fingerprint(swapped.model) != vision_fingerprint(q3.model)
+    sha = "0" * 64
+    assert VisionCache(swapped.model, swapped.processor).key(sha) != VisionCache(q3.model, q3.processor).key(sha)

@@ -3,7 +3,9 @@ encoded once per weights version: an in-memory LRU with a byte budget in front o
 entry carries its own key and checksum (a file copied over another key is never served); a disk write that fails
 (full, read-only) is skipped and counted, and the run goes on.
 
-Knows the model only through its vision tower (`visual`, merger included); knows nothing of prompts or rollout.
+An entry holds what the language model takes from one image: the merged embeddings and, for Qwen3-VL, every
+DeepStack feature map. Knows the model only through its vision tower (`visual`, mergers included); knows nothing of
+prompts or rollout.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from torch import Tensor
 from vlgrpo.data.images import ProcessorGeometry, image_sha256, load_image
 from vlgrpo.types import InputError
 
-FORMAT_VERSION = "2"  # 2: entries carry their key
+FORMAT_VERSION = "3"  # 2: entries carry their key; 3: and their DeepStack maps (Qwen3-VL)
 SUFFIX = ".safetensors"
 TMP_PREFIX = ".tmp-"
 STAT_KEYS = ("hits", "misses", "encoder_calls", "images_encoded", "bytes", "disk_hits", "corrupt", "write_errors",
@@ -33,23 +35,32 @@ STAT_KEYS = ("hits", "misses", "encoder_calls", "images_encoded", "bytes", "disk
 
 @dataclass
 class ImageFeatures:
-    """The language-model inputs of one image: merged vision embeddings and the grid they came from."""
+    """The language-model inputs of one image: merged vision embeddings, the grid they came from and, for a tower
+    with DeepStack (Qwen3-VL), its feature maps."""
 
     embeds: Tensor
     """[N, H]: N image tokens after the 2x2 merge, H = language-model hidden size."""
     grid_thw: Tensor
     """[3] long: (t, h, w) in patches, the image's `image_grid_thw` row."""
+    deepstack: Tensor | None = None
+    """[L, N, H]: map i is added to the hidden states of language-model layer i at the image tokens (Qwen3-VL's
+    `deepstack_visual_indexes`, L of them); None for a tower without DeepStack (Qwen2-VL, Qwen2.5-VL)."""
 
     @property
     def nbytes(self) -> int:
-        return self.embeds.numel() * self.embeds.element_size() + self.grid_thw.numel() * self.grid_thw.element_size()
+        return sum(t.numel() * t.element_size() for t in (self.embeds, self.grid_thw, self.deepstack) if t is not None)
+
+    def stored(self, device: str | None) -> "ImageFeatures":
+        """Detached, on `device` (None: where they are): the copy the cache holds. The grid stays on the CPU."""
+        move = lambda t: t if t is None else t.detach().to(device or t.device)  # noqa: E731
+        return ImageFeatures(move(self.embeds), self.grid_thw, move(self.deepstack))
 
 
 # ---------------------------------------------------------------- fingerprints
 
 
 def find_visual(model: torch.nn.Module) -> torch.nn.Module:
-    """The vision tower (`visual`, merger inside) of a Qwen2-VL / Qwen2.5-VL model, bare or wrapped (peft, DDP)."""
+    """The vision tower (`visual`, mergers inside) of a Qwen2-VL / 2.5-VL / 3-VL model, bare or wrapped (peft, DDP)."""
     for path in ("model.visual", "visual", "base_model.model.model.visual", "module.model.visual"):
         obj = model
         for attr in path.split("."):
@@ -61,16 +72,18 @@ def find_visual(model: torch.nn.Module) -> torch.nn.Module:
     candidates = [(n, m) for n, m in model.named_modules() if n.split(".")[-1] == "visual"]
     if candidates:
         return min(candidates, key=lambda nm: len(nm[0]))[1]
-    raise ValueError(f"{type(model).__name__} has no `visual` module: expected a Qwen2-VL / Qwen2.5-VL model")
+    raise ValueError(f"{type(model).__name__} has no `visual` module: expected a Qwen2-VL / 2.5-VL / 3-VL model")
 
 
 def vision_fingerprint(model: torch.nn.Module, gather=None) -> str:
-    """sha256 over the names, dtypes, shapes and bytes of the vision tower's parameters and buffers (16 hex chars).
+    """sha256 over the vision tower's class and config (arch, DeepStack layers, windows: what shapes the features
+    besides the weights) and the names, dtypes, shapes and bytes of its parameters and buffers (16 hex chars).
 
     `gather(params)`: a context manager that makes partitioned parameters whole (ZeRO-3 backends pass theirs).
     """
     visual = find_visual(model)
     h = hashlib.sha256()
+    h.update(f"{type(visual).__name__}|{_vision_config(visual)}|".encode())
     with gather(list(visual.parameters())) if gather is not None else contextlib.nullcontext():
         for name, t in sorted(visual.state_dict(keep_vars=True).items()):
             if gather is None and (hasattr(t, "ds_numel") or hasattr(t, "ds_id")):
@@ -82,6 +95,19 @@ def vision_fingerprint(model: torch.nn.Module, gather=None) -> str:
             h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
             h.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+def _vision_config(visual: torch.nn.Module) -> str:
+    """The tower's own config as sorted JSON, without the generic keys every transformers config carries (version,
+    dtype, label maps, output switches) and private ones (attention implementation)."""
+    config = getattr(visual, "config", None)
+    if config is None:
+        return ""
+    from transformers import PretrainedConfig
+
+    generic = set(PretrainedConfig().to_dict()) - {"model_type"}
+    own = {k: v for k, v in config.to_dict().items() if k not in generic and not k.startswith("_")}
+    return json.dumps(own, sort_keys=True, default=str)
 
 
 def processor_fingerprint(processor) -> str:
@@ -99,9 +125,9 @@ def _jsonable(v):
     return v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
 
 
-def _checksum(embeds: Tensor, grid: Tensor) -> str:
+def _checksum(embeds: Tensor, grid: Tensor, deepstack: Tensor | None = None) -> str:
     h = hashlib.sha256()
-    for t in (embeds, grid):
+    for t in (embeds, grid) if deepstack is None else (embeds, grid, deepstack):
         h.update(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
@@ -182,8 +208,7 @@ class VisionCache:
             with torch.no_grad():
                 encoded = self._encode([img for _, img in missing.values()])
             for (k, (sha, _)), feats in zip(missing.items(), encoded):
-                embeds = feats.embeds.detach()
-                feats = ImageFeatures(embeds.to(self.store_device or embeds.device), feats.grid_thw)
+                feats = feats.stored(self.store_device)
                 found[k] = feats
                 self._memory_put(k, feats)
                 self._disk_put(k, sha, feats)
@@ -213,7 +238,7 @@ class VisionCache:
         for k, (sha, feats) in handed[1].items():
             if k in self._lru:
                 continue
-            feats = ImageFeatures(feats.embeds.to(self.store_device or feats.embeds.device), feats.grid_thw)
+            feats = feats.stored(self.store_device)
             self._memory_put(k, feats)
             if self.disk_dir is not None and not self._path(k).is_file():
                 self._disk_put(k, sha, feats)
@@ -230,18 +255,24 @@ class VisionCache:
         return [encoded[s] for s in shas]
 
     def _encode(self, images: list[str | bytes]) -> list[ImageFeatures]:
-        """One vision-encoder call over all `images`: pixels through `visual` (merger included) -> [N_i, H] each."""
+        """One vision-encoder call over all `images`: pixels through `visual` (mergers included) -> [N_i, H] each,
+        with [L, N_i, H] DeepStack maps when the tower has them (Qwen3-VL)."""
         visual = find_visual(self.model)
         param = next(visual.parameters())
         out = self.processor.image_processor(images=[load_image(img) for img in images], return_tensors="pt")
         pixels = out["pixel_values"].to(param.device, param.dtype)
         grid = out["image_grid_thw"].to(param.device)
-        merged = visual(pixels, grid_thw=grid)
-        merged = merged.pooler_output if hasattr(merged, "pooler_output") else merged  # [sum N_i, H]
+        encoded = visual(pixels, grid_thw=grid)
+        merged = encoded.pooler_output if hasattr(encoded, "pooler_output") else encoded  # [sum N_i, H]
         sizes = (grid.prod(-1) // self.merge**2).tolist()
+        maps = getattr(encoded, "deepstack_features", None)  # L x [sum N_i, H]; None without DeepStack
+        stacks = [None] * len(images)
+        if maps is not None:
+            stacks = torch.stack(maps) if maps else merged.new_zeros((0, *merged.shape))  # [L, sum N_i, H]
+            stacks = torch.split(stacks, sizes, dim=1)
         self._stats["encoder_calls"] += 1
         self._stats["images_encoded"] += len(images)
-        return [ImageFeatures(e, g.cpu().long()) for e, g in zip(torch.split(merged, sizes), grid)]
+        return [ImageFeatures(e, g.cpu().long(), d) for e, g, d in zip(torch.split(merged, sizes), grid, stacks)]
 
     # -- memory LRU
 
@@ -277,7 +308,7 @@ class VisionCache:
             path.unlink(missing_ok=True)
             return None
         self._stats["disk_hits"] += 1
-        feats = ImageFeatures(feats.embeds.to(self.store_device or feats.embeds.device), feats.grid_thw)
+        feats = feats.stored(self.store_device)
         self._memory_put(k, feats)
         return feats
 
@@ -290,13 +321,16 @@ class VisionCache:
         from safetensors.torch import save_file
 
         path = self._path(k)
-        embeds, grid = feats.embeds.detach().cpu().contiguous(), feats.grid_thw.cpu().contiguous()
+        tensors = {"embeds": feats.embeds, "grid_thw": feats.grid_thw}
+        if feats.deepstack is not None:
+            tensors["deepstack"] = feats.deepstack
+        tensors = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
         meta = {"format": FORMAT_VERSION, "key": k, "image_sha256": sha, "vision": self.version,
-                "processor": self.processor_fp, "sha256": _checksum(embeds, grid)}  # fmt: skip
+                "processor": self.processor_fp, "sha256": _checksum(*tensors.values())}  # fmt: skip
         tmp = path.parent / f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex}{SUFFIX}"
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            save_file({"embeds": embeds, "grid_thw": grid}, str(tmp), metadata=meta)
+            save_file(tensors, str(tmp), metadata=meta)
             os.replace(tmp, path)  # atomic: readers see the old state or the whole new file, never half of it
         except (OSError, SafetensorError) as e:
             with contextlib.suppress(OSError):
@@ -318,23 +352,26 @@ class VisionCache:
 
 
 def read_entry(path: Path, merge_size: int = 2, key: str | None = None) -> ImageFeatures | None:
-    """Load one disk entry and verify its checksum, shapes and (given `key`) the key it was written under; None if it
-    is corrupt, truncated, foreign or another key's entry copied here."""
+    """Load one disk entry and verify its checksum (DeepStack maps included), shapes and (given `key`) the key it was
+    written under; None if it is corrupt, truncated, foreign, another key's entry copied here or short of its maps."""
     from safetensors import safe_open
 
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
             embeds, grid = f.get_tensor("embeds"), f.get_tensor("grid_thw")
+            deepstack = f.get_tensor("deepstack") if "deepstack" in f.keys() else None
     except Exception:  # noqa: BLE001 - any unreadable file is a corrupt entry, whatever safetensors raises
         return None
-    if meta.get("sha256") != _checksum(embeds, grid) or grid.shape != (3,) or embeds.dim() != 2:
+    if meta.get("sha256") != _checksum(embeds, grid, deepstack) or grid.shape != (3,) or embeds.dim() != 2:
         return None
     if key is not None and meta.get("key") != key:
         return None
     if embeds.shape[0] != int(grid.prod()) // merge_size**2:
         return None
-    return ImageFeatures(embeds, grid.long())
+    if deepstack is not None and (deepstack.dim() != 3 or deepstack.shape[1:] != embeds.shape):
+        return None
+    return ImageFeatures(embeds, grid.long(), deepstack)
 
 
 # ---------------------------------------------------------------- `vlgrpo cache stats | clear`

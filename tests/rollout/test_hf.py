@@ -45,7 +45,7 @@ def _engine(model, processor, **kw):
     return HFEngine(model, processor, VisionCache(model, processor), **kw)
 
 
-@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl"])
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl", "qwen3_vl"])
 def test_greedy_equals_transformers_generate_on_pixels(load, samples, arch):
     model, processor = load(arch, spread_by=0.1)
     engine = _engine(model, processor, batch_prompts=3)  # three prompts of different lengths in one left-padded batch
@@ -70,8 +70,9 @@ def test_greedy_equals_transformers_generate_on_pixels(load, samples, arch):
     assert [g.completions[0].token_ids for g in one_by_one] == [g.completions[0].token_ids for g in groups]
 
 
-def test_prefill_once_per_prompt_and_one_encoder_call_per_unique_image(load, samples):
-    model, processor = load("qwen2_5_vl")
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
+def test_prefill_once_per_prompt_and_one_encoder_call_per_unique_image(load, samples, arch):
+    model, processor = load(arch)
     engine = _engine(model, processor, batch_prompts=2)
     same_image = Sample(id="dup", question="Is there a red circle?", answer_type="yesno", image=samples[0].image)
     batch = [samples[0], samples[1], same_image]  # 3 prompts, 2 unique images, chunks of 2 + 1
@@ -115,7 +116,7 @@ def test_sampling_logprobs_equal_the_trainers_pass(load, samples):
     assert [c.token_ids for g in other for c in g.completions] != [c.token_ids for c in rows]
 
 
-@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl"])
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl", "qwen3_vl"])
 def test_shared_prefix_decode_samples_what_the_transformers_forward_samples(load, samples, arch, monkeypatch):
     """The decode step that reads each prompt's KV once for its G rows against the transformers forward over a KV
     cache copied G ways: the same tokens and log-probs, with left padding and rows that stop at different steps, and
@@ -146,6 +147,41 @@ def test_shared_prefix_decode_samples_what_the_transformers_forward_samples(load
     held = [params.n * sum(n > k for n in lengths) for k in range(1, max(lengths))]
     assert [rows for rows, _ in shared_calls[1:]] == held
     assert held[-1] < held[0]  # a prompt left while another's rows went on
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
+def test_engine_logprobs_equal_the_models_own_forward_on_pixels(load, samples, arch):
+    """The HF engine's sampling log-probs (cached features, DeepStack maps injected at the one prefill per prompt,
+    the shared-prefix decode step with Qwen3's q/k norms) against the transformers model called with pixel_values on
+    each prompt + completion, with left-padded prompts and rows that finish at different steps."""
+    model, processor = load(arch, spread_by=0.1)
+    assert SharedPrefixDecoder.supports(model)
+    engine = _engine(model, processor, batch_prompts=3)
+    batch = [samples[0], samples[5], samples[2]]  # different prompt lengths: a left-padded chunk
+    params = SamplingParams(n=3, temperature=0.8, max_new_tokens=10, seed=2)
+    forbidden = forbidden_mask(processor.tokenizer, model.config.get_text_config().vocab_size)
+    hook = ForcedLogits(model, always=[processor.tokenizer.eos_token_id], bonus=3.0)  # on the reference's too
+    try:
+        groups = engine.generate(batch, params)
+        diffs = []
+        for s, g in zip(batch, groups):
+            text = processor.apply_chat_template(render_messages(s), add_generation_prompt=True, tokenize=False)
+            for c in g.completions:
+                inputs = processor(text=[text], images=[load_image(s.image)], return_tensors="pt")
+                comp = torch.tensor([c.token_ids])
+                inputs["input_ids"] = torch.cat([inputs["input_ids"], comp], 1)
+                inputs["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(comp)], 1)
+                inputs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(comp)], 1)
+                with torch.no_grad():
+                    logits = model(**inputs).logits[0, -comp.shape[1] - 1 : -1]  # [C, V]: predicting each token
+                ref = torch.log_softmax(logits.masked_fill(forbidden, -torch.inf) / 0.8, -1)[range(comp.shape[1]),
+                                                                                              c.token_ids]  # fmt: skip
+                diffs.append(float((ref - torch.tensor(c.logprobs)).abs().max()))
+    finally:
+        hook.remove()
+    lengths = [len(c.token_ids) for g in groups for c in g.completions]
+    assert len(set(lengths)) > 2 and max(lengths) >= 6, lengths  # rows finished at different steps
+    assert max(diffs) <= 1e-5
 
 
 def test_dropping_finished_prompts_changes_no_token_or_logprob(load, samples, monkeypatch):

@@ -17,7 +17,7 @@ from vlgrpo.rollout import inputs as inputs_module
 from vlgrpo.types import Completion, InputError, RolloutGroup, Sample
 from vlgrpo.vision_cache import VisionCache
 
-ARCHS = ["qwen2_5_vl", "qwen2_vl"]
+ARCHS = ["qwen2_5_vl", "qwen2_vl", "qwen3_vl"]
 
 
 def _pixel_batch(processor, samples, completions):
@@ -47,7 +47,8 @@ def test_build_prompt_gives_the_processors_ids_without_pixels(load, samples, arc
         assert p.mm_token_type_ids == ref["mm_token_type_ids"][0].tolist()
         assert p.image_grid_thw.tolist() == ref["image_grid_thw"].tolist()
         assert p.image == s.image
-    assert p.image_grid_thw.tolist() == [[1, 8, 18]]  # 300x130 under 40 tokens: resized to 252x112 px
+    # 300x130 under 28*28*40 px: resized to 252x112 px in 14 px patches (Qwen3-VL: 256x96 px in 16 px patches)
+    assert p.image_grid_thw.tolist() == ([[1, 6, 16]] if arch == "qwen3_vl" else [[1, 8, 18]])
     with pytest.raises(InputError, match="'nope' has no image"):
         build_prompt(Sample(id="nope", question="q"), processor)
 
@@ -150,8 +151,9 @@ def test_shared_prefix_logits_and_grads_equal_whole_rows(load, samples, arch, pa
     assert (part - full[[2, 4]]).abs().max() <= 1e-5
 
 
-def test_gradient_checkpointing_falls_back_to_whole_rows(load, samples):
-    model, processor = load("qwen2_5_vl")
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
+def test_gradient_checkpointing_falls_back_to_whole_rows(load, samples, arch):
+    model, processor = load(arch)
     groups = _groups(samples[:1], processor, [[[25, 26, 27], [28, 29, 3]]])
     feats = VisionCache(model, processor).get([groups[0].sample.image])
     tok = processor.tokenizer

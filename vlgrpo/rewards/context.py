@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from vlgrpo.rewards.boxes import BOX_FORMATS, box_format_for_arch
+from vlgrpo.rewards.boxes import ARCH_BOX_FORMAT, BOX_FORMATS, box_format_for_arch
 from vlgrpo.rewards.extract import FALLBACKS
 from vlgrpo.rewards.format import ANSWER_FORMATS
 
@@ -75,7 +75,7 @@ def context_from_config(
         if arch == "auto":
             raise ConfigError(
                 "reward.box_format is 'auto' but the model arch is unknown: pass the loaded model's arch, set "
-                f"model.arch (qwen2_vl, qwen2_5_vl) or set reward.box_format to one of {', '.join(BOX_FORMATS)}"
+                f"model.arch ({', '.join(ARCH_BOX_FORMAT)}) or set reward.box_format to one of {', '.join(BOX_FORMATS)}"
             )
         try:
             box_format = box_format_for_arch(arch)

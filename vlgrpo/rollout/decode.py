@@ -10,8 +10,10 @@ the attention of the whole sequence.
 
 It calls the model's own modules (embedding, norms, projections, MLP, LM head), so LoRA wrappers and gathered ZeRO-3
 weights work as in the transformers forward. Decode tokens are text: their three M-RoPE position components are equal,
-which makes M-RoPE the plain rotary embedding at that position (Qwen2-VL and Qwen2.5-VL alike). `SharedPrefixDecoder.
-supports` names the models it applies to; the engine falls back to the transformers forward for any other.
+which makes M-RoPE the plain rotary embedding at that position (Qwen2-VL, Qwen2.5-VL and Qwen3-VL's interleaved
+sections alike), and DeepStack, which touches image tokens only, has nothing to add. Qwen3's RMSNorm on each head's
+queries and keys runs before the rotation, as in its attention. `SharedPrefixDecoder.supports` names the models it
+applies to; the engine falls back to the transformers forward for any other.
 """
 
 from __future__ import annotations
@@ -34,15 +36,27 @@ def text_rotary(rot, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Ten
 
 
 def supports_text_decoder(model) -> bool:
-    """A Qwen2-style text decoder (rotary, grouped-query attention, no q/k norm, no sliding window) that the
-    shared-prefix decode step and the packed completion pass (`packed.py`) can run."""
+    """A Qwen2- or Qwen3-style text decoder (rotary, grouped-query attention, q/k norms or none, no sliding window)
+    that the shared-prefix decode step and the packed completion pass (`packed.py`) can run."""
     try:
         text = model.get_decoder()
         attn = text.layers[0].self_attn
         return (hasattr(text.rotary_emb, "inv_freq") and hasattr(attn, "q_proj") and hasattr(attn, "head_dim")
-                and not hasattr(attn, "q_norm") and not getattr(text.config, "use_sliding_window", False))  # fmt: skip
+                and hasattr(attn, "q_norm") == hasattr(attn, "k_norm")
+                and not getattr(text.config, "use_sliding_window", False))  # fmt: skip
     except (AttributeError, IndexError, TypeError):
         return False
+
+
+def project_qkv(attn, h: Tensor, heads: int, kv_heads: int, d: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Queries [n, heads, d], keys and values [n, kv heads, d] of hidden states h [n, H], before the rotation; a
+    Qwen3 attention normalises each query and key head (`q_norm`, `k_norm`: RMSNorm over d)."""
+    q = attn.q_proj(h).view(-1, heads, d)
+    k = attn.k_proj(h).view(-1, kv_heads, d)
+    v = attn.v_proj(h).view(-1, kv_heads, d)
+    if hasattr(attn, "q_norm"):
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    return q, k, v
 
 
 class SharedPrefixDecoder:
@@ -111,9 +125,7 @@ class SharedPrefixDecoder:
         for li, layer in enumerate(self.text.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
-            q = attn.q_proj(h).view(self.rows, self.heads, self.d)
-            k = attn.k_proj(h).view(self.rows, self.kv_heads, self.d)
-            v = attn.v_proj(h).view(self.rows, self.kv_heads, self.d)
+            q, k, v = project_qkv(attn, h, self.heads, self.kv_heads, self.d)
             q = q * cos + rotate_half(q) * sin
             self.own_k[li][:, :, i] = k * cos + rotate_half(k) * sin
             self.own_v[li][:, :, i] = v

@@ -1,5 +1,6 @@
-"""Transformers rollout backend that runs anywhere: each prompt (image features from the vision cache) is prefilled
-once, its KV cache expanded G ways, then sampled with a short decode loop of our own.
+"""Transformers rollout backend that runs anywhere: each prompt (image features from the vision cache, Qwen3-VL's
+DeepStack maps with them) is prefilled once, then its G rows are sampled with a short decode loop of our own that
+reads the prompt's KV once per step (`decode.py`).
 
 Vision placeholder ids are never sampled (logits at -inf), exactly as the trainer's log-prob pass masks them.
 Shares the trainer's model object; knows nothing of rewards or losses.

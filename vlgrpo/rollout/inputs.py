@@ -1,5 +1,6 @@
 """Model inputs built from cached vision features: prompt token ids, M-RoPE positions, and forward passes that inject
-the features instead of `pixel_values` (for generation and for the trainer's log-prob passes).
+the features instead of `pixel_values` (for generation and for the trainer's log-prob passes). Qwen3-VL's DeepStack
+maps travel with the embeddings; its own forward adds them after its first decoder layers, at the image tokens.
 
 Every pass builds a fresh `mm_encoder_outputs` dict (generate mutates it) and passes explicit M-RoPE position ids, so
 nothing depends on `model.model.rope_deltas` left by an earlier call. Knows nothing of sampling or training.
@@ -100,7 +101,7 @@ def core_model(model: torch.nn.Module) -> torch.nn.Module:
     for m in model.modules():
         if hasattr(m, "get_rope_index") and hasattr(m, "visual"):
             return m
-    raise ValueError(f"{type(model).__name__} is not a Qwen2-VL / Qwen2.5-VL model (no get_rope_index)")
+    raise ValueError(f"{type(model).__name__} is not a Qwen2-VL / 2.5-VL / 3-VL model (no get_rope_index)")
 
 
 def mrope_positions(model, input_ids: Tensor, attention_mask: Tensor, mm_token_type_ids: Tensor, grid_thw: Tensor):
@@ -111,10 +112,24 @@ def mrope_positions(model, input_ids: Tensor, attention_mask: Tensor, mm_token_t
     return pos, pos.amax(dim=(0, 2)) + 1
 
 
-def image_outputs(features: list) -> dict:
-    """A fresh `mm_encoder_outputs` dict (transformers' generate mutates the one it is given)."""
+def image_outputs(model, features: list) -> dict:
+    """A fresh `mm_encoder_outputs` dict (transformers' generate mutates the one it is given) laid out as the model's
+    own `get_image_features` returns it. A DeepStack model (Qwen3-VL) gets every image's maps, one list per
+    `deepstack_visual_indexes` entry; features without them are refused, not run without the DeepStack layers."""
     embeds = [f.embeds if hasattr(f, "embeds") else f for f in features]
-    return {"image": BaseModelOutputWithPooling(pooler_output=embeds)}
+    vision = core_model(model).config.vision_config
+    if not hasattr(vision, "deepstack_visual_indexes"):
+        return {"image": BaseModelOutputWithPooling(pooler_output=embeds)}
+    want = len(vision.deepstack_visual_indexes)
+    maps = [getattr(f, "deepstack", None) for f in features]  # [L, N_i, H] each
+    short = sum(m is None or m.shape[0] != want for m in maps)
+    if short:
+        raise ValueError(f"{short} of {len(maps)} images' features lack the model's {want} DeepStack maps "
+                         "(deepstack_visual_indexes): features of another model, or a cache entry without them")
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
+
+    per_layer = [list(layer) for layer in zip(*maps)]  # L lists of [N_i, H]
+    return {"image": BaseModelOutputWithDeepstackFeatures(pooler_output=embeds, deepstack_features=per_layer)}
 
 
 def policy_logits(
@@ -140,7 +155,7 @@ def policy_logits(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=pos,
-        mm_encoder_outputs=image_outputs(features),
+        mm_encoder_outputs=image_outputs(model, features),
         use_cache=False,
     )
     return out.logits
@@ -153,7 +168,7 @@ def prefill(model, prompt_ids: Tensor, prompt_mask: Tensor, mm_token_type_ids: T
         input_ids=prompt_ids,
         attention_mask=prompt_mask if not bool(prompt_mask.all()) else None,
         position_ids=pos,
-        mm_encoder_outputs=image_outputs(features),
+        mm_encoder_outputs=image_outputs(model, features),
         use_cache=True,
         logits_to_keep=1,
     )

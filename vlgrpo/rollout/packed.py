@@ -10,7 +10,8 @@ when there is a mask. The prompt's own pass is `inputs.prefill`, once per prompt
 KV cache. The logits come back as [R, C, V] in the layout the loss expects, zero on padding (masked there).
 
 It calls the model's own modules, so LoRA wrappers and ZeRO-3's gathered weights work as in the transformers forward;
-completion tokens are text, so their M-RoPE is the plain rotary embedding (`decode.text_rotary`). Models that
+completion tokens are text, so their M-RoPE is the plain rotary embedding (`decode.text_rotary`) and Qwen3-VL's
+DeepStack (image tokens only) adds nothing; q/k norms as in `decode.project_qkv`. Models that
 `decode.supports_text_decoder` rejects, and gradient checkpointing, keep the transformers forward (`inputs`).
 """
 
@@ -20,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vlgrpo.rollout.decode import rotate_half, text_rotary
+from vlgrpo.rollout.decode import project_qkv, rotate_half, text_rotary
 
 
 def packed_completion_logits(model, completion_ids: Tensor, completion_mask: Tensor, row_prompt: Tensor,
@@ -51,9 +52,7 @@ def packed_completion_logits(model, completion_ids: Tensor, completion_mask: Ten
     for li, layer in enumerate(text.layers):
         attn = layer.self_attn
         h = layer.input_layernorm(x)
-        q = attn.q_proj(h).view(-1, heads, d)
-        k = attn.k_proj(h).view(-1, kv_heads, d)
-        v = attn.v_proj(h).view(-1, kv_heads, d)
+        q, k, v = project_qkv(attn, h, heads, kv_heads, d)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         keys = torch.cat((cache.layers[li].keys[row_prompt], padded(k)), dim=2)  # [R, kvh, Tp + L, d]
         values = torch.cat((cache.layers[li].values[row_prompt], padded(v)), dim=2)

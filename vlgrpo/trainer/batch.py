@@ -19,8 +19,9 @@ class TrainBatch:
     """R = sum of G over B prompts. `loss_mask` [R, C] float: 1 on scored tokens (padding and masked rows are 0)."""
 
     batch: CompletionBatch
-    features: list[torch.Tensor]
-    """B tensors [N_b, H]: the image features of each prompt (cached, no pixels)."""
+    features: list
+    """B ImageFeatures: the image features of each prompt (cached, no pixels; embeds [N_b, H], with Qwen3-VL's
+    DeepStack maps)."""
     images: list
     """B image refs (path or bytes): re-encoded with grad when the vision tower trains."""
     loss_mask: torch.Tensor
@@ -45,7 +46,8 @@ def make_batch(
     groups: list[RolloutGroup], features: list, pad_id: int, image_token_id: int, forbidden_ids: list[int],
     device: torch.device | str | None = None,
 ) -> TrainBatch:
-    """features: one ImageFeatures per group (embeds [N, H], grid_thw [3]). Tensors go to `device` (the model's)."""
+    """features: one ImageFeatures per group (embeds [N, H], grid_thw [3], DeepStack maps or None), kept whole: the
+    log-prob passes inject all of them. Tensors go to `device` (the model's)."""
     batch = collate_groups(groups, [f.grid_thw for f in features], pad_id, image_token_id, device)
     loss_mask = batch.completion_mask.float()
     forbidden = torch.tensor(list(forbidden_ids), dtype=torch.long, device=batch.completion_ids.device)
@@ -55,7 +57,7 @@ def make_batch(
         batch.completion_mask[bad] = 0
         loss_mask[bad] = 0.0
     images = [g.sample.image for g in groups]
-    return TrainBatch(batch, [f.embeds for f in features], images, loss_mask, int(bad.sum()), _engine_logps(groups, batch))
+    return TrainBatch(batch, list(features), images, loss_mask, int(bad.sum()), _engine_logps(groups, batch))
 
 
 def _engine_logps(groups: list[RolloutGroup], batch) -> torch.Tensor | None:
