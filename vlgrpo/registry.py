@@ -58,6 +58,8 @@ MODEL_ARCH = Registry(
     Option("auto", None, "read from the checkpoint's config.json (model_type)"),
     Option("qwen2_vl", "vlgrpo.models:QWEN2_VL", "Qwen2-VL: boxes (x1,y1),(x2,y2) on 0-1000"),
     Option("qwen2_5_vl", "vlgrpo.models:QWEN2_5_VL", "Qwen2.5-VL: boxes as bbox_2d in pixels of the resized input"),
+    Option("qwen3_vl", "vlgrpo.models:QWEN3_VL", "Qwen3-VL (dense): DeepStack features cached with the image's; "
+           "boxes as bbox_2d on 0-1000"),
 )  # fmt: skip
 BACKEND = Registry(
     "train.backend",
@@ -125,6 +127,14 @@ EVAL_SUITE = Registry(
            "yes-ratio per split"),
     Option("grounding", "vlgrpo.evals.grounding:SUITE", "referring-expression boxes: Acc@0.5, Acc@0.75, mIoU"),
     Option("vqa", "vlgrpo.evals.vqa:SUITE", "verifiable answers (number, choice, yes/no, text, math): accuracy"),
+    Option("mathvista", "vlgrpo.evals.reasoning_suite:MATHVISTA", "MathVista (testmini) by its own normalisation: "
+           "accuracy overall, per task and skill"),
+    Option("geometry3k", "vlgrpo.evals.reasoning_suite:GEOMETRY3K", "Geometry3K (EasyR1's copy) by math_verify "
+           "equivalence: accuracy"),
+    Option("superclevr", "vlgrpo.evals.reasoning_suite:SUPERCLEVR", "SuperCLEVR counting (R1-V's 200-question test "
+           "file) by exact count: accuracy"),
+    Option("mmmu", "vlgrpo.evals.reasoning_suite:MMMU", "MMMU (val) by its option-letter and open-answer parsing: "
+           "accuracy overall, per discipline and subject (single-image rows)"),
 )  # fmt: skip
 POPE_PARSER = Registry(
     "eval.pope_parser",

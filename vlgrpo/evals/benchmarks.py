@@ -58,7 +58,7 @@ def _hf_splits(path: Path) -> Iterator[tuple[str, Any]]:
         yield name, ds
 
 
-def _check_images(samples: list[Sample], source: str, base: Path, hint: str) -> None:
+def check_image_files(samples: list[Sample], source: str, base: Path, hint: str) -> None:
     paths = sorted({s.image for s in samples if isinstance(s.image, str)})
     missing = [p for p in paths if not Path(p).is_file()]
     if missing:
@@ -123,7 +123,7 @@ def load_pope(
         }  # fmt: skip
         samples.append(sample_from_dict(sample, str(path), no, base))
     if check_images and base is not None:
-        _check_images(samples, str(path), base, "pass the COCO val2014 folder as image_dir")
+        check_image_files(samples, str(path), base, "pass the COCO val2014 folder as image_dir")
     return samples
 
 
@@ -235,7 +235,7 @@ def load_refcoco(
         for sample in _ref_sample_rows(row, str(path), no, insts, name, template):
             samples.append(sample_from_dict(sample, str(path), no, base))
     if check_images and base is not None:
-        _check_images(samples, str(path), base, "pass the COCO train2014 folder as image_dir (refer-style refs "
+        check_image_files(samples, str(path), base, "pass the COCO train2014 folder as image_dir (refer-style refs "
                       "also need instances for the real file names)")  # fmt: skip
     _fill_sizes(samples)
     return samples

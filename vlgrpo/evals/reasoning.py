@@ -1,0 +1,365 @@
+"""Loaders for the reasoning benchmarks described in `evals/` (mathvista, geometry3k, superclevr, mmmu): each reads
+its benchmark's published file as it is - MathVista's testmini.json or parquet, EasyR1's Geometry3K parquet, R1-V's
+SuperCLEVR test JSONL, MMMU's per-subject parquet - into checked Samples whose `meta` keeps the published fields the
+scorers need (`meta["benchmark"]` names the benchmark). A file is checked against its manifest's sha256 when the
+manifest pins one. Local files only, never downloads; knows nothing of models or scoring rules.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import math
+import re
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+from vlgrpo.data.jsonl import json_rows
+from vlgrpo.data.schema import DataError, sample_from_dict
+from vlgrpo.evals.benchmarks import EVALS_DIR, check_image_files, load_manifest
+from vlgrpo.evals.reasoning_score import parse_list
+from vlgrpo.rewards.verifiable import parse_number
+from vlgrpo.types import InputError, Sample
+
+SHAPES = {
+    "mathvista": ("pid", "question", "question_type", "answer_type", "answer"),
+    "mmmu": ("id", "question", "options", "answer", "image_1"),
+    "superclevr": ("image_path", "ground_truth"),
+    "geometry3k": ("images", "problem", "answer"),
+}
+"""The keys a row of each published file holds; the first row of a file decides which benchmark it is."""
+MAX_MMMU_IMAGES = 7
+Rows = list[tuple[int, Any]]
+
+
+# ---------------------------------------------------------------- reading published files
+
+
+def _is_saved_hf(path: Path) -> bool:
+    return path.is_dir() and ((path / "state.json").is_file() or (path / "dataset_dict.json").is_file())
+
+
+def _parquet_rows(path: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).to_pylist()  # image columns stay {"bytes", "path"}
+
+
+def _parquet_files(folder: Path, split: str | None) -> list[Path]:
+    """The folder's parquet files (recursively: MMMU's hub layout is <Subject>/validation-00000-of-00001.parquet), only
+    those of `split` ("validation-...", or under a folder named so) when given."""
+    files = sorted(folder.rglob("*.parquet"))
+    return [p for p in files if split is None or p.name.startswith(f"{split}-") or p.parent.name == split]
+
+
+def _saved_dataset(path: Path, split: str | None):
+    import datasets
+
+    loaded = datasets.load_from_disk(str(path))
+    if isinstance(loaded, datasets.DatasetDict):
+        if split in loaded:
+            return loaded[split]
+        if len(loaded) != 1:
+            raise DataError(str(path), None, None, f"has splits {', '.join(loaded)}; no split '{split}'")
+        return next(iter(loaded.values()))
+    return loaded
+
+
+def read_rows(source: str | Path, split: str | None = None) -> tuple[Path | None, Rows]:
+    """(the folder relative image paths resolve against, (row number, row) pairs) of a published file: JSON (a list,
+    or one object of rows keyed by id as MathVista's testmini.json), JSONL, a parquet file, a folder of parquet files
+    (only `split`'s when given), or a dataset saved with save_to_disk (`split` of a DatasetDict). Images stay encoded
+    ({"bytes", "path"} or a path)."""
+    path = Path(source)
+    if _is_saved_hf(path):
+        return None, list(enumerate(_saved_dataset(path, split).with_format("arrow")[:].to_pylist(), start=1))
+    if path.is_dir():
+        files = _parquet_files(path, split)
+        if not files:
+            raise DataError(str(path), None, None, f"holds no {split or ''} parquet file and is not a saved dataset")
+        return path, list(enumerate((row for f in files for row in _parquet_rows(f)), start=1))
+    if not path.is_file():
+        raise DataError(str(path), None, None, "does not exist")
+    if path.suffix == ".parquet":
+        return path.parent, list(enumerate(_parquet_rows(path), start=1))
+    rows = list(json_rows(path, documents=True))
+    for _, row in rows:
+        if isinstance(row, DataError):
+            raise row
+    keyed = rows[0][1] if len(rows) == 1 and isinstance(rows[0][1], dict) else None
+    if keyed and all(isinstance(v, dict) for v in keyed.values()):  # {"1": {...}, "2": {...}}
+        rows = list(enumerate(keyed.values(), start=1))
+    return path.parent, rows
+
+
+def _columns(path: Path) -> set[str]:
+    """The keys of the file's first row (a parquet file's or a saved dataset's columns), without reading it all."""
+    if _is_saved_hf(path):
+        return set(_saved_dataset(path, None).column_names)
+    if path.is_dir() or path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        files = _parquet_files(path, None) if path.is_dir() else [path]
+        return set(pq.read_schema(files[0]).names) if files else set()
+    if path.is_file() and path.suffix in (".json", ".jsonl"):
+        for _, row in json_rows(path, documents=True):
+            if isinstance(row, dict) and row and all(isinstance(v, dict) for v in row.values()):
+                row = next(iter(row.values()))  # testmini.json
+            return set(row) if isinstance(row, dict) else set()
+    return set()
+
+
+def benchmark_of(source: str | Path | None) -> str | None:
+    """The benchmark whose published shape the file has (SHAPES), or None (not one, or not readable as one)."""
+    if not isinstance(source, (str, Path)):  # None, or a Dataset object handed to the Sample reader
+        return None
+    try:
+        keys = _columns(Path(source))
+    except (OSError, ValueError):  # not JSON / parquet / a dataset: the Sample reader reports it
+        return None
+    return next((name for name, shape in SHAPES.items() if set(shape) <= keys), None)
+
+
+def published_benchmark(source: str | Path | None, preset: str = "none") -> str | None:
+    """The benchmark whose published file `source` is (`benchmark_of`), unless the data preset reads that shape: a
+    run trained with preset easyr1 keeps reading its own EasyR1-shaped test file as its Samples (the geometry3k suite
+    then reads the file itself)."""
+    name = benchmark_of(source)
+    if name is None or preset == "none":
+        return name
+    from vlgrpo.data.presets import matching_presets
+
+    return None if preset in matching_presets(_columns(Path(source))) else name
+
+
+def pinned_sha256(name: str, file_name: str) -> str | None:
+    """The sha256 that `evals/<name>.yaml` pins for a file of this name (sources.*.files.<file_name>.sha256), if any."""
+    path = EVALS_DIR / f"{name}.yaml"
+    if not path.is_file():
+        return None  # an installed wheel ships no manifests
+    for source in (load_manifest(path).get("sources") or {}).values():
+        entry = ((source or {}).get("files") or {}).get(file_name) if isinstance(source, dict) else None
+        if isinstance(entry, dict) and entry.get("sha256"):
+            return str(entry["sha256"]).lower()
+    return None
+
+
+def verify_sha256(path: str | Path, expected: str | None, name: str = "") -> None:
+    """InputError when the file's sha256 is not `expected` (None: nothing pinned, nothing checked)."""
+    if not expected:
+        return
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    if digest.hexdigest() != expected:
+        raise InputError(f"{path}: sha256 {digest.hexdigest()} is not the {expected} that evals/{name}.yaml pins; the "
+                         "file is not the pinned release: fetch it again as evals/README.md says")  # fmt: skip
+
+
+# ---------------------------------------------------------------- one published row -> one Sample dict
+
+
+def _need(row: Any, keys: tuple[str, ...], source: str, no: int) -> dict:
+    if not isinstance(row, dict):
+        raise DataError(source, no, None, f"each row must be an object, got {type(row).__name__}")
+    missing = [k for k in keys if row.get(k) is None]
+    if missing:
+        raise DataError(source, no, missing[0], "is required and missing")
+    return row
+
+
+def _has_image(value: Any) -> bool:
+    return bool(value.get("bytes") or value.get("path")) if isinstance(value, dict) else bool(value)
+
+
+def _letters(n: int) -> list[str]:
+    return [chr(ord("A") + i) for i in range(n)]
+
+
+MATHVISTA_HINTS = {
+    "multi_choice": "Please answer the question and provide the correct option letter, e.g., A, B, C, D, at the end.",
+    "integer": "Please answer the question requiring an integer answer and provide the final value, e.g., 1, 2, 3, at "
+    "the end.",
+    "float1": "Please answer the question requiring a floating-point number with one decimal place and provide the "
+    "final value, e.g., 1.2, 1.3, 1.4, at the end.",
+    "float2": "Please answer the question requiring a floating-point number with two decimal places and provide the "
+    "final value, e.g., 1.23, 1.34, 1.45, at the end.",
+    "list": "Please answer the question requiring a Python list as an answer and provide the final list, e.g., "
+    "[1, 2, 3], [1.2, 1.3, 1.4], at the end.",
+}  # fmt: skip
+"""MathVista's zero-shot hints (the `query` of its hub copy and data/query.json)."""
+
+
+def mathvista_query(row: dict) -> str:
+    """MathVista's `query` for a row without one (testmini.json has none): hint, question with its unit, choices, as
+    in its data/query.json (the same text for all 1,000 testmini rows)."""
+    kind = "multi_choice" if row["question_type"] == "multi_choice" else row["answer_type"]
+    kind = f"float{row.get('precision') or 1}" if kind == "float" else kind
+    lines = [f"Hint: {MATHVISTA_HINTS[kind]}", f"Question: {row['question']}" + (
+        f" (Unit: {row['unit']})" if row.get("unit") else "")]  # fmt: skip
+    if row.get("choices"):
+        lines += ["Choices:", *(f"({k}) {c}" for k, c in zip(_letters(len(row["choices"])), row["choices"]))]
+    return "\n".join(lines).strip()
+
+
+def _mathvista(row: Any, source: str, no: int) -> dict:
+    row = _need(row, SHAPES["mathvista"], source, no)
+    qtype, atype, answer, choices = row["question_type"], row["answer_type"], str(row["answer"]), row.get("choices")
+    precision = row.get("precision")
+    if precision is not None and not (isinstance(precision, float) and math.isnan(precision)):
+        precision = int(precision)  # a parquet copy stores it as a float (NaN where there is none)
+    else:
+        precision = None
+    if qtype == "multi_choice":
+        if not choices or answer not in choices:
+            raise DataError(source, no, "answer", f"{answer!r} is not one of the choices {choices!r}")
+        kind, gold = "choice", _letters(len(choices))[choices.index(answer)]
+    elif qtype == "free_form" and atype in ("integer", "float", "list", "text"):
+        kind, gold = {"integer": "number", "float": "number"}.get(atype, "text"), answer
+    else:
+        raise DataError(source, no, "question_type", f"{qtype!r}/{atype!r} is not multi_choice or free_form with an "
+                        "answer_type of integer, float, list or text")  # fmt: skip
+    meta = row.get("metadata") or {}
+    image = row.get("decoded_image") if _has_image(row.get("decoded_image")) else row.get("image")
+    query = row.get("query") or mathvista_query({**row, "precision": precision})
+    return {"id": f"mathvista-{row['pid']}", "image": image, "question": query + "\n", "answer": gold,
+            "answer_type": kind, "task": "mathvista",
+            "meta": {"benchmark": "mathvista", "pid": str(row["pid"]), "question_type": qtype, "answer_type": atype,
+                     "choices": list(choices) if choices else None, "precision": precision, "unit": row.get("unit"),
+                     "answer": answer, **{k: meta.get(k) for k in ("task", "context", "grade", "source")},
+                     "skills": list(meta.get("skills") or [])}}  # fmt: skip
+
+
+def _geometry3k(row: Any, source: str, no: int) -> dict:
+    row = _need(row, SHAPES["geometry3k"], source, no)
+    images = row["images"] if isinstance(row["images"], list) else [row["images"]]
+    if len(images) != 1:
+        raise DataError(source, no, "images", f"holds {len(images)} images; Geometry3K rows hold one (several-image "
+                        "rows wait for multi-image support)")  # fmt: skip
+    question = str(row["problem"]).replace("<image>", "").strip()
+    return {"id": f"geometry3k-{no}", "image": images[0], "question": question,
+            "answer": str(row["answer"]).strip(), "answer_type": "math", "task": "geometry3k",
+            "meta": {"benchmark": "geometry3k", "row": no}}  # fmt: skip
+
+
+def _superclevr(row: Any, source: str, no: int) -> dict:
+    row = _need(row, SHAPES["superclevr"], source, no)
+    question, gold = row.get("question") or row.get("problem"), row["ground_truth"]
+    if not isinstance(question, str):
+        raise DataError(source, no, "question", "is required (R1-V's test file has `question`; `problem` also works)")
+    if isinstance(gold, bool) or not (isinstance(gold, int) or (isinstance(gold, str) and gold.strip().isdigit())):
+        raise DataError(source, no, "ground_truth", f"must be a whole number (a count), got {gold!r}")
+    return {"id": f"superclevr-{no}", "image": row["image_path"], "question": question, "answer": str(int(gold)),
+            "answer_type": "number", "task": "superclevr",
+            "meta": {"benchmark": "superclevr", "image_path": row["image_path"]}}  # fmt: skip
+
+
+def mmmu_subject(row_id: str) -> str:
+    """The subject of an MMMU id: validation_Art_Theory_12 -> Art_Theory."""
+    m = re.fullmatch(r"(?:dev|validation|test)_(.+)_\d+", row_id)
+    return m.group(1) if m else ""
+
+
+def _mmmu(row: Any, source: str, no: int) -> dict:
+    row = _need(row, SHAPES["mmmu"], source, no)
+    options = row["options"]
+    if isinstance(options, str):
+        try:
+            options = ast.literal_eval(options)
+        except (ValueError, SyntaxError):
+            options = None
+    if not isinstance(options, list):
+        raise DataError(source, no, "options", f"must be a list (or its string repr), got {row['options']!r}")
+    qtype, answer, question = row.get("question_type") or "multiple-choice", str(row["answer"]), row["question"]
+    if qtype == "multiple-choice":
+        if answer not in _letters(len(options)):
+            raise DataError(source, no, "answer", f"{answer!r} is not an option letter of {len(options)} options")
+        lines = "\n".join(f"({k}) {o}" for k, o in zip(_letters(len(options)), options))
+        kind, gold, question = "choice", answer, f"{question}\n\n{lines}\n"
+    else:
+        gold = str((parse_list(answer) or [answer])[0])  # an answer written as a list: vqa compares its first item
+        kind = "number" if parse_number(gold) is not None and re.fullmatch(r"[-+\d.,eE]+", gold) else "text"
+    return {"id": str(row["id"]), "image": row["image_1"], "question": question, "answer": gold, "answer_type": kind,
+            "task": f"mmmu/{mmmu_subject(str(row['id']))}",
+            "meta": {"benchmark": "mmmu", "question_type": qtype, "options": options, "answer": answer,
+                     "subject": mmmu_subject(str(row["id"])), "subfield": row.get("subfield")}}  # fmt: skip
+
+
+# ---------------------------------------------------------------- the loaders
+
+
+def _load(name: str, convert: Callable[[Any, str, int], dict], source: str | Path, image_dir, check: bool,
+          read: tuple[Path | None, Rows]) -> list[Sample]:  # fmt: skip
+    """Each row converted and checked by the Sample schema; relative image paths resolved and (`check`) looked for."""
+    base = Path(image_dir) if image_dir is not None else read[0]
+    samples = [sample_from_dict(convert(row, str(source), no), str(source), no, base) for no, row in read[1]]
+    if check and base is not None:
+        check_image_files(samples, str(source), base, f"pass the folder holding them as image_dir (evals/{name}.yaml)")
+    return samples
+
+
+def load_mathvista(source: str | Path, image_dir: str | Path | None = None, split: str | None = "testmini",
+                   check_images: bool = True) -> list[Sample]:  # fmt: skip
+    """MathVista rows (pid, question, image / decoded_image, choices, unit, precision, answer, question_type,
+    answer_type, query, metadata) as Samples `mathvista-<pid>`: the question is the row's `query` (built as
+    MathVista's data/query.json when absent), the answer_type choice (gold = the answer's letter), number or text; the
+    published fields under meta. Image paths ("images/1.jpg") resolve against image_dir (default: the file's folder)."""
+    return _load("mathvista", _mathvista, source, image_dir, check_images, read_rows(source, split))
+
+
+def load_geometry3k(source: str | Path, image_dir: str | Path | None = None, split: str | None = "test",
+                    check_images: bool = True) -> list[Sample]:  # fmt: skip
+    """EasyR1's Geometry3K rows (images: a list of one image, problem with `<image>`, answer) as math Samples
+    `geometry3k-<row>`."""
+    return _load("geometry3k", _geometry3k, source, image_dir, check_images, read_rows(source, split))
+
+
+def load_superclevr(source: str | Path, image_dir: str | Path | None = None, check_images: bool = True) -> list[Sample]:
+    """R1-V's SuperCLEVR counting test file (JSONL: image_path, question, ground_truth) as number Samples
+    `superclevr-<row>`; image_path ("./images/superCLEVR_new_025000.png") resolves against image_dir (default: the
+    file's folder)."""
+    return _load("superclevr", _superclevr, source, image_dir, check_images, read_rows(source))
+
+
+def load_mmmu(source: str | Path, image_dir: str | Path | None = None, split: str | None = "validation",
+              several_images: str = "skip", check_images: bool = True) -> list[Sample]:  # fmt: skip
+    """MMMU rows (id, question, options, answer, image_1..image_7, question_type, subfield) as Samples with the row's
+    id, task `mmmu/<Subject>` (from the id). A Sample holds one image: a row with several is refused by name
+    (several_images="error": an InputError) or skipped with a warning that counts and names them ("skip"; each kept
+    Sample's meta records how many were skipped, which the report shows)."""
+    if several_images not in ("skip", "error"):
+        raise ValueError(f"several_images must be 'skip' or 'error', got {several_images!r}")
+    base, rows = read_rows(source, split)
+    n_images = lambda r: sum(_has_image(r.get(f"image_{k}")) for k in range(1, MAX_MMMU_IMAGES + 1))  # noqa: E731
+    several = [(no, r) for no, r in rows if isinstance(r, dict) and n_images(r) > 1]
+    if several:
+        ids = ", ".join(str(r.get("id", f"row {no}")) for no, r in several[:5]) + (", ..." if len(several) > 5 else "")
+        why = (f"{source}: {len(several)} of {len(rows)} MMMU rows hold several images ({ids}); several-image rows "
+               "wait for multi-image support (a Sample holds one image)")  # fmt: skip
+        if several_images == "error" or len(several) == len(rows):
+            raise InputError(why)
+        warnings.warn(f"{why}: they are skipped, accuracy is over the {len(rows) - len(several)} others", stacklevel=2)
+    skipped = {no for no, _ in several}
+    kept = [(no, r) for no, r in rows if no not in skipped]
+    samples = _load("mmmu", _mmmu, source, image_dir, check_images, (base, kept))
+    for s in samples:
+        s.meta.update(rows_in_file=len(rows), several_images_skipped=len(several))
+    return samples
+
+
+LOADERS = {"mathvista": load_mathvista, "geometry3k": load_geometry3k, "superclevr": load_superclevr,
+           "mmmu": load_mmmu}  # fmt: skip
+
+
+def load_benchmark(source: str | Path, name: str | None = None, **options: Any) -> list[Sample]:
+    """A benchmark's published file read by its loader (`name`, else the one `benchmark_of` finds), after checking
+    it against the sha256 its manifest pins for that file name, when one is pinned."""
+    name = name or benchmark_of(source)
+    if name not in LOADERS:
+        shapes = "; ".join(f"{k}: {', '.join(keys)}" for k, keys in SHAPES.items())
+        raise InputError(f"{source}: not a file of {', '.join(LOADERS)} in its published shape ({shapes})")
+    if Path(source).is_file():
+        verify_sha256(source, pinned_sha256(name, Path(source).name), name)
+    return LOADERS[name](source, **options)
