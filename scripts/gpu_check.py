@@ -4,9 +4,10 @@ On CUDA in bf16 with the HF engine it runs (1) 20 GRPO steps of the demo task wi
 reading seconds per phase (`timing/*`) and the vision cache's encoder calls (`vision/*`) from the trainer's own
 metrics, and (2) the memory planner (`vlgrpo.memory`) against `torch.cuda.max_memory_allocated` for a randomly
 initialised ~2 B Qwen2.5-VL built from a config (LoRA; full fine-tune with gradient checkpointing). It writes a
-table to docs/gpu-validation.md. Everything goes through the package's own code: `init_tiny`, `synth_dataset`,
-`build_state` + `Trainer`, `plan_input_from_config` + `plan`. `--dry-run` runs the same path on the CPU at tiny sizes
-(fp32, no CUDA figures) and writes elsewhere; tests/test_gpu_check.py runs it.
+table to docs/gpu-validation.md. `--arch qwen3_vl` runs both on Qwen3-VL (DeepStack on; the ~2 B model in
+Qwen3-VL-2B's layout) and writes docs/gpu-validation-qwen3_vl.md. Everything goes through the package's own code:
+`init_tiny`, `synth_dataset`, `build_state` + `Trainer`, `plan_input_from_config` + `plan`. `--dry-run` runs the same
+path on the CPU at tiny sizes (fp32, no CUDA figures) and writes elsewhere; tests/test_gpu_check.py runs it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,10 +55,20 @@ class Sizes:
     memory_completions: int = 8
     memory_micro: int = 8
     memory_new_tokens: int = 128
-    memory_image: int = 448  # 256 image tokens
-    memory_spec: dict = field(default_factory=lambda: dict(
-        hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2, intermediate_size=8960, vision_hidden=1280,
-        vision_depth=32, vision_heads=16, vision_intermediate=3420))  # ~2.0 B parameters (Qwen2.5-VL layout)
+    memory_image: int = 448  # 256 image tokens (Qwen3-VL's 32 px merged tokens: 196)
+    memory_spec: dict | None = None
+    """TinySpec fields of the memory model; None: the arch's ~2 B layout (MEMORY_SPECS), {}: the tiny default."""
+
+
+MEMORY_SPECS = {
+    "qwen2_5_vl": dict(hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2, intermediate_size=8960,
+                       vision_hidden=1280, vision_depth=32, vision_heads=16, vision_intermediate=3420),  # ~2.0 B
+    "qwen3_vl": dict(hidden_size=2048, num_layers=28, num_heads=16, num_kv_heads=8, intermediate_size=6144,
+                     vision_hidden=1024, vision_depth=24, vision_heads=16, vision_intermediate=4096,
+                     deepstack_visual_indexes=(5, 11, 17)),  # Qwen3-VL-2B-Instruct's config.json sizes, ~2.1 B
+}
+"""The ~2 B memory model of each arch the check runs (random weights; the vocabulary stays the tiny tokenizer's)."""
+ARCHS = tuple(MEMORY_SPECS)
 
 
 DRY_RUN = Sizes(dtype="float32", demo_steps=2, demo_samples=20, demo_prompts=2, demo_completions=4, demo_new_tokens=8,
@@ -191,20 +202,21 @@ def compare(measured: int, planned: int, tolerance: float = TOLERANCE) -> tuple[
     return ratio, abs(ratio - 1) <= tolerance
 
 
-def build_inputs(work: Path, sz: Sizes, device: str) -> dict[str, Path]:
-    """The demo's tiny model and data, and the ~2 B model (random init on `device`, saved in the run dtype)."""
+def build_inputs(work: Path, sz: Sizes, device: str, arch: str = "qwen2_5_vl") -> dict[str, Path]:
+    """The demo's tiny `arch` model and data, and the ~2 B one (random init on `device`, saved in the run dtype)."""
     from vlgrpo.data.synth import synth_dataset
     from vlgrpo.demo import from_scratch
     from vlgrpo.models import TinySpec, init_tiny
 
     d = from_scratch()
     S = sz.memory_image
-    big = TinySpec(**sz.memory_spec, min_pixels=28 * 28 * 4, max_pixels=S * S)
+    big = TinySpec(**(MEMORY_SPECS[arch] if sz.memory_spec is None else sz.memory_spec), min_pixels=28 * 28 * 4,
+                   max_pixels=S * S)
     synth_dataset(work / "demo_data", sz.demo_samples, d.seed, sz.demo_image, d.kinds, d.max_shapes)
     synth_dataset(work / "memory_data", 20, d.seed, S, d.kinds, d.max_shapes)
-    return {"demo_model": init_tiny(work / "demo_model", "qwen2_5_vl", d.spec, seed=d.seed),
+    return {"demo_model": init_tiny(work / "demo_model", arch, d.spec, seed=d.seed),
             "demo_data": work / "demo_data", "memory_data": work / "memory_data",
-            "memory_model": init_tiny(work / "memory_model", "qwen2_5_vl", big, seed=0, dtype=sz.dtype, device=device)}
+            "memory_model": init_tiny(work / "memory_model", arch, big, seed=0, dtype=sz.dtype, device=device)}
 
 
 # ---------------------------------------------------------------- the report
@@ -246,20 +258,23 @@ def _memory_table(memory: list[dict]) -> list[str]:
     return lines
 
 
-def render(env: dict, absent: list[str], demo: list[dict], memory: list[dict], seconds: float, sz: Sizes) -> str:
-    """The markdown of docs/gpu-validation.md."""
-    how = " --dry-run (CPU, tiny sizes: not a GPU record)" if sz is DRY_RUN else ""
+def render(env: dict, absent: list[str], demo: list[dict], memory: list[dict], seconds: float, sz: Sizes,
+           arch: str = "qwen2_5_vl") -> str:
+    """The markdown of docs/gpu-validation.md (another arch: docs/gpu-validation-<arch>.md)."""
+    how = (f" --arch {arch}" if arch != "qwen2_5_vl" else "") + (
+        " --dry-run (CPU, tiny sizes: not a GPU record)" if sz is DRY_RUN else "")
+    name = {"qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL (DeepStack on)"}[arch]
     lines = ["# GPU validation", "", f"Recorded by `scripts/gpu_check.sh`{how} in {seconds:.0f} s.", "", "| | |",
              "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in env.items()]
     lines += [f"| optional, absent | {', '.join(absent) or 'none'} |", "",
               f"## GRPO on the demo task: {sz.demo_steps} steps, HF engine, {sz.dtype}", "",
               f"{sz.demo_prompts} prompts x {sz.demo_completions} completions per step, {sz.demo_new_tokens} new "
-              f"tokens, {sz.demo_image} px images, the demo's tiny Qwen2.5-VL (random init, no SFT: the figures are "
+              f"tokens, {sz.demo_image} px images, the demo's tiny {name} (random init, no SFT: the figures are "
               "speed, not accuracy). `timing/*` and `vision/*` are the trainer's own metrics (metrics.jsonl).", ""]
     lines += _demo_table(demo)
     lines += ["", "## Memory planner against `torch.cuda.max_memory_allocated`", "",
-              f"A randomly initialised Qwen2.5-VL built from a config (no download), {sz.dtype}, "
+              f"A randomly initialised {name} built from a config (no download), {sz.dtype}, "
               f"{sz.memory_prompts} prompts x {sz.memory_completions} completions, micro-batch {sz.memory_micro}, "
               f"beta 0.04, {sz.memory_steps} step(s). Planned: `plan_input_from_config` of the same config with the "
               "measured prompt length, without the `overhead` term (CUDA context and slack, which the allocator does "
@@ -275,12 +290,19 @@ def render(env: dict, absent: list[str], demo: list[dict], memory: list[dict], s
 # ---------------------------------------------------------------- driving
 
 
+def arch_doc(arch: str) -> Path:
+    """Where a GPU run of `arch` writes its record."""
+    return DOC if arch == "qwen2_5_vl" else DOC.with_name(f"gpu-validation-{arch}.md")
+
+
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dry-run", action="store_true",
                    help="the same path on the CPU at tiny sizes, fp32, no GPU figures")
-    p.add_argument("--out", help=f"markdown to write (default {DOC.relative_to(REPO)}; dry run: WORK/gpu-validation-"
-                                 "dry-run.md, never the docs file)")
+    p.add_argument("--arch", choices=ARCHS, default="qwen2_5_vl", help="the model family both parts run on")
+    p.add_argument("--out", help=f"markdown to write (default {DOC.relative_to(REPO)}, another arch's "
+                                 "docs/gpu-validation-ARCH.md; dry run: WORK/gpu-validation-dry-run.md, never a docs "
+                                 "file)")
     p.add_argument("--work", default="/tmp/vlgrpo-gpu-check", help="scratch directory (emptied first)")
     return p.parse_args(argv)
 
@@ -288,10 +310,11 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """0: written, every figure within tolerance; 1: written, a planner miss; 2: could not run (says why)."""
     args = _args(argv)
-    sz, work = (DRY_RUN if args.dry_run else Sizes()), Path(args.work)
-    out = Path(args.out) if args.out else (work / "gpu-validation-dry-run.md" if args.dry_run else DOC)
-    if args.dry_run and out.resolve() == DOC.resolve():
-        print(f"[gpu_check] a dry run does not overwrite {DOC.relative_to(REPO)}: pass another --out", file=sys.stderr)
+    sz, work, doc = (DRY_RUN if args.dry_run else Sizes()), Path(args.work), arch_doc(args.arch)
+    out = Path(args.out) if args.out else (work / "gpu-validation-dry-run.md" if args.dry_run else doc)
+    if args.dry_run and out.resolve() in (DOC.resolve(), doc.resolve()):
+        print(f"[gpu_check] a dry run does not overwrite {out.resolve().relative_to(REPO)}: pass another --out",
+              file=sys.stderr)
         return 2
     versions, missing, absent = check_imports()
     print(f"[gpu_check] found: {', '.join(f'{k} {v}' for k, v in versions.items())}")
@@ -309,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    paths = build_inputs(work, sz, "cpu" if args.dry_run else "cuda")
+    paths = build_inputs(work, sz, "cpu" if args.dry_run else "cuda", args.arch)
     print(f"[gpu_check] models and data built in {time.perf_counter() - t0:.0f} s")
     demo = []
     for backend in ("lora", "full"):
@@ -320,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         memory.append(memory_run(mode, paths["memory_model"], paths["memory_data"], work, sz))
         print(f"[gpu_check] memory, {mode}: planned {memory[-1]['planned_gb']:.2f} GB, measured "
               f"{_f(memory[-1]['measured_gb'], '{:.2f}')} GB")
-    text = render(environment(versions), absent, demo, memory, time.perf_counter() - t0, sz)
+    text = render(environment(versions), absent, demo, memory, time.perf_counter() - t0, sz, args.arch)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     print(text + f"\n[gpu_check] written to {out}")

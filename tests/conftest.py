@@ -30,10 +30,29 @@ def spread_language_weights(model, scale: float, seed: int = 1) -> None:
                 p.add_(torch.randn(p.shape, generator=gen) * scale)
 
 
+def spread_deepstack_mergers(model, scale: float, seed: int = 7) -> int:
+    """Add seeded noise (std `scale`) to the 2-D weights of Qwen3-VL's DeepStack mergers in place; how many were
+    spread (0 for a tower without DeepStack). At init their maps are too small beside a spread language model's hidden
+    states to change a token; spread by 1.0, greedy tokens depend on them, so a path that drops them can fail a test."""
+    gen, spread = torch.Generator().manual_seed(seed), 0
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".deepstack_merger_list." in name and p.dim() == 2:
+                p.add_(torch.randn(p.shape, generator=gen) * scale)
+                spread += 1
+    return spread
+
+
 @pytest.fixture(scope="session")
 def spread():
     """`spread_language_weights` (tests in any folder can use it as a fixture)."""
     return spread_language_weights
+
+
+@pytest.fixture(scope="session")
+def spread_deepstack():
+    """`spread_deepstack_mergers`, as a fixture."""
+    return spread_deepstack_mergers
 
 
 @pytest.fixture(scope="session")

@@ -89,6 +89,8 @@ def test_batch_divisibility_explains_why():
         ("train.save_every=-1", "'train.save_every' must be >= 0"),
         ("train.max_nonfinite_steps=0", "'train.max_nonfinite_steps' must be >= 1"),
         ("train.lr=[1", "override 'train.lr=[1' is not valid YAML"),
+        ("data.video.fps=0", "'data.video.fps' must be > 0"),
+        ("data.video.max_frames=1", "'data.video.max_frames' must be >= 2"),
     ],
 )
 def test_bad_values_fail_with_reason(override, fragment):

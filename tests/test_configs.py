@@ -32,8 +32,9 @@ def _leaves(tree: dict, prefix: str = ""):
 def test_the_shipped_recipes_are_all_there():
     names = {p.name for p in CONFIGS}
     assert {"qwen2_5_vl_7b_lora_8xa100.yaml", "qwen2_5_vl_7b_zero3_8xa100.yaml", "qwen2_vl_2b_lora_1gpu.yaml",
-            "tiny_grpo.yaml", "tiny_sft.yaml"} <= names  # fmt: skip
-    assert len(NODE_8XA100) == 2
+            "qwen3_vl_8b_lora_8xa100.yaml", "qwen3_vl_8b_zero3_8xa100.yaml", "tiny_grpo.yaml",
+            "tiny_sft.yaml"} <= names  # fmt: skip
+    assert len(NODE_8XA100) == 4
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
@@ -44,10 +45,12 @@ def test_config_loads_validates_and_holds_only_what_differs_from_the_defaults(pa
     assert same == [], f"{path.name} repeats default values: {same}"
     if cfg.model.name_or_path.startswith("Qwen/"):  # the real recipes: the stated hardware assumptions hold
         m, r = cfg.model, cfg.rollout
-        assert m.dtype == "bfloat16" and m.max_pixels and m.arch in ("qwen2_vl", "qwen2_5_vl")
+        assert m.dtype == "bfloat16" and m.max_pixels and m.arch in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
         assert r.engine == "vllm" and m.freeze_vision and m.freeze_merger and r.vision_cache_dir
         assert r.placement == "colocate" and r.vllm.enable_sleep_mode
-        assert m.max_pixels // 28**2 + 64 <= cfg.data.max_prompt_length  # the largest image + a question fits
+        token_px = 32 if m.arch == "qwen3_vl" else 28  # one image token covers 2 x 2 patches of 16 or 14 px
+        assert m.max_pixels % token_px**2 == 0
+        assert m.max_pixels // token_px**2 + 64 <= cfg.data.max_prompt_length  # the largest image + a question fits
 
 
 @pytest.mark.parametrize("path", NODE_8XA100, ids=lambda p: p.name)
@@ -62,7 +65,41 @@ def test_8xa100_recipes_fit_a100_80gb(path, capsys):
         assert verdict["fits"] and verdict["warnings"] == [] and report["suggestions"] == []
         assert verdict["headroom_bytes"] > 5e9, "keep >= 5 GB: the plan leaves out allocator and NCCL temporaries"
         assert report["inputs"]["num_gpus"] == 8 and report["counts"]["train_gpus"] == 8
-    assert report["inputs"]["image_tokens"] == 484  # 4000 px scaled into 401408 px: 616 x 616 -> 22 x 22 tokens
+    # 4000 px scaled into 401408 px: 616 x 616 -> 22 x 22 tokens of 28 px; into Qwen3-VL's 524288 px: 704 x 704 ->
+    # 22 x 22 tokens of 32 px
+    assert report["inputs"]["image_tokens"] == 484
+
+
+# `vlgrpo plan` of the Qwen3-VL-8B recipes (docs/train-qwen3-vl-8b.md quotes these rows): both peak in the rollout,
+# where vLLM holds its 0.35 or 0.4 x 85.90 GB next to the trainer's resident memory
+QWEN3_VERDICTS = {
+    "qwen3_vl_8b_lora_8xa100.yaml":
+        "A100-80GB        85.90     54.01     31.88  fits: rollout peak 54.01 GB <= 85.90 GB capacity",
+    "qwen3_vl_8b_zero3_8xa100.yaml":
+        "A100-80GB        85.90     56.36     29.54  fits: rollout peak 56.36 GB <= 85.90 GB capacity",
+}
+
+
+@pytest.mark.parametrize("name", sorted(QWEN3_VERDICTS))
+def test_qwen3_vl_8b_recipes_verdict_on_a100_80gb(name, capsys):
+    assert main(["plan", str(ROOT / "configs" / name)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("model: Qwen/Qwen3-VL-8B-Instruct  (")
+    assert "tokens: 64 text + 196 image + 512 completion" in out  # 448 px: 14 x 14 tokens of 32 px
+    row = next(line for line in out.splitlines() if line.startswith("A100-80GB"))
+    assert row == QWEN3_VERDICTS[name]
+
+
+@pytest.mark.parametrize("path", [p for p in CONFIGS if p.name.startswith("qwen")], ids=lambda p: p.name)
+def test_real_model_recipes_are_clean_under_the_doctor(path, shapes_dir, capsys):
+    """`vlgrpo data doctor RECIPE` with the recipe's own geometry (no checkpoint here: the released processor of its
+    arch), prompt lengths and reward, on the shapes task standing in for the user's data."""
+    splits = [f"data.{s}={shapes_dir / f'{s}.jsonl'}" for s in ("train", "val", "test")]
+    assert main(["data", "doctor", str(path), "--no-progress", *(a for s in splits for a in ("--set", s))]) == 0
+    out = capsys.readouterr().out
+    assert "0 error(s), 0 warning(s): ready" in out
+    qwen3 = load_config(path).model.arch == "qwen3_vl"
+    assert ("geometry: patch 16, merge 2, pixels 65536.." if qwen3 else "geometry: patch 14, merge 2") in out
 
 
 @pytest.mark.parametrize("path", [p for p in CONFIGS if p.name.startswith("qwen")], ids=lambda p: p.name)
@@ -253,7 +290,7 @@ def test_adapt_guide_worked_example_converts_checks_and_scores(tmp_path, monkeyp
     assert batch.components["my_rewards.py:names_the_objects"] == [0.5] and batch.total == [1.0 + 0.2 + 0.05]
 
 
-GUIDES = ["adapt-your-dataset.md", "train-qwen2_5-vl-7b.md", "scaling-out.md"]
+GUIDES = ["adapt-your-dataset.md", "train-qwen2_5-vl-7b.md", "train-qwen3-vl-8b.md", "scaling-out.md"]
 
 
 @pytest.mark.parametrize("doc", GUIDES)

@@ -78,6 +78,29 @@ def test_an_unknown_base_is_named_with_what_is_accepted(tmp_path, capsys):
     assert "--base 'no-such-model'" in err and "init-tiny" in err and "shapes-tiny-qwen2_5_vl" in err
 
 
+def test_the_from_scratch_route_builds_trains_and_evaluates_a_qwen3_vl(tmp_path):
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), "--base", "init-tiny", "--arch", "qwen3_vl", "--n", "120", "--sft-steps",
+                 "2", "--grpo-steps", "1", "--eval-samples", "6", "--kinds", "colour,ground", "--max-shapes", "2",
+                 "--image-size", "64"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["arch"] == "qwen3_vl" and summary["steps"] == {"sft": 2, "grpo": 1}
+    assert 0.0 <= summary["grpo_accuracy_colour"] <= 1.0 and 0.0 <= summary["grpo_grounding_acc50"] <= 1.0
+    for stage in ("model", "sft_model", "grpo_model"):  # built with DeepStack, trained and exported as Qwen3-VL
+        config = json.loads((out / stage / "config.json").read_text())
+        assert config["architectures"] == ["Qwen3VLForConditionalGeneration"], stage
+        assert config["vision_config"]["deepstack_visual_indexes"] == [0, 1], stage
+    contract = json.loads((out / "grpo_model" / "vlgrpo.json").read_text())
+    assert (contract["arch"], contract["box_format"]) == ("qwen3_vl", "qwen3")  # 0-1000 boxes in SFT, reward, eval
+
+
+def test_an_arch_other_than_the_bases_is_refused_before_anything_is_written(tmp_path, capsys):
+    assert main(["demo", "--out", str(tmp_path / "d"), "--arch", "qwen3_vl"]) == 2  # the shipped base: Qwen2.5-VL
+    err = capsys.readouterr().err
+    assert "--arch qwen3_vl with --base shapes-tiny-qwen2_5_vl: that base is a qwen2_5_vl model" in err
+    assert "--base init-tiny" in err and not (tmp_path / "d").exists()
+
+
 def _summary(seed: int, vqa: tuple, ground: tuple, kinds: dict, f1: tuple, yes: float, entropy: float,
              lengths: tuple, wall: float) -> dict:
     return {"seed": seed, "base": "b", "kinds": ["count", "colour", "exist", "ground"], "steps": {"sft": 1, "grpo": 2},

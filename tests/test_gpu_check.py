@@ -2,10 +2,13 @@
 comparison flags a planner miss; a missing package or a dry run aimed at docs/gpu-validation.md stops it."""
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "gpu-validation.md"
@@ -24,15 +27,20 @@ def _row(text: str, label: str) -> list[str]:
     return [cell.strip() for cell in line.strip("|").split("|")][1:]
 
 
-def test_dry_run_takes_the_whole_path_and_leaves_the_docs_file_alone(tmp_path):
-    doc_before = DOC.read_text()
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
+def test_dry_run_takes_the_whole_path_and_leaves_the_docs_file_alone(tmp_path, arch):
+    records = lambda: {p.name: p.read_text() for p in DOC.parent.glob("gpu-validation*.md")}  # noqa: E731
+    before = records()
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([str(REPO / "scripts" / "gpu_check.sh"), "--dry-run", "--work", str(tmp_path / "w")],
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([str(REPO / "scripts" / "gpu_check.sh"), "--dry-run", "--arch", arch, "--work",
+                           str(tmp_path / "w")], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = (tmp_path / "w" / "gpu-validation-dry-run.md").read_text()
-    assert DOC.read_text() == doc_before
+    assert records() == before and DOC.name in before  # no docs record written or changed
     assert "--dry-run (CPU, tiny sizes: not a GPU record)" in text
+    assert ("--arch qwen3_vl" in text and "tiny Qwen3-VL (DeepStack on)" in text) == (arch == "qwen3_vl")
+    for model in ("demo_model", "memory_model"):  # both parts ran on the arch asked for
+        assert json.loads((tmp_path / "w" / model / "config.json").read_text())["model_type"] == arch
     assert _row(text, "steps run") == ["2", "2"]  # LoRA, full fine-tune
     for phase in ("vision", "rollout", "ref_logprob", "update"):
         assert all(float(v) > 0 for v in _row(text, f"`timing/{phase}`")), phase
@@ -42,7 +50,8 @@ def test_dry_run_takes_the_whole_path_and_leaves_the_docs_file_alone(tmp_path):
     for run in ("LoRA r=16, no checkpointing", "full fine-tune, gradient checkpointing"):
         _, tokens, planned, measured, ratio, within = _row(text, run)
         assert float(planned.split()[0]) > 0 and (measured, ratio, within) == ("—", "—", "n/a (no CUDA)")
-        assert tokens.startswith("16 + ")  # 112 px image: 16 image tokens, as the planner counts them
+        # 112 px image under max_pixels 112²: 16 image tokens of 28 px; Qwen3-VL's 32 px tokens fit 96 px: 3 x 3
+        assert tokens.startswith({"qwen2_5_vl": "16 + ", "qwen3_vl": "9 + "}[arch])  # as the planner counts them
     assert "| `rollout/logprob_abs_diff` |" in text and ("not checkable there" in text or "not measured" in text)
 
 

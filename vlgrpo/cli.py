@@ -94,6 +94,8 @@ def add_demo_command(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--base", help="base model: a shipped one under data/models/ (default shapes-tiny-qwen2_5_vl, "
                    "caption-pretrained), a model directory, or init-tiny (random, built here)")
+    p.add_argument("--arch", choices=ARCHS, help="the model family: init-tiny builds this one (default qwen2_5_vl); "
+                   "with another base it must be the base's own")
     p.add_argument("--n", type=int, help="shapes samples to synthesise")
     p.add_argument("--sft-steps", type=int)
     p.add_argument("--ground-sft-steps", type=int, help="SFT steps on the box questions alone before the mixed cold "
@@ -114,7 +116,7 @@ def _cmd_demo(args) -> int:
     given = {"n_samples": args.n, "sft_steps": args.sft_steps, "grpo_steps": args.grpo_steps,
              "ground_sft_steps": args.ground_sft_steps,
              "eval_samples": args.eval_samples, "seed": args.seed, "max_shapes": args.max_shapes,
-             "base": args.base, "image_size": args.image_size,
+             "base": args.base, "arch": args.arch, "image_size": args.image_size,
              "kinds": tuple(args.kinds.split(",")) if args.kinds else None}  # fmt: skip
     run_demo(args.out, dataclasses.replace(DemoSettings(), **{k: v for k, v in given.items() if v is not None}))
     return 0

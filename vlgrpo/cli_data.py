@@ -16,7 +16,9 @@ def add_data_command(sub) -> None:
     synth.add_argument("--n", type=int, default=1000, help="number of samples over all splits (80/10/10)")
     synth.add_argument("--seed", type=int, default=0)
     synth.add_argument("--image-size", type=int, default=112, help="square image side in pixels")
-    synth.add_argument("--kinds", default="count,colour,exist,ground", help="question kinds, comma-separated")
+    synth.add_argument("--kinds", default="count,colour,exist,ground",
+                       help="question kinds, comma-separated: count, colour, exist, ground (one image each; the "
+                       "default), compare (two images), motion (a video of frame PNGs)")  # fmt: skip
     synth.add_argument("--max-shapes", type=int, default=6, help="most shapes per scene (1-6)")
     synth.set_defaults(handler=_cmd_synth)
     _add_data_convert(dsub)
@@ -43,8 +45,9 @@ def _add_data_convert(dsub) -> None:
         "letters, yes/no, math, boxes), converts boxes to original-image pixels (a box row's image_size is read from "
         "the image header when not given) and writes vlgrpo JSONL with image paths relative to OUT, so it moves with "
         "its images; embedded images go to OUT_images/; rows without an id get '<SRC stem>-<row>'. Prints what was "
-        "inferred, assumed and skipped (several images, several turns, no image) by row. Rows that are malformed or "
-        "whose image file is missing are listed and not written, with exit status 1. Presets: "
+        "inferred, assumed and skipped (several turns, several videos, no image) by row; rows with several images or "
+        "a video are kept, every image, video and frame path written relative to OUT. Rows that are malformed or "
+        "whose image, video or frame file is missing are listed and not written, with exit status 1. Presets: "
         + "; ".join(f"{o.name}: {o.help}" for o in DATA_PRESET.options.values() if o.target),
     )  # fmt: skip
     p.add_argument("source", help="a .json / .jsonl file, a .parquet file or a saved HF dataset directory")

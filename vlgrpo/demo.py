@@ -2,12 +2,12 @@
 
 1. the base model: the shipped pretrained tiny Qwen2.5-VL (`data/models/shapes-tiny-qwen2_5_vl`, pretrained on
 captions and instructions by scripts/pretrain_tiny.py, as real RL starts from a pretrained VLM), or
-`base="init-tiny"`: a random one built here (merger calibrated on the training images, labels unused; the route the
-tests take), 2. synthesise shapes data, 3. a short SFT cold start on the demo's answer format (think_answer: the
-think part lists the shapes the question is about, then the answer), 4. evaluate, 5. GRPO from the SFT model
-(vision tower frozen: its features are cached across every step), 6. evaluate again on the held-out test split,
-7. write report.md, curves.png and summary.json. Orchestration only: every step is a library call, each stage's
-resolved config is saved in its run directory.
+`base="init-tiny"`: a random one of any registered arch (`arch`) built here (merger calibrated on the training
+images, labels unused; the route the tests take), 2. synthesise shapes data, 3. a short SFT cold start on the demo's
+answer format (think_answer: the think part lists the shapes the question is about, then the answer), 4. evaluate,
+5. GRPO from the SFT model (vision tower frozen: its features are cached across every step), 6. evaluate again on the
+held-out test split, 7. write report.md, curves.png and summary.json. Orchestration only: every step is a library
+call, each stage's resolved config is saved in its run directory.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vlgrpo.config import Config, load_config
-from vlgrpo.models import TinySpec
+from vlgrpo.models import ARCHS, TinySpec, detect_arch
 from vlgrpo.types import InputError
 
 
@@ -34,6 +34,7 @@ class DemoSettings:
     whose speed drifts by up to nearly 2× over a day: docs/demo-seeds.md)."""
 
     base: str = "shapes-tiny-qwen2_5_vl"  # a name under data/models/, a model directory, or "init-tiny"
+    arch: str = "auto"  # the base's own (config.json); init-tiny builds this arch, auto: qwen2_5_vl
     n_samples: int = 6000  # the 10 % test split holds 150 questions of each kind
     image_size: int = 112  # the size the base was pretrained at: 16 image tokens per image
     kinds: tuple[str, ...] = ("count", "colour", "exist", "ground")
@@ -108,16 +109,30 @@ def _evaluate(model_dir: Path, cfg: Config, test: Path, s: DemoSettings, suites:
     return evaluate(engine, data, ctx, batch_prompts=32, max_new_tokens=s.max_new_tokens, progress=True)
 
 
-def resolve_base(base: str) -> Path | None:
-    """The base model directory for `DemoSettings.base`; None for "init-tiny" (built by the demo)."""
+def resolve_base(base: str, arch: str = "auto") -> Path | None:
+    """The base model directory for `DemoSettings.base`; None for "init-tiny" (built by the demo). An `arch` other
+    than auto must be the base's own."""
     if base == INIT_TINY:
         return None
     for cand in (Path(base), BASES / base):
         if (cand / "config.json").is_file():
+            _check_arch(cand, base, arch)
             return cand
     shipped = sorted(p.name for p in BASES.glob("*") if (p / "config.json").is_file()) if BASES.is_dir() else []
     raise InputError(f"--base {base!r}: no model directory there (no config.json) nor under {BASES}; accepted: a "
                      f"model directory, {INIT_TINY!r}, or a shipped base: {', '.join(shipped) or 'none found'}")
+
+
+def _check_arch(model_dir: Path, base: str, arch: str) -> None:
+    found = detect_arch(str(model_dir))
+    if arch not in ("auto", found):
+        raise InputError(f"--arch {arch} with --base {base}: that base is a {found} model; for a {arch} demo use "
+                         f"--base {INIT_TINY} (a random tiny {arch} built here) or a {arch} model directory")
+
+
+def _tiny_arch(s: DemoSettings) -> str:
+    """The arch init-tiny builds for the demo."""
+    return "qwen2_5_vl" if s.arch == "auto" else s.arch
 
 
 def build_model_and_data(s: DemoSettings, out: Path, base: Path | None) -> tuple[Path, dict]:
@@ -128,8 +143,8 @@ def build_model_and_data(s: DemoSettings, out: Path, base: Path | None) -> tuple
 
     shutil.rmtree(out / "model", ignore_errors=True)
     if base is None:
-        print(f"[1/6] building a random tiny Qwen2.5-VL in {out / 'model'}")
-        model_dir = init_tiny(out / "model", "qwen2_5_vl", spec=s.spec, seed=s.seed)
+        print(f"[1/6] building a random tiny {_tiny_arch(s)} in {out / 'model'}")
+        model_dir = init_tiny(out / "model", _tiny_arch(s), spec=s.spec, seed=s.seed)
     else:
         print(f"[1/6] base model: {base} (pretrained; copied to {out / 'model'})")
         model_dir = Path(shutil.copytree(base, out / "model"))
@@ -169,7 +184,9 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None) -> dict:
 
     s = settings or DemoSettings()
     out, t0 = Path(out_dir), time.time()
-    base = resolve_base(s.base)  # a wrong --base fails before anything in out_dir is replaced
+    if s.arch != "auto" and s.arch not in ARCHS:
+        raise InputError(f"--arch {s.arch!r}: accepted auto, {', '.join(ARCHS)}")
+    base = resolve_base(s.base, s.arch)  # a wrong --base or --arch fails before anything in out_dir is replaced
     if s.ground_sft_steps < 0:
         raise InputError(f"--ground-sft-steps {s.ground_sft_steps}: accepted 0 (none) or more steps")
     if s.ground_sft_steps and "ground" not in s.kinds:
@@ -198,7 +215,7 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None) -> dict:
     after = _evaluate(out / "grpo_model", grpo_cfg, paths["test"], s, suites)
     write_outputs(after, out / "eval_grpo")
 
-    summary = _summary(s, before.metrics, after.metrics, grpo_history, time.time() - t0)
+    summary = _summary(s, detect_arch(str(model_dir)), before.metrics, after.metrics, grpo_history, time.time() - t0)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     from vlgrpo.demo_report import write_report
 
@@ -212,7 +229,7 @@ COLLAPSE_WINDOW = 50
 """GRPO steps over which the summary's collapse indicators (entropy, KL, response length) are averaged."""
 
 
-def _summary(s: DemoSettings, before: dict, after: dict, grpo_history: list[dict], seconds: float) -> dict:
+def _summary(s: DemoSettings, arch: str, before: dict, after: dict, grpo_history: list[dict], seconds: float) -> dict:
     def mean(rows: list[dict], key: str) -> float:
         vals = [h[key] for h in rows if isinstance(h.get(key), (int, float))]
         return sum(vals) / len(vals) if vals else 0.0
@@ -230,6 +247,7 @@ def _summary(s: DemoSettings, before: dict, after: dict, grpo_history: list[dict
         **{f"{stage}_accuracy_{kind}": metrics.get(f"eval/vqa/accuracy_task_shapes/{kind}")
            for stage, metrics in (("sft", before), ("grpo", after)) for kind in s.kinds if kind != "ground"},
         "base": s.base,
+        "arch": arch,
         "seed": s.seed,
         "kinds": list(s.kinds),
         "steps": {**({"ground_sft": s.ground_sft_steps} if s.ground_sft_steps else {}), "sft": s.sft_steps,

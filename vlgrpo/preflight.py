@@ -17,6 +17,7 @@ from vlgrpo.data.doctor import (
     CORRECTNESS, ERROR, WARNING, DoctorReport, DoctorSettings, Finding, GoldCheck, run_doctor,
 )  # fmt: skip
 from vlgrpo.data.images import checkpoint_geometry
+from vlgrpo.data.video import VideoSampling
 from vlgrpo.data.prompts import check_system_prompt
 from vlgrpo.models import detect_arch
 from vlgrpo.rewards import check_recipe, context_from_config, score
@@ -31,12 +32,14 @@ def settings_from_config(cfg) -> tuple[DoctorSettings, Any]:
     """(DoctorSettings, RewardContext) of a run config: geometry, prompt settings and the reward's context."""
     check_system_prompt(cfg.data.system_prompt)  # every prompt holds it: a config error (exit 2), not a row's
     m = cfg.model
-    geometry, source = processor_geometry(m.name_or_path, m.min_pixels, m.max_pixels)
-    ctx = context_from_config(cfg, detect_arch(m.name_or_path) if m.arch == "auto" else m.arch, geometry)
+    arch = detect_arch(m.name_or_path) if m.arch == "auto" else m.arch
+    geometry, source = processor_geometry(m.name_or_path, m.min_pixels, m.max_pixels, arch=arch)
+    ctx = context_from_config(cfg, arch, geometry)
     settings = DoctorSettings(
         geometry=geometry, geometry_source=source, max_prompt_length=cfg.data.max_prompt_length,
         answer_format=cfg.data.answer_format, box_format=ctx.box_format, system_prompt=cfg.data.system_prompt,
         data_format=cfg.data.format, preset=cfg.data.preset, columns=dict(cfg.data.columns),
+        video=VideoSampling.from_config(cfg.data.video),
     )  # fmt: skip
     return settings, ctx
 

@@ -18,11 +18,31 @@ class InputError(ValueError):
 
 
 @dataclass
+class Video:
+    """A row's video: a video file (`path`) or its frames as image files, in order (`frames`). `fps` and `max_frames`
+    override data.video for this row; `fps` is the frame rate the model sees: a file is sampled at it, a frame list
+    was taken at it."""
+
+    path: str | None = None
+    frames: list[str | bytes] = field(default_factory=list)
+    fps: float | None = None
+    max_frames: int | None = None
+
+    def to_json(self) -> str | list | dict:
+        """The row form `data.schema` reads back: the path or the frame list, a mapping when it overrides data.video
+        (frames held as bytes are not serialisable and become None)."""
+        source = self.path if self.path is not None else [f if isinstance(f, str) else None for f in self.frames]
+        overrides = {k: v for k, v in (("fps", self.fps), ("max_frames", self.max_frames)) if v is not None}
+        return {("path" if self.path is not None else "frames"): source, **overrides} if overrides else source
+
+
+@dataclass
 class Sample:
-    """One image task. Boxes are always stored in *original-image* pixels, xyxy.
+    """One task about an image, several images or a video. Boxes are always stored in *original-image* pixels, xyxy.
 
     The model-specific box convention (0-1000, resized pixels, ...) is applied only at the model
-    boundary (rewards, evals), never in the dataset.
+    boundary (rewards, evals), never in the dataset. A one-image row has `image` set and `images == [image]`; a row
+    with several images or a video has `image` None, so code that reads `image` alone never takes the first of several.
     """
 
     id: str
@@ -30,9 +50,17 @@ class Sample:
     answer: str | None = None
     answer_type: str = "text"
     image: str | bytes | None = None
-    """Path to the image file (absolute, or resolved by the adapter) or the raw encoded bytes."""
+    """The row's image when its visual input is exactly one image: a path (absolute, or resolved by the adapter) or the
+    raw encoded bytes. None on a row with several images or a video (see `images`, `video`)."""
+    images: list[str | bytes] = field(default_factory=list)
+    """Every image of the row, in prompt order; [image] for a one-image row (filled in from `image`)."""
+    video: Video | None = None
+    """The row's video, when it has one (at most one per row)."""
     boxes: list[list[float]] = field(default_factory=list)
     """Gold boxes in original-image pixels, [[x1, y1, x2, y2], ...]."""
+    box_images: list[int] = field(default_factory=list)
+    """On a row with several images: the index in `images` of the image each box lies in (parallel to `boxes`); empty
+    on a one-image row."""
     objects: list[str] = field(default_factory=list)
     """Names of the objects present in the image (for POPE-style probes)."""
     image_size: tuple[int, int] | None = None
@@ -43,9 +71,24 @@ class Sample:
     """1-based row of the dataset file it was read from (its line in a JSONL file), for messages; None when built in
     code. Not part of `to_dict`: it names where the sample is, not what it is."""
 
+    def __post_init__(self) -> None:
+        if self.image is not None:
+            if self.images and list(self.images) != [self.image]:
+                raise ValueError(f"sample '{self.id}': `image` is the one-image form of `images`; give one of them")
+            self.images = [self.image]
+        self.images = list(self.images)
+        self.image = self.images[0] if len(self.images) == 1 and self.video is None else None
+
+    @property
+    def several_images_or_video(self) -> bool:
+        """Two or more images, or a video: what the data layer reads and checks, and training and the evals do not
+        take yet (`data.rowcheck` skips such a row with a count)."""
+        return len(self.images) > 1 or self.video is not None
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (bytes images are not serialisable and are dropped to None)."""
-        return {
+        """JSON-ready dict in the row schema (bytes images are not serialisable and are dropped to None). A one-image
+        row is written as it always was; `images`, `video` and per-image boxes appear only where the row has them."""
+        row: dict[str, Any] = {
             "id": self.id,
             "image": self.image if isinstance(self.image, str) else None,
             "question": self.question,
@@ -57,6 +100,13 @@ class Sample:
             "task": self.task,
             "meta": dict(self.meta),
         }
+        if self.image is None and self.images:
+            row["images"] = [im if isinstance(im, str) else None for im in self.images]
+        if self.video is not None:
+            row["video"] = self.video.to_json()
+        if self.box_images:
+            row["boxes"] = [{"image": i, "box": list(b)} for i, b in zip(self.box_images, self.boxes)]
+        return row
 
 
 @dataclass

@@ -8,7 +8,9 @@ from PIL import Image
 
 from vlgrpo.cli import main
 from vlgrpo.data.adapters import load_samples
-from vlgrpo.data.doctor import HUB_GEOMETRY, DoctorSettings, check_split, inspect_image, prompt_tokens
+from vlgrpo.data.doctor import HUB_GEOMETRY, DoctorSettings, check_split, inspect_image, text_estimate
+from vlgrpo.data.rowcheck import RowVisuals, prompt_budget
+from vlgrpo.types import Sample
 from vlgrpo.data.schema import DataError
 from vlgrpo.preflight import diagnose, processor_geometry
 
@@ -174,8 +176,12 @@ def test_exif_rotated_image_counts_tokens_of_the_upright_image(tmp_path):
 
 
 def test_prompt_token_estimate():
-    assert prompt_tokens(256, "x" * 30, "") == (277, 287)  # 256 + 15 + 6 certain; + 30 / 3 text
-    assert prompt_tokens(16, "x" * 30, "be brief") == (31, 44)  # a system prompt replaces the default 6 tokens
+    one = Sample("a", "q", image="a.png")
+    visuals = RowVisuals([inspect_image(b"")])  # unusable: it counts 0 tokens (the image is a problem of its own)
+    budget = prompt_budget(one, visuals, HUB_GEOMETRY, text_estimate("x" * 30, ""))
+    assert (budget.visual, budget.certain, budget.total) == (0, 21, 31)  # 13 + 2 around the image + 6 system; + 30 / 3
+    budget = prompt_budget(one, visuals, HUB_GEOMETRY, text_estimate("x" * 30, "be brief"), "be brief")
+    assert (budget.certain, budget.total) == (15, 28)  # a system prompt replaces the default 6 tokens; (30 + 8) / 3
 
 
 @pytest.mark.parametrize("box_format", ["qwen2", "qwen2_5", "qwen3", "plain"])

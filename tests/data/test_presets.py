@@ -3,6 +3,7 @@
 import base64
 import io
 import json
+from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -110,13 +111,18 @@ def test_vlm_r1_jsonl_through_the_llava_preset(tmp_path):
     _image(tmp_path / "images/train2014/COCO_train2014_000000581857.jpg", size=(427, 640))
 
     result = load_samples(path, errors="skip", preset="llava", image_root=tmp_path / "images")
-    clevr, rec = result.samples
+    clevr, both, rec = result.samples
     assert (clevr.id, clevr.answer_type, clevr.answer) == ("1", "number", "0")  # the row's own id, kept
     assert clevr.image == str(tmp_path / "images/Clevr_CoGenT_TrainA_R1/data/images/CLEVR_trainA_000001_16885.png")
+    assert clevr.images == [clevr.image]  # the one-image form
+    # two images: kept, in order; their leading markers dropped (the images go first anyway); `image` stays None
+    assert both.image is None and [Path(p).name for p in both.images] == ["CLEVR_trainA_000001_16885.png",
+                                                                           "CLEVR_trainA_000001_16886.png"]
+    assert (both.question, both.answer) == ("What number of purple metallic balls in total within the two images?", "3")
     assert rec.answer_type == "box" and rec.boxes == [[103.93, 299.99, 238.15, 477.41]]  # pixels: kept as they are
     assert rec.image_size == (427, 640)  # not declared: read from the image header (box rewards convert with it)
     assert rec.meta == {"accu_reward_method": "default"}
-    assert _skipped(result) == {2: "several_images"} and dict(result.conversion.boxes) == {"original-image pixels": 1}
+    assert _skipped(result) == {} and dict(result.conversion.boxes) == {"original-image pixels": 1}
 
 
 # R1-V: an HF dataset with `image` (Image), `problem`, `solution` = "<answer> {answer} </answer>" (Deep-Agent/R1-V
@@ -244,8 +250,10 @@ def test_easyr1_geometry3k_parquet_and_the_cli(tmp_path, capsys):
     out = tmp_path / "converted" / "train.jsonl"
     assert main(["data", "convert", str(src), "--preset", "easyr1", "--out", str(out)]) == 0
     report = capsys.readouterr().out
-    assert "1 skipped" in report and "several_images: rows 3" in report and "number 1, math 1" in report
-    x, altitude = load_samples(out).samples  # the written file is plain vlgrpo JSONL
+    assert "0 skipped" in report and "number 1, math 1, text 1" in report  # two images: kept
+    x, altitude, larger = load_samples(out).samples  # the written file is plain vlgrpo JSONL
+    assert (larger.question, larger.image) == ("Which is larger?", None)  # its leading markers: the images go first
+    assert larger.images == [x.image, x.image]  # each embedded image written once, both entries pointing at it
     assert (x.question, x.answer_type, x.answer) == ("Find x.", "number", "3")
     assert (altitude.answer_type, altitude.answer) == ("math", "2 \\sqrt { 3 }")
     assert x.image == altitude.image and x.image.startswith(str(tmp_path / "converted" / "train_images"))
@@ -317,7 +325,8 @@ def test_infer_answer(answer, question, hint, expected):
 
 
 # R1-V's clevr_cogen_a_train rows (Deep-Agent/R1-V README: image, problem, solution "<answer> 3 </answer>"), one with
-# two images, which training skips: `vlgrpo data doctor --preset` reads them as training does.
+# two images, which the doctor checks and training skips for now: `vlgrpo data doctor --preset` reads them as training
+# does.
 def test_doctor_reads_a_preset_and_column_renames(tmp_path, capsys):
     _image(tmp_path / "a.png", fmt="PNG")
     rows = [{"image": "a.png", "problem": "How many cubes are there?", "solution": "<answer> 3 </answer>"},
@@ -327,10 +336,10 @@ def test_doctor_reads_a_preset_and_column_renames(tmp_path, capsys):
     argv = ["data", "doctor", str(path), "--no-progress", "--json"]
     assert main(argv) == 1  # without the preset: no `question` field
     assert '"check": "row_problem"' in capsys.readouterr().out  # an unknown field: the schema names it
-    assert main([*argv, "--preset", "r1v"]) == 0  # the two-image row is a warning: training skips it too
+    assert main([*argv, "--preset", "r1v"]) == 0  # the two-image row is a warning: training skips it for now
     report = json.loads(capsys.readouterr().out)
-    assert report["errors"] == 0 and report["splits"]["r1v.jsonl"]["samples"] == 1
-    assert [f["check"] for f in report["findings"]] == ["several_images"]
+    assert report["errors"] == 0 and report["splits"]["r1v.jsonl"]["samples"] == 2
+    assert [(f["check"], f["row"]) for f in report["findings"]] == [("several_images_or_video", 2)]
     renamed = tmp_path / "custom.jsonl"
     renamed.write_text(json.dumps({"img": "a.png", "query": "Is it red?", "label": "yes"}) + "\n")
     columns = "image=img,question=query,answer=label"

@@ -2,11 +2,13 @@ import hashlib
 import json
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from vlgrpo.cli import main
 from vlgrpo.data.adapters import load_samples
 from vlgrpo.data.synth import KINDS, synth_dataset
+from vlgrpo.types import InputError
 
 
 def test_cli_synth_200_reads_back_with_every_field(tmp_path, capsys):
@@ -100,3 +102,45 @@ def test_only_the_train_split_crosses_and_the_test_split_draws_what_it_drew_befo
     assert crossed_share(new["train"]) > 2.5 * crossed_share(old["train"])  # 0.22 against 0.07, 1-3 shapes a scene
     for split in ("val", "test"):  # byte for byte
         assert new[split].read_text() == old[split].read_text()
+
+
+def _blobs(mask: np.ndarray) -> int:
+    """Connected regions of a boolean mask (4-neighbour flood fill)."""
+    seen, count = np.zeros_like(mask), 0
+    for y, x in zip(*np.nonzero(mask)):
+        if seen[y, x]:
+            continue
+        count, stack = count + 1, [(y, x)]
+        while stack:
+            cy, cx = stack.pop()
+            if 0 <= cy < mask.shape[0] and 0 <= cx < mask.shape[1] and mask[cy, cx] and not seen[cy, cx]:
+                seen[cy, cx] = True
+                stack += [(cy + 1, cx), (cy - 1, cx), (cy, cx + 1), (cy, cx - 1)]
+    return count
+
+
+def test_compare_and_motion_answers_match_the_pixels(tmp_path):
+    from vlgrpo.data.synth import RGB
+
+    assert main(["data", "synth", "--out", str(tmp_path), "--n", "40", "--seed", "2", "--kinds", "compare,motion"]) == 0
+    samples = load_samples(tmp_path / "train.jsonl").samples
+    compare = [s for s in samples if s.task == "shapes/compare"]
+    motion = [s for s in samples if s.task == "shapes/motion"]
+    assert len(compare) == len(motion) == 16 and {s.answer for s in compare} == {"first", "second"}
+    assert {s.answer for s in motion} == {"left", "right"}
+    for s in compare:  # the shapes of the asked colour, counted as blobs of its exact RGB in each image
+        colour = s.question.split()[4]  # "Which image has more red shapes, the first or the second?"
+        assert s.image is None and len(s.images) == 2 and s.video is None
+        counts = [_blobs((np.asarray(Image.open(p).convert("RGB")) == RGB[colour]).all(-1)) for p in s.images]
+        assert counts[0] != counts[1] and s.answer == ("first" if counts[0] > counts[1] else "second")
+        assert counts == s.meta["counts"]
+    for s in motion:  # the circle's centre, frame by frame, from its pixels
+        colour = s.question.split()[2]  # "Does the red circle move left or right?"
+        assert s.image is None and s.images == [] and len(s.video.frames) == 4
+        xs = [np.nonzero((np.asarray(Image.open(f).convert("RGB")) == RGB[colour]).all(-1))[1].mean()
+              for f in s.video.frames]  # fmt: skip
+        steps = np.diff(xs)
+        assert (steps > 0).all() if s.answer == "right" else (steps < 0).all()
+        assert abs(xs[-1] - xs[0]) >= 112 - 2 * (112 // 4) - 112 // 6 - 1  # from one quarter to the other
+    with pytest.raises(InputError, match="accepted: count, colour, exist, ground, compare, motion"):
+        synth_dataset(tmp_path / "bad", 10, kinds=("spin",))

@@ -1,5 +1,6 @@
 """`vlgrpo eval --engine vllm` (vLLM's CPU build, `make test-vllm`): exactly the predictions and metrics of the HF
-engine on the tiny model (greedy, fp32), so large checkpoints can be evaluated fast on a GPU."""
+engine on the tiny Qwen2.5-VL and Qwen3-VL (greedy, fp32; Qwen3-VL's DeepStack maps sent from our vision cache), so
+large checkpoints can be evaluated fast on a GPU."""
 
 import json
 
@@ -12,10 +13,13 @@ pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm", reason="vLLM runs in its own environment: make test-vllm")
 
 
-def test_vllm_eval_writes_the_hf_engines_predictions_and_metrics(tiny_model_dir, shapes_dir, tmp_path, monkeypatch, spread):
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
+def test_vllm_eval_writes_the_hf_engines_predictions_and_metrics(arch, tiny_model_dir, shapes_dir, tmp_path,
+                                                                 monkeypatch, spread, spread_deepstack):  # fmt: skip
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    lm = load_model(tiny_model_dir("qwen2_5_vl"))
+    lm = load_model(tiny_model_dir(arch))
     spread(lm.model, 0.5, seed=3)  # varied answers make "the same predictions" a real check
+    spread_deepstack(lm.model, 1.0)  # Qwen3-VL: answers that depend on the DeepStack maps (a no-op otherwise)
     model = tmp_path / "model"
     lm.model.save_pretrained(model)
     lm.processor.save_pretrained(model)

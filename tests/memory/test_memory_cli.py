@@ -189,10 +189,12 @@ def test_bare_plan_plans_the_config_defaults(tmp_path, monkeypatch, capsys):
     assert r["inputs"]["image_tokens"] == 64  # its processor caps images at 28 x 28 x 64 px: 8 x 8 tokens
 
 
-@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl"])
-def test_the_default_model_is_planned_as_init_tiny_builds_it(arch, tiny_model_dir, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("arch,tokens", [("qwen2_5_vl", 64), ("qwen2_vl", 64), ("qwen3_vl", 49)])
+def test_the_default_model_is_planned_as_init_tiny_builds_it(arch, tokens, tiny_model_dir, tmp_path, monkeypatch,
+                                                             capsys):
     """Before and after `vlgrpo model init-tiny --out runs/tiny-qwen2_5_vl`: the same architecture, image tokens from
-    the same processor bounds, the parameter count apart from the tokenizer's exact size."""
+    the same processor bounds, the parameter count apart from the tokenizer's exact size. The tiny Qwen3-VL has 16 px
+    patches (448 px capped at 28 x 28 x 64 px: 224 x 224 -> 7 x 7 tokens), learned positions and DeepStack mergers."""
     from vlgrpo.models import load_model
 
     monkeypatch.chdir(tmp_path)
@@ -209,7 +211,7 @@ def test_the_default_model_is_planned_as_init_tiny_builds_it(arch, tiny_model_di
     vocab = json.loads((built / "config.json").read_text())["text_config"]["vocab_size"]
     assert after["counts"]["total_params"] == real
     assert before["counts"]["total_params"] == real + (512 - vocab) * 128  # tied embeddings, hidden 128
-    assert before["inputs"]["image_tokens"] == after["inputs"]["image_tokens"] == 64
+    assert before["inputs"]["image_tokens"] == after["inputs"]["image_tokens"] == tokens
 
 
 def test_the_default_model_of_an_arch_the_planner_cannot_count_is_named():
@@ -218,6 +220,57 @@ def test_the_default_model_of_an_arch_the_planner_cannot_count_is_named():
     from vlgrpo.models import TinySpec
 
     cfg = Config()
-    cfg.model.arch = "qwen3_vl"
-    with pytest.raises(PlanError, match="model.arch=qwen3_vl: the planner counts the parameters of qwen2_vl and"):
+    cfg.model.arch = "llava"  # not an accepted model.arch: only a hand-built config reaches the planner with it
+    with pytest.raises(PlanError, match="model.arch=llava: the planner counts the parameters of qwen2_vl, qwen2_5_vl, "
+                                       "qwen3_vl models"):
         init_tiny_spec(TinySpec(), cfg)
+
+
+Q3_8B = MODEL_TABLE["Qwen/Qwen3-VL-8B-Instruct"]
+
+
+def test_qwen3_vl_8b_lora_and_zero3_on_8_gpus(capsys):
+    """`vlgrpo plan --model qwen3-vl-8b --gpus 8` with LoRA rank 64 and with ZeRO-3: the peaks this code computes,
+    pinned (the config defaults otherwise: 2 prompts x 8 completions, 128 completion tokens, 448 px -> 196 tokens)."""
+    lora = run_json(capsys, "--model", "qwen3-vl-8b", "--gpus", "8", "--lora-rank", "64")
+    adapters = 64 * 36 * (2 * (4096 + 4096) + 2 * (4096 + 1024) + 3 * (4096 + 12288))
+    assert lora["counts"]["trainable_params"] == adapters == 174_587_904
+    assert lora["per_gpu"]["weights"] == 8_767_123_696 * 2 + adapters * 4
+    assert lora["inputs"]["image_tokens"] == 196  # 448 / 32 = 14 tokens a side
+    assert lora["per_gpu"]["total"] == lora["per_gpu"]["train_phase"] == 44_270_576_096
+    zero3 = run_json(capsys, "--model", "qwen3-vl-8b", "--gpus", "8", "--zero", "3")
+    assert zero3["counts"]["trainable_params"] == Q3_8B.language_params() == 8_190_735_360
+    assert zero3["per_gpu"]["zero3_gather"] == 151936 * 4096 * 2  # the embedding, gathered in bf16
+    assert zero3["per_gpu"]["total"] == zero3["per_gpu"]["train_phase"] == 41_713_149_756
+    rows = verdict_rows(capsys, "--model", "qwen3-vl-8b", "--gpus", "8", "--lora-rank", "64")
+    assert rows["A100-80GB"] == ("A100-80GB        85.90     44.27     41.63  fits: update peak 44.27 GB <= 85.90 GB "
+                                 "capacity")
+    assert rows["A100-40GB"].endswith("does NOT fit: update peak 44.27 GB > 42.95 GB capacity")
+    rows = verdict_rows(capsys, "--model", "qwen3-vl-8b", "--gpus", "8", "--zero", "3")
+    assert rows["A100-80GB"] == ("A100-80GB        85.90     41.71     44.19  fits: update peak 41.71 GB <= 85.90 GB "
+                                 "capacity")
+
+
+def test_qwen3_vl_local_directory_is_planned_like_the_table(tmp_path, capsys):
+    """A Qwen3-VL checkpoint directory: counts from its config.json, image tokens from its processor file, else the
+    released Qwen3-VL processor's 16 px geometry (not Qwen2.5-VL's 14 px: 448 px would give 256 tokens)."""
+    released = {"model_type": "qwen3_vl", "tie_word_embeddings": False,  # Qwen3-VL-8B-Instruct's config.json
+                "text_config": {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+                                "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                                "vocab_size": 151936},
+                "vision_config": {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "patch_size": 16,
+                                  "num_position_embeddings": 2304, "deepstack_visual_indexes": [8, 16, 24]}}
+    (tmp_path / "config.json").write_text(json.dumps(released))
+    r = run_json(capsys, "--model", str(tmp_path), "--gpus", "8", "--lora-rank", "64")
+    table = run_json(capsys, "--model", "qwen3-vl-8b", "--gpus", "8", "--lora-rank", "64")
+    assert r["counts"] == table["counts"] and r["per_gpu"] == table["per_gpu"]
+    assert r["inputs"]["image_tokens"] == 196
+    size = {"shortest_edge": 65536, "longest_edge": 32 * 32 * 64}  # a processor capped at 64 tokens
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"patch_size": 16, "merge_size": 2, "size": size}))
+    assert run_json(capsys, "--model", str(tmp_path))["inputs"]["image_tokens"] == 64
+
+
+def test_qwen3_vl_moe_is_refused_in_one_line(capsys):
+    assert main(["plan", "--model", "Qwen/Qwen3-VL-30B-A3B-Instruct", "--gpus", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "Qwen/Qwen3-VL-30B-A3B-Instruct is a Qwen3-VL mixture-of-experts model" in err and "--params N" in err

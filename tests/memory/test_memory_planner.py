@@ -253,3 +253,33 @@ def test_bad_inputs_are_named():
 def test_prompt_longer_than_max_prompt_length_warns():
     w = plan(PlanInput(spec=Q7, text_tokens=900, image_tokens=256, max_prompt_length=1024))["warnings"]
     assert w and "exceeds data.max_prompt_length=1024" in w[0]
+
+
+Q3_8B = MODEL_TABLE["Qwen/Qwen3-VL-8B-Instruct"]
+
+
+def test_qwen3_activations_count_the_query_width_and_the_qk_norms():
+    inp = PlanInput(spec=Q3_8B, micro_batch=4, text_tokens=64, image_tokens=196, completion_tokens=512)
+    g = plan(inp)["per_gpu"]
+    # T = 772; per token per layer 2 B x (4h + 2q + 2kv + 4I + q + kv): the q_norm / k_norm inputs on top of Qwen2's
+    per_token = 2 * (4 * 4096 + 2 * 4096 + 2 * 1024 + 4 * 12288 + 4096 + 1024)
+    assert per_token == 161_792
+    assert g["activations"] == per_token * 4 * 772 * 36
+    ck = plan(replace(inp, gradient_checkpointing=True))["per_gpu"]
+    assert ck["activations"] == 2 * 4096 * 4 * 772 * 36 + per_token * 4 * 772
+    q4 = MODEL_TABLE["Qwen/Qwen3-VL-4B-Instruct"]  # query width 32 x 128 = 4096 on a 2560 hidden size
+    g4 = plan(replace(inp, spec=q4, gradient_checkpointing=False))["per_gpu"]
+    assert g4["activations"] == 2 * (4 * 2560 + 3 * 4096 + 3 * 1024 + 4 * 9728) * 4 * 772 * 36
+
+
+def test_qwen3_step_features_hold_the_deepstack_maps():
+    inp = PlanInput(spec=Q3_8B, prompts_per_step=4, image_tokens=196, vision_cache_bytes=0)
+    # the merged embeddings and 3 DeepStack maps per image token, each [N, 4096] in bf16
+    assert plan(inp)["per_gpu"]["vision_cache"] == 4 * 196 * 4096 * 2 * (1 + 3)
+    assert plan(replace(inp, spec=Q7))["per_gpu"]["vision_cache"] == 4 * 196 * 3584 * 2  # no DeepStack
+
+
+def test_qwen3_zero3_rollout_gathers_the_deepstack_mergers_too():
+    inp = PlanInput(spec=Q3_8B, zero_stage=3, num_gpus=8, engine="vllm")
+    tower = 415_891_440 + 160_496_896  # ViT + position table + patch embedding; merger + 3 DeepStack mergers
+    assert plan(inp)["per_gpu"]["zero3_rollout_gather"] == tower * 2 * 7 // 8

@@ -1,5 +1,6 @@
 """Model specs: parameter counts from the architecture formulas, config.json reading, names, LoRA, KV cache."""
 
+import dataclasses
 import json
 
 import pytest
@@ -66,23 +67,39 @@ TINY_2 = {  # older layout: text keys at the top level, Qwen2-VL vision keys (em
 }
 
 
-def _torch_counts(raw: dict) -> tuple[int, int]:
-    """(total, largest single module) of the transformers model built on the meta device."""
+TINY_3 = {  # Qwen3-VL: explicit head_dim, q/k norms, learned positions, two DeepStack mergers, tied at the top level
+    "model_type": "qwen3_vl", "tie_word_embeddings": True,
+    "text_config": {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+                    "num_key_value_heads": 2, "head_dim": 24, "vocab_size": 300},
+    "vision_config": {"depth": 3, "hidden_size": 32, "intermediate_size": 48, "num_heads": 2, "out_hidden_size": 64,
+                      "patch_size": 16, "num_position_embeddings": 16, "deepstack_visual_indexes": [0, 2]},
+}
+CLASSES = {"qwen2_5_vl": ("Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLConfig"),
+           "qwen2_vl": ("Qwen2VLForConditionalGeneration", "Qwen2VLConfig"),
+           "qwen3_vl": ("Qwen3VLForConditionalGeneration", "Qwen3VLConfig")}
+
+
+def _torch_counts(raw: dict, parts: bool = False):
+    """(total, largest single module) of the transformers model built on the meta device; with `parts`, a dict that
+    also holds the vision and merger parts as the trainer splits them (`trainer.backends.part_of`)."""
     torch = pytest.importorskip("torch")
     import transformers
 
-    cls, cfg_cls = ((transformers.Qwen2_5_VLForConditionalGeneration, transformers.Qwen2_5_VLConfig)
-                    if raw["model_type"] == "qwen2_5_vl" else
-                    (transformers.Qwen2VLForConditionalGeneration, transformers.Qwen2VLConfig))
+    cls, cfg_cls = (getattr(transformers, n) for n in CLASSES[raw["model_type"]])
     kwargs = {k: v for k, v in raw.items() if k != "model_type"}
     with torch.device("meta"):
         model = cls(cfg_cls(**kwargs))
     total = sum(dict((id(p), p.numel()) for p in model.parameters()).values())
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
-    return total, largest
+    if not parts:
+        return total, largest
+    visual = {n: p.numel() for n, p in model.named_parameters() if ".visual." in f".{n}"}
+    merger = sum(v for n, v in visual.items() if ".merger." in n or ".deepstack_merger_list." in n)
+    return {"total": total, "largest": largest, "vision": sum(visual.values()) - merger, "merger": merger}
 
 
-@pytest.mark.parametrize("raw", [TINY_25, TINY_2], ids=["qwen2_5_vl", "qwen2_vl"])
+@pytest.mark.parametrize("raw", [TINY_25, TINY_2, TINY_3, dict(TINY_3, tie_word_embeddings=False)],
+                         ids=["qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen3_vl_untied"])
 def test_config_json_counts_equal_transformers(tmp_path, raw):
     (tmp_path / "config.json").write_text(json.dumps(raw))
     spec = resolve_model(str(tmp_path))
@@ -112,7 +129,8 @@ def test_config_json_errors_name_the_file_and_key(tmp_path):
     bad = dict(TINY_25, text_config={k: v for k, v in TINY_25["text_config"].items() if k != "vocab_size"})
     with pytest.raises(PlanError, match=r"config.json' has no vocab_size"):
         spec_from_config_json(_write(tmp_path / "a", bad))
-    with pytest.raises(PlanError, match=r"model_type 'llama' is not supported; accepted: qwen2_vl, qwen2_5_vl"):
+    accepted = "accepted: qwen2_vl, qwen2_5_vl, qwen3_vl"
+    with pytest.raises(PlanError, match=rf"model_type 'llama' is not supported; {accepted}"):
         spec_from_config_json(_write(tmp_path / "b", {"model_type": "llama"}))
 
 
@@ -144,3 +162,102 @@ def test_kv_cache_qwen2_5_vl_7b_8_by_4096():
     assert (s.layers, s.kv_heads, s.head_dim) == (28, 4, 128)
     got = kv_cache_bytes(s.layers, s.kv_heads, s.head_dim, num_seqs=8, seq_len=4096, dtype_bytes=2)
     assert got == 2 * 8 * 28 * 4096 * 4 * 128 * 2 == 1_879_048_192
+
+
+# The released Qwen3-VL config.json values the table must hold (sources: docs/memory.md, "Qwen3-VL sizes"), written
+# as config.json writes them, so that the table, the config.json reader and transformers are checked against each
+# other. Every size: head_dim 128, vocab 151936, 16 px patches, 2,304 learned positions, 16 vision heads.
+def _qwen3_released(hidden, inter, layers, heads, tie, depth, hv, iv, deepstack) -> dict:
+    return {"model_type": "qwen3_vl", "tie_word_embeddings": tie,
+            "text_config": {"hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
+                            "num_attention_heads": heads, "num_key_value_heads": 8, "head_dim": 128,
+                            "vocab_size": 151936, "tie_word_embeddings": tie},
+            "vision_config": {"depth": depth, "hidden_size": hv, "intermediate_size": iv, "num_heads": 16,
+                              "out_hidden_size": hidden, "patch_size": 16, "spatial_merge_size": 2,
+                              "temporal_patch_size": 2, "num_position_embeddings": 2304,
+                              "deepstack_visual_indexes": deepstack}}
+
+
+QWEN3_RELEASED = {
+    "Qwen/Qwen3-VL-2B-Instruct": _qwen3_released(2048, 6144, 28, 16, True, 24, 1024, 4096, [5, 11, 17]),
+    "Qwen/Qwen3-VL-4B-Instruct": _qwen3_released(2560, 9728, 36, 32, True, 24, 1024, 4096, [5, 11, 17]),
+    "Qwen/Qwen3-VL-8B-Instruct": _qwen3_released(4096, 12288, 36, 32, False, 27, 1152, 4304, [8, 16, 24]),
+    "Qwen/Qwen3-VL-32B-Instruct": _qwen3_released(5120, 25600, 64, 64, False, 27, 1152, 4304, [8, 16, 24]),
+}
+# transformers' own count of Qwen3VLForConditionalGeneration(Qwen3VLConfig(**config.json)) on the meta device
+# (transformers 5.20; test_qwen3_vl_counts_equal_transformers recounts them). The 8B's agrees with its published
+# 8.77 B (16.33 GiB of bf16 weights).
+QWEN3_PARAMS = {
+    "Qwen/Qwen3-VL-2B-Instruct": 2_127_532_032,
+    "Qwen/Qwen3-VL-4B-Instruct": 4_437_815_808,
+    "Qwen/Qwen3-VL-8B-Instruct": 8_767_123_696,
+    "Qwen/Qwen3-VL-32B-Instruct": 33_357_390_064,
+}
+
+
+@pytest.mark.parametrize("name", sorted(QWEN3_PARAMS))
+def test_qwen3_vl_table_is_the_released_config(name, tmp_path):
+    spec = MODEL_TABLE[name]
+    assert spec.total_params() == QWEN3_PARAMS[name]
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_RELEASED[name]))
+    from_json = resolve_model(str(tmp_path))
+    assert from_json == dataclasses.replace(spec, name=str(tmp_path))  # every field, DeepStack mergers included
+
+
+@pytest.mark.parametrize("name", sorted(QWEN3_PARAMS))
+def test_qwen3_vl_counts_equal_transformers(name):
+    """Whole model, vision / merger parts as the trainer splits them (DeepStack mergers with the merger) and the
+    largest module, from transformers' modeling file itself."""
+    counts = _torch_counts(QWEN3_RELEASED[name], parts=True)
+    spec = MODEL_TABLE[name]
+    assert counts == {"total": QWEN3_PARAMS[name], "largest": spec.largest_layer_params(),
+                      "vision": spec.vision_params(), "merger": spec.merger_params()}
+
+
+def test_qwen3_vl_8b_exact_breakdown():
+    s = MODEL_TABLE["Qwen/Qwen3-VL-8B-Instruct"]
+    # decoder layer: q, o 4096 x 4096 and k, v 4096 x 1024 without biases, q_norm + k_norm over head_dim 128, SwiGLU,
+    # two RMSNorms; untied lm_head
+    layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 2 * 128 + 3 * 4096 * 12288 + 2 * 4096
+    assert s.language_params() == 36 * layer + 2 * 151936 * 4096 + 4096 == 8_190_735_360
+    # ViT block: two LayerNorms (weight + bias), qkv and proj with biases, GELU MLP 1152 -> 4304 -> 1152 with biases;
+    # conv3d 3 x 2 x 16 x 16 with a bias; 2,304 learned positions
+    block = 4 * 1152 + (1152 * 3456 + 3456) + (1152 * 1152 + 1152) + (1152 * 4304 + 4304) + (4304 * 1152 + 1152)
+    assert s.vision_params() == 27 * block + (3 * 2 * 16 * 16 * 1152 + 1152) + 2304 * 1152 == 415_891_440
+    # the merger (LayerNorm over 1152, then 4608 -> 4608 -> 4096) and 3 DeepStack mergers (LayerNorm over 4608)
+    linears = (4608 * 4608 + 4608) + (4608 * 4096 + 4096)
+    assert s.merger_params() == 2 * 1152 + linears + 3 * (2 * 4608 + linears) == 160_496_896
+    assert s.total_params() == 8_767_123_696 and s.largest_layer_params() == 151936 * 4096
+    assert (s.patch, s.merge, s.deepstack_mergers, s.tie_embeddings) == (16, 2, 3, False)
+
+
+def test_qwen3_vl_small_sizes_tie_their_embeddings():
+    s2, s4 = MODEL_TABLE["Qwen/Qwen3-VL-2B-Instruct"], MODEL_TABLE["Qwen/Qwen3-VL-4B-Instruct"]
+    assert s2.tie_embeddings and s4.tie_embeddings
+    # 4B: 32 heads x 128 = 4096 query width on a 2560 hidden size (Qwen3 states head_dim; it is not hidden / heads)
+    layer = 2560 * 4096 + 2 * 2560 * 1024 + 4096 * 2560 + 2 * 128 + 3 * 2560 * 9728 + 2 * 2560
+    assert s4.language_params() == 36 * layer + 151936 * 2560 + 2560  # one embedding matrix
+
+
+def test_qwen3_vl_kv_cache_per_token():
+    s = MODEL_TABLE["Qwen/Qwen3-VL-8B-Instruct"]
+    # 36 layers x 8 KV heads x 128 x (K, V) x bf16 = 147,456 B = 144 KiB per token
+    assert kv_cache_bytes(s.layers, s.kv_heads, s.head_dim, 1, 1, 2) == 2 * 36 * 8 * 128 * 2 == 144 * 1024
+
+
+@pytest.mark.parametrize("name", ["qwen3-vl-8b", "Qwen/Qwen3-VL-8B-Instruct", "QWEN3-VL-8B-INSTRUCT"])
+def test_qwen3_vl_name_variants(name):
+    assert resolve_model(name) is MODEL_TABLE["Qwen/Qwen3-VL-8B-Instruct"]
+
+
+@pytest.mark.parametrize("name", ["qwen3-vl-30b-a3b", "Qwen/Qwen3-VL-30B-A3B-Instruct",
+                                  "Qwen/Qwen3-VL-235B-A22B-Thinking"])
+def test_qwen3_vl_moe_is_refused_by_name(name, tmp_path):
+    with pytest.raises(PlanError) as e:
+        resolve_model(name)
+    msg = str(e.value)
+    assert msg.startswith(f"{name} is a Qwen3-VL mixture-of-experts model") and "--params N" in msg
+    assert "dense Qwen3-VL 2B, 4B, 8B and 32B" in msg
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_vl_moe"}))
+    with pytest.raises(PlanError, match="config.json' is a Qwen3-VL mixture-of-experts model"):
+        resolve_model(str(tmp_path))

@@ -192,20 +192,19 @@ def test_printed_suggestions_change_what_the_trainer_runs(gpus, tmp_path, monkey
 
 def test_the_plan_takes_offload_from_the_deepspeed_json(tmp_path, capsys):
     """With train.zero3.deepspeed_config set, the trainer reads offload from the file: so does the plan, and a
-    train.zero3.offload_* key the file contradicts is named as ignored."""
+    train.zero3.offload_* key beside the file is refused (it would do nothing)."""
     ds = tmp_path / "ds.json"
     ds.write_text(json.dumps({"bf16": {"enabled": True}, "zero_optimization": {
         "stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "none"}}}))
     base = [f"model.name_or_path={MODEL}", "model.dtype=bfloat16", "train.backend=zero3", "train.num_gpus=8",
             f"train.zero3.deepspeed_config={ds}"]
-    inp = plan_input_from_config(load_config(None, base + ["train.zero3.offload_param=true"]))
+    inp = plan_input_from_config(load_config(None, base))
     assert inp.offload == frozenset({"optimizer"}) and inp.deepspeed_config == str(ds)
+    assert main(["plan", "--set", base[0], "--set", base[2], "--set", base[3], "--set", base[4]]) == 0
+    assert f"offload: optimizer (from {ds})" in capsys.readouterr().out
     assert main(["plan", "--set", base[0], "--set", base[2], "--set", base[3], "--set", base[4], "--set",
-                 "train.zero3.offload_param=true"]) == 0
-    table = capsys.readouterr().out
-    assert f"offload: optimizer (from {ds})" in table
-    assert (f"note: train.zero3.offload_param=true is ignored: the trainer takes offload from {ds}, which keeps the "
-            'param on the GPU (planned so); set zero_optimization.offload_param.device to "cpu" there') in table
+                 "train.zero3.offload_param=true"]) == 2
+    assert "zero_optimization.offload_param.device: cpu" in capsys.readouterr().err
     # each offload change, applied to a copy of the JSON, gives back exactly the input that was priced
     for changes, alt in candidates(inp):
         edits = {c.removeprefix(DEEPSPEED_JSON).split("=")[0]: "cpu" for c in changes if c.startswith(DEEPSPEED_JSON)}

@@ -1,7 +1,8 @@
-"""The real vLLM engine (vLLM's CPU build, `make test-vllm`) on the tiny Qwen2.5-VL in fp32: greedy tokens equal the
-HF engine's, the prompt vLLM expands equals ours, weight sync through vLLM's reload (language, vision and tied
-embeddings; plain and merged-LoRA weights) keeps its log-probs within 1e-3 of the trainer's, prefix caching hits,
-and the vision tower runs once per unique image. One engine per image-input mode is launched per module."""
+"""The real vLLM engine (vLLM's CPU build, `make test-vllm`) on the tiny Qwen2.5-VL and Qwen3-VL in fp32: greedy tokens
+equal the HF engine's, the prompt vLLM expands equals ours, weight sync through vLLM's reload (language, vision with
+Qwen3-VL's DeepStack mergers, and tied embeddings; plain and merged-LoRA weights) keeps its log-probs within 1e-3 of
+the trainer's, prefix caching hits, and the vision tower runs once per unique image. One engine per arch and
+image-input mode is launched per module, when a test first asks for it."""
 
 import os
 
@@ -14,9 +15,10 @@ from vlgrpo.grpo.rollout_is import logprob_gap
 from vlgrpo.models import load_model, placeholder_token_ids
 from vlgrpo.rollout.base import SamplingParams
 from vlgrpo.rollout.hf import HFEngine
-from vlgrpo.rollout.inputs import completion_logits, forbidden_mask
+from vlgrpo.rollout.inputs import build_prompt, completion_logits, forbidden_mask
+from vlgrpo.rollout.vllm import build_request
 from vlgrpo.trainer.batch import make_batch
-from vlgrpo.vision_cache import VisionCache
+from vlgrpo.vision_cache import ImageFeatures, VisionCache
 
 pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm", reason="vLLM runs in its own environment: make test-vllm")
@@ -24,15 +26,28 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 ENGINE_KWARGS = {"dtype": "float32", "enforce_eager": True, "block_size": 32}  # CPU attention: blocks of 32
 
 
+ARCHS = ["qwen2_5_vl", "qwen3_vl"]
+MODES = ["embeds", "pixels"]
+
+
 @pytest.fixture(scope="module")
-def spread_model(tmp_path_factory, tiny_model_dir, spread):
-    """The tiny model with its LM weights spread out (seeded), saved: greedy decoding then varies per sample."""
-    lm = load_model(tiny_model_dir("qwen2_5_vl"))
-    spread(lm.model, 0.5)
-    out = tmp_path_factory.mktemp("spread")
-    lm.model.save_pretrained(out)
-    lm.processor.save_pretrained(out)
-    return str(out)
+def spread_model(tmp_path_factory, tiny_model_dir, spread, spread_deepstack):
+    """arch -> the tiny model with its LM weights spread out (seeded), saved: greedy decoding then varies per sample.
+    Qwen3-VL's DeepStack mergers are spread too, so that its tokens depend on the DeepStack maps vLLM is given."""
+    saved: dict[str, str] = {}
+
+    def get(arch: str) -> str:
+        if arch not in saved:
+            lm = load_model(tiny_model_dir(arch))
+            spread(lm.model, 0.5)
+            assert (spread_deepstack(lm.model, 1.0) > 0) is (arch == "qwen3_vl")
+            out = tmp_path_factory.mktemp(f"spread_{arch}")
+            lm.model.save_pretrained(out)
+            lm.processor.save_pretrained(out)
+            saved[arch] = str(out)
+        return saved[arch]
+
+    return get
 
 
 def _launch(path, mm_input):
@@ -46,13 +61,26 @@ def _launch(path, mm_input):
 
 
 @pytest.fixture(scope="module")
-def embeds_engine(spread_model):
-    return _launch(spread_model, "embeds")
+def engines(spread_model):
+    """(arch, mm_input) -> (LoadedModel, VisionCache, VLLMEngine), launched once per module on first use."""
+    launched: dict[tuple[str, str], tuple] = {}
+
+    def get(arch: str, mode: str):
+        if (arch, mode) not in launched:
+            launched[arch, mode] = _launch(spread_model(arch), mode)
+        return launched[arch, mode]
+
+    return get
 
 
 @pytest.fixture(scope="module")
-def pixels_engine(spread_model):
-    return _launch(spread_model, "pixels")
+def embeds_engine(engines):
+    return engines("qwen2_5_vl", "embeds")
+
+
+@pytest.fixture(scope="module")
+def pixels_engine(engines):
+    return engines("qwen2_5_vl", "pixels")
 
 
 def _trainer_logps(model, processor, cache, groups, top_k=0, top_p=1.0, temperature=1.0):
@@ -87,26 +115,62 @@ def test_prefix_cache_hits_and_one_encoder_call_per_unique_image(embeds_engine, 
 
 def _request(engine, sample):
     """The request the engine sends for one sample (its own build path)."""
-    from vlgrpo.rollout.inputs import build_prompt
-    from vlgrpo.rollout.vllm import build_request
-
     p = build_prompt(sample, engine.processor, engine.geometry, **engine.prompt_kw)
     feats = engine.cache.get([p.image])[0] if engine.mm_input == "embeds" else None
-    return p, build_request(p, engine.image_token_id, feats, engine.mm_input)
+    return p, build_request(p, engine.image_token_id, feats, engine.mm_input, engine.deepstack_maps)
 
 
-@pytest.mark.parametrize("mode", ["embeds", "pixels"])
-def test_greedy_tokens_and_prompt_lengths_equal_the_hf_engine(mode, embeds_engine, pixels_engine, samples):
-    lm, cache, engine = embeds_engine if mode == "embeds" else pixels_engine
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("mode", MODES)
+def test_greedy_tokens_and_prompt_lengths_equal_the_hf_engine(arch, mode, engines, samples):
+    lm, cache, engine = engines(arch, mode)
     greedy = SamplingParams(n=1, temperature=0, max_new_tokens=12)
     want = [g.completions[0].token_ids for g in HFEngine(lm.model, lm.processor, cache).generate(samples[:8], greedy)]
     assert [g.completions[0].token_ids for g in engine.generate(samples[:8], greedy)] == want
     assert len({tuple(w) for w in want}) == 8  # varied sequences: agreement is not one token repeated
-    # the prompt vLLM expands (one image pad sent) has exactly the trainer's length (16 image tokens at 112 px)
+    # the prompt vLLM expands (one image pad sent) has exactly the trainer's length (16 image tokens at 112 px; Qwen3-VL
+    # resizes it to 128 px: 8 x 8 patches of 16 px, merged 2 x 2)
     prompt, request = _request(engine, samples[0])
     out = engine.llm.generate([request], vllm.SamplingParams(max_tokens=1), use_tqdm=False)
     assert len(out[0].prompt_token_ids) == len(prompt.input_ids) and prompt.input_ids.count(engine.image_token_id) == 16
     assert request["prompt_token_ids"].count(engine.image_token_id) == 1
+
+
+def test_qwen3_vl_images_carry_every_deepstack_map_and_the_tokens_depend_on_them(engines, samples):
+    """A Qwen3-VL image goes to vLLM as one [N, (1 + L) * H] tensor: the merged embeddings, then DeepStack map 0, 1, ...
+    (what vLLM's own tower returns and its language model splits again). The greedy test above passes only if vLLM
+    adds each map at its layer: the same requests with the maps zeroed, or with the two maps swapped, decode other
+    tokens."""
+    lm, cache, engine = engines("qwen3_vl", "embeds")
+    hidden = lm.model.config.get_text_config().hidden_size
+    feats = cache.get([s.image for s in samples[:8]])
+    requests = [_request(engine, s)[1] for s in samples[:8]]
+    sent = requests[0]["multi_modal_data"]["image"]["image_embeds"]
+    assert feats[0].deepstack.shape == (2, 16, hidden) and sent.shape == (16, 3 * hidden)
+    assert torch.equal(sent[:, :hidden], feats[0].embeds)
+    assert all(torch.equal(sent[:, (1 + i) * hidden : (2 + i) * hidden], feats[0].deepstack[i]) for i in range(2))
+
+    def decode(edit) -> list[list[int]]:
+        """vLLM's greedy tokens for the requests with `edit` applied to each image's [N, (1 + L) * H] embeddings."""
+        edited = []
+        for r in requests:
+            image = r["multi_modal_data"]["image"]
+            edited.append({**r, "multi_modal_data": {"image": {**image, "image_embeds": edit(image["image_embeds"])}}})
+        outs = engine.llm.generate(edited, vllm.SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+    main, maps = slice(0, hidden), slice(hidden, None)
+    tokens = decode(lambda e: e)
+    zeroed = decode(lambda e: torch.cat([e[:, main], torch.zeros_like(e[:, maps])], 1))
+    swapped = decode(lambda e: torch.cat([e[:, main], e[:, 2 * hidden :], e[:, hidden : 2 * hidden]], 1))
+    changed = [sum(a != b for a, b in zip(tokens, other)) for other in (zeroed, swapped)]
+    print(f"[qwen3_vl] greedy sequences of 8 changed with the DeepStack maps zeroed: {changed[0]}, "
+          f"swapped: {changed[1]}")
+    assert min(changed) >= 2
+    # features short of their maps (another model's, or a cache entry without them) are refused before vLLM sees them
+    with pytest.raises(ValueError, match="takes the merged embeddings and 2 maps"):
+        build_request(build_prompt(samples[0], lm.processor), engine.image_token_id,
+                      ImageFeatures(feats[0].embeds, feats[0].grid_thw), "embeds", engine.deepstack_maps)  # fmt: skip
 
 
 def _perturb(model, scale=1.01):
@@ -116,13 +180,16 @@ def _perturb(model, scale=1.01):
             p.mul_(scale)
 
 
-@pytest.mark.parametrize("mode", ["embeds", "pixels"])
-def test_logprobs_match_the_trainer_after_syncing_changed_weights(mode, embeds_engine, pixels_engine, samples):
-    lm, cache, engine = embeds_engine if mode == "embeds" else pixels_engine
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("mode", MODES)
+def test_logprobs_match_the_trainer_after_syncing_changed_weights(arch, mode, engines, samples):
+    """`pixels`: vLLM's own tower (Qwen3-VL's DeepStack mergers included) runs on the synced vision weights."""
+    lm, cache, engine = engines(arch, mode)
     assert engine.tied_embeddings and lm.model.config.tie_word_embeddings
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=12, seed=3)
     replay, _, b = _trainer_logps(lm.model, lm.processor, cache, engine.generate(samples[:4], params))
-    assert logprob_gap(replay, b.engine_logp, b.loss_mask)[1] < 1e-3  # before any sync
+    before = logprob_gap(replay, b.engine_logp, b.loss_mask)[1]
+    assert before < 1e-3  # before any sync
     _perturb(lm.model)
     version = engine.policy_version + 1
     cache.set_step(version)
@@ -132,7 +199,8 @@ def test_logprobs_match_the_trainer_after_syncing_changed_weights(mode, embeds_e
     groups = engine.generate(samples[:4], params)
     replay, _, b = _trainer_logps(lm.model, lm.processor, cache, groups)
     mean, worst = logprob_gap(replay, b.engine_logp, b.loss_mask)
-    print(f"[{mode}] after sync: |vLLM - trainer| log-prob mean {mean:.2e}, max {worst:.2e}")
+    print(f"[{arch} {mode}] |vLLM - trainer| log-prob max {before:.2e} before any sync; after the sync mean "
+          f"{mean:.2e}, max {worst:.2e}")
     assert worst < 1e-3 and groups[0].policy_version == version
     assert engine.stats()["rollout/params_pushed"] > 0
 

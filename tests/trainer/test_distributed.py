@@ -16,6 +16,7 @@ from vlgrpo.trainer.state import build_state
 from trainer_helpers import tiny_config, write_reward_module
 
 WORKER = Path(__file__).with_name("dist_worker.py")
+MODEL_CLASS = {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration", "qwen3_vl": "Qwen3VLForConditionalGeneration"}
 
 
 def _torchrun(tmp_path, port: int, *overrides: str, timeout: int = 600) -> list[dict]:
@@ -35,23 +36,28 @@ def _torchrun(tmp_path, port: int, *overrides: str, timeout: int = 600) -> list[
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
-def _config(tmp_path, tiny_model_dir, shapes_dir, *extra):
+def _config(tmp_path, tiny_model_dir, shapes_dir, *extra, arch: str = "qwen2_5_vl"):
     spec = write_reward_module(tmp_path)
-    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", f"reward.recipe={{'{spec}': 1.0}}",
+    cfg = tiny_config(tiny_model_dir(arch), shapes_dir, tmp_path / "run", f"reward.recipe={{'{spec}': 1.0}}",
                       "train.save_every=1", *extra)
     save_config(cfg, tmp_path / "cfg.yaml")
 
 
-def test_zero3_two_ranks_on_cpu_trains_and_exports_the_gathered_weights(tmp_path, tiny_model_dir, shapes_dir):
+# Qwen3-VL: the DeepStack maps are encoded under the gathered tower and injected in every pass over the shards
+@pytest.mark.parametrize("arch, port", [("qwen2_5_vl", 29517), ("qwen3_vl", 29522)], ids=["qwen2_5_vl", "qwen3_vl"])
+def test_zero3_two_ranks_on_cpu_trains_and_exports_the_gathered_weights(tmp_path, tiny_model_dir, shapes_dir, arch,
+                                                                        port):
     pytest.importorskip("deepspeed")
-    _config(tmp_path, tiny_model_dir, shapes_dir, "train.backend=zero3", "grpo.beta=0.04")
-    _torchrun(tmp_path, 29517)
+    _config(tmp_path, tiny_model_dir, shapes_dir, "train.backend=zero3", "grpo.beta=0.04", arch=arch)
+    _torchrun(tmp_path, port)
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2] and "grpo/kl" in rows[-1]
     assert (tmp_path / "run" / "checkpoints" / "step_2" / "zero3").is_dir()  # DeepSpeed's own sharded checkpoint
     gathered = torch.load(tmp_path / "weights_rank0.pt")
-    exported = load_model(str(tmp_path / "export")).model.state_dict()
-    base = load_model(tiny_model_dir()).model.state_dict()
+    exported_model = load_model(str(tmp_path / "export")).model
+    assert exported_model.config.architectures == [MODEL_CLASS[arch]] == [type(exported_model).__name__]
+    exported = exported_model.state_dict()
+    base = load_model(tiny_model_dir(arch)).model.state_dict()
     missing = set(exported) - set(gathered)
     assert missing <= {"lm_head.weight"}  # tied to the embeddings: one gathered tensor serves both
     for name, tensor in exported.items():

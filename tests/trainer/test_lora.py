@@ -1,7 +1,8 @@
+import pytest
 import torch
 
 from vlgrpo.data.adapters import load_samples
-from vlgrpo.models import load_model
+from vlgrpo.models import TinySpec, init_tiny, load_model
 from vlgrpo.trainer.loop import Trainer
 from vlgrpo.trainer.lora import target_regex
 from vlgrpo.trainer.state import build_state
@@ -63,3 +64,42 @@ def test_lora_training_and_merged_export(tmp_path, tiny_model_dir, shapes_dir):
         if ".visual." in f".{n}":
             assert torch.equal(p, base[n]), n
     assert changed > 0 and (out / "adapter" / "adapter_config.json").is_file()
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_qwen3_vl_lora_trains_the_language_model_and_vlgrpo_export_merges_it(tmp_path, shapes_dir, tied):
+    """LoRA on a Qwen3-VL: adapters on the language model's 7 linears per layer only (the tower and its DeepStack
+    mergers frozen); `vlgrpo export` writes the merged weights, which transformers loads as a
+    Qwen3VLForConditionalGeneration equal to what trained, with the LM head tied to the embedding or not as built."""
+    from transformers import AutoModelForImageTextToText
+
+    from vlgrpo.cli import main
+
+    model_dir = init_tiny(tmp_path / "m", "qwen3_vl", spec=TinySpec(tie_word_embeddings=tied))
+    spec = write_reward_module(tmp_path)
+    cfg = tiny_config(str(model_dir), shapes_dir, tmp_path / "run", "train.backend=lora", "train.lora.rank=4",
+                      f"reward.recipe={{'{spec}': 1.0}}", "train.lr=1e-2", "grpo.beta=0.04")
+    state = build_state(cfg, progress=False)
+    adapted = {n.split(".lora_A.")[0].removeprefix("base_model.model.")
+               for n, p in state.backend.model.named_parameters() if ".lora_A." in n}
+    assert all(p.requires_grad == ("lora_" in n) for n, p in state.backend.model.named_parameters())
+    assert len(adapted) == 7 * 4 and all(".language_model.layers." in n for n in adapted)
+    Trainer(state).train()
+    trained = dict(state.backend.named_weights())
+    state.close()
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "export")]) == 0
+    exported = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "export"))
+    assert type(exported).__name__ == "Qwen3VLForConditionalGeneration"
+    assert exported.config.architectures == ["Qwen3VLForConditionalGeneration"]
+    base = load_model(str(model_dir)).model.state_dict()
+    weights = exported.state_dict()
+    assert set(weights) == set(trained)
+    for n, w in weights.items():
+        assert torch.equal(w, trained[n]), n  # the merged weights, exactly
+        if ".visual." in f".{n}" or "norm" in n:
+            assert torch.equal(w, base[n]), n  # no adapter there: the tower, DeepStack mergers, norms unchanged
+    assert all(not torch.equal(weights[f"{n}.weight"], base[f"{n}.weight"]) for n in adapted)  # trained
+    embed, head = exported.model.language_model.embed_tokens.weight, exported.lm_head.weight
+    assert (head.data_ptr() == embed.data_ptr()) == tied
+    assert torch.equal(head, base["lm_head.weight"])  # untied: the base's own head, not the embedding
+    assert torch.equal(embed, base["model.language_model.embed_tokens.weight"])

@@ -4,16 +4,25 @@ When a change is meant to move these numbers, re-pin them in the same commit and
 
 import math
 
+import pytest
+
 from vlgrpo.trainer.loop import Trainer
 from vlgrpo.trainer.state import build_state
 
 from trainer_helpers import tiny_config, write_reward_module
 
-# step -> (train/loss, reward/total, grpo/kl), measured on the CPU in fp32 with one thread
+# arch -> step -> (train/loss, reward/total, grpo/kl), measured on the CPU in fp32 with one thread
 PINNED = {
-    1: (1.601874828338623e-07, 2.1375, 0.0),
-    2: (0.0022940337657928467, 1.875, 0.05734606832265854),
-    3: (0.0041449181735515594, 1.85, 0.10362392291426659),
+    "qwen2_5_vl": {
+        1: (1.601874828338623e-07, 2.1375, 0.0),
+        2: (0.0022940337657928467, 1.875, 0.05734606832265854),
+        3: (0.0041449181735515594, 1.85, 0.10362392291426659),
+    },
+    "qwen3_vl": {  # DeepStack on (init-tiny: 2 maps, into language-model layers 0 and 1)
+        1: (-2.1979212760925293e-07, 2.1625, 0.0),
+        2: (0.001841627061367035, 1.8125, 0.046040307730436325),
+        3: (0.002074994146823883, 1.725, 0.05186977982521057),
+    },
 }
 
 
@@ -21,14 +30,33 @@ def _close(got: float, want: float) -> bool:
     return math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-7)
 
 
-def test_three_seeded_grpo_steps_reproduce_their_pinned_numbers(tmp_path, tiny_model_dir, shapes_dir):
+def _run(tmp_path, model_dir: str, shapes_dir) -> dict[int, tuple[float, float, float]]:
     spec = write_reward_module(tmp_path)
-    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", f"reward.recipe={{'{spec}': 1.0}}",
+    cfg = tiny_config(model_dir, shapes_dir, tmp_path / "run", f"reward.recipe={{'{spec}': 1.0}}",
                       "train.steps=3", "grpo.beta=0.04", "train.lr=1e-2", "train.seed=0")
     state = build_state(cfg, progress=False)
     history = Trainer(state).train()
     state.close()
-    got = {h["step"]: (h["train/loss"], h["reward/total"], h["grpo/kl"]) for h in history}
+    return {h["step"]: (h["train/loss"], h["reward/total"], h["grpo/kl"]) for h in history}
+
+
+def _matches(got: dict, pinned: dict) -> bool:
+    return set(got) == set(pinned) and all(_close(g, w) for s in pinned for g, w in zip(got[s], pinned[s]))
+
+
+@pytest.mark.parametrize("arch", PINNED)
+def test_three_seeded_grpo_steps_reproduce_their_pinned_numbers(tmp_path, tiny_model_dir, shapes_dir, arch):
+    got = _run(tmp_path, tiny_model_dir(arch), shapes_dir)
     assert set(got) == {1, 2, 3}
-    for step, want in PINNED.items():
+    for step, want in PINNED[arch].items():
         assert all(_close(g, w) for g, w in zip(got[step], want)), (step, got[step], want)
+
+
+def test_the_qwen3_vl_pin_needs_deepstack(tmp_path, tiny_model_dir, shapes_dir, monkeypatch):
+    """The mutation check: the same run with the DeepStack maps never added to the language model's hidden states
+    (rollout, old, reference and update passes alike) misses the pin, so the pin holds DeepStack's effect."""
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextModel
+
+    monkeypatch.setattr(Qwen3VLTextModel, "_deepstack_process", lambda self, hidden_states, *a, **k: hidden_states)
+    got = _run(tmp_path, tiny_model_dir("qwen3_vl"), shapes_dir)
+    assert set(got) == {1, 2, 3} and not _matches(got, PINNED["qwen3_vl"])

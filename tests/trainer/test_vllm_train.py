@@ -1,7 +1,8 @@
 """`vlgrpo train ... rollout.engine=vllm` end to end on vLLM's CPU build (`make test-vllm`): 3 GRPO steps with the
-plain and the LoRA backend, weights synced into the engine after every step through the trainer's own code, and the
-engine's log-probs within 1e-3 of the trainer's at every step (`rollout/logprob_abs_diff_max` in metrics.jsonl). With
-rollout.placement=split the engine runs in each rank's rollout worker, which gets every version's weights."""
+plain and the LoRA backend (and plain on Qwen3-VL, vLLM running its own tower and DeepStack mergers), weights synced
+into the engine after every step through the trainer's own code, and the engine's log-probs within 1e-3 of the
+trainer's at every step (`rollout/logprob_abs_diff_max` in metrics.jsonl). With rollout.placement=split the engine runs
+in each rank's rollout worker, which gets every version's weights."""
 
 import os
 import subprocess
@@ -25,12 +26,12 @@ SPLIT = ["rollout.placement=split", "train.num_gpus=2", "rollout.vllm.rollout_gp
 KEYS = ("train/loss", "reward/total", "grpo/entropy", "train/grad_norm", "grpo/response_length")
 
 
-def _train(out: Path, tiny_model_dir, shapes_dir, *overrides: str) -> list[dict]:
+def _train(out: Path, tiny_model_dir, shapes_dir, *overrides: str, arch: str = "qwen2_5_vl") -> list[dict]:
     """`vlgrpo train` for 3 steps in a process of its own (vLLM runs in it, or in its rollout worker) -> metrics."""
     out.mkdir(exist_ok=True)
     spec = write_reward_module(out)
-    cfg = tiny_config(tiny_model_dir(), shapes_dir, out / "run", f"reward.recipe={{'{spec}': 1.0}}", "train.steps=3",
-                      "model.freeze_merger=false", *VLLM, *overrides)  # fmt: skip
+    cfg = tiny_config(tiny_model_dir(arch), shapes_dir, out / "run", f"reward.recipe={{'{spec}': 1.0}}",
+                      "train.steps=3", "model.freeze_merger=false", *VLLM, *overrides)  # fmt: skip
     save_config(cfg, out / "cfg.yaml")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run([sys.executable, "-m", "vlgrpo.cli", "train", str(out / "cfg.yaml")], env=env,
@@ -41,13 +42,19 @@ def _train(out: Path, tiny_model_dir, shapes_dir, *overrides: str) -> list[dict]
     return rows
 
 
-@pytest.mark.parametrize("backend", ["plain", "lora"])
-def test_three_grpo_steps_on_vllm_keep_the_engine_on_the_trainers_policy(backend, tmp_path, tiny_model_dir,
+CASES = [("plain", "qwen2_5_vl"), ("lora", "qwen2_5_vl"), ("plain", "qwen3_vl")]
+
+
+@pytest.mark.parametrize("backend, arch", CASES)
+def test_three_grpo_steps_on_vllm_keep_the_engine_on_the_trainers_policy(backend, arch, tmp_path, tiny_model_dir,
                                                                          shapes_dir):  # fmt: skip
+    """Qwen3-VL runs with mm_input=pixels: the merger and DeepStack mergers train (model.freeze_merger=false), so each
+    step's sync must reach vLLM's own tower for its log-probs to stay on the trainer's."""
     lora = ["train.backend=lora", "train.lora.rank=4", "train.lr=5e-2"]
-    rows = _train(tmp_path, tiny_model_dir, shapes_dir, *(PLAIN if backend == "plain" else lora))
+    pixels = ["rollout.vllm.mm_input=pixels"] if arch == "qwen3_vl" else []
+    rows = _train(tmp_path, tiny_model_dir, shapes_dir, *(PLAIN if backend == "plain" else lora), *pixels, arch=arch)
     for r in rows:
-        print(f"[{backend}] step {r['step']}: logprob_abs_diff max {r['rollout/logprob_abs_diff_max']:.2e}, "
+        print(f"[{backend} {arch}] step {r['step']}: logprob_abs_diff max {r['rollout/logprob_abs_diff_max']:.2e}, "
               f"is_mean {r['grpo/is_mean']:.6f}, loss {r['train/loss']:.4f}")
         assert r["rollout/logprob_abs_diff_max"] < 1e-3
         assert r["rollout/weight_syncs"] == 1 and r["rollout/params_pushed"] > 0

@@ -219,7 +219,7 @@ def get_key(cfg: Config, dotted: str) -> Any:
 
 def _range_checks(cfg: Config) -> list[tuple[bool, str, str]]:
     """(holds, key, why) for every key whose value has a range."""
-    r, t, g = cfg.rollout, cfg.train, cfg.grpo
+    r, t, g, v = cfg.rollout, cfg.train, cfg.grpo, cfg.data.video
     return [
         (r.completions_per_prompt >= 1, "rollout.completions_per_prompt", "must be >= 1"),
         (t.prompts_per_step >= 1, "train.prompts_per_step", "must be >= 1"),
@@ -243,6 +243,12 @@ def _range_checks(cfg: Config) -> list[tuple[bool, str, str]]:
         (t.lora.rank >= 1, "train.lora.rank", "must be >= 1"),
         (0 < r.vllm.gpu_memory_utilization <= 1, "rollout.vllm.gpu_memory_utilization", "must be in (0, 1]"),
         (cfg.data.max_prompt_length >= 1, "data.max_prompt_length", "must be >= 1"),
+        (v.fps > 0, "data.video.fps", "must be > 0"),
+        (v.max_frames >= 2, "data.video.max_frames", "must be >= 2 (two frames make one temporal patch)"),
+        ((v.min_pixels or 0) >= 0 and (v.max_pixels or 0) >= 0, "data.video.min_pixels/max_pixels",
+         "must be >= 1 (or null: Qwen's bounds)"),
+        (not (v.min_pixels and v.max_pixels) or v.min_pixels <= v.max_pixels, "data.video.min_pixels",
+         "must not exceed data.video.max_pixels"),
     ]
 
 

@@ -32,11 +32,29 @@ class ModelConfig:
     freeze_vision: bool = True
     """Freeze the vision tower (ViT blocks). Frozen -> cached vision features stay valid across steps."""
     freeze_merger: bool = True
-    """Freeze the patch merger inside `visual` (it feeds the language model directly)."""
+    """Freeze the patch merger inside `visual` (it feeds the language model directly), and Qwen3-VL's DeepStack
+    mergers with it. The plain and ZeRO-3 backends follow both switches; LoRA keeps the whole tower frozen."""
     freeze_language: bool = False
     """Freeze the language model (e.g. to train only the vision side)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, ~30% more compute)."""
+
+
+@dataclass
+class VideoConfig:
+    fps: float = 2.0
+    """Frames per second the model sees of a video (Qwen's default, qwen-vl-utils' FPS): a video file is sampled at
+    this rate (at least 4 frames, an even count); a row's frame list is taken to have been recorded at it. A row's
+    `video: {path: ..., fps: ...}` overrides it."""
+    max_frames: int = 32
+    """Most frames taken from one video (evenly spaced beyond it; a row's `video: {max_frames: ...}` overrides it).
+    Two frames make one temporal patch: tokens = frames / 2 x tokens per frame."""
+    min_pixels: int | None = None
+    """Smallest area of a video frame in pixels (None: 128 tokens' worth, qwen-vl-utils' VIDEO_MIN_TOKEN_NUM x
+    (patch x merge)^2, 100,352 px for Qwen2/2.5-VL)."""
+    max_pixels: int | None = None
+    """Largest area of a video frame in pixels (None: 768 tokens' worth, 602,112 px for Qwen2/2.5-VL); bounds a
+    video's tokens together with max_frames."""
 
 
 @dataclass
@@ -65,7 +83,9 @@ class DataConfig:
     answer_format: str = "think_answer"
     """Format the model is asked for: think_answer (<think>..</think><answer>..</answer>) or answer."""
     max_prompt_length: int = 1024
-    """Longest prompt in tokens (text + image tokens); longer samples are reported and skipped."""
+    """Longest prompt in tokens (text + image and video tokens); longer samples are reported and skipped."""
+    video: VideoConfig = field(default_factory=VideoConfig)
+    """How frames are taken from a row's video (docs/adapt-your-dataset.md, several images and video)."""
 
 
 @dataclass

@@ -31,7 +31,7 @@ class LoadResult:
     samples: list[Sample]
     errors: list[DataError] = field(default_factory=list)
     """Rows that were skipped (errors="skip"), each naming its file, row and field; a preset's RowSkipped rows
-    (several images, several turns, ...) are always here, whatever `errors`."""
+    (several turns, several videos, no image, ...) are always here, whatever `errors`."""
     conversion: ConversionReport | None = None
     """What the preset inferred and assumed, when one was used."""
     source: str = ""
@@ -183,7 +183,7 @@ def load_samples(
 
 
 def skip_reason(e: DataError) -> str:
-    """What a skipped row is counted under: a preset's reason (several_images, ...) or row_<field> (row_json for a
+    """What a skipped row is counted under: a preset's reason (several_turns, ...) or row_<field> (row_json for a
     line that is not UTF-8 or not JSON), as `vlgrpo data doctor` names its checks."""
     return e.reason if isinstance(e, RowSkipped) else f"row_{e.field or 'json'}"
 
@@ -208,19 +208,32 @@ def no_usable_row(source: str, skipped: list[tuple[str, int | None]], scope: str
 
 
 def write_jsonl(samples: list[Sample], path: str | Path) -> None:
-    """Write Samples as JSONL, image paths relative to the file's directory (`../images/a.jpg` too), as the loader
-    resolves them: the file moves with its images, to another machine or working directory. Paths are compared after
-    resolving symlinks, so a `..` never climbs out of a linked directory; absolute only across Windows drives."""
+    """Write Samples as JSONL, every image, video and frame path relative to the file's directory (`../images/a.jpg`
+    too), as the loader resolves them: the file moves with its images, to another machine or working directory.
+    Paths are compared after resolving symlinks, so a `..` never climbs out of a linked directory; absolute only
+    across Windows drives."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     folder = path.parent.resolve()
+
+    def relative(p: Any) -> Any:
+        if not isinstance(p, str):
+            return p
+        try:
+            return Path(os.path.relpath(Path(p).resolve(), folder)).as_posix()
+        except ValueError:  # another drive (Windows): no relative path exists
+            return str(Path(p).resolve())
+
     with path.open("w") as f:
         for s in samples:
             row = s.to_dict()
-            if isinstance(s.image, str):
-                image = Path(s.image).resolve()
-                try:
-                    row["image"] = Path(os.path.relpath(image, folder)).as_posix()
-                except ValueError:  # another drive (Windows): no relative path exists
-                    row["image"] = str(image)
+            row["image"] = relative(row["image"])
+            if "images" in row:
+                row["images"] = [relative(p) for p in row["images"]]
+            video = row.get("video")
+            if isinstance(video, dict):
+                video.update({k: relative(v) if k == "path" else [relative(p) for p in v]
+                              for k, v in video.items() if k in ("path", "frames")})  # fmt: skip
+            elif video is not None:
+                row["video"] = relative(video) if isinstance(video, str) else [relative(p) for p in video]
             f.write(json.dumps(row) + "\n")

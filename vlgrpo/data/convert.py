@@ -25,16 +25,23 @@ def convert_dataset(
     image_root: str | Path | None = None, split: str = "train", fmt: str = "auto",
 ) -> LoadResult:  # fmt: skip
     """Convert every row it can, skip (and keep in `errors`) the rest, write `out` (JSONL) and return the result.
-    A row whose image file is missing is left out too (an ImageUnusable error), as training could not use it."""
+    A row with a missing image, video or frame file is left out too (an ImageUnusable error), as training could
+    not use it."""
     result = load_samples(source, fmt, errors="skip", split=split, preset=preset, columns=columns,
                           image_root=image_root)  # fmt: skip
-    is_file: dict[str, bool] = {}  # image path -> whether it is a file (rows often share an image: one stat each)
+    is_file: dict[str, bool] = {}  # path -> whether it is a file (rows often share an image: one stat each)
     kept = []
     for s in result.samples:
-        if isinstance(s.image, str) and s.image not in is_file:
-            is_file[s.image] = Path(s.image).is_file()
-        if isinstance(s.image, str) and not is_file[s.image]:
-            result.errors.append(ImageUnusable(result.source, s.row, s.image, f"image file '{s.image}' does not exist"))
+        missing = []
+        for kind, path in local_files(s):
+            if path not in is_file:
+                is_file[path] = Path(path).is_file()
+            if not is_file[path]:
+                missing.append((kind, path))
+        if missing:
+            kind, path = missing[0]
+            more = f" (and {len(missing) - 1} more missing file(s) of the row)" if len(missing) > 1 else ""
+            result.errors.append(ImageUnusable(result.source, s.row, path, f"{kind} '{path}' does not exist{more}"))
         else:
             kept.append(s)
     result.samples = kept
@@ -42,26 +49,44 @@ def convert_dataset(
     return result
 
 
-def write_samples(samples: list[Sample], out: str | Path) -> None:
-    """Write Samples as JSONL; images held as bytes (parquet, HF datasets, lmms-lab hub copies) become files in
-    `<out stem>_images/`, named by content hash so a shared image is written once (the Sample's image becomes that
-    path)."""
+def local_files(s: Sample) -> list[tuple[str, str]]:
+    """(what it is, path) of every file a sample refers to: each image, the video file or each of its frames."""
+    out = [("image file", im) for im in s.images if isinstance(im, str)]
+    if s.video is not None:
+        out += [("video file", s.video.path)] if s.video.path is not None else []
+        out += [(f"frame {i} of the video", f) for i, f in enumerate(s.video.frames) if isinstance(f, str)]
+    return out
+
+
+def _materialise(image: str | bytes, folder: Path) -> str | bytes:
+    """An image held as bytes written to `folder`, named by content hash (a shared image is written once); a path
+    stays as it is."""
     from PIL import Image, UnidentifiedImageError
 
+    if not isinstance(image, bytes):
+        return image
+    try:
+        ext = "." + (Image.open(io.BytesIO(image)).format or "img").lower().replace("jpeg", "jpg")
+    except (UnidentifiedImageError, OSError):
+        ext = ".img"  # the doctor reports it as unreadable; the bytes are kept as they are
+    path = folder / (hashlib.sha256(image).hexdigest()[:20] + ext)
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(image)
+    return str(path)
+
+
+def write_samples(samples: list[Sample], out: str | Path) -> None:
+    """Write Samples as JSONL; images and video frames held as bytes (parquet, HF datasets, lmms-lab hub copies)
+    become files in `<out stem>_images/`, named by content hash so a shared image is written once (the Sample then
+    holds that path)."""
     out = Path(out)
     folder = out.with_name(out.stem + "_images")
     for s in samples:
-        if not isinstance(s.image, bytes):
-            continue
-        try:
-            ext = "." + (Image.open(io.BytesIO(s.image)).format or "img").lower().replace("jpeg", "jpg")
-        except (UnidentifiedImageError, OSError):
-            ext = ".img"  # the doctor reports it as unreadable; the bytes are kept as they are
-        path = folder / (hashlib.sha256(s.image).hexdigest()[:20] + ext)
-        if not path.exists():
-            folder.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(s.image)
-        s.image = str(path)
+        s.images = [_materialise(im, folder) for im in s.images]
+        s.image = s.images[0] if s.image is not None else None
+        if s.video is not None:
+            s.video.frames = [_materialise(f, folder) for f in s.video.frames]
     write_jsonl(samples, out)
 
 

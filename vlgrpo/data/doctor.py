@@ -1,8 +1,8 @@
-"""Pre-flight checks of whole datasets (`vlgrpo data doctor`): every row, every image, prompt length, boxes, image
-placeholders, gold answers against the configured reward, duplicate ids and the answer distribution.
+"""Pre-flight checks of whole datasets (`vlgrpo data doctor`): every row, every image and video, prompt length, boxes,
+image placeholders, gold answers against the configured reward, duplicate ids and the answer distribution.
 
-Loads no model: image tokens come from Qwen's smart_resize geometry (read from the checkpoint directory when it is
-local). Rewards are a peer layer, so they are imported lazily, only inside `reward_checker`; the checks themselves
+Loads no model: image and video tokens come from Qwen's smart_resize geometry (read from the checkpoint directory
+when it is local). Rewards are a peer layer, so they are imported lazily, only inside `reward_checker`; the checks themselves
 take the gold-answer check as a plain function argument.
 """
 
@@ -19,19 +19,18 @@ from typing import Any, Callable, Iterator
 from vlgrpo.data.adapters import raw_rows, schema_sample, skip_reason
 from vlgrpo.data.preset_fields import ConversionReport, RowSkipped
 from vlgrpo.data.presets import convert_rows
-from vlgrpo.data.images import DEFAULT_GEOMETRY, ImageInfo, ProcessorGeometry, inspect_image
+from vlgrpo.data.images import DEFAULT_GEOMETRY, ProcessorGeometry, inspect_image
 from vlgrpo.data.jsonl import ACCEPTED
 from vlgrpo.data.prompts import instruction
-from vlgrpo.data.rowcheck import image_tokens, row_problems
+from vlgrpo.data.rowcheck import (
+    DEFAULT_SYSTEM_TOKENS, NOT_TRAINED_YET, TEMPLATE_TOKENS, VISION_WRAP, PromptBudget, RowVisuals, prompt_budget,
+    row_problems,
+)  # fmt: skip
 from vlgrpo.data.schema import DataError
-from vlgrpo.types import Sample
+from vlgrpo.data.video import VideoInfo, VideoSampling, inspect_video
+from vlgrpo.types import Sample, Video
 
 ERROR, WARNING = "error", "warning"
-TEMPLATE_TOKENS = 15
-"""Qwen2-VL / Qwen2.5-VL chat-template tokens around one user turn with one image: <|im_start|>system\\n ...
-<|im_end|>\\n<|im_start|>user\\n<|vision_start|> <|vision_end|> ... <|im_end|>\\n<|im_start|>assistant\\n."""
-DEFAULT_SYSTEM_TOKENS = 6
-"""'You are a helpful assistant.', which the template inserts when data.system_prompt is empty."""
 CHARS_PER_TOKEN = 3
 """Text estimate: Qwen's BPE averages ~4 characters per English token; 3 errs on the long side."""
 HUB_GEOMETRY = DEFAULT_GEOMETRY
@@ -75,6 +74,8 @@ class DoctorSettings:
     """data.preset: the rows are in another project's shape (vlgrpo.data.presets), converted as training does."""
     columns: dict[str, str] = field(default_factory=dict)
     """data.columns: renames target=source applied first."""
+    video: VideoSampling = VideoSampling()
+    """data.video: how frames are taken from a video and their pixel bounds."""
 
 
 @dataclass
@@ -84,7 +85,9 @@ class SplitStats:
     rows: int = 0
     samples: int = 0
     images: int = 0
+    videos: int = 0
     image_tokens: list[int] = field(default_factory=list)
+    """Visual tokens of each sample whose images and video are usable (every image and the video together)."""
     prompt_tokens_max: int = 0
     answer_types: Counter = field(default_factory=Counter)
     tasks: Counter = field(default_factory=Counter)
@@ -97,6 +100,7 @@ class SplitStats:
         toks = sorted(self.image_tokens)
         return {
             "source": self.source, "rows": self.rows, "samples": self.samples, "images": self.images,
+            "videos": self.videos,
             "image_tokens": {"min": toks[0], "median": toks[len(toks) // 2], "max": toks[-1]} if toks else None,
             "prompt_tokens_max_estimate": self.prompt_tokens_max, "answer_types": dict(self.answer_types),
             "tasks": dict(self.tasks),
@@ -153,37 +157,47 @@ def iter_rows(source: str, settings: DoctorSettings) -> tuple[str, Path | None, 
 # ---------------------------------------------------------------- the checks
 
 
-def prompt_tokens(image_tokens: int, text: str, system_prompt: str) -> tuple[int, int]:
-    """(certain part, estimate) of a prompt's tokens: image + template (+ default system) tokens, then + text."""
-    certain = image_tokens + TEMPLATE_TOKENS + (0 if system_prompt else DEFAULT_SYSTEM_TOKENS)
-    text_chars = len(text) + len(system_prompt)
-    return certain, certain + math.ceil(text_chars / CHARS_PER_TOKEN)
+def text_estimate(text: str, system_prompt: str) -> int:
+    """Text tokens of a prompt, estimated from its characters (on the long side): question + instruction + system."""
+    return math.ceil((len(text) + len(system_prompt)) / CHARS_PER_TOKEN)
+
+
+def _parts(s: Sample, visuals: RowVisuals, budget: PromptBudget) -> str:
+    """What a prompt's visual tokens are made of, for the length messages."""
+    if len(s.images) == 1 and s.video is None:
+        w, h = visuals.images[0].decoded
+        return f"the {w}x{h} image alone gives {budget.visual} image tokens"
+    parts = []
+    if s.images:
+        parts.append(f"its {len(s.images)} image(s) ({' + '.join(map(str, budget.images))} tokens)")
+    if visuals.video is not None:
+        (w, h), n = visuals.video.size, len(visuals.video.indices)
+        parts.append(f"its video ({n} frames of {w}x{h} px: {budget.video} tokens)")
+    return f"{' and '.join(parts)}: {budget.visual} visual tokens"
 
 
 def sample_findings(
-    s: Sample, info: ImageInfo, settings: DoctorSettings
+    s: Sample, visuals: RowVisuals, settings: DoctorSettings
 ) -> tuple[list[tuple[str, str, str]], int, int]:
-    """([(severity, check, message)], image tokens, estimated prompt tokens) of one sample whose image was inspected;
-    the token counts are 0 when the image is unusable."""
-    out = [(ERROR, check, msg) for check, msg in row_problems(s, info, settings.geometry)]
-    if "<image>" in s.question:
-        out.append((WARNING, "image_marker", "the question contains a LLaVA-style '<image>' marker; vlgrpo puts the "
-                    "image before the question itself, so the marker is only noise text: remove it"))  # fmt: skip
-    tokens = image_tokens(info, settings.geometry)
-    if not tokens:
-        return out, 0, 0
-    w, h = info.decoded
+    """([(severity, check, message)], visual tokens, estimated prompt tokens) of one sample whose images and video
+    were inspected; the token counts are 0 when one of them is unusable. A row with several images or a video is a
+    warning (training skips it for now), then checked like any other."""
+    problems = row_problems(s, visuals, settings.geometry)
+    out = [(WARNING if check == NOT_TRAINED_YET else ERROR, check, msg) for check, msg in problems]
     text = f"{s.question} {instruction(s.answer_type, settings.answer_format, settings.box_format)}"
-    certain, estimate = prompt_tokens(tokens, text, settings.system_prompt)
+    budget = prompt_budget(s, visuals, settings.geometry, text_estimate(text, settings.system_prompt),
+                           settings.system_prompt)  # fmt: skip
+    if not all(budget.images) or (s.video is not None and not budget.video):
+        return out, 0, 0
     limit = settings.max_prompt_length
-    if certain > limit:
-        out.append((ERROR, "prompt_too_long", f"the {w}x{h} image alone gives {tokens} image tokens, {certain} with "
-                    f"the chat template, over data.max_prompt_length={limit}: lower model.max_pixels or raise "
-                    "data.max_prompt_length"))  # fmt: skip
-    elif estimate > limit:
-        out.append((WARNING, "prompt_maybe_too_long", f"about {estimate} prompt tokens ({tokens} image + ~"
-                    f"{estimate - tokens} text) may exceed data.max_prompt_length={limit}"))  # fmt: skip
-    return out, tokens, estimate
+    if budget.certain > limit:
+        out.append((ERROR, "prompt_too_long", f"{_parts(s, visuals, budget)}, {budget.certain} with the chat template, "
+                    f"over data.max_prompt_length={limit}: lower model.max_pixels (data.video.max_pixels or "
+                    "max_frames for a video) or raise data.max_prompt_length"))  # fmt: skip
+    elif budget.total > limit:
+        out.append((WARNING, "prompt_maybe_too_long", f"about {budget.total} prompt tokens ({budget.visual} visual + ~"
+                    f"{budget.total - budget.visual} text) may exceed data.max_prompt_length={limit}"))  # fmt: skip
+    return out, budget.visual, budget.total
 
 
 def _count(stats: SplitStats, s: Sample, tokens: int, estimate: int) -> None:
@@ -215,6 +229,20 @@ def inspect_images(images: list, workers: int = 8, progress: bool = False, desc:
 
 def image_key(image: str | bytes) -> str:
     return image if isinstance(image, str) else "sha256:" + hashlib.sha256(image).hexdigest()
+
+
+def video_key(video: Video) -> str:
+    """A video and its own sampling overrides (the same file sampled at another fps is another video)."""
+    source = video.path if video.path is not None else "|".join(image_key(f) for f in video.frames)
+    return f"{source}@{video.fps}/{video.max_frames}"
+
+
+def inspect_videos(videos: list[Video], sampling: VideoSampling) -> dict[str, VideoInfo]:
+    """{video key: VideoInfo} of each distinct video, decoded once each."""
+    unique: dict[str, Video] = {}
+    for video in videos:
+        unique.setdefault(video_key(video), video)
+    return {key: inspect_video(video, sampling) for key, video in unique.items()}
 
 
 def check_split(
@@ -251,15 +279,17 @@ def check_split(
     if stats.rows == 0:
         add(ERROR, "dataset_empty", None, None, f"holds no rows (an empty file, or only blank lines): nothing to train "
             f"or evaluate on; {ACCEPTED}")  # fmt: skip
-    # 2. every distinct image opened completely, once
-    images = inspect_images([s.image for _, s in samples], workers, progress, f"doctor {name}")
-    stats.images = len(images)
-    # 3. per sample: image, tokens, boxes, placeholders, then the gold answer against the reward
+    # 2. every distinct image opened completely, every distinct video decoded, once
+    images = inspect_images([im for _, s in samples for im in s.images], workers, progress, f"doctor {name}")
+    videos = inspect_videos([s.video for _, s in samples if s.video is not None], settings.video)
+    stats.images, stats.videos = len(images), len(videos)
+    # 3. per sample: images, video, tokens, boxes, placeholders, then the gold answer against the reward
     for no, s in samples:
-        info = images[image_key(s.image)]
-        problems, tokens, estimate = sample_findings(s, info, settings)
+        visuals = RowVisuals([images[image_key(im)] for im in s.images],
+                             videos[video_key(s.video)] if s.video is not None else None)  # fmt: skip
+        problems, tokens, estimate = sample_findings(s, visuals, settings)
         if gold_check is not None:
-            problems += gold_check(s, info.decoded)
+            problems += gold_check(s, visuals.images[0].decoded if s.image is not None else None)
         for severity, check, msg in problems:
             add(severity, check, no, s.id, msg)
         _count(stats, s, tokens, estimate)
@@ -315,18 +345,19 @@ def format_report(report: DoctorReport, examples: int = 5) -> str:
     lines = [
         f"geometry: patch {g.patch_size}, merge {g.merge_size}, pixels {g.min_pixels}..{g.max_pixels} "
         f"({s.geometry_source}); box format {s.box_format}; answer format {s.answer_format}",
-        f"prompt tokens = image tokens + {TEMPLATE_TOKENS} template + {DEFAULT_SYSTEM_TOKENS} default system "
-        f"+ text chars / {CHARS_PER_TOKEN} (an estimate on the long side); data.max_prompt_length = "
-        f"{s.max_prompt_length}", "",
+        f"prompt tokens = image and video tokens + {TEMPLATE_TOKENS} template + {VISION_WRAP} per image or video + "
+        f"{DEFAULT_SYSTEM_TOKENS} default system + text chars / {CHARS_PER_TOKEN} (an estimate on the long side); "
+        f"data.max_prompt_length = {s.max_prompt_length}; video: {s.video.fps:g} fps, at most {s.video.max_frames} "
+        "frames", "",
     ]  # fmt: skip
     w = max([5, *map(len, report.splits)]) + 2
-    lines.append(f"{'split':<{w}}{'rows':>8}{'samples':>9}{'images':>8}  {'image tokens min/med/max':>24}"
+    lines.append(f"{'split':<{w}}{'rows':>8}{'samples':>9}{'images':>8}{'videos':>8}  {'visual tokens min/med/max':>25}"
                  f"{'prompt max':>12}  source")  # fmt: skip
     for name, st in report.splits.items():
         d = st.to_dict()
         toks = "/".join(str(d["image_tokens"][k]) for k in ("min", "median", "max")) if d["image_tokens"] else "-"
-        lines.append(f"{name:<{w}}{st.rows:>8}{st.samples:>9}{st.images:>8}  {toks:>24}{st.prompt_tokens_max:>12}  "
-                     f"{st.source}")  # fmt: skip
+        lines.append(f"{name:<{w}}{st.rows:>8}{st.samples:>9}{st.images:>8}{st.videos:>8}  {toks:>25}"
+                     f"{st.prompt_tokens_max:>12}  {st.source}")  # fmt: skip
     for name, st in report.splits.items():
         if st.samples:
             kinds = ", ".join(f"{k} {v}" for k, v in st.answer_types.most_common())

@@ -190,15 +190,21 @@ class ProcessorGeometry:
 DEFAULT_GEOMETRY = ProcessorGeometry()
 """The geometry every layer assumes when no processor, checkpoint or config says otherwise: rewards (qwen2_5 boxes),
 `vlgrpo data doctor`, `vlgrpo reward`, the memory planner and the exported prompt contract."""
+QWEN3_VL_GEOMETRY = ProcessorGeometry(patch_size=16, min_pixels=64 * 32 * 32, max_pixels=16384 * 32 * 32)
+"""The released Qwen3-VL processors' geometry (preprocessor_config.json: patch_size 16, size shortest_edge 65,536 and
+longest_edge 16,777,216 px): one token per 32 x 32 px. What a Qwen3-VL hub id gets instead of DEFAULT_GEOMETRY."""
 
 
 def checkpoint_geometry(
-    name_or_path: str, min_pixels: int | None = None, max_pixels: int | None = None
+    name_or_path: str, min_pixels: int | None = None, max_pixels: int | None = None, arch: str | None = None
 ) -> tuple[ProcessorGeometry, str]:
     """The resize geometry a run will use, without loading anything heavy: the checkpoint directory's
-    preprocessor_config.json / processor_config.json when local, else DEFAULT_GEOMETRY; then the
-    model.min_pixels / max_pixels overrides. Returns (geometry, where it came from)."""
+    preprocessor_config.json / processor_config.json when local, else the released processors' (QWEN3_VL_GEOMETRY
+    for arch qwen3_vl, DEFAULT_GEOMETRY otherwise); then the model.min_pixels / max_pixels overrides. Returns
+    (geometry, where it came from)."""
     geometry, source = DEFAULT_GEOMETRY, "released Qwen processor defaults"
+    if arch == "qwen3_vl":
+        geometry, source = QWEN3_VL_GEOMETRY, "released Qwen3-VL processor defaults"
     for name in ("preprocessor_config.json", "processor_config.json"):
         path = Path(name_or_path) / name
         if path.is_file():

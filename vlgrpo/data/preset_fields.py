@@ -29,7 +29,7 @@ class ImageUnusable(DataError):
 
 class RowSkipped(DataError):
     """A well-formed row of a shape vlgrpo does not train on. Always skipped (never fatal) and reported by row;
-    `reason` (several_images, several_turns, no_image, remote_image, no_gold_box) groups the report."""
+    `reason` (several_turns, several_videos, no_image, remote_image, no_gold_box) groups the report."""
 
     def __init__(self, source: str, row: int | None, field: str | None, reason: str, problem: str):
         self.reason = reason
@@ -84,21 +84,31 @@ HINTS = {"mcq": "choice", "yes_no": "yesno", "math": "math"}
 """VLM-R1's per-row `accu_reward_method` -> answer_type."""
 
 
-def question_text(text: Any, row: Row, fld: str) -> tuple[str, int]:
-    """The question without `<image>` markers or answer-format instructions, and how many markers it had (more than
-    one: RowSkipped)."""
+def question_text(text: Any, row: Row, fld: str, images: int = 1, video: bool = False) -> str:
+    """The question without answer-format instructions. With one image (and no video) its `<image>` marker is removed
+    and the image goes first, as LLaVA itself moves it; with several images or a video the markers stay where they
+    place the parts (removed when they all lead in the default order: images, then the video), and their counts must
+    match the row's."""
     if not isinstance(text, str) or not text.strip():
         raise row.error(fld, f"needs the question text, got {text!r}")
-    markers = text.count("<image>")
-    if markers > 1:
-        raise row.skip(fld, "several_images", f"{markers} <image> markers in the question")
-    text = re.sub(r"\s*<image>\s*", " ", text)
+    n_image, n_video = text.count("<image>"), text.count("<video>")
+    if images <= 1 and not video:
+        if n_image > 1 or n_video:
+            raise row.error(fld, f"{n_image} <image> and {n_video} <video> marker(s) for the row's one image")
+        text = re.sub(r"\s*<image>\s*", " ", text)
+    elif n_image or n_video:
+        if (n_image, n_video) != (images, int(video)):
+            raise row.error(fld, f"{n_image} <image> and {n_video} <video> marker(s) but the row has {images} "
+                            f"image(s) and {int(video)} video: each marker places one of them")  # fmt: skip
+        leading = re.match(r"(?:\s*<(?:image|video)>)+\s*", text)
+        if leading and re.sub(r"\s", "", leading.group()) == "<image>" * images + "<video>" * video:
+            text = text[leading.end() :]
     stripped = text
     for pattern in _FORMAT_INSTRUCTIONS:
         stripped = pattern.sub("", stripped)
     if stripped != text:
         row.report.notes["answer-format instruction removed from the question"] += 1
-    return stripped.strip(), markers
+    return stripped.strip()
 
 
 def infer_answer(answer: str, question: str, hint: str | None = None) -> tuple[str, str] | None:
@@ -172,15 +182,20 @@ def to_pixels(boxes: list[list[float]], scale: str, image: Any, size, row: Row) 
     return boxes, size
 
 
-def gold_fields(solution: Any, question: str, row: Row, fld: str, image: Any, size=None, hint=None) -> dict[str, Any]:
+def gold_fields(solution: Any, question: str, row: Row, fld: str, images: list, size=None, hint=None) -> dict[str, Any]:
     """answer / answer_type (or boxes / image_size) of a row from its solution: text, a number or boxes; text in
-    `<answer>…</answer>` is unwrapped first."""
+    `<answer>…</answer>` is unwrapped first. A box answer needs the row to have exactly one image: the source
+    projects' boxes do not say which of several images they lie in."""
     if isinstance(solution, str):
         tagged = ANSWER_TAGS.search(solution)
         solution = tagged.group(1).strip() if tagged else solution.strip()
     parsed = parse_box_value(solution)
     if parsed:
-        boxes, size = to_pixels(*parsed, image, size, row)
+        if len(images) != 1:
+            raise row.error(fld, f"a box answer on a row with {len(images)} images does not say which image it lies "
+                            "in: write such rows in vlgrpo's schema, each box as {\"image\": i, \"box\": [x1, y1, x2, "
+                            "y2]} (i: 0-based index in `images`)")  # fmt: skip
+        boxes, size = to_pixels(*parsed, images[0], size, row)
         return {"answer_type": "box", "boxes": boxes, "image_size": list(size) if size else None}
     if isinstance(solution, bool) or not isinstance(solution, (str, int, float)) or solution == "":
         raise row.error(fld, f"needs a gold answer (text, a number or an [x1, y1, x2, y2] box), got {solution!r}")
@@ -196,15 +211,33 @@ def gold_fields(solution: Any, question: str, row: Row, fld: str, image: Any, si
 # ---------------------------------------------------------------- images
 
 
-def one_image(value: Any, row: Row, fld: str) -> Any:
-    """The row's single image (path, bytes, HF image dict or decoded image); RowSkipped for none or several."""
-    if isinstance(value, (list, tuple)):
-        if len(value) > 1:
-            raise row.skip(fld, "several_images", f"{len(value)} images; vlgrpo trains on one image per row")
-        value = value[0] if value else None
-    if value in (None, "") or (isinstance(value, dict) and not (value.get("bytes") or value.get("path"))):
-        raise row.skip(fld, "no_image", "no image; vlgrpo trains on questions about one image")
-    return value
+def _no_image(value: Any) -> bool:
+    return value in (None, "") or (isinstance(value, dict) and not (value.get("bytes") or value.get("path")))
+
+
+def image_list(value: Any, row: Row, fld: str) -> list:
+    """The row's images (paths, bytes, HF image dicts or decoded images), in order: a list, or one image alone."""
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    if len(values) > 1 and any(_no_image(v) for v in values):
+        raise row.error(fld, f"an empty entry among the row's {len(values)} images")
+    return [v for v in values if not _no_image(v)]
+
+
+def one_video(videos: Any, row: Row, fld: str) -> Any:
+    """The video of a row's list of videos (EasyR1's and TRL's `videos`: each a file or a list of frame images), None
+    when the list is empty; RowSkipped for several."""
+    videos = [v for v in (videos if isinstance(videos, (list, tuple)) else [videos]) if v not in (None, "", [])]
+    if len(videos) > 1:
+        raise row.skip(fld, "several_videos", f"{len(videos)} videos; vlgrpo takes one video per row")
+    return videos[0] if videos else None
+
+
+def visual_fields(images: list, video: Any, row: Row, fld: str) -> dict[str, Any]:
+    """The schema's `image` (one image), `images` (several) and `video` of a converted row; RowSkipped without any."""
+    if not images and video is None:
+        raise row.skip(fld, "no_image", "no image or video; vlgrpo trains on questions about images or a video")
+    out: dict[str, Any] = {"image": images[0]} if len(images) == 1 else ({"images": images} if images else {})
+    return {**out, "video": video} if video is not None else out
 
 
 def _read_size(image: Any, row: Row) -> tuple[int, int]:

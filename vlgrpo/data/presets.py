@@ -2,8 +2,9 @@
 solution, EasyR1 parquet), rewritten into vlgrpo's row schema before `schema.sample_from_dict` checks them.
 
 `vlgrpo.registry.DATA_PRESET` names each converter here: the config's choices, the CLI's and `load_samples(preset=...)`
-read it. A converter returns a schema row, or raises RowSkipped (a row vlgrpo cannot train on: several images, several
-turns, no image) or DataError (a malformed row); the fields are read by `preset_fields.py`. Each converter also names
+read it. A converter returns a schema row (one image, several, a video), or raises RowSkipped (a row vlgrpo cannot
+take: several turns, several videos, no image) or DataError (a malformed row); the fields are read by
+`preset_fields.py`. Each converter also names
 the raw fields of its shape (`@shape`), from which a row given without its preset is told which one reads it.
 Knows nothing of models.
 """
@@ -15,8 +16,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from vlgrpo.data.preset_fields import (
-    ANSWER_TAGS, ConversionReport, Row, declared_size, extras, gold_fields, one_image, parse_box_value,
-    question_text, row_id, to_pixels, url_image,
+    ANSWER_TAGS, ConversionReport, Row, declared_size, extras, gold_fields, image_list, one_video, parse_box_value,
+    question_text, row_id, to_pixels, url_image, visual_fields,
 )  # fmt: skip
 from vlgrpo.data.schema import FIELDS, DataError
 from vlgrpo.registry import DATA_PRESET
@@ -40,25 +41,28 @@ def shape(*alternatives: tuple[str, ...]) -> Callable:
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
 
 
-@shape(("image", "conversations"))
+@shape(("image", "conversations"), ("video", "conversations"))
 def llava(raw: dict, row: Row) -> dict[str, Any]:
-    """LLaVA `conversations`: one human turn with `<image>`, one gpt turn (LLaVA-1.5 JSON, VLM-R1 JSONL)."""
-    image = one_image(raw.get("image"), row, "image")
+    """LLaVA `conversations`: one human turn with `<image>` (or `<video>`), one gpt turn (LLaVA-1.5 JSON, VLM-R1
+    JSONL with `image` a path or a list of them, LLaVA-Video with `video`)."""
+    images, video = image_list(raw.get("image"), row, "image"), raw.get("video") or None
+    visual = visual_fields(images, video, row, "image")
     turns = [t for t in raw.get("conversations") or [] if isinstance(t, dict) and t.get("from") != "system"]
     if [ROLES.get(t.get("from")) for t in turns[:2]] != ["user", "assistant"]:
         raise row.error("conversations", "needs a list of turns {'from': 'human' | 'gpt', 'value': text}, human "
                         f"first, got {raw.get('conversations')!r:.120}")  # fmt: skip
     if len(turns) > 2:
         raise row.skip("conversations", "several_turns", f"{len(turns)} turns; vlgrpo trains on one question")
-    question, _ = question_text(turns[0].get("value"), row, "conversations")
-    gold = gold_fields(turns[1].get("value"), question, row, "conversations", image, declared_size(raw),
-                 raw.get("accu_reward_method"))  # fmt: skip
-    meta = extras(raw, ("id", "image", "conversations", "width", "height"))
-    return {"id": row_id(raw, row), "image": image, "question": question, **gold, "meta": meta}
+    question = question_text(turns[0].get("value"), row, "conversations", len(images), video is not None)
+    size = declared_size(raw) if len(images) == 1 else None
+    gold = gold_fields(turns[1].get("value"), question, row, "conversations", images, size,
+                       raw.get("accu_reward_method"))  # fmt: skip
+    meta = extras(raw, ("id", "image", "video", "conversations", "width", "height"))
+    return {"id": row_id(raw, row), **visual, "question": question, **gold, "meta": meta}
 
 
 def _parts(message: dict, row: Row, fld: str) -> list[tuple[str, Any]]:
-    """A message's content as ("text", str) / ("image", value or None) parts."""
+    """A message's content as ("text", str) / ("image", value or None) / ("video", value or None) parts."""
     content = message.get("content")
     if isinstance(content, str):
         return [("text", content)]
@@ -71,17 +75,40 @@ def _parts(message: dict, row: Row, fld: str) -> list[tuple[str, Any]]:
             parts.append(("image", part.get("image") or part.get("path") or part.get("url")))
         elif kind == "image_url":  # OpenAI
             parts.append(("image", url_image(part.get("image_url"), row, fld)))
+        elif kind == "video":  # qwen-vl-utils: {"type": "video", "video": a file or a list of frames}; TRL: the row's
+            parts.append(("video", part.get("video") or part.get("path")))  # videos
         else:
-            raise row.error(fld, f"content part {part!r:.80} is not text, image or image_url")
+            raise row.error(fld, f"content part {part!r:.80} is not text, image, image_url or video")
     return parts
+
+
+def _user_text(parts: list[tuple[str, Any]]) -> str:
+    """The user messages' text with an `<image>` / `<video>` marker where each visual part stands (text parts joined
+    by newlines); `question_text` drops the markers when the parts all lead."""
+    out, last = [], None
+    for kind, value in parts:
+        out.append(("\n" if kind == last == "text" else "") + (value if kind == "text" else f"<{kind}>"))
+        last = kind
+    return "".join(out)
+
+
+def _inline_or_column(inline: list, column: Any, row: Row, fld: str, kind: str) -> list:
+    """The values of a message's `kind` parts: given inline, else the row's column (TRL), one per part."""
+    column = list(column) if isinstance(column, (list, tuple)) else ([] if column in (None, "") else [column])
+    if inline and all(v is not None for v in inline):
+        return inline
+    if inline and len(column) != len(inline):
+        raise row.error(fld, f"{len(inline)} {kind} part(s) without their {kind} inline, but the row's {kind}s "
+                        f"column holds {len(column)}")  # fmt: skip
+    return column
 
 
 @shape(("messages",), ("prompt", "completion"))
 def messages(raw: dict, row: Row) -> dict[str, Any]:
-    """Chat `messages` (TRL, OpenAI; or TRL's `prompt` + `completion`) with text and image parts.
+    """Chat `messages` (TRL, OpenAI; or TRL's `prompt` + `completion`) with text, image and video parts.
 
-    The image is inline (`image`, `image_url`) or in the row's `images` / `image`; the answer is the assistant
-    message, else the row's `answer` or `solution`."""
+    Images are inline (`image`, `image_url`) or in the row's `images` / `image`, a video inline (`video`) or in
+    `videos` / `video`; the answer is the assistant message, else the row's `answer` or `solution`."""
     key = "messages" if "messages" in raw else "prompt"
     msgs = list(raw.get(key) or []) + (list(raw.get("completion") or []) if key == "prompt" else [])
     if not msgs or not all(isinstance(m, dict) and isinstance(m.get("content"), (str, list)) for m in msgs):
@@ -96,60 +123,66 @@ def messages(raw: dict, row: Row) -> dict[str, Any]:
     if len(replies) > 1:
         raise row.skip(key, "several_turns", f"{len(chat)} messages; vlgrpo trains on one question")
     parts = [p for m in users for p in _parts(m, row, key)]
-    question, markers = question_text("\n".join(p for kind, p in parts if kind == "text"), row, key)
-    inline = [p for kind, p in parts if kind == "image"]
     column = raw.get("images") if raw.get("images") is not None else raw.get("image")
-    column = list(column) if isinstance(column, (list, tuple)) else ([] if column is None else [column])
-    if len(inline) + markers > 1 or len(column) > 1:
-        raise row.skip(key, "several_images", f"{max(len(inline) + markers, len(column))} images in one row")
-    given = [p for p in inline if p is not None]
-    image = one_image(given or column, row, key)
+    images = image_list(_inline_or_column([v for k, v in parts if k == "image"], column, row, key, "image"), row, key)
+    videos = raw.get("videos") if raw.get("videos") is not None else [raw.get("video")]  # `video`: one video
+    video = one_video(_inline_or_column([v for k, v in parts if k == "video"], videos, row, key, "video"), row, key)
+    visual = visual_fields(images, video, row, key)
+    question = question_text(_user_text(parts), row, key, len(images), video is not None)
     answer = " ".join(p for kind, p in _parts(replies[0], row, key) if kind == "text") if replies else None
     answer = answer if answer is not None else raw.get("answer", raw.get("solution"))
-    gold = gold_fields(answer, question, row, key, image)
-    meta = extras(raw, ("id", key, "completion", "images", "image", "answer", "solution"))
+    gold = gold_fields(answer, question, row, key, images)
+    meta = extras(raw, ("id", key, "completion", "images", "image", "videos", "video", "answer", "solution"))
     meta.update({"system": "\n".join(system)} if system else {})
-    return {"id": row_id(raw, row), "image": image, "question": question, **gold, "meta": meta}
+    return {"id": row_id(raw, row), **visual, "question": question, **gold, "meta": meta}
 
 
 @shape(("image", "problem", "solution"))
 def r1v(raw: dict, row: Row) -> dict[str, Any]:
-    """R1-V / VLM-R1 / Visual-RFT: `image`, `problem`, `solution` (text in <answer> tags, or boxes).
+    """R1-V / VLM-R1 / Visual-RFT: `image` (a path, or a list of them), `problem`, `solution` (text in <answer>
+    tags, or boxes).
 
     A box is VLM-R1's [x1, y1, x2, y2] in original pixels (all coordinates <= 1: normalised), or Visual-RFT's
     `<answer>[{'Position': [...], 'Confidence': 1}]</answer>` on its 0-1000 scale."""
-    image = one_image(raw.get("image"), row, "image")
-    question, _ = question_text(raw.get("problem"), row, "problem")
-    gold = gold_fields(raw.get("solution"), question, row, "solution", image, declared_size(raw),
-                 raw.get("accu_reward_method"))  # fmt: skip
+    images = image_list(raw.get("image"), row, "image")
+    visual = visual_fields(images, None, row, "image")
+    question = question_text(raw.get("problem"), row, "problem", len(images))
+    size = declared_size(raw) if len(images) == 1 else None
+    gold = gold_fields(raw.get("solution"), question, row, "solution", images, size, raw.get("accu_reward_method"))
     meta = extras(raw, ("id", "image", "problem", "solution", "width", "height"))
-    return {"id": row_id(raw, row), "image": image, "question": question, **gold, "meta": meta}
+    return {"id": row_id(raw, row), **visual, "question": question, **gold, "meta": meta}
 
 
-@shape(("images", "problem", "answer"))
+@shape(("images", "problem", "answer"), ("videos", "problem", "answer"))
 def easyr1(raw: dict, row: Row) -> dict[str, Any]:
-    """EasyR1: `images` (a list), `problem` (with `<image>`), `answer`."""
-    image = one_image(raw.get("images"), row, "images")
-    question, _ = question_text(raw.get("problem"), row, "problem")
-    gold = gold_fields(raw.get("answer"), question, row, "answer", image)
-    meta = extras(raw, ("id", "images", "problem", "answer"))
-    return {"id": row_id(raw, row), "image": image, "question": question, **gold, "meta": meta}
+    """EasyR1: `images` (a list) and / or `videos` (a list of one: a file or a list of frames), `problem` (with
+    `<image>` / `<video>` markers), `answer`."""
+    images = image_list(raw.get("images"), row, "images")
+    video = one_video(raw.get("videos"), row, "videos")
+    visual = visual_fields(images, video, row, "images")
+    question = question_text(raw.get("problem"), row, "problem", len(images), video is not None)
+    gold = gold_fields(raw.get("answer"), question, row, "answer", images)
+    meta = extras(raw, ("id", "images", "videos", "problem", "answer"))
+    return {"id": row_id(raw, row), **visual, "question": question, **gold, "meta": meta}
 
 
 def _schema_row(raw: dict, row: Row) -> dict[str, Any]:
     """`columns` without a preset: the renamed row is in the schema's names; infer what a preset would."""
     out = {k: v for k, v in raw.items() if k in FIELDS}
     out["id"], out["meta"] = row_id(out, row), {**extras(raw, FIELDS), **(out.get("meta") or {})}
-    if isinstance(out.get("image"), (list, tuple)):
-        out["image"] = one_image(out["image"], row, "image")
+    if isinstance(out.get("image"), (list, tuple)):  # a list under `image`: one image, or the schema's `images`
+        images = image_list(out.pop("image"), row, "image")
+        out.update({"image": images[0]} if len(images) == 1 else {"images": images})
+    n_images = len(out["images"]) if isinstance(out.get("images"), (list, tuple)) else int(out.get("image") is not None)
     if isinstance(out.get("question"), str):
-        out["question"], _ = question_text(out["question"], row, "question")
+        out["question"] = question_text(out["question"], row, "question", n_images, out.get("video") is not None)
     size = out.get("image_size")
-    if parse_box_value(out.get("boxes") or None):  # boxes given: only their scale is decided (all <= 1: normalised)
+    if n_images == 1 and parse_box_value(out.get("boxes") or None):  # boxes given: only their scale is decided
         out["boxes"], size = to_pixels(*parse_box_value(out["boxes"]), out.get("image"), size, row)
         out["image_size"], out["answer_type"] = (list(size) if size else None), out.get("answer_type") or "box"
     elif out.get("answer") is not None and not out.get("answer_type"):
-        out.update(gold_fields(out["answer"], out.get("question") or "", row, "answer", out.get("image"), size))
+        images = [out["image"]] if n_images == 1 and "image" in out else list(out.get("images") or [])
+        out.update(gold_fields(out["answer"], out.get("question") or "", row, "answer", images, size))
     elif isinstance(out.get("answer"), str):
         tagged = ANSWER_TAGS.search(out["answer"])
         out["answer"] = tagged.group(1).strip() if tagged else out["answer"]

@@ -1,11 +1,13 @@
-"""Chat messages for a Sample: the image, the question, and an instruction saying which answer format to use; and
-the chat template's special tokens, which a row's text must not contain.
+"""Chat messages for a Sample: its images and video, the question, and an instruction saying which answer format to
+use; and the chat template's special tokens, which a row's text must not contain.
 
 One place decides what the model is asked, so rollout, SFT targets, evals and rewards agree. Knows nothing of
 tokenizers or models (the processor's chat template turns these messages into text).
 """
 
 from __future__ import annotations
+
+import re
 
 from vlgrpo.types import InputError, Sample
 
@@ -63,15 +65,40 @@ def instruction(answer_type: str, answer_format: str, box_format: str) -> str:
     return hint + FORMAT_HINTS[answer_format]
 
 
+_MARKER = re.compile(r"(<image>|<video>)")
+
+
+def user_content(sample: Sample, text: str) -> list[dict]:
+    """The user turn's parts in prompt order: {"type": "image"} per image (in `images` order), {"type": "video"},
+    {"type": "text"}. `<image>` / `<video>` markers in `text` place them (the schema checked that they place every
+    part); without markers every visual part goes first, as Qwen's own examples put them."""
+    visual = [{"type": "image"} for _ in sample.images] + ([{"type": "video"}] if sample.video is not None else [])
+    if not _MARKER.search(text):
+        return visual + [{"type": "text", "text": text}]
+    images = iter(p for p in visual if p["type"] == "image")
+    videos = iter(p for p in visual if p["type"] == "video")
+    parts = []
+    for piece in _MARKER.split(text):
+        if piece in ("<image>", "<video>"):
+            part = next(images if piece == "<image>" else videos, None)
+            if part is None:
+                raise InputError(f"sample '{sample.id}': more {piece} markers in the question than the row has parts")
+            parts.append(part)
+        elif piece:
+            parts.append({"type": "text", "text": piece})
+    return parts
+
+
 def render_messages(
     sample: Sample, answer_format: str = "think_answer", box_format: str = "qwen2_5", system_prompt: str = ""
 ) -> list[dict]:
-    """Qwen chat messages: optional system turn, then one user turn with the image first and the question."""
+    """Qwen chat messages: optional system turn, then one user turn with the visual parts (first, or where the
+    question's markers put them) and the question with its instruction."""
     if answer_format not in FORMAT_HINTS:
         raise ValueError(f"answer_format must be one of {', '.join(FORMAT_HINTS)}, got {answer_format!r}")
     if box_format not in BOX_HINTS:
         raise ValueError(f"box_format must be one of {', '.join(BOX_HINTS)}, got {box_format!r}")
     text = f"{sample.question} {instruction(sample.answer_type, answer_format, box_format)}"
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    messages.append({"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]})
+    messages.append({"role": "user", "content": user_content(sample, text)})
     return messages

@@ -1,18 +1,41 @@
 """Why a row cannot be trained on, decided in one place for the trainer (which skips such a row when it draws it) and
-`vlgrpo data doctor` (which reports it as an error): its image does not decode or resize, its text holds the chat
-template's control tokens, its image_size or a box does not fit the image file.
+`vlgrpo data doctor` (which reports it): its images or video do not decode or resize, its text holds the chat
+template's control tokens, its image_size or a box does not fit its image; and how many tokens its prompt takes
+(`prompt_budget`: every image and the video counted with the processor's geometry, plus the text).
 
-Works on a Sample and its inspected image (`images.inspect_image`); knows nothing of models or tokenizers.
+Works on a Sample and its inspected images and video (`images.inspect_image`, `video.inspect_video`); knows nothing
+of models or tokenizers.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from vlgrpo.data.images import ImageError, ImageInfo, ProcessorGeometry
 from vlgrpo.data.prompts import VISION_PLACEHOLDERS, reserved_tokens
+from vlgrpo.data.video import VideoInfo
 from vlgrpo.types import Sample
 
 Problem = tuple[str, str]
 """(check, message), e.g. ("image_missing", "image file 'x.png' does not exist")."""
+NOT_TRAINED_YET = "several_images_or_video"
+"""The check of a row with several images or a video: read, converted and checked, but training and the evals do not
+take such rows yet, so the trainer skips them with a count and the doctor warns."""
+TEMPLATE_TOKENS = 13
+"""Qwen2-VL / Qwen2.5-VL chat-template tokens around one user turn, its visual parts left out: <|im_start|>system\\n
+... <|im_end|>\\n<|im_start|>user\\n ... <|im_end|>\\n<|im_start|>assistant\\n."""
+VISION_WRAP = 2
+"""<|vision_start|> and <|vision_end|> around each image's and each video's pad run."""
+DEFAULT_SYSTEM_TOKENS = 6
+"""'You are a helpful assistant.', which the template inserts when data.system_prompt is empty."""
+
+
+@dataclass
+class RowVisuals:
+    """The inspected visual parts of one row: one ImageInfo per image (in `Sample.images` order), the video's."""
+
+    images: list[ImageInfo] = field(default_factory=list)
+    video: VideoInfo | None = None
 
 
 def text_problems(s: Sample) -> list[Problem]:
@@ -48,31 +71,119 @@ def image_tokens(info: ImageInfo, geometry: ProcessorGeometry) -> int:
         return 0
 
 
-def image_problems(s: Sample, info: ImageInfo, geometry: ProcessorGeometry) -> list[Problem]:
-    """The image itself, then what the row says about it: image_size and boxes against the real (decoded) size."""
+def video_tokens(info: VideoInfo | None, geometry: ProcessorGeometry) -> int:
+    """<|video_pad|> tokens of the sampled video (frames / temporal patch x tokens per frame); 0 when unusable."""
+    if info is None or info.problem is not None:
+        return 0
+    try:
+        return info.num_tokens(geometry)
+    except ImageError:
+        return 0
+
+
+def image_problems(s: Sample, info: ImageInfo, geometry: ProcessorGeometry, index: int | None = None) -> list[Problem]:
+    """One image, then what the row says about it: image_size and its boxes against the real (decoded) size. `index`
+    is its place in `images` on a row with several (messages name it; only its own boxes are checked)."""
+    name = "" if index is None else f"image {index} of {len(s.images)}: "
     if info.problem is not None:
-        return [info.problem]
+        return [(info.problem[0], name + info.problem[1])]
     (w, h), (hw, hh) = info.decoded, info.header
     try:
         tokens = geometry.num_image_tokens(h, w)
     except ImageError as e:  # Qwen's resize refuses it (an aspect ratio above 200)
-        return [("image_geometry", str(e))]
+        return [("image_geometry", name + str(e))]
     out = []
     pads = tokens if (hw, hh) == (w, h) else geometry.num_image_tokens(hh, hw)  # the prompt's count: the header's
     if pads != tokens:
-        out.append(("placeholder_count", f"the prompt would get {pads} <|image_pad|> tokens (header size {hw}x{hh}) "
-                    f"but the decoded {w}x{h} image gives {tokens} features"))  # fmt: skip
+        out.append(("placeholder_count", f"{name}the prompt would get {pads} <|image_pad|> tokens (header size "
+                    f"{hw}x{hh}) but the decoded {w}x{h} image gives {tokens} features"))  # fmt: skip
     if s.image_size is not None and tuple(s.image_size) != (w, h):
         out.append(("image_size_mismatch", f"image_size {list(s.image_size)} but the image is {w}x{h} px; box "
                     "rewards scale by image_size, so every box would move: correct it or leave it out"))  # fmt: skip
-    for box in s.boxes:
+    owners = s.box_images or [0] * len(s.boxes)
+    for box, owner in zip(s.boxes, owners):
         x1, y1, x2, y2 = box
-        if x1 < 0 or y1 < 0 or x2 > w or y2 > h:
-            out.append(("box_out_of_image", f"box {box} lies outside the {w}x{h} image (boxes are original-image "
-                        "pixels, [x1, y1, x2, y2])"))  # fmt: skip
+        if owner == (index or 0) and (x1 < 0 or y1 < 0 or x2 > w or y2 > h):
+            out.append(("box_out_of_image", f"{name}box {box} lies outside the {w}x{h} image (boxes are "
+                        "original-image pixels, [x1, y1, x2, y2])"))  # fmt: skip
     return out
 
 
-def row_problems(s: Sample, info: ImageInfo, geometry: ProcessorGeometry) -> list[Problem]:
-    """Every reason the row cannot be trained on; empty when it can."""
-    return image_problems(s, info, geometry) + text_problems(s)
+def video_problems(info: VideoInfo, geometry: ProcessorGeometry) -> list[Problem]:
+    """The video decodes (every frame of a list; a file to its end) and its frames resize for the model."""
+    if info.problem is not None:
+        return [info.problem]
+    try:
+        info.grid_thw(geometry)
+    except ImageError as e:
+        return [("video_geometry", str(e))]
+    return []
+
+
+def visual_parts(s: Sample) -> str:
+    """'2 images', 'a video', '1 image and a video'."""
+    images = f"{len(s.images)} image{'s' * (len(s.images) != 1)}" if s.images else ""
+    return " and ".join(p for p in (images, "a video" if s.video is not None else "") if p)
+
+
+def row_problems(s: Sample, info: ImageInfo | RowVisuals, geometry: ProcessorGeometry) -> list[Problem]:
+    """Every reason the row cannot be trained on; empty when it can. `info` is the one image's inspection (what the
+    trainer passes today) or every visual part's (`RowVisuals`, what the doctor passes).
+
+    A row with several images or a video comes first with NOT_TRAINED_YET: the trainer skips it with that count; the
+    doctor reports it as a warning and goes on to check every image and the video."""
+    first = [(NOT_TRAINED_YET, f"the row has {visual_parts(s)}: rows with several images or a video are converted "
+              "and checked, and training and eval support is in progress, so such rows are skipped")
+             ] if s.several_images_or_video else []  # fmt: skip
+    if isinstance(info, ImageInfo):
+        if first:  # one image's inspection says nothing about the others
+            return first
+        info = RowVisuals([info])
+    several = len(s.images) > 1
+    out = list(first)
+    for i, image in enumerate(info.images):
+        out += image_problems(s, image, geometry, i if several else None)
+    if info.video is not None:
+        out += video_problems(info.video, geometry)
+    return out + text_problems(s)
+
+
+@dataclass(frozen=True)
+class PromptBudget:
+    """The tokens of one row's prompt, by part."""
+
+    images: tuple[int, ...]
+    """<|image_pad|> tokens of each image, in `Sample.images` order."""
+    video: int
+    """<|video_pad|> tokens of the video (0 without one)."""
+    template: int
+    """Chat-template tokens: the turn markers, the default system prompt when none is set, and the
+    <|vision_start|> / <|vision_end|> pair around each visual part."""
+    text: int
+    """Question, instruction and system prompt: exact when the caller tokenised them, else its estimate."""
+
+    @property
+    def visual(self) -> int:
+        return sum(self.images) + self.video
+
+    @property
+    def certain(self) -> int:
+        """Everything but the text: what no rewording of the question can shorten."""
+        return self.visual + self.template
+
+    @property
+    def total(self) -> int:
+        return self.certain + self.text
+
+
+def prompt_budget(
+    s: Sample, visuals: RowVisuals, geometry: ProcessorGeometry, text_tokens: int, system_prompt: str = ""
+) -> PromptBudget:  # fmt: skip
+    """The prompt tokens of a row: each image by smart_resize at the run's geometry, the video's sampled frames after
+    temporal merging (frames / temporal_patch_size x tokens per frame at the video pixel bounds), the chat template,
+    and `text_tokens` (question + instruction + system prompt, counted by the caller). A part that cannot be used
+    counts 0 (it is a row problem of its own). The doctor and the trainer's length check both count with this."""
+    parts = len(s.images) + (s.video is not None)
+    template = TEMPLATE_TOKENS + VISION_WRAP * parts + (0 if system_prompt else DEFAULT_SYSTEM_TOKENS)
+    images = tuple(image_tokens(info, geometry) for info in visuals.images)
+    return PromptBudget(images, video_tokens(visuals.video, geometry), template, text_tokens)

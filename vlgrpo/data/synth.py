@@ -1,7 +1,9 @@
 """The synthetic "shapes" task: Pillow scenes of coloured shapes with verifiable questions and exact boxes.
 
-Four question kinds: count (number), colour (text), existence (yes/no) and grounding (box). Deterministic for a
-seed; writes PNG files and train/val/test JSONL in the `Sample` schema. Knows nothing of models.
+Four question kinds on one image: count (number), colour (text), existence (yes/no) and grounding (box); two more
+on request: compare (two images: which has more shapes of a colour) and motion (a video of frames: which way a circle
+moves). Deterministic for a seed; writes PNG files and train/val/test JSONL in the `Sample` schema. Knows nothing of
+models.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-from vlgrpo.types import InputError, Sample
+from vlgrpo.types import InputError, Sample, Video
 
 SHAPES = ("circle", "square", "triangle")
 COLOURS = ("red", "green", "blue", "yellow", "purple", "orange")
@@ -22,6 +24,12 @@ RGB = {
     "yellow": (235, 205, 20), "purple": (140, 50, 170), "orange": (245, 130, 20),
 }  # fmt: skip
 KINDS = ("count", "colour", "exist", "ground")
+"""The default question kinds, one image each."""
+MORE_KINDS = ("compare", "motion")
+"""Kinds chosen with --kinds: compare (two images, text answer first / second) and motion (a video of MOTION_FRAMES
+frame PNGs, text answer left / right)."""
+MOTION_FRAMES = 4
+"""Frames of a motion video: Qwen's fewest (qwen-vl-utils' FPS_MIN_FRAMES), two temporal patches."""
 CROSSED_NEGATIVES = 0.5
 """In the train split, the share of "no" existence questions, on scenes that allow one, that name a present colour
 with a present shape of another colour ("a blue circle" beside a blue square and a red circle): the binding error
@@ -72,16 +80,24 @@ def draw_scene(rng: random.Random, size: int, max_shapes: int = 6) -> tuple[Imag
     draw = ImageDraw.Draw(img)
     smin, smax = max(10, size // 8), max(14, size // 4)
     shapes = []
-    for x1, y1, x2, y2 in _place(rng, rng.randint(1, max_shapes), size, smin, smax):
-        kind, colour = rng.choice(SHAPES), rng.choice(COLOURS)
-        if kind == "circle":
-            draw.ellipse((x1, y1, x2 - 1, y2 - 1), fill=RGB[colour])
-        elif kind == "square":
-            draw.rectangle((x1, y1, x2 - 1, y2 - 1), fill=RGB[colour])
-        else:
-            draw.polygon([((x1 + x2 - 1) / 2, y1), (x1, y2 - 1), (x2 - 1, y2 - 1)], fill=RGB[colour])
-        shapes.append(Shape(kind, colour, (x1, y1, x2, y2)))
+    for box in _place(rng, rng.randint(1, max_shapes), size, smin, smax):
+        shapes.append(Shape(rng.choice(SHAPES), rng.choice(COLOURS), box))
+        _draw(draw, shapes[-1])
     return img, shapes
+
+
+def _draw(draw: ImageDraw.ImageDraw, s: Shape) -> None:
+    x1, y1, x2, y2 = s.box
+    if s.shape == "circle":
+        draw.ellipse((x1, y1, x2 - 1, y2 - 1), fill=RGB[s.colour])
+    elif s.shape == "square":
+        draw.rectangle((x1, y1, x2 - 1, y2 - 1), fill=RGB[s.colour])
+    else:
+        draw.polygon([((x1 + x2 - 1) / 2, y1), (x1, y2 - 1), (x2 - 1, y2 - 1)], fill=RGB[s.colour])
+
+
+def _listed(shapes: list[Shape]) -> list[dict]:
+    return [{"shape": s.shape, "colour": s.colour, "box": list(s.box)} for s in shapes]
 
 
 def _question(
@@ -128,6 +144,10 @@ def make_sample(
     """Draw one scene, pose one question of a kind chosen round-robin, save the PNG; returns the Sample. The train
     split's "no" existence questions cross colours and shapes (`CROSSED_NEGATIVES`); other splits' do not."""
     kind = kinds[idx % len(kinds)]
+    if kind == "compare":
+        return compare_sample(rng, f"shapes-{split}-{idx:06d}", size, image_dir, split, max_shapes)
+    if kind == "motion":
+        return motion_sample(rng, f"shapes-{split}-{idx:06d}", size, image_dir, split)
     while True:
         img, shapes = draw_scene(rng, size, max_shapes)
         q = _question(rng, kind, shapes, CROSSED_NEGATIVES if split == "train" else 0.0)
@@ -146,21 +166,77 @@ def make_sample(
         objects=sorted({s.name for s in shapes}),
         image_size=(size, size),
         task=f"shapes/{kind}",
-        meta={"split": split, "scene": [{"shape": s.shape, "colour": s.colour, "box": list(s.box)} for s in shapes],
-              "reasoning": scene_names(about) or "none"},
+        meta={"split": split, "scene": _listed(shapes), "reasoning": scene_names(about) or "none"},
     )
+
+
+def compare_sample(rng: random.Random, sid: str, size: int, image_dir: Path, split: str, max_shapes: int) -> Sample:
+    """Two scenes and "Which image has more {colour} shapes, the first or the second?", the colour one of theirs and
+    the two counts different (pairs are drawn until they are); answer "first" or "second"."""
+    while True:
+        scenes = [draw_scene(rng, size, max_shapes) for _ in range(2)]
+        colour = rng.choice(sorted({s.colour for _, shapes in scenes for s in shapes}))
+        counts = [sum(s.colour == colour for s in shapes) for _, shapes in scenes]
+        if counts[0] != counts[1]:
+            break
+    for i, (img, _) in enumerate(scenes):
+        img.save(image_dir / f"{sid}-{i}.png")
+    about = [scene_names([s for s in shapes if s.colour == colour]) or "none" for _, shapes in scenes]
+    return Sample(
+        id=sid,
+        images=[f"images/{sid}-{i}.png" for i in range(2)],
+        question=f"Which image has more {colour} shapes, the first or the second?",
+        answer="first" if counts[0] > counts[1] else "second",
+        answer_type="text",
+        task="shapes/compare",
+        meta={"split": split, "scenes": [_listed(shapes) for _, shapes in scenes], "counts": counts,
+              "reasoning": f"first: {about[0]}; second: {about[1]}"},
+    )  # fmt: skip
+
+
+def motion_sample(rng: random.Random, sid: str, size: int, image_dir: Path, split: str) -> Sample:
+    """A video of MOTION_FRAMES frames in which a circle of one colour moves at a constant speed from the left quarter
+    of the frame to the right quarter, or back, among still shapes of other colours above or below its path; "Does the
+    {colour} circle move left or right?", answer "left" or "right"."""
+    d = max(10, size // 6)
+    colour, direction = rng.choice(COLOURS), rng.choice(("left", "right"))
+    y = rng.randint(1, size - d - 1)
+    ends = [rng.randint(1, size // 4), rng.randint(size - d - 1 - size // 4, size - d - 1)]
+    start, end = ends if direction == "right" else ends[::-1]
+    xs = [round(start + (end - start) * k / (MOTION_FRAMES - 1)) for k in range(MOTION_FRAMES)]
+    still = [Shape(rng.choice(SHAPES), rng.choice([c for c in COLOURS if c != colour]), box)
+             for box in _place(rng, 3, size, max(10, size // 8), max(14, size // 5))
+             if box[3] + 2 <= y or y + d + 2 <= box[1]]  # fmt: skip
+    track = [Shape("circle", colour, (x, y, x + d, y + d)) for x in xs]
+    for k, moving in enumerate(track):
+        img = Image.new("RGB", (size, size), (255, 255, 255))
+        draw = ImageDraw.Draw(img)
+        for s in [*still, moving]:
+            _draw(draw, s)
+        img.save(image_dir / f"{sid}-f{k}.png")
+    return Sample(
+        id=sid,
+        video=Video(frames=[f"images/{sid}-f{k}.png" for k in range(MOTION_FRAMES)]),
+        question=f"Does the {colour} circle move left or right?",
+        answer=direction,
+        answer_type="text",
+        task="shapes/motion",
+        meta={"split": split, "track": [list(s.box) for s in track], "scene": _listed(still),
+              "reasoning": f"{colour} circle at x {xs[0]}, then x {xs[-1]}"},
+    )  # fmt: skip
 
 
 def synth_dataset(
     out_dir: str | Path, n: int, seed: int = 0, image_size: int = 112, kinds: tuple[str, ...] = KINDS,
     max_shapes: int = 6,
 ) -> dict[str, Path]:
-    """Write n samples split 80/10/10 into out_dir/{train,val,test}.jsonl + out_dir/images/*.png."""
+    """Write n samples split 80/10/10 into out_dir/{train,val,test}.jsonl + out_dir/images/*.png (compare: two PNGs
+    per sample, motion: MOTION_FRAMES frame PNGs)."""
     if not 1 <= max_shapes <= 6:
         raise InputError(f"--max-shapes must be between 1 and 6, got {max_shapes}")
-    bad = [k for k in kinds if k not in KINDS]
+    bad = [k for k in kinds if k not in KINDS + MORE_KINDS]
     if bad or not kinds:
-        raise InputError(f"--kinds: unknown question kinds {bad}; accepted: {', '.join(KINDS)}")
+        raise InputError(f"--kinds: unknown question kinds {bad}; accepted: {', '.join(KINDS + MORE_KINDS)}")
     if n < 1 or image_size < 56:
         raise InputError(f"need n >= 1 and image_size >= 56 px (got n={n}, image_size={image_size})")
     out = Path(out_dir)

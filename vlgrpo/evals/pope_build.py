@@ -61,9 +61,11 @@ def _unique(names) -> tuple[str, ...]:
 
 def objects_from_samples(samples: list[Sample]) -> list[ImageObjects]:
     """One entry per distinct image path; the objects of every Sample on that image are merged and the first
-    Sample's id is kept."""
+    Sample's id is kept. Rows with several images or a video are left out."""
     by_image: dict[str, tuple[list[str], str]] = {}
     for s in samples:
+        if s.several_images_or_video:  # POPE asks about one image
+            continue
         if not isinstance(s.image, str):
             raise InputError(f"sample '{s.id}': POPE question files refer to images by path, but this image is bytes")
         key = str(Path(s.image).resolve())

@@ -69,6 +69,9 @@ def _selection(data: str | Path | None, *, pope_data: str | Path | None = None, 
     if pope_file != data and published_benchmark(data, preset):  # MathVista, MMMU, ... read as published
         return Selection(data, load_benchmark(data), pope_file=pope_file, **asked)
     samples = [] if data is None or pope_file == data else load_samples(data, preset=preset, columns=columns).samples
+    # rows with several images or a video load, but no engine or suite takes them yet: every suite selects without
+    # them (`vlgrpo data doctor` counts them, as the trainer skips them)
+    samples = [s for s in samples if not s.several_images_or_video]
     return Selection(data, samples, pope_file=pope_file, **asked)
 
 

@@ -177,8 +177,11 @@ def activation_bytes(inp: PlanInput, seq_len: int) -> int:
     s, b, mb = inp.spec, inp.dtype_bytes, inp.micro_batch
     if s is None:
         return 0
-    # Per token per decoder layer: norm in, q_proj in, q, k, v, attn out, norm in, MLP in; gate, up, act, product.
-    per_layer = b * (6 * s.hidden + 2 * s.kv_heads * s.head_dim + 4 * s.intermediate) * mb * seq_len
+    # Per token per decoder layer: norm in, q_proj in, norm in, MLP in (h each); q, attn out (q each); k, v; gate, up,
+    # act, product (I each); Qwen3's q_norm / k_norm also keep their inputs (q, kv). Qwen2: q = h, no q/k norms.
+    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    per_token = 4 * s.hidden + 2 * q + 2 * kv + 4 * s.intermediate + ((q + kv) if s.family == "qwen3_vl" else 0)
+    per_layer = b * per_token * mb * seq_len
     lm = (b * s.hidden * mb * seq_len * s.layers + per_layer) if inp.gradient_checkpointing else per_layer * s.layers
     if "vision" not in inp.trainable or inp.lora_rank:
         return lm  # frozen ViT: features come from the cache, no graph through the tower
@@ -188,6 +191,15 @@ def activation_bytes(inp: PlanInput, seq_len: int) -> int:
     vit = (b * s.vision_hidden * patches * s.vision_depth + per_vit) if inp.gradient_checkpointing else (
         per_vit * s.vision_depth)
     return lm + vit
+
+
+def step_features_bytes(inp: PlanInput) -> int:
+    """The current step's image features, B x N x h: the merged embeddings and, for Qwen3-VL, one DeepStack map of the
+    same shape per DeepStack merger (the vision cache keeps them all, the prefill adds them to the first layers)."""
+    s = inp.spec
+    if s is None:
+        return 0
+    return inp.prompts_per_step * inp.image_tokens * s.hidden * inp.dtype_bytes * (1 + s.deepstack_mergers)
 
 
 def logits_bytes(inp: PlanInput) -> int:
@@ -231,8 +243,7 @@ def plan(inp: PlanInput) -> dict[str, Any]:
          "reward_model": 0 if "reward" in inp.offload else reward,
          "critic": sum(states["gpu"].values()) if inp.critic else 0,  # PPO: a value model mirroring the actor
          "activations": activation_bytes(inp, seq), "logits": logits_bytes(inp), **roll,
-         "vision_cache": inp.vision_cache_bytes
-         + inp.prompts_per_step * inp.image_tokens * (inp.spec.hidden if inp.spec else 0) * inp.dtype_bytes,
+         "vision_cache": inp.vision_cache_bytes + step_features_bytes(inp),
          "overhead": inp.overhead_bytes}
     resident = sum(g[k] for k in ("weights", "optimizer", "reference", "reward_model", "critic", "vision_cache",
                                   "overhead"))

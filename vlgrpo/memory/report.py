@@ -14,21 +14,23 @@ from typing import Any
 
 from vlgrpo.config import Config, ModelConfig
 from vlgrpo.memory.planner import DTYPE_BYTES, GB, OFFLOAD_TARGETS, PlanInput, plan, trainer_optimizer_states, verdicts
-from vlgrpo.memory.specs import ModelSpec, PlanError, resolve_model
+from vlgrpo.memory.specs import FAMILIES, ModelSpec, PlanError, resolve_model
 from vlgrpo.memory.suggest import not_run_by_trainer, suggestions
 
 
 def image_tokens_for(width: int, height: int, m: ModelConfig, spec: ModelSpec | None) -> int:
     """Language-model tokens of one W x H image after Qwen's smart_resize and the 2x2 merge, with the geometry the run
     uses: the spec's processor bounds when it knows them (init-tiny's), else the checkpoint directory's processor
-    files or the released processors' bounds; model.min_pixels / max_pixels override both."""
+    files, else the released processors of the spec's family (Qwen3-VL: 16 px patches, one token per 32 x 32 px;
+    Qwen2/2.5-VL: 14 px, 28 x 28); model.min_pixels / max_pixels override them all."""
     from vlgrpo.data.images import ProcessorGeometry, checkpoint_geometry
 
     if spec is not None and spec.max_pixels:
         geometry = ProcessorGeometry(patch_size=spec.patch, merge_size=spec.merge, min_pixels=spec.min_pixels,
                                      max_pixels=spec.max_pixels).with_pixels(m.min_pixels, m.max_pixels)
     else:
-        geometry, _ = checkpoint_geometry(m.name_or_path, m.min_pixels, m.max_pixels)
+        family = spec.family if spec else None
+        geometry, _ = checkpoint_geometry(m.name_or_path, m.min_pixels, m.max_pixels, arch=family)
     return geometry.num_image_tokens(height, width)
 
 
@@ -59,18 +61,14 @@ def zero3_offload(cfg: Config) -> frozenset[str]:
 
 
 def config_notes(cfg: Config) -> list[str]:
-    """Config keys a zero3 run with a DeepSpeed JSON does not read, and JSON settings the plan does not follow."""
+    """JSON settings of a zero3 run's DeepSpeed file that the plan does not follow. (train.zero3.offload_* beside
+    that file is a config error: `config/load.py` refuses it, since the file is what DeepSpeed runs.)"""
     t = cfg.train
     path = t.zero3.deepspeed_config
     if t.backend != "zero3" or not path:
         return []
     ds = read_deepspeed_json(path)
     notes = []
-    for target in ("optimizer", "param"):
-        if getattr(t.zero3, f"offload_{target}") and target not in deepspeed_offload(ds):
-            notes.append(f"train.zero3.offload_{target}=true is ignored: the trainer takes offload from {path}, which "
-                         f"keeps the {target} on the GPU (planned so); set zero_optimization.offload_{target}.device "
-                         'to "cpu" there to offload it')
     stage = (ds.get("zero_optimization") or {}).get("stage", 0)
     if stage != 3:
         notes.append(f"{path} sets zero_optimization.stage={stage}: the zero3 backend is built for stage 3, which is "
@@ -95,18 +93,21 @@ def init_tiny_spec(tiny: Any, cfg: Config) -> tuple[ModelSpec, str]:
     `tiny` is a `TinySpec` (vlgrpo.tiny, re-exported by vlgrpo.models), passed in by the CLI: memory imports
     neither. Its vocab_size is the BPE's target; the trained tokenizer may come out a few tokens smaller."""
     arch = "qwen2_5_vl" if cfg.model.arch == "auto" else cfg.model.arch  # init-tiny's --arch default
-    if arch not in ("qwen2_vl", "qwen2_5_vl"):
-        raise PlanError(f"model.arch={arch}: the planner counts the parameters of qwen2_vl and qwen2_5_vl models; "
+    if arch not in FAMILIES:
+        raise PlanError(f"model.arch={arch}: the planner counts the parameters of {', '.join(FAMILIES)} models; "
                         "plan model states with --params N")
     vision_mlp = tiny.vision_intermediate
     if arch == "qwen2_vl":  # Qwen2-VL's ViT MLP is mlp_ratio x embed_dim
         vision_mlp = tiny.vision_intermediate // tiny.vision_hidden * tiny.vision_hidden
+    qwen3 = arch == "qwen3_vl"  # vlgrpo.tiny's Qwen3-VL: 16 px patches, 256 learned positions, DeepStack on
     name = cfg.model.name_or_path
     spec = ModelSpec(name=name, family=arch, hidden=tiny.hidden_size, intermediate=tiny.intermediate_size,
                      layers=tiny.num_layers, heads=tiny.num_heads, kv_heads=tiny.num_kv_heads,
                      head_dim=tiny.hidden_size // tiny.num_heads, vocab=tiny.vocab_size,
                      tie_embeddings=tiny.tie_word_embeddings,
                      vision_depth=tiny.vision_depth, vision_hidden=tiny.vision_hidden, vision_intermediate=vision_mlp,
+                     patch=16 if qwen3 else 14, position_embeddings=256 if qwen3 else 0,
+                     deepstack_mergers=len(tiny.deepstack_visual_indexes) if qwen3 else 0,
                      min_pixels=tiny.min_pixels, max_pixels=tiny.max_pixels)
     flag = "" if arch == "qwen2_5_vl" else f" --arch {arch}"
     note = (f"model.name_or_path={name} (the config default) is not built yet: planned the tiny {arch} that "

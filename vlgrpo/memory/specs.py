@@ -1,4 +1,4 @@
-"""Model specs for the memory planner: architecture numbers of Qwen2-VL / Qwen2.5-VL and parameter counts.
+"""Model specs for the memory planner: architecture numbers of Qwen2-VL / Qwen2.5-VL / Qwen3-VL and parameter counts.
 
 Built-in table of the released checkpoints, or a local HF `config.json`; parameter counts come from the
 architecture formulas (checked against transformers in the tests). Pure arithmetic: no torch, no weights.
@@ -7,6 +7,7 @@ architecture formulas (checked against transformers in the tests). Pure arithmet
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,16 +18,21 @@ LM_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "d
 VISION_LINEARS = ("qkv", "proj", "fc1", "fc2", "visual.gate_proj", "visual.up_proj", "visual.down_proj")
 
 
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+
+
 class PlanError(InputError):
     """An input the planner cannot use; the message names the flag, key or file and the accepted values."""
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Architecture numbers of a Qwen2-VL / Qwen2.5-VL checkpoint (language model + vision tower + merger)."""
+    """Architecture numbers of a Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoint (language model, vision tower, mergers)."""
 
     name: str
-    family: str  # qwen2_vl (LayerNorm, GELU MLP in the ViT) or qwen2_5_vl (RMSNorm, SwiGLU MLP in the ViT)
+    family: str
+    """qwen2_vl (LayerNorm, GELU MLP in the ViT), qwen2_5_vl (RMSNorm, SwiGLU MLP in the ViT) or qwen3_vl (LayerNorm,
+    GELU MLP, learned position embeddings and DeepStack mergers in the ViT; Qwen3 attention in the language model)."""
     hidden: int
     intermediate: int
     layers: int
@@ -42,33 +48,45 @@ class ModelSpec:
     merge: int = 2
     temporal_patch: int = 2
     in_channels: int = 3
+    position_embeddings: int = 0
+    """Rows of the ViT's learned position table (Qwen3-VL's num_position_embeddings; 0: none)."""
+    deepstack_mergers: int = 0
+    """Qwen3-VL: one merger per deepstack_visual_indexes entry, each the main merger's size with its LayerNorm after
+    the 2x2 shuffle (Qwen3VLVisionPatchMerger(use_postshuffle_norm=True))."""
     min_pixels: int | None = None
     """The processor's smallest image area when the spec knows it (init-tiny's); None: the checkpoint directory's
-    processor files, else the released Qwen processors' bounds (`vlgrpo.data.images.checkpoint_geometry`)."""
+    processor files, else the released processors' bounds of the family (`vlgrpo.data.images.checkpoint_geometry`)."""
     max_pixels: int | None = None
     """The processor's largest image area when the spec knows it; None as for min_pixels."""
 
+    @property
+    def qwen3(self) -> bool:
+        return self.family == "qwen3_vl"
+
     def language_params(self) -> int:
-        h, kv = self.hidden, self.kv_heads * self.head_dim
-        attn = (h * self.heads * self.head_dim + self.heads * self.head_dim) + 2 * (h * kv + kv)  # q, k, v + biases
-        attn += self.heads * self.head_dim * h  # o_proj, no bias
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attn = h * q + 2 * h * kv + q * h  # q, k, v, o_proj weights
+        # Qwen2: q/k/v biases. Qwen3: no biases, an RMSNorm over each head's queries and keys (q_norm, k_norm)
+        attn += 2 * self.head_dim if self.qwen3 else q + 2 * kv
         layer = attn + 3 * h * self.intermediate + 2 * h  # SwiGLU gate/up/down + two RMSNorms
         embeddings = self.vocab * h * (1 if self.tie_embeddings else 2)  # embed_tokens (+ lm_head unless tied)
         return self.layers * layer + embeddings + h  # + final norm
 
     def vision_params(self) -> int:
-        """ViT blocks and the conv3d patch embedding (the merger is counted apart)."""
+        """ViT blocks, the conv3d patch embedding and Qwen3-VL's position table (the mergers are counted apart)."""
         hv, iv = self.vision_hidden, self.vision_intermediate
-        norms = 2 * (2 * hv if self.family == "qwen2_vl" else hv)  # LayerNorm has a bias, RMSNorm does not
+        norms = 2 * (hv if self.family == "qwen2_5_vl" else 2 * hv)  # RMSNorm has no bias, LayerNorm has one
         attn = (hv * 3 * hv + 3 * hv) + (hv * hv + hv)
         mlp = 2 * (hv * iv + iv) + (iv * hv + hv) if self.family == "qwen2_5_vl" else (hv * iv + iv) + (iv * hv + hv)
-        patch_embed = self.in_channels * self.temporal_patch * self.patch * self.patch * hv
-        return self.vision_depth * (norms + attn + mlp) + patch_embed
+        patch_embed = self.in_channels * self.temporal_patch * self.patch * self.patch * hv + (hv if self.qwen3 else 0)
+        return self.vision_depth * (norms + attn + mlp) + patch_embed + self.position_embeddings * hv
 
     def merger_params(self) -> int:
+        """The patch merger, and Qwen3-VL's DeepStack mergers (the trainer's `merger` part holds both)."""
         m = self.vision_hidden * self.merge**2  # 2x2 neighbouring patches concatenated
-        ln = 2 * self.vision_hidden if self.family == "qwen2_vl" else self.vision_hidden
-        return ln + (m * m + m) + (m * self.hidden + self.hidden)
+        linears = (m * m + m) + (m * self.hidden + self.hidden)
+        ln = self.vision_hidden if self.family == "qwen2_5_vl" else 2 * self.vision_hidden  # LayerNorm: + bias
+        return ln + linears + self.deepstack_mergers * (2 * m + linears)  # DeepStack: LayerNorm over 4 hv
 
     def total_params(self) -> int:
         return self.language_params() + self.vision_params() + self.merger_params()
@@ -78,8 +96,9 @@ class ModelSpec:
         h, q, hv, iv, m = (self.hidden, self.heads * self.head_dim, self.vision_hidden, self.vision_intermediate,
                            self.vision_hidden * self.merge**2)
         return max(
-            self.vocab * h, h * self.intermediate, h * q + q,  # embedding / lm_head, MLP linear, q_proj
-            self.in_channels * self.temporal_patch * self.patch**2 * hv,  # conv3d patch embedding
+            self.vocab * h, h * self.intermediate, h * q + (0 if self.qwen3 else q),  # embedding / lm_head, MLP, q_proj
+            self.in_channels * self.temporal_patch * self.patch**2 * hv + (hv if self.qwen3 else 0),  # conv3d
+            self.position_embeddings * hv,  # Qwen3-VL's learned position table
             hv * 3 * hv + 3 * hv, hv * iv + iv, m * m + m, m * h + h,  # ViT qkv and MLP linear, merger linears
         )
 
@@ -94,7 +113,17 @@ def _qwen2(name, hidden, inter, layers, heads, kv, vocab, tie) -> ModelSpec:
                      vision_intermediate=4 * 1280)  # mlp_ratio 4 x embed_dim 1280
 
 
-# Public config.json values of the released checkpoints.
+def _qwen3(name, hidden, inter, layers, heads, kv, tie, vision, deepstack) -> ModelSpec:
+    """A dense Qwen3-VL: head_dim 128 and vocabulary 151,936 in every size; 16 px patches and 2,304 learned positions in
+    the tower (its pixel bounds: `vlgrpo.data.images.QWEN3_VL_GEOMETRY`). `vision` is (depth, hidden, intermediate)."""
+    depth, hv, iv = vision
+    return ModelSpec(name, "qwen3_vl", hidden, inter, layers, heads, kv, 128, 151936, tie, vision_depth=depth,
+                     vision_hidden=hv, vision_intermediate=iv, patch=16, position_embeddings=2304,
+                     deepstack_mergers=len(deepstack))
+
+
+# Public config.json values of the released checkpoints. Qwen3-VL (docs/memory.md names the sources): transformers'
+# Qwen3VLConfig defaults are none of them (its text defaults are 32 layers x 4096 with intermediate 22016).
 MODEL_TABLE: dict[str, ModelSpec] = {s.name: s for s in (
     _qwen2("Qwen/Qwen2-VL-2B-Instruct", 1536, 8960, 28, 12, 2, 151936, True),
     _qwen2("Qwen/Qwen2-VL-7B-Instruct", 3584, 18944, 28, 28, 4, 152064, False),
@@ -102,7 +131,21 @@ MODEL_TABLE: dict[str, ModelSpec] = {s.name: s for s in (
     _qwen2_5("Qwen/Qwen2.5-VL-7B-Instruct", 3584, 18944, 28, 28, 4, 152064, False),
     _qwen2_5("Qwen/Qwen2.5-VL-32B-Instruct", 5120, 27648, 64, 40, 8, 152064, False, vis_inter=3456),
     _qwen2_5("Qwen/Qwen2.5-VL-72B-Instruct", 8192, 29568, 80, 64, 8, 152064, False, vis_inter=3456),
+    _qwen3("Qwen/Qwen3-VL-2B-Instruct", 2048, 6144, 28, 16, 8, True, (24, 1024, 4096), (5, 11, 17)),
+    _qwen3("Qwen/Qwen3-VL-4B-Instruct", 2560, 9728, 36, 32, 8, True, (24, 1024, 4096), (5, 11, 17)),
+    _qwen3("Qwen/Qwen3-VL-8B-Instruct", 4096, 12288, 36, 32, 8, False, (27, 1152, 4304), (8, 16, 24)),
+    _qwen3("Qwen/Qwen3-VL-32B-Instruct", 5120, 25600, 64, 64, 8, False, (27, 1152, 4304), (8, 16, 24)),
 )}
+MOE = re.compile(r"qwen3-vl-\d+b-a\d+b")
+"""Qwen3-VL-30B-A3B, -235B-A22B (-Instruct / -Thinking): mixture-of-experts, refused by name."""
+
+
+def moe_refusal(what: str) -> PlanError:
+    return PlanError(
+        f"{what} is a Qwen3-VL mixture-of-experts model (model_type qwen3_vl_moe), which vlgrpo neither trains "
+        "(model.arch: qwen3_vl is the dense family) nor counts; planned: the dense Qwen3-VL 2B, 4B, 8B and 32B. "
+        "Plan its model states with --params N (N: the total count, every expert stays in memory)"
+    )
 
 
 def _short(name: str) -> str:
@@ -111,15 +154,17 @@ def _short(name: str) -> str:
 
 
 def spec_from_config_json(path: str | Path) -> ModelSpec:
-    """Read a Qwen2-VL / Qwen2.5-VL HF config.json (text keys under `text_config` or at the top level)."""
+    """Read a Qwen2-VL / Qwen2.5-VL / Qwen3-VL HF config.json (text keys under `text_config` or at the top level)."""
     path = Path(path)
     try:
         raw = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise PlanError(f"cannot read model config '{path}': {e}") from None
     family = raw.get("model_type")
-    if family not in ("qwen2_vl", "qwen2_5_vl"):
-        raise PlanError(f"'{path}': model_type {family!r} is not supported; accepted: qwen2_vl, qwen2_5_vl")
+    if family == "qwen3_vl_moe":
+        raise moe_refusal(f"'{path}'")
+    if family not in FAMILIES:
+        raise PlanError(f"'{path}': model_type {family!r} is not supported; accepted: {', '.join(FAMILIES)}")
     text, vis = {**raw, **(raw.get("text_config") or {})}, raw.get("vision_config") or {}
 
     def need(d: dict, key: str, where: str) -> Any:
@@ -134,21 +179,26 @@ def spec_from_config_json(path: str | Path) -> ModelSpec:
         iv = int(hv * vis.get("mlp_ratio", 4))
     else:
         hv, iv = need(vis, "hidden_size", "vision_config."), need(vis, "intermediate_size", "vision_config.")
+    qwen3 = family == "qwen3_vl"
+    # transformers ties Qwen3-VL's lm_head by the top-level key only (the released files set both to the same value)
+    tie = raw.get("tie_word_embeddings", False) if qwen3 else text.get("tie_word_embeddings", False)
     return ModelSpec(
         name=str(path.parent), family=family, hidden=hidden,
         intermediate=need(text, "intermediate_size", ""), layers=need(text, "num_hidden_layers", ""),
         heads=heads, kv_heads=text.get("num_key_value_heads") or heads,
-        head_dim=text.get("head_dim") or hidden // heads, vocab=need(text, "vocab_size", ""),
-        tie_embeddings=bool(text.get("tie_word_embeddings", False)),
+        head_dim=text.get("head_dim") or (128 if qwen3 else hidden // heads), vocab=need(text, "vocab_size", ""),
+        tie_embeddings=bool(tie),
         vision_depth=need(vis, "depth", "vision_config."), vision_hidden=hv, vision_intermediate=iv,
-        patch=vis.get("patch_size", 14), merge=vis.get("spatial_merge_size", 2),
+        patch=vis.get("patch_size", 16 if qwen3 else 14), merge=vis.get("spatial_merge_size", 2),
         temporal_patch=vis.get("temporal_patch_size", 2), in_channels=vis.get("in_channels", vis.get("in_chans", 3)),
+        position_embeddings=vis.get("num_position_embeddings", 2304) if qwen3 else 0,
+        deepstack_mergers=len(vis.get("deepstack_visual_indexes", (8, 16, 24))) if qwen3 else 0,
     )
 
 
 def resolve_model(name_or_path: str) -> ModelSpec:
-    """A directory with config.json (or the file), else a table name like `qwen2.5-vl-7b` (any case, -Instruct
-    optional)."""
+    """A directory with config.json (or the file), else a table name like `qwen2.5-vl-7b` or `qwen3-vl-8b` (any case,
+    -Instruct optional). Qwen3-VL's mixture-of-experts models are refused by name."""
     p = Path(name_or_path)
     if p.is_dir() and (p / "config.json").is_file():
         return spec_from_config_json(p / "config.json")
@@ -157,6 +207,8 @@ def resolve_model(name_or_path: str) -> ModelSpec:
     by_short = {_short(k): v for k, v in MODEL_TABLE.items()}
     if _short(name_or_path) in by_short:
         return by_short[_short(name_or_path)]
+    if MOE.search(_short(name_or_path)):
+        raise moe_refusal(name_or_path)
     raise PlanError(
         f"model '{name_or_path}' is neither a directory holding config.json nor a known model; known: "
         f"{', '.join(MODEL_TABLE)} (short forms like qwen2.5-vl-7b work too), or plan with --params N"

@@ -1,11 +1,11 @@
 """vLLM rollout backend, and the only module that imports vllm (lazily, inside `VLLMEngine.launch`).
 
 Prompts carry our token ids with ONE `<|image_pad|>` per image (vLLM expands it itself) and the image as our cached
-embeddings + grid or as pixels; `SamplingParams(n=G)` samples a group per request with a seed of its own, prefix
-caching shares the prompt. Weight sync goes through vLLM's supported in-place reload (`reload_weights` on every
-worker), then resets the prefix cache and the engine-side encoder cache. The engine reports the sampled tokens'
-log-probs after temperature and top-k / top-p (`processed_logprobs`); the trainer compares them with its own and
-corrects the loss (`grpo.rollout_is`). Knows nothing of rewards or losses.
+embeddings + grid (Qwen3-VL's DeepStack maps concatenated after the embeddings) or as pixels; `SamplingParams(n=G)`
+samples a group per request with a seed of its own, prefix caching shares the prompt. Weight sync goes through vLLM's
+supported in-place reload (`reload_weights` on every worker), then resets the prefix cache and the engine-side encoder
+cache. The engine reports the sampled tokens' log-probs after temperature and top-k / top-p (`processed_logprobs`);
+the trainer compares them with its own and corrects the loss (`grpo.rollout_is`). Knows nothing of rewards or losses.
 """
 
 from __future__ import annotations
@@ -79,15 +79,38 @@ def engine_prompt_ids(input_ids: list[int], image_token_id: int) -> list[int]:
     return out
 
 
-def build_request(prompt: PromptInputs, image_token_id: int, features=None, mm_input: str = "embeds") -> dict:
-    """One vLLM prompt: our token ids with one image pad, plus the image as embeddings or pixels."""
+def vllm_image_embeds(features) -> Tensor:
+    """One image's embeddings as vLLM takes them: [N, H] merged embeddings, or for a DeepStack tower (Qwen3-VL) the
+    [L, N, H] maps concatenated after them along the hidden dimension, [N, (1 + L) * H] — the layout vLLM's own tower
+    returns and `Qwen3VLForConditionalGeneration._compute_deepstack_embeds` splits again (main, then map 0, 1, ...).
+    Sent without its maps, a Qwen3-VL image fails inside vLLM's engine core (`torch.split`: "split_sizes to sum
+    exactly to H"); `build_request` refuses it first."""
+    if features.deepstack is None:
+        return features.embeds
+    maps = features.deepstack.to(features.embeds.dtype)  # [L, N, H]
+    return torch.cat([features.embeds, maps.permute(1, 0, 2).reshape(maps.shape[1], -1)], dim=-1)
+
+
+def build_request(prompt: PromptInputs, image_token_id: int, features=None, mm_input: str = "embeds",
+                  deepstack_maps: int = 0) -> dict:  # fmt: skip
+    """One vLLM prompt: our token ids with one image pad, plus the image as embeddings or pixels.
+
+    `deepstack_maps`: how many DeepStack maps the model takes (Qwen3-VL: len(deepstack_visual_indexes); else 0).
+    Embeddings of another width are refused here: vLLM does not check a dict's embedding width, and the bad request
+    fails inside its engine core, after which the in-process engine hung on the next request (measured)."""
     ids = engine_prompt_ids(prompt.input_ids, image_token_id)
     if ids.count(image_token_id) != 1:
         raise ValueError(f"a vlgrpo prompt holds exactly one image, found {ids.count(image_token_id)} image pad runs")
     if mm_input == "embeds":
         if features is None:
             raise ValueError("mm_input='embeds' needs the image's cached features")
-        image = {"image_embeds": features.embeds, "image_grid_thw": features.grid_thw.reshape(1, 3)}
+        embeds = vllm_image_embeds(features)
+        if embeds.shape[-1] != (1 + deepstack_maps) * features.embeds.shape[-1]:
+            have = 0 if features.deepstack is None else features.deepstack.shape[0]
+            raise ValueError(f"image embeddings of width {embeds.shape[-1]} (features with {have} DeepStack maps), "
+                             f"the model takes the merged embeddings and {deepstack_maps} maps: features of another "
+                             "model, or a vision-cache entry without its maps")  # fmt: skip
+        image = {"image_embeds": embeds, "image_grid_thw": features.grid_thw.reshape(1, 3)}
         return {"prompt_token_ids": ids, "multi_modal_data": {"image": image}}
     if mm_input == "pixels":
         return {
@@ -160,7 +183,8 @@ class VLLMEngine(EngineCounters):
 
     def __init__(self, llm, processor, vision_cache=None, answer_format: str = "think_answer",
                  box_format: str = "qwen2_5", system_prompt: str = "", mm_input: str = "embeds",
-                 push_visual: bool = True, sleep_level: int = 0, tied_embeddings: bool = False):  # fmt: skip
+                 push_visual: bool = True, sleep_level: int = 0, tied_embeddings: bool = False,
+                 deepstack_maps: int = 0):  # fmt: skip
         if mm_input not in MM_INPUTS:
             raise ValueError(f"rollout.vllm.mm_input must be one of {', '.join(MM_INPUTS)}, got {mm_input!r}")
         if mm_input == "embeds" and vision_cache is None:
@@ -172,6 +196,8 @@ class VLLMEngine(EngineCounters):
         self.forbidden_ids = sorted(set(torch.nonzero(forbidden_mask(processor.tokenizer, len(processor.tokenizer)))
                                         .flatten().tolist()))  # fmt: skip
         self.push_visual, self.sleep_level, self.tied_embeddings = push_visual, sleep_level, tied_embeddings
+        self.deepstack_maps = deepstack_maps
+        """DeepStack maps each image's embeddings carry (Qwen3-VL: len(deepstack_visual_indexes); else 0)."""
         self.policy_version = 0
         self.asleep: set[str] = set()
         """Sleep-mode allocations currently released (subset of SLEEP_TAGS)."""
@@ -204,7 +230,10 @@ class VLLMEngine(EngineCounters):
         llm = LLM(**{**args, **kwargs})
         config = llm.llm_engine.model_config  # Qwen2.5-VL keeps the flag on the top-level config
         tied = any(getattr(c, "tie_word_embeddings", False) for c in (config.hf_config, config.hf_text_config))
-        return cls(llm, processor, vision_cache, mm_input=mm_input, tied_embeddings=tied, **engine_kw)
+        vision = getattr(config.hf_config, "vision_config", None)
+        maps = len(getattr(vision, "deepstack_visual_indexes", None) or ())  # Qwen3-VL's DeepStack
+        return cls(llm, processor, vision_cache, mm_input=mm_input, tied_embeddings=tied, deepstack_maps=maps,
+                   **engine_kw)  # fmt: skip
 
     @classmethod
     def from_config(cls, cfg, lm, vision_cache, box_format: str) -> "VLLMEngine":
@@ -240,7 +269,8 @@ class VLLMEngine(EngineCounters):
 
         prompts = [build_prompt(s, self.processor, self.geometry, **self.prompt_kw) for s in samples]
         feats = self._features(prompts) if self.mm_input == "embeds" else [None] * len(prompts)
-        requests = [build_request(p, self.image_token_id, f, self.mm_input) for p, f in zip(prompts, feats)]
+        requests = [build_request(p, self.image_token_id, f, self.mm_input, self.deepstack_maps)
+                    for p, f in zip(prompts, feats)]  # fmt: skip
         per_request = [VLLMSamplingParams(**sampling_kwargs(params, self.forbidden_ids, seed))
                        for seed in request_seeds(params.seed, len(requests))]  # fmt: skip
         self.wake_up()

@@ -24,10 +24,16 @@ from vlgrpo.registry import BACKEND
 from vlgrpo.trainer.safe_state import load_tensors
 
 
+MERGERS = (".merger.", ".deepstack_merger_list.")
+"""Module names of the projections from the tower into the language model: the patch merger, and Qwen3-VL's DeepStack
+mergers (one per `deepstack_visual_indexes` entry; ms-swift's `aligner` counts them the same way)."""
+
+
 def part_of(name: str) -> str:
-    """Which part of a Qwen-VL a parameter belongs to: vision (ViT + patch embed), merger, or language."""
+    """Which part of a Qwen-VL a parameter belongs to: vision (ViT, patch and position embeddings), merger (the
+    patch merger and Qwen3-VL's DeepStack mergers), or language."""
     if is_visual(name):
-        return "merger" if ".merger." in name else "vision"
+        return "merger" if any(m in name for m in MERGERS) else "vision"
     return "language"
 
 
