@@ -199,7 +199,7 @@ class PlainBackend:
         return nullcontext()
 
     def vision_fingerprint(self) -> str:
-        from vlgrpo.vision_cache import vision_fingerprint
+        from vlgrpo.vision_cache.key import vision_fingerprint
 
         return vision_fingerprint(self.model)
 

@@ -177,7 +177,7 @@ class Zero3Backend:
         the cache and decode lengths differently; per-module gathers, one collective per forward, would deadlock).
         full=True: the whole policy (the HF engine decodes with it); False: only `visual` (vLLM decodes with its own
         copy of the weights, only the encoder runs here)."""
-        from vlgrpo.vision_cache import find_visual
+        from vlgrpo.vision_cache.key import find_visual
 
         module = self.engine.module if full else find_visual(self.engine.module)
         return self._gathered_without_hooks(list(module.parameters()))
@@ -205,7 +205,7 @@ class Zero3Backend:
     def vision_fingerprint(self) -> str:
         import deepspeed
 
-        from vlgrpo.vision_cache import vision_fingerprint
+        from vlgrpo.vision_cache.key import vision_fingerprint
 
         return vision_fingerprint(self.model, gather=lambda ps: deepspeed.zero.GatheredParameters(ps, modifier_rank=None))
 
