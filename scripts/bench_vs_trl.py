@@ -1,9 +1,9 @@
-"""Seconds per GRPO step: TRL's GRPOTrainer vs vlgrpo, on one tiny Qwen2.5-VL with a 7B's proportions, one CPU thread.
+"""Seconds per GRPO step: TRL's GRPOTrainer vs vlgrpo, on one tiny Qwen-VL with real proportions, one CPU thread.
 
 Both trainers run in one process, one step each in turn (TRL step k, vlgrpo step k, TRL step k+1, ...), so a change in
 machine load hits both alike; the table gives medians over the timed steps after a warm-up. Encoder images and
 prompt tokens are counted by the same forward hooks on both models (scripts/bench_counting.py).
-Usage: OMP_NUM_THREADS=1 python scripts/bench_vs_trl.py [--steps 5 --warmup 2 --settings lora/0,full/0.04]
+Usage: OMP_NUM_THREADS=1 python scripts/bench_vs_trl.py [--arch qwen3_vl --steps 5 --warmup 2 --settings lora/0,full/0.04]
 """
 
 from __future__ import annotations
@@ -40,6 +40,17 @@ SPEC = TinySpec(
     hidden_size=192, num_layers=8, num_heads=4, num_kv_heads=2, intermediate_size=576,
     vision_hidden=64, vision_depth=4, vision_heads=2, vision_intermediate=160, max_pixels=28 * 28 * 1280,
 )  # fmt: skip
+# An 8B's proportions at ~3.9 M parameters: Qwen3-VL-8B has 8.77 B parameters, 0.58 B (6.6%) in the vision tower and
+# its mergers, 4 query heads per KV head, untied LM head, DeepStack on with 3 maps; 16 px patches merge 2x2, so a 448 px
+# image gives 14x14 = 196 image tokens. Here: vision tower + 4 mergers 0.27 M of 3.85 M (6.9%).
+SPEC_QWEN3 = TinySpec(
+    hidden_size=192, num_layers=8, num_heads=4, num_kv_heads=1, intermediate_size=576,
+    vision_hidden=32, vision_depth=4, vision_heads=2, vision_intermediate=96, max_pixels=28 * 28 * 1280,
+    deepstack_visual_indexes=(0, 1, 2), tie_word_embeddings=False,
+)  # fmt: skip
+SPECS = {"qwen2_5_vl": SPEC, "qwen3_vl": SPEC_QWEN3}
+"""--arch -> the tiny model's spec (both keep max_pixels above a 448 px image, so it is never resized)."""
+ARCH_NAMES = {"qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL"}
 LR, CLIP = 1e-5, 0.2
 PHASES = ("vision", "rollout", "reward", "advantage", "old_logprob", "ref_logprob", "update", "sync")
 ROLLOUT_PARTS = PhaseTimer()
@@ -293,7 +304,7 @@ def summarise(s: Setting, trl: Record, vl: Record, warmup: int) -> dict:
 
 
 def print_report(rows: list[dict], a, params: dict) -> None:
-    print(f"\ntiny Qwen2.5-VL: {params['total'] / 1e6:.2f} M parameters, vision tower {params['vision'] / 1e6:.2f} M "
+    print(f"\ntiny {ARCH_NAMES[a.arch]}: {params['total'] / 1e6:.2f} M parameters, vision tower {params['vision'] / 1e6:.2f} M "
           f"({100 * params['vision'] / params['total']:.1f}%); {a.image_size} px images, G = {a.g}, "
           f"{a.prompts} prompts/step, {a.new_tokens} new tokens, fp32, {a.threads} thread(s); "
           f"medians of {a.steps} steps after {a.warmup} warm-up steps.\n")  # fmt: skip
@@ -337,10 +348,11 @@ def print_report(rows: list[dict], a, params: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", choices=tuple(SPECS), default="qwen2_5_vl", help="the tiny model's architecture")
     ap.add_argument("--steps", type=int, default=5, help="timed steps per trainer and setting")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     ap.add_argument("--settings", default="lora/0,lora/0.04,full/0,full/0.04", help="backend/beta, comma-separated")
-    ap.add_argument("--image-size", type=int, default=448, help="square image side in pixels (448 -> 256 tokens)")
+    ap.add_argument("--image-size", type=int, default=448, help="square image side in pixels (448 -> 256 tokens; 196 for qwen3_vl)")
     ap.add_argument("--g", type=int, default=8, help="completions per prompt")
     ap.add_argument("--prompts", type=int, default=2, help="prompts per step")
     ap.add_argument("--new-tokens", type=int, default=32, help="tokens per completion (EOS suppressed in both)")
@@ -359,7 +371,7 @@ def main() -> None:
     transformers.logging.set_verbosity_error()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        model_dir = init_tiny(work / "model", "qwen2_5_vl", spec=SPEC)
+        model_dir = init_tiny(work / "model", a.arch, spec=SPECS[a.arch])
         # both trainers read the training set in file order (no shuffle): step k has the same two prompts in both,
         # and no image repeats within the run, so vlgrpo's vision cache never hits across steps
         n = math.ceil((a.warmup + a.steps) * a.prompts / 0.8) + 4
