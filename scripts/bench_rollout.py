@@ -101,7 +101,7 @@ def bench_size(lm, workdir: Path, size: int, g: int, new_tokens: int, repeats: i
     completions = [c.token_ids for c in groups[0].completions]
     cache = warm.cache
     feats = cache.get([sample.image])
-    batch = collate_groups(groups, [feats[0].grid_thw], processor.tokenizer.pad_token_id, model.config.image_token_id)
+    batch = collate_groups(groups, processor.tokenizer.pad_token_id, model.config.image_token_id)
     t_lp_naive, lp_naive = timed(lambda: naive_logprobs(model, processor, text, pil, completions, forbidden), repeats)
     with torch.no_grad():
         t_lp_cached, lp_cached = timed(lambda: completion_logprobs(model, batch, feats, forbidden), repeats)

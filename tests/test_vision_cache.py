@@ -54,7 +54,7 @@ def test_features_equal_the_pixel_path_and_duplicates_are_encoded_once(tiny_mode
         assert feats[0].deepstack.shape == (maps, 16, 128)
     assert feats[2] is feats[0]
     entry = (1 + maps) * 16 * 128 * 4 + 3 * 8
-    assert cache.stats() == {"hits": 0, "misses": 2, "encoder_calls": 1, "images_encoded": 2, "disk_hits": 0,
+    assert cache.stats() == {"hits": 0, "misses": 2, "encoder_calls": 1, "images_encoded": 2, "videos_encoded": 0, "disk_hits": 0,
                              "corrupt": 0, "write_errors": 0, "adopted": 0, "bytes": 2 * entry}  # fmt: skip
     # bytes of the same image under another path are the same cache entry
     cache.get([b, c, open(a, "rb").read()])
@@ -250,8 +250,7 @@ def _prefill(lm, sample, feats):
     p = build_prompt(sample, lm.processor)
     ids = torch.tensor([p.input_ids])
     with torch.no_grad():
-        last, kv, _ = prefill(lm.model, ids, torch.ones_like(ids), torch.tensor([p.mm_token_type_ids]),
-                              p.image_grid_thw, feats)  # fmt: skip
+        last, kv, _ = prefill(lm.model, ids, torch.ones_like(ids), torch.tensor([p.mm_token_type_ids]), feats)
     return last, kv
 
 

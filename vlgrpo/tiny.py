@@ -12,8 +12,8 @@ from pathlib import Path
 
 from vlgrpo.data.prompts import SPECIAL_TOKENS
 
-# Qwen2-VL/2.5-VL chat template (images as <|vision_start|><|image_pad|><|vision_end|>, default system prompt). The
-# tiny Qwen3-VL shares it: its image markers are the same tokens.
+# Qwen2-VL/2.5-VL chat template (images as <|vision_start|><|image_pad|><|vision_end|>, videos as the same with
+# <|video_pad|>, default system prompt). The tiny Qwen3-VL shares it: its markers are the same tokens.
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
@@ -22,6 +22,7 @@ CHAT_TEMPLATE = (
     "{% else %}{% for content in message['content'] %}"
     "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
     "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}<|vision_start|><|video_pad|><|vision_end|>"
     "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}"
     "{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"

@@ -81,8 +81,7 @@ class Sample:
 
     @property
     def several_images_or_video(self) -> bool:
-        """Two or more images, or a video: what the data layer reads and checks, and training and the evals do not
-        take yet (`data.rowcheck` skips such a row with a count)."""
+        """Two or more images, or a video (POPE, which asks about one image, leaves such rows out)."""
         return len(self.images) > 1 or self.video is not None
 
     def to_dict(self) -> dict[str, Any]:

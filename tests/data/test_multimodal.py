@@ -13,7 +13,7 @@ from vlgrpo.data.adapters import load_samples
 from vlgrpo.data.doctor import DoctorSettings, check_split, text_estimate
 from vlgrpo.data.images import DEFAULT_GEOMETRY, inspect_image
 from vlgrpo.data.prompts import instruction, render_messages
-from vlgrpo.data.rowcheck import NOT_TRAINED_YET, RowVisuals, prompt_budget, row_problems
+from vlgrpo.data.rowcheck import RowVisuals, prompt_budget, row_problems
 from vlgrpo.data.schema import DataError, sample_from_dict
 from vlgrpo.data.video import VideoSampling, inspect_video
 from vlgrpo.types import Sample, Video
@@ -90,14 +90,16 @@ def test_markers_place_the_parts_else_they_go_first():
     assert text(render_messages(one, "answer")[0]["content"]) == ["What is ", "image", " this?" + tail]
 
 
-def test_the_trainer_skips_such_rows_with_a_reason(folder):
-    """The trainer passes `inspect_image(sample.image)` (None for these rows): the row's first problem is the count
-    it is skipped under, never a misleading image_empty."""
-    for s in (Sample("two", "q", "x", images=[str(folder / "a.png"), str(folder / "b.png")]),
-              Sample("clip", "q", "x", video=Video(path=str(folder / "v.mp4")))):  # fmt: skip
-        problems = row_problems(s, inspect_image(s.image), DEFAULT_GEOMETRY)
-        assert [p[0] for p in problems] == [NOT_TRAINED_YET] and "so such rows are skipped" in problems[0][1]
-        assert problems[0][1].startswith(f"the row has {'2 images' if s.images else 'a video'}: ")
+def test_rows_with_several_images_or_a_video_have_no_problem_of_their_own(folder):
+    """Such rows train: only a real problem (a missing part, a box outside its image) keeps one out."""
+    two = Sample("two", "q", "x", images=[str(folder / "a.png"), str(folder / "b.png")])
+    clip = Sample("clip", "q", "x", video=Video(path=str(folder / "v.mp4")))
+    assert row_problems(two, RowVisuals([inspect_image(p) for p in two.images]), DEFAULT_GEOMETRY) == []
+    assert row_problems(clip, RowVisuals([], inspect_video(clip.video, VideoSampling())), DEFAULT_GEOMETRY) == []
+    boxes = Sample("boxes", "Where?", None, "box", images=two.images, boxes=[[1, 1, 5, 5], [2, 2, 6, 6]],
+                   box_images=[0, 1])  # fmt: skip
+    problems = row_problems(boxes, RowVisuals([inspect_image(p) for p in two.images]), DEFAULT_GEOMETRY)
+    assert [p[0] for p in problems] == ["boxes_across_images"]  # a box answer names no image
     one = Sample("one", "q", "x", image=str(folder / "a.png"))
     assert row_problems(one, inspect_image(one.image), DEFAULT_GEOMETRY) == []
 
@@ -129,12 +131,10 @@ def test_doctor_lists_rows_over_the_budget_and_warns_of_the_rest(folder):
     by_row: dict[int, list[tuple[str, str]]] = {}
     for f in findings:
         by_row.setdefault(f.row, []).append((f.severity, f.check))
-    assert by_row == {
-        1: [("warning", NOT_TRAINED_YET)],  # 144 image tokens + 23 + text: fits
-        2: [("warning", NOT_TRAINED_YET), ("error", "prompt_too_long")],  # 420 video tokens
-        3: [("warning", NOT_TRAINED_YET)],  # 2 frames x 140 / 2 = 140 tokens: fits
-        4: [("warning", NOT_TRAINED_YET), ("error", "box_out_of_image")],  # only image 0 (112 px) is too small
-        5: [("warning", NOT_TRAINED_YET), ("error", "image_missing")],
+    assert by_row == {  # row 1 (144 image tokens + 23 + text) and row 3 (2 frames x 140 / 2 = 140 tokens) fit
+        2: [("error", "prompt_too_long")],  # 420 video tokens
+        4: [("error", "boxes_across_images"), ("error", "box_out_of_image")],  # only image 0 (112 px) is too small
+        5: [("error", "image_missing")],
     }
     message = {f.row: f.message for f in findings if f.severity == "error"}
     assert message[2].startswith("its video (6 frames of 64x48 px: 420 tokens): 420 visual tokens, 441 with the chat")

@@ -325,8 +325,7 @@ def test_infer_answer(answer, question, hint, expected):
 
 
 # R1-V's clevr_cogen_a_train rows (Deep-Agent/R1-V README: image, problem, solution "<answer> 3 </answer>"), one with
-# two images, which the doctor checks and training skips for now: `vlgrpo data doctor --preset` reads them as training
-# does.
+# two images: `vlgrpo data doctor --preset` reads them as training does.
 def test_doctor_reads_a_preset_and_column_renames(tmp_path, capsys):
     _image(tmp_path / "a.png", fmt="PNG")
     rows = [{"image": "a.png", "problem": "How many cubes are there?", "solution": "<answer> 3 </answer>"},
@@ -336,10 +335,10 @@ def test_doctor_reads_a_preset_and_column_renames(tmp_path, capsys):
     argv = ["data", "doctor", str(path), "--no-progress", "--json"]
     assert main(argv) == 1  # without the preset: no `question` field
     assert '"check": "row_problem"' in capsys.readouterr().out  # an unknown field: the schema names it
-    assert main([*argv, "--preset", "r1v"]) == 0  # the two-image row is a warning: training skips it for now
+    assert main([*argv, "--preset", "r1v"]) == 0  # the two-image row trains like any other
     report = json.loads(capsys.readouterr().out)
     assert report["errors"] == 0 and report["splits"]["r1v.jsonl"]["samples"] == 2
-    assert [(f["check"], f["row"]) for f in report["findings"]] == [("several_images_or_video", 2)]
+    assert report["findings"] == []
     renamed = tmp_path / "custom.jsonl"
     renamed.write_text(json.dumps({"img": "a.png", "query": "Is it red?", "label": "yes"}) + "\n")
     columns = "image=img,question=query,answer=label"

@@ -102,7 +102,7 @@ def test_sampling_logprobs_equal_the_trainers_pass(load, samples):
     groups = engine.generate(samples[:3], params)
     feats = engine.cache.get([g.sample.image for g in groups])
     tok = processor.tokenizer
-    batch = collate_groups(groups, [f.grid_thw for f in feats], tok.pad_token_id, model.config.image_token_id)
+    batch = collate_groups(groups, tok.pad_token_id, model.config.image_token_id)
     forbidden = forbidden_mask(tok, model.config.text_config.vocab_size)
     with torch.no_grad():
         logp = completion_logprobs(model, batch, feats, forbidden, temperature=0.7)

@@ -46,10 +46,10 @@ def test_build_prompt_gives_the_processors_ids_without_pixels(load, samples, arc
         assert p.input_ids == ref["input_ids"][0].tolist()
         assert p.mm_token_type_ids == ref["mm_token_type_ids"][0].tolist()
         assert p.image_grid_thw.tolist() == ref["image_grid_thw"].tolist()
-        assert p.image == s.image
+        assert p.image == s.image and p.sources == [s.image] and p.video_grid_thw is None
     # 300x130 under 28*28*40 px: resized to 252x112 px in 14 px patches (Qwen3-VL: 256x96 px in 16 px patches)
     assert p.image_grid_thw.tolist() == ([[1, 6, 16]] if arch == "qwen3_vl" else [[1, 8, 18]])
-    with pytest.raises(InputError, match="'nope' has no image"):
+    with pytest.raises(InputError, match="'nope' has no image or video"):
         build_prompt(Sample(id="nope", question="q"), processor)
 
 
@@ -65,8 +65,7 @@ def test_injected_features_give_the_pixel_path_logits(load, samples, arch):
         feats = VisionCache(model, processor).get([s.image for s in batch_samples])
         # stale state on purpose: generate leaves rope_deltas of another batch behind
         model.generate(**_pixel_batch(processor, [samples[1]], [[7]]), max_new_tokens=2, do_sample=False)
-        args = (ref_inputs["input_ids"], ref_inputs["attention_mask"], ref_inputs["mm_token_type_ids"],
-                ref_inputs["image_grid_thw"], feats)  # fmt: skip
+        args = (ref_inputs["input_ids"], ref_inputs["attention_mask"], ref_inputs["mm_token_type_ids"], feats)
         got = policy_logits(model, *args)
         again = policy_logits(model, *args)  # the same features list used twice: a fresh dict per call
     real = ref_inputs["attention_mask"].bool()
@@ -107,7 +106,7 @@ def test_shared_prefix_logits_and_grads_equal_whole_rows(load, samples, arch, pa
     groups = _groups(samples[:2], processor, [[[25, 26, 27], [28, 29]], [[30], [31, 32, 33, 34], [35, 36]]])
     feats = VisionCache(model, processor).get([g.sample.image for g in groups])
     tok = processor.tokenizer
-    batch = collate_groups(groups, [f.grid_thw for f in feats], tok.pad_token_id, model.config.image_token_id)
+    batch = collate_groups(groups, tok.pad_token_id, model.config.image_token_id)
     assert batch.completion_ids.shape == (5, 4) and batch.row_prompt.tolist() == [0, 0, 1, 1, 1]
     assert batch.completion_mask.sum(1).tolist() == [3, 2, 1, 4, 2]
     assert (batch.prompt_mask == 0).any()  # the prompts differ in length: one is left-padded
@@ -157,7 +156,7 @@ def test_gradient_checkpointing_falls_back_to_whole_rows(load, samples, arch):
     groups = _groups(samples[:1], processor, [[[25, 26, 27], [28, 29, 3]]])
     feats = VisionCache(model, processor).get([groups[0].sample.image])
     tok = processor.tokenizer
-    batch = collate_groups(groups, [feats[0].grid_thw], tok.pad_token_id, model.config.image_token_id)
+    batch = collate_groups(groups, tok.pad_token_id, model.config.image_token_id)
     forbidden = forbidden_mask(tok, model.config.text_config.vocab_size)
     with torch.no_grad():
         ref, ref_ent = completion_logprobs_and_entropy(model, batch, feats, forbidden, 0.7)

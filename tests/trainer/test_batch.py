@@ -20,7 +20,7 @@ def _own_forward_logprobs(model, processor, groups, forbidden, prompt_kw):
     """Each completion's token log-probs from the transformers model called with pixel_values on prompt + completion."""
     out = []
     for g in groups:
-        messages = render_messages(g.sample, **prompt_kw)
+        messages = render_messages(g.sample, **{k: v for k, v in prompt_kw.items() if k != "video_sampling"})
         text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         for c in g.completions:
             inputs = processor(text=[text], images=[load_image(g.sample.image)], return_tensors="pt")
@@ -50,8 +50,8 @@ def test_trainer_logprobs_over_a_qwen3_vl_batch_equal_the_models_own_forward(tmp
                                                 for t in ts])
                   for s, p, ts in zip(samples, state.engine.build_prompts(samples), texts)]  # fmt: skip
         assert len({len(g.prompt_ids) for g in groups}) > 1  # left-padded prompts, right-padded completions
-        batch = trainer._collate(groups, state.cache.get([g.sample.image for g in groups]))
-        assert batch.features[0].deepstack.shape[0] == 2  # the maps reach the trainer's batch
+        batch = trainer._collate(groups, state.cache.get_rows([[g.sample.image] for g in groups]))
+        assert batch.features[0][0].deepstack.shape[0] == 2  # the maps reach the trainer's batch
         own = _own_forward_logprobs(model, processor, groups, state.forbidden, state.engine.prompt_kw)
         old = trainer._logprobs(model, batch)  # the old / reference pass: eval mode, packed completion pass
         model.train()  # the update pass: train mode, gradient checkpointing on -> whole rows through policy_logits

@@ -23,7 +23,7 @@ from vlgrpo.data.images import DEFAULT_GEOMETRY, ProcessorGeometry, inspect_imag
 from vlgrpo.data.jsonl import ACCEPTED
 from vlgrpo.data.prompts import instruction
 from vlgrpo.data.rowcheck import (
-    DEFAULT_SYSTEM_TOKENS, NOT_TRAINED_YET, TEMPLATE_TOKENS, VISION_WRAP, PromptBudget, RowVisuals, prompt_budget,
+    DEFAULT_SYSTEM_TOKENS, TEMPLATE_TOKENS, VISION_WRAP, PromptBudget, RowVisuals, prompt_budget,
     row_problems,
 )  # fmt: skip
 from vlgrpo.data.schema import DataError
@@ -180,10 +180,9 @@ def sample_findings(
     s: Sample, visuals: RowVisuals, settings: DoctorSettings
 ) -> tuple[list[tuple[str, str, str]], int, int]:
     """([(severity, check, message)], visual tokens, estimated prompt tokens) of one sample whose images and video
-    were inspected; the token counts are 0 when one of them is unusable. A row with several images or a video is a
-    warning (training skips it for now), then checked like any other."""
+    were inspected; the token counts are 0 when one of them is unusable."""
     problems = row_problems(s, visuals, settings.geometry)
-    out = [(WARNING if check == NOT_TRAINED_YET else ERROR, check, msg) for check, msg in problems]
+    out = [(ERROR, check, msg) for check, msg in problems]
     text = f"{s.question} {instruction(s.answer_type, settings.answer_format, settings.box_format)}"
     budget = prompt_budget(s, visuals, settings.geometry, text_estimate(text, settings.system_prompt),
                            settings.system_prompt)  # fmt: skip

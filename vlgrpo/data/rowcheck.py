@@ -18,9 +18,9 @@ from vlgrpo.types import Sample
 
 Problem = tuple[str, str]
 """(check, message), e.g. ("image_missing", "image file 'x.png' does not exist")."""
-NOT_TRAINED_YET = "several_images_or_video"
-"""The check of a row with several images or a video: read, converted and checked, but training and the evals do not
-take such rows yet, so the trainer skips them with a count and the doctor warns."""
+OVERLONG = "prompt_too_long"
+"""The check of a row whose prompt (visual tokens + text) is longer than data.max_prompt_length: skipped in training
+and counted in `data/overlong_rows`, never truncated inside an image or a video."""
 TEMPLATE_TOKENS = 13
 """Qwen2-VL / Qwen2.5-VL chat-template tokens around one user turn, its visual parts left out: <|im_start|>system\\n
 ... <|im_end|>\\n<|im_start|>user\\n ... <|im_end|>\\n<|im_start|>assistant\\n."""
@@ -127,20 +127,15 @@ def visual_parts(s: Sample) -> str:
 
 
 def row_problems(s: Sample, info: ImageInfo | RowVisuals, geometry: ProcessorGeometry) -> list[Problem]:
-    """Every reason the row cannot be trained on; empty when it can. `info` is the one image's inspection (what the
-    trainer passes today) or every visual part's (`RowVisuals`, what the doctor passes).
-
-    A row with several images or a video comes first with NOT_TRAINED_YET: the trainer skips it with that count; the
-    doctor reports it as a warning and goes on to check every image and the video."""
-    first = [(NOT_TRAINED_YET, f"the row has {visual_parts(s)}: rows with several images or a video are converted "
-              "and checked, and training and eval support is in progress, so such rows are skipped")
-             ] if s.several_images_or_video else []  # fmt: skip
+    """Every reason the row cannot be trained on; empty when it can. `info` is every visual part's inspection
+    (`RowVisuals`), or a one-image row's ImageInfo."""
     if isinstance(info, ImageInfo):
-        if first:  # one image's inspection says nothing about the others
-            return first
         info = RowVisuals([info])
     several = len(s.images) > 1
-    out = list(first)
+    out = []
+    if s.answer_type == "box" and len(set(s.box_images)) > 1:
+        out.append(("boxes_across_images", f"the gold boxes lie in images {sorted(set(s.box_images))}: a box answer "
+                    "names no image, so every box of a box-answer row must lie in one image"))  # fmt: skip
     for i, image in enumerate(info.images):
         out += image_problems(s, image, geometry, i if several else None)
     if info.video is not None:

@@ -7,6 +7,7 @@ here is the one Qwen's own pipeline gives. Knows nothing of models or datasets.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -165,18 +166,25 @@ class VideoInfo:
     """The frame rate the taken frames represent (Qwen2.5-VL's second_per_grid_ts, Qwen3-VL's timestamps)."""
     sampling: VideoSampling = field(default_factory=VideoSampling)
     """The settings it was sampled with (the row's overrides applied)."""
+    source_fps: float = 0.0
+    """The rate `indices` count in: the file's own frame rate, or the rate a frame list was taken at (Qwen3-VL's
+    timestamps are index / source_fps)."""
 
-    def grid_thw(self, geometry: ProcessorGeometry) -> tuple[int, int, int]:
-        """The `video_grid_thw` row: (frames / temporal_patch_size, resized h / patch, resized w / patch), each frame
-        resized by smart_resize within the video pixel bounds."""
+    def resized_hw(self, geometry: ProcessorGeometry) -> tuple[int, int]:
+        """(height, width) every frame is resized to: smart_resize within the video pixel bounds."""
         from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
 
         w, h = self.size
         lo, hi = self.sampling.pixel_bounds(geometry)
         try:
-            rh, rw = smart_resize(h, w, geometry.factor, lo, hi)
+            return smart_resize(h, w, geometry.factor, lo, hi)
         except ValueError as e:
             raise ImageError(f"video frames of {w}x{h} px cannot be resized for the model: {e}") from None
+
+    def grid_thw(self, geometry: ProcessorGeometry) -> tuple[int, int, int]:
+        """The `video_grid_thw` row: (frames / temporal_patch_size, resized h / patch, resized w / patch), each frame
+        resized by smart_resize within the video pixel bounds."""
+        rh, rw = self.resized_hw(geometry)
         return len(self.indices) // geometry.temporal_patch_size, rh // geometry.patch_size, rw // geometry.patch_size
 
     def num_tokens(self, geometry: ProcessorGeometry) -> int:
@@ -193,7 +201,7 @@ def inspect_video(video: Video, sampling: VideoSampling) -> VideoInfo:
         if video.path is not None:
             total, native_fps, size, _ = _decode(video.path)
             indices, fps = file_indices(total, native_fps, sampling)
-            return VideoInfo(None, indices, size, fps, sampling)
+            return VideoInfo(None, indices, size, fps, sampling, native_fps)
         infos = [inspect_image(f) for f in video.frames]
         bad = next((i for i, info in enumerate(infos) if info.problem is not None), None)
         if bad is not None:
@@ -206,7 +214,7 @@ def inspect_video(video: Video, sampling: VideoSampling) -> VideoInfo:
             message = f"the video's frames differ in size ({listed}): give frames of one size"
             return VideoInfo(("video_frame_sizes", message), sampling=sampling)
         indices, fps = list_indices(len(infos), sampling)
-        return VideoInfo(None, indices, sizes[0], fps, sampling)
+        return VideoInfo(None, indices, sizes[0], fps, sampling, sampling.fps)
     except VideoError as e:
         check = "video_missing" if "does not exist" in str(e) else "video_corrupt"
         return VideoInfo((check, str(e)), sampling=sampling)
@@ -221,6 +229,8 @@ class SampledVideo:
     fps: float
     """The rate they represent."""
     indices: list[int]
+    source_fps: float = 0.0
+    """The rate `indices` count in (a file's own rate; a frame list's)."""
 
 
 def read_video(video: Video, sampling: VideoSampling) -> SampledVideo:
@@ -231,11 +241,86 @@ def read_video(video: Video, sampling: VideoSampling) -> SampledVideo:
             total, native_fps, _, _ = _decode(video.path)  # first pass: count, as torchvision's reader did
             indices, fps = file_indices(total, native_fps, sampling)
             kept = _decode(video.path, set(indices))[3]
-            return SampledVideo([kept[i] for i in indices], fps, indices)
+            return SampledVideo([kept[i] for i in indices], fps, indices, native_fps)
         indices, fps = list_indices(len(video.frames), sampling)
         loaded = {i: load_image(video.frames[i]) for i in sorted(set(indices))}
     except VideoError:
         raise
     except ValueError as e:  # fewer than 2 frames, or a frame that does not decode (ImageError)
         raise VideoError(f"video {video_name(video)}: {e}") from None
-    return SampledVideo([loaded[i] for i in indices], fps, indices)
+    return SampledVideo([loaded[i] for i in indices], fps, indices, sampling.fps)
+
+
+def frame_timestamps(indices: list[int], source_fps: float, temporal_patch_size: int) -> list[float]:
+    """Seconds of each temporal patch, as Qwen3-VL writes them before its frames (`<1.2 seconds>`): the mean time of
+    the first and last frame the patch merges (an odd count padded with the last index, as its processor does)."""
+    idx = list(indices) + [indices[-1]] * (-len(indices) % temporal_patch_size)
+    t = [i / source_fps for i in idx]
+    return [(t[i] + t[i + temporal_patch_size - 1]) / 2 for i in range(0, len(t), temporal_patch_size)]
+
+
+class VideoClip:
+    """A row's video under given sampling settings: what a prompt counts tokens and timestamps from and what the
+    vision cache keys and encodes. Inspection and the content hash are kept per file state and settings (a file that
+    changes on disk is read again), so a video is decoded for them once per process, not once per draw."""
+
+    _memo: dict[tuple, tuple] = {}
+
+    def __init__(self, video: Video, sampling: VideoSampling):
+        self.video = video
+        self.sampling = sampling.for_row(video)
+
+    def _ident(self) -> tuple:
+        def state(src):
+            if isinstance(src, bytes):
+                return hashlib.sha256(src).hexdigest()
+            st = Path(src).stat() if Path(src).is_file() else None
+            return (str(src), st.st_mtime_ns, st.st_size) if st else (str(src), None)
+
+        sources = [self.video.path] if self.video.path is not None else self.video.frames
+        return (tuple(state(s) for s in sources), self.sampling)
+
+    def info(self) -> VideoInfo:
+        """The inspection (`inspect_video`); raises VideoError when the video cannot be used."""
+        key = ("info", self._ident())
+        if key not in self._memo:
+            self._memo[key] = (inspect_video(self.video, self.sampling),)
+        info = self._memo[key][0]
+        if info.problem is not None:
+            raise VideoError(info.problem[1])
+        return info
+
+    def read(self) -> SampledVideo:
+        return read_video(self.video, self.sampling)
+
+    def resized_frames(self, geometry: ProcessorGeometry) -> list:
+        """The taken frames resized (bicubic) to the size the model sees, as qwen-vl-utils resizes them before the
+        processor; the processor then only normalises and patchifies."""
+        from PIL import Image
+
+        h, w = self.info().resized_hw(geometry)
+        return [f.resize((w, h), Image.Resampling.BICUBIC) for f in self.read().frames]
+
+    def sha256(self, geometry: ProcessorGeometry) -> str:
+        """Content hash of the frames the model sees at `geometry` (decoded RGB bytes of each taken frame, its size)
+        and the settings that took them (indices, rate, pixel bounds)."""
+        key = ("sha", self._ident(), geometry)
+        if key not in self._memo:
+            info = self.info()
+            h = hashlib.sha256()
+            h.update(repr((info.indices, info.sample_fps, info.source_fps, info.resized_hw(geometry))).encode())
+            for frame in self.read().frames:
+                h.update(f"{frame.size}|".encode())
+                h.update(frame.tobytes())
+            self._memo[key] = (h.hexdigest(),)
+        return self._memo[key][0]
+
+    def __repr__(self) -> str:
+        return f"VideoClip({video_name(self.video)})"
+
+
+def visual_sources(sample, sampling: VideoSampling) -> list:
+    """A sample's visual inputs in the order their features are injected: its images (in `images` order), then its
+    video as a VideoClip. Images and videos fill separate placeholder runs, so this order holds wherever the
+    question's markers put them."""
+    return [*sample.images, *([VideoClip(sample.video, sampling)] if sample.video is not None else [])]

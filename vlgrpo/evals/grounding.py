@@ -68,11 +68,12 @@ COLUMNS = {"acc50": "Acc@0.5", "acc75": "Acc@0.75", "miou": "mIoU", "parse_fail"
 
 
 def select(sel: Selection) -> list[Sample]:
-    """The box samples, the first `max_samples`; a missing `image_size` is read from the image header."""
-    samples = [s for s in sel.samples if s.answer_type == "box"][: sel.max_samples]
+    """The box samples whose boxes lie in one image, the first `max_samples`; a missing `image_size` is read from
+    that image's header."""
+    samples = [s for s in sel.samples if s.answer_type == "box" and len(set(s.box_images)) <= 1][: sel.max_samples]
     for s in samples:
         if s.image_size is None:
-            s.image_size = image_size(s.image)
+            s.image_size = image_size(s.images[s.box_images[0] if s.box_images else 0])
     return samples
 
 

@@ -78,6 +78,7 @@ def run_eval_cli(
     import dataclasses
 
     from vlgrpo.data.images import ProcessorGeometry
+    from vlgrpo.data.video import VideoSampling
     from vlgrpo.rewards import box_format_for_arch, context_from_config
     from vlgrpo.vision_cache import VisionCache
 
@@ -103,7 +104,8 @@ def run_eval_cli(
         cache = VisionCache(lm.model, lm.processor, disk_dir=cache_dir)
         system_prompt = run_cfg.data.system_prompt if run_cfg is not None else contract.system_prompt if contract \
             else ""
-        prompt_kw = dict(answer_format=ctx.answer_format, box_format=ctx.box_format, system_prompt=system_prompt)
+        prompt_kw = dict(answer_format=ctx.answer_format, box_format=ctx.box_format, system_prompt=system_prompt,
+                         video_sampling=VideoSampling.from_config(run_cfg.data.video) if run_cfg else VideoSampling())
         if engine not in ENGINE.names:
             raise InputError(f"--engine must be one of {', '.join(ENGINE.names)}, got {engine!r}")
         decoder = ENGINE.load(engine).for_eval(lm, cache, dtype=dtype, batch_prompts=batch_prompts,

@@ -69,9 +69,6 @@ def _selection(data: str | Path | None, *, pope_data: str | Path | None = None, 
     if pope_file != data and published_benchmark(data, preset):  # MathVista, MMMU, ... read as published
         return Selection(data, load_benchmark(data), pope_file=pope_file, **asked)
     samples = [] if data is None or pope_file == data else load_samples(data, preset=preset, columns=columns).samples
-    # rows with several images or a video load, but no engine or suite takes them yet: every suite selects without
-    # them (`vlgrpo data doctor` counts them, as the trainer skips them)
-    samples = [s for s in samples if not s.several_images_or_video]
     return Selection(data, samples, pope_file=pope_file, **asked)
 
 
@@ -233,13 +230,15 @@ def make_evaluator(cfg) -> Callable[[Any], dict[str, float]]:
     held: dict[str, Any] = {}
 
     def evaluator(state) -> dict[str, float]:
+        from vlgrpo.data.video import VideoSampling
         from vlgrpo.rollout.hf import HFEngine
 
         e = cfg.eval
         model = state.backend.model
         if held.get("model") is not model:
             held["engine"] = HFEngine(model, state.lm.processor, state.cache, cfg.data.answer_format,
-                                      state.reward_ctx.box_format, cfg.data.system_prompt, e.batch_prompts)  # fmt: skip
+                                      state.reward_ctx.box_format, cfg.data.system_prompt, e.batch_prompts,
+                                      VideoSampling.from_config(cfg.data.video))  # fmt: skip
             held["model"] = model
         with _undisturbed(model):
             result = evaluate(held["engine"], data, state.reward_ctx, pope_parser=e.pope_parser,

@@ -95,7 +95,7 @@ class EngineCounters:
     `COUNTERS` and counts vision-cache work with `features`."""
 
     COUNTERS: tuple[str, ...] = ("prompts", "completions", "prefill_tokens", "generated_tokens", "encoder_calls",
-                                 "images_encoded", "placeholder_sampled")  # fmt: skip
+                                 "images_encoded", "videos_encoded", "placeholder_sampled")  # fmt: skip
     _counts: dict[str, int]
 
     def stats(self) -> dict[str, float]:
@@ -104,11 +104,19 @@ class EngineCounters:
     def reset_stats(self) -> None:
         self._counts = {k: 0 for k in self.COUNTERS}
 
-    def features(self, cache, images: list) -> list:
-        """`cache.get(images)`, counting the encoder calls and images it took (0 when every image was cached)."""
+    def features(self, cache, prompts: list) -> list[list]:
+        """Each prompt's features (`cache.get_rows` over its `sources`), counting the encoder calls, images and
+        videos it took (0 when all were cached). A cached grid that differs from the prompt's is refused: the
+        processor's pixel bounds changed without a new cache key."""
         before = cache.stats()
-        feats = cache.get(images)
+        feats = cache.get_rows([p.sources for p in prompts])
         after = cache.stats()
-        for key in ("encoder_calls", "images_encoded"):
+        for key in ("encoder_calls", "images_encoded", "videos_encoded"):
             self._counts[key] += after[key] - before[key]
+        for p, row in zip(prompts, feats):
+            want = p.image_grid_thw.tolist() + ([] if p.video_grid_thw is None else p.video_grid_thw.tolist())
+            got = [f.grid_thw.tolist() for f in row]
+            if got != want:
+                raise ValueError(f"cached features have grids {got} but the prompt expects {want}: the processor's "
+                                 "min/max pixels changed without a new cache key")  # fmt: skip
         return feats

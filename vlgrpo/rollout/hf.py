@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from vlgrpo.data.images import ProcessorGeometry
+from vlgrpo.data.video import VideoSampling
 from vlgrpo.models import eval_mode
 from vlgrpo.rollout.base import EngineCounters, SamplingParams, cut_at_stop
 from vlgrpo.rollout.decode import SharedPrefixDecoder
@@ -158,13 +159,14 @@ class HFEngine(EngineCounters):
         prefilled and decoded as one batch, the KV cache the memory planner counts (`memory.planner.rollout_terms`)."""
         d = cfg.data
         return cls(lm.model, lm.processor, vision_cache, d.answer_format, box_format, d.system_prompt,
-                   batch_prompts=cfg.train.prompts_per_step)
+                   batch_prompts=cfg.train.prompts_per_step, video_sampling=VideoSampling.from_config(d.video))
 
     @classmethod
     def for_eval(cls, lm, vision_cache, *, batch_prompts: int = 8, **kwargs) -> "HFEngine":
         """The greedy decoder of `vlgrpo eval --model`: the loaded model itself (dtype, engine_kwargs and
         gpu_memory_utilization concern engines that load their own copy)."""
-        prompt_kw = {k: kwargs[k] for k in ("answer_format", "box_format", "system_prompt") if k in kwargs}
+        prompt_kw = {k: kwargs[k] for k in ("answer_format", "box_format", "system_prompt", "video_sampling")
+                     if k in kwargs}  # fmt: skip
         return cls(lm.model.eval(), lm.processor, vision_cache, **prompt_kw, batch_prompts=batch_prompts)
 
     def __init__(
@@ -176,11 +178,13 @@ class HFEngine(EngineCounters):
         box_format: str = "qwen2_5",
         system_prompt: str = "",
         batch_prompts: int = 8,
+        video_sampling: VideoSampling | None = None,
     ):
         if batch_prompts < 1:
             raise ValueError(f"batch_prompts must be >= 1, got {batch_prompts}")
         self.model, self.processor, self.cache = model, processor, vision_cache
-        self.prompt_kw = dict(answer_format=answer_format, box_format=box_format, system_prompt=system_prompt)
+        self.prompt_kw = dict(answer_format=answer_format, box_format=box_format, system_prompt=system_prompt,
+                              video_sampling=video_sampling or VideoSampling())  # fmt: skip
         self.batch_prompts = batch_prompts
         self.geometry = ProcessorGeometry.from_processor(processor)
         tok = processor.tokenizer
@@ -196,15 +200,10 @@ class HFEngine(EngineCounters):
         return [build_prompt(s, self.processor, self.geometry, **self.prompt_kw) for s in samples]
 
     def generate(self, samples: list[Sample], params: SamplingParams) -> list[RolloutGroup]:
-        """1. prompts, 2. features of every unique image (one encoder call), 3. per chunk: prefill once + decode."""
+        """1. prompts, 2. features of every unique image and video (one encoder call each), 3. per chunk: prefill once
+        + decode."""
         prompts = self.build_prompts(samples)
-        feats = self.features(self.cache, [p.image for p in prompts])
-        for s, p, f in zip(samples, prompts, feats):
-            if f.grid_thw.tolist() != p.image_grid_thw[0].tolist():
-                raise ValueError(
-                    f"sample '{s.id}': cached features have grid {f.grid_thw.tolist()} but the prompt expects "
-                    f"{p.image_grid_thw[0].tolist()}: the processor's min/max pixels changed without a new cache key"
-                )
+        feats = self.features(self.cache, prompts)
         gen = torch.Generator(device=self.device).manual_seed(params.seed) if params.seed is not None else None
         stop = _StopCheck(self.processor.tokenizer, params.stop)
         run = replace(params, n=1) if params.greedy else params  # greedy: decode once, copy G times
@@ -218,8 +217,7 @@ class HFEngine(EngineCounters):
     def _generate_chunk(self, prompts, feats, params, stop, gen) -> list[_Row]:
         ids, mask = left_pad([p.input_ids for p in prompts], self.pad_id, self.device)
         mm, _ = left_pad([p.mm_token_type_ids for p in prompts], 0, self.device)
-        grid = torch.cat([p.image_grid_thw for p in prompts]).to(self.device)
-        last, cache, next_pos = prefill(self.model, ids, mask, mm, grid, feats)
+        last, cache, next_pos = prefill(self.model, ids, mask, mm, feats)
         self._counts["prefill_tokens"] += int(mask.sum())
         padded = mask if not bool(mask.all()) else None
         return decode_loop(

@@ -300,7 +300,7 @@ class VLLMEngine(EngineCounters):
         return self.processor.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _features(self, prompts: list[PromptInputs]):
-        return self.features(self.cache, [p.image for p in prompts])
+        return [row[0] for row in self.features(self.cache, prompts)]
 
     def _prefix_cache_hits(self) -> int:
         """vLLM's own prefix-cache hit counter (tokens), from its Prometheus metrics; 0 where it keeps none. vLLM

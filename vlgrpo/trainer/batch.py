@@ -20,10 +20,10 @@ class TrainBatch:
 
     batch: CompletionBatch
     features: list
-    """B ImageFeatures: the image features of each prompt (cached, no pixels; embeds [N_b, H], with Qwen3-VL's
-    DeepStack maps)."""
-    images: list
-    """B image refs (path or bytes): re-encoded with grad when the vision tower trains."""
+    """B entries: each prompt's visual features, a list of ImageFeatures in `visual_sources` order (cached, no
+    pixels; embeds [N, H], with Qwen3-VL's DeepStack maps)."""
+    sources: list
+    """B lists: each prompt's visual sources (image refs, a VideoClip), re-encoded with grad when the tower trains."""
     loss_mask: torch.Tensor
     masked_rows: int = 0
     """Completions dropped from the loss because they contain a vision placeholder token."""
@@ -44,11 +44,12 @@ class TrainBatch:
 
 def make_batch(
     groups: list[RolloutGroup], features: list, pad_id: int, image_token_id: int, forbidden_ids: list[int],
-    device: torch.device | str | None = None,
+    device: torch.device | str | None = None, video_token_id: int | None = None, sources: list | None = None,
 ) -> TrainBatch:
-    """features: one ImageFeatures per group (embeds [N, H], grid_thw [3], DeepStack maps or None), kept whole: the
-    log-prob passes inject all of them. Tensors go to `device` (the model's)."""
-    batch = collate_groups(groups, [f.grid_thw for f in features], pad_id, image_token_id, device)
+    """features: one entry per group, its ImageFeatures or the list of its parts' (embeds [N, H], grid_thw [3],
+    DeepStack maps or None), kept whole: the log-prob passes inject all of them. `sources`: each group's visual
+    sources (default: its images). Tensors go to `device` (the model's)."""
+    batch = collate_groups(groups, pad_id, image_token_id, video_token_id, device)
     loss_mask = batch.completion_mask.float()
     forbidden = torch.tensor(list(forbidden_ids), dtype=torch.long, device=batch.completion_ids.device)
     bad = torch.isin(batch.completion_ids, forbidden).any(1)  # [R]
@@ -56,8 +57,8 @@ def make_batch(
         batch.completion_ids[bad] = pad_id
         batch.completion_mask[bad] = 0
         loss_mask[bad] = 0.0
-    images = [g.sample.image for g in groups]
-    return TrainBatch(batch, list(features), images, loss_mask, int(bad.sum()), _engine_logps(groups, batch))
+    sources = sources if sources is not None else [list(g.sample.images) for g in groups]
+    return TrainBatch(batch, list(features), sources, loss_mask, int(bad.sum()), _engine_logps(groups, batch))
 
 
 def _engine_logps(groups: list[RolloutGroup], batch) -> torch.Tensor | None:

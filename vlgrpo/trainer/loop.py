@@ -161,7 +161,7 @@ class Trainer:
         with state.backend.rollout_weights(full=not state.engine_needs_weights):
             if samples:
                 with timers("vision"):  # 2. each unique image encoded once; the engine and the update reuse it
-                    feats = state.cache.get([x.image for x in samples])
+                    feats = state.cache.get_rows([state.prompt(x).sources for x in samples])
                 with timers("rollout"):  # 3. G completions per prompt, prompt prefilled once per group
                     groups = state.engine.generate(samples, state.sampling_for(state.step, round_no))
         if not groups:
@@ -197,7 +197,7 @@ class Trainer:
         with state.backend.rollout_weights(full=False), timers("vision"):
             if got is None:
                 return [], [], []
-            feats = state.cache.get([g.sample.image for g in got.groups])  # frozen tower: encoded at submission
+            feats = state.cache.get_rows([state.prompt(g.sample).sources for g in got.groups])  # frozen: encoded
         with timers("reward"):
             rewards, metrics = self._rewards(got.groups)
         metrics.update({**got.stats, "rollout/staleness": float(state.step - got.version),
@@ -218,9 +218,9 @@ class Trainer:
             return
         with state.backend.rollout_weights(full=False), state.timers("vision"):
             for step, round_no, samples, params in todo:
-                images = [x.image for x in samples]
-                state.cache.get(images)
-                state.engine.submit(step, samples, params, round_no, state.cache.handover(images))
+                sources = [src for x in samples for src in state.prompt(x).sources]
+                state.cache.get(sources)
+                state.engine.submit(step, samples, params, round_no, state.cache.handover(sources))
 
     def _rewards(self, groups: list[RolloutGroup]) -> tuple[list[float], dict[str, float]]:
         state, cfg = self.state, self.state.cfg
@@ -242,7 +242,8 @@ class Trainer:
 
     def _collate(self, groups: list[RolloutGroup], features: list) -> TrainBatch:
         state = self.state
-        return make_batch(groups, features, state.pad_id, state.image_token_id, state.forbidden_ids, state.device)
+        return make_batch(groups, features, state.pad_id, state.image_token_id, state.forbidden_ids, state.device,
+                          video_token_id=state.video_token_id, sources=[state.prompt(g.sample).sources for g in groups])
 
     def _micro_batches(self, batch: TrainBatch, features: list | None = None):
         """(rows, CompletionBatch, features of its prompts). With a trainable vision tower and grad enabled the
@@ -250,7 +251,7 @@ class Trainer:
         state = self.state
         for rows, part, used in batch.micro_batches(state.cfg.train.micro_batch_completions):
             if features is None and torch.is_grad_enabled() and state.backend.vision_trainable():
-                feats = state.cache.encode_with_grad([batch.images[i] for i in used])
+                feats = state.cache.encode_rows_with_grad([batch.sources[i] for i in used])
             else:
                 feats = [(features or batch.features)[i] for i in used]
             yield rows, part, feats
@@ -262,7 +263,7 @@ class Trainer:
             return None
         if state.ref_cache is None:  # the reference never changes: its features stay valid for the whole run
             state.ref_cache = VisionCache(ref_model, state.lm.processor, state.cfg.rollout.vision_cache_bytes)
-        return state.ref_cache.get(batch.images)
+        return state.ref_cache.get_rows(batch.sources)
 
     @torch.no_grad()
     def _logprobs(self, model, batch: TrainBatch, features: list | None = None) -> torch.Tensor:
@@ -303,7 +304,7 @@ class Trainer:
         state, cfg, timers = self.state, self.state.cfg, self.state.timers
         samples = state.next_samples(cfg.train.prompts_per_step)  # 1. batch
         with timers("vision"), state.backend.rollout_weights(full=False):  # 2. features from the cache
-            feats = state.cache.get([x.image for x in samples])
+            feats = state.cache.get_rows([state.prompt(x).sources for x in samples])
         with timers("update"):  # teacher-forced NLL of the gold answer in the target format
             batch = self._collate([self._gold_group(x) for x in samples], feats)
             num_tokens, total = batch.loss_mask.sum(), 0.0
@@ -358,6 +359,7 @@ class Trainer:
             state.nonfinite_streak = state.nonfinite_streak + 1 if nonfinite else 0
             metrics["train/nonfinite_steps"] = float(state.nonfinite_steps)
             metrics["data/skipped_rows"] = float(state.skipped_rows)
+            metrics["data/overlong_rows"] = float(state.overlong_rows)
             stop = state.nonfinite_streak >= cfg.train.max_nonfinite_steps
             save_s = self._save_if_due() if not stop else 0.0
             if state.evaluator is not None and cfg.eval.every_steps and state.step % cfg.eval.every_steps == 0:

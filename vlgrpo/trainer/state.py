@@ -23,7 +23,8 @@ from vlgrpo.data.adapters import load_samples, no_usable_row, skip_reason
 from vlgrpo.data.schema import DataError
 from vlgrpo.data.images import ProcessorGeometry, inspect_image
 from vlgrpo.data.prompts import check_system_prompt
-from vlgrpo.data.rowcheck import Problem, row_problems
+from vlgrpo.data.video import VideoSampling, inspect_video
+from vlgrpo.data.rowcheck import OVERLONG, Problem, RowVisuals, row_problems, visual_parts
 from vlgrpo.data.stream import SampleStream
 from vlgrpo.models import LoadedModel, load_model, placeholder_token_ids
 from vlgrpo.registry import ENGINE
@@ -99,6 +100,10 @@ class RunState:
         return self.lm.model.config.image_token_id
 
     @property
+    def video_token_id(self) -> int | None:
+        return getattr(self.lm.model.config, "video_token_id", None)
+
+    @property
     def forbidden_ids(self) -> list[int]:
         return placeholder_token_ids(self.tokenizer)
 
@@ -117,7 +122,8 @@ class RunState:
         if sample.id not in self._prompts:
             d = self.cfg.data
             self._prompts[sample.id] = build_prompt(
-                sample, self.lm.processor, self.geometry, d.answer_format, self.reward_ctx.box_format, d.system_prompt
+                sample, self.lm.processor, self.geometry, d.answer_format, self.reward_ctx.box_format, d.system_prompt,
+                VideoSampling.from_config(d.video),
             )
         return self._prompts[sample.id]
 
@@ -154,20 +160,29 @@ class RunState:
         return out
 
     def _problem(self, sample: Sample) -> Problem | None:
-        """Why a sample cannot be trained on: its image (decoded in full, once), reserved tokens in its text, its
-        image_size or boxes against the image (`data.rowcheck`), then its prompt's length. None when it can; a
-        missing image_size (box rewards convert with it) is then set from the image."""
-        info = inspect_image(sample.image)
-        problems = row_problems(sample, info, self.geometry)
+        """Why a sample cannot be trained on: its images and video (decoded in full, once), reserved tokens in its
+        text, its image_size or boxes against their image (`data.rowcheck`), then its prompt's length, counted
+        exactly: every image's and the video's tokens plus the tokenised text. None when it can; a missing
+        image_size (box rewards convert with it) is then set from the image the boxes lie in."""
+        video = VideoSampling.from_config(self.cfg.data.video)
+        visuals = RowVisuals([inspect_image(im) for im in sample.images],
+                             inspect_video(sample.video, video) if sample.video is not None else None)  # fmt: skip
+        problems = row_problems(sample, visuals, self.geometry)
         if problems:
             return problems[0]
-        if sample.image_size is None:
-            sample.image_size = info.decoded
+        if sample.image_size is None and visuals.images:
+            sample.image_size = visuals.images[sample.box_images[0] if sample.box_images else 0].decoded
         n, limit = len(self.prompt(sample).input_ids), self.cfg.data.max_prompt_length
         if n > limit:
-            return "prompt_too_long", (f"its prompt has {n} tokens (image + text), more than data.max_prompt_length="
-                                       f"{limit}: raise it or lower model.max_pixels")  # fmt: skip
+            return OVERLONG, (f"its prompt has {n} tokens ({visual_parts(sample)} + text), more than "
+                              f"data.max_prompt_length={limit}; a row is never cut inside an image or a video: raise "
+                              "it, or lower model.max_pixels / data.video.max_pixels / max_frames")  # fmt: skip
         return None
+
+    @property
+    def overlong_rows(self) -> int:
+        """Rows skipped because their prompt is longer than data.max_prompt_length (`data/overlong_rows`)."""
+        return sum(check == OVERLONG for check, _ in self._bad.values())
 
     def _no_usable_row(self) -> InputError:
         rank, world = _rank_world()

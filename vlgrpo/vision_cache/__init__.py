@@ -3,8 +3,9 @@ encoded once per weights version: an in-memory LRU with a byte budget in front o
 entry carries its own key and checksum (a file copied over another key is never served); a disk write that fails
 (full, read-only) is skipped and counted, and the run goes on.
 
-An entry holds what the language model takes from one image: the merged embeddings and, for Qwen3-VL, every
-DeepStack feature map. The fingerprints of the tower and the processor are in `key.py`. Knows the model only through
+An entry holds what the language model takes from one image or one video: the merged embeddings and, for Qwen3-VL,
+every DeepStack feature map. A video's key is the content hash of the frames the model sees (decoded, resized) with
+the settings that took them (`data.video.VideoClip.sha256`). The fingerprints of the tower and the processor are in `key.py`. Knows the model only through
 its vision tower (`visual`, mergers included); knows nothing of prompts or rollout.
 """
 
@@ -23,28 +24,36 @@ import torch
 from torch import Tensor
 
 from vlgrpo.data.images import ProcessorGeometry, image_sha256, load_image
+from vlgrpo.data.video import VideoClip
 from vlgrpo.types import InputError
 from vlgrpo.vision_cache.key import find_visual, processor_fingerprint, vision_fingerprint
 
-FORMAT_VERSION = "3"  # 2: entries carry their key; 3: and their DeepStack maps (Qwen3-VL)
+FORMAT_VERSION = "3"  # 2: entries carry their key; 3: and their DeepStack maps (Qwen3-VL), a video its frame rate
 SUFFIX = ".safetensors"
 TMP_PREFIX = ".tmp-"
-STAT_KEYS = ("hits", "misses", "encoder_calls", "images_encoded", "bytes", "disk_hits", "corrupt", "write_errors",
-             "adopted")
+STAT_KEYS = ("hits", "misses", "encoder_calls", "images_encoded", "videos_encoded", "bytes", "disk_hits", "corrupt",
+             "write_errors", "adopted")
 
 
 @dataclass
 class ImageFeatures:
-    """The language-model inputs of one image: merged vision embeddings, the grid they came from and, for a tower
-    with DeepStack (Qwen3-VL), its feature maps."""
+    """The language-model inputs of one image or one video: merged vision embeddings, the grid they came from and,
+    for a tower with DeepStack (Qwen3-VL), its feature maps."""
 
     embeds: Tensor
-    """[N, H]: N image tokens after the 2x2 merge, H = language-model hidden size."""
+    """[N, H]: N image (or video) tokens after the 2x2 merge, H = language-model hidden size."""
     grid_thw: Tensor
-    """[3] long: (t, h, w) in patches, the image's `image_grid_thw` row."""
+    """[3] long: (t, h, w) in patches, the `image_grid_thw` (or `video_grid_thw`) row."""
     deepstack: Tensor | None = None
-    """[L, N, H]: map i is added to the hidden states of language-model layer i at the image tokens (Qwen3-VL's
+    """[L, N, H]: map i is added to the hidden states of language-model layer i at the visual tokens (Qwen3-VL's
     `deepstack_visual_indexes`, L of them); None for a tower without DeepStack (Qwen2-VL, Qwen2.5-VL)."""
+    video_fps: float | None = None
+    """None for an image; for a video, the rate its taken frames represent (Qwen2.5-VL's `second_per_grid_ts` is
+    temporal_patch_size / video_fps)."""
+
+    @property
+    def is_video(self) -> bool:
+        return self.video_fps is not None
 
     @property
     def nbytes(self) -> int:
@@ -53,7 +62,7 @@ class ImageFeatures:
     def stored(self, device: str | None) -> "ImageFeatures":
         """Detached, on `device` (None: where they are): the copy the cache holds. The grid stays on the CPU."""
         move = lambda t: t if t is None else t.detach().to(device or t.device)  # noqa: E731
-        return ImageFeatures(move(self.embeds), self.grid_thw, move(self.deepstack))
+        return ImageFeatures(move(self.embeds), self.grid_thw, move(self.deepstack), self.video_fps)
 
 
 # ---------------------------------------------------------------- fingerprints
@@ -96,7 +105,9 @@ class VisionCache:
         self.store_device = store_device
         self.weights_fp = fingerprint or vision_fingerprint(model)
         self.processor_fp = processor_fingerprint(processor)
-        self.merge = ProcessorGeometry.from_processor(processor).merge_size
+        self.video_fp = processor_fingerprint(getattr(processor, "video_processor", None) or processor)
+        self.geometry = ProcessorGeometry.from_processor(processor)
+        self.merge = self.geometry.merge_size
         self.step = 0
         self._lru: OrderedDict[str, ImageFeatures] = OrderedDict()
         self._bytes = 0
@@ -120,11 +131,23 @@ class VisionCache:
     def key(self, sha: str) -> str:
         return hashlib.sha256(f"{sha}|{self.version}|{self.processor_fp}".encode()).hexdigest()
 
+    def source_sha(self, source) -> str:
+        """An image's content hash; a video's frames-and-settings hash (prefixed, so it never names an image)."""
+        if isinstance(source, VideoClip):
+            return "video:" + hashlib.sha256(f"{source.sha256(self.geometry)}|{self.video_fp}".encode()).hexdigest()
+        return image_sha256(source)
+
     # -- lookups
 
-    def get(self, images: list[str | bytes]) -> list[ImageFeatures]:
-        """Features for each image (aligned with `images`); every unique uncached image is encoded in one batch."""
-        shas = [image_sha256(img) for img in images]
+    def get_rows(self, rows: list[list]) -> list[list[ImageFeatures]]:
+        """`get` over every row's sources at once (one encoder call for the images of all rows, one for the videos),
+        regrouped per row."""
+        return _regroup(self.get([s for row in rows for s in row]), rows)
+
+    def get(self, images: list) -> list[ImageFeatures]:
+        """Features for each source (an image, or a VideoClip), aligned with `images`; the unique uncached images are
+        encoded in one batch, the unique uncached videos in another."""
+        shas = [self.source_sha(img) for img in images]
         keys = [self.key(s) for s in shas]
         found: dict[str, ImageFeatures] = {}
         missing: dict[str, tuple[str, str | bytes]] = {}  # key -> (sha, image), first occurrence
@@ -156,7 +179,7 @@ class VisionCache:
             return None
         entries = {}
         for img in images:
-            sha = image_sha256(img)
+            sha = self.source_sha(img)
             k = self.key(sha)
             if k not in entries and k in self._lru:
                 entries[k] = (sha, self._lru[k])
@@ -180,32 +203,55 @@ class VisionCache:
         self._stats["adopted"] += new
         return new
 
-    def encode_with_grad(self, images: list[str | bytes]) -> list[ImageFeatures]:
+    def encode_rows_with_grad(self, rows: list[list]) -> list[list[ImageFeatures]]:
+        """`encode_with_grad` over every row's sources at once, regrouped per row."""
+        return _regroup(self.encode_with_grad([s for row in rows for s in row]), rows)
+
+    def encode_with_grad(self, images: list) -> list[ImageFeatures]:
         """Recompute features with autograd (trainable tower, update pass); nothing is cached. Duplicates share one."""
-        shas = [image_sha256(img) for img in images]
+        shas = [self.source_sha(img) for img in images]
         unique = list(dict.fromkeys(shas))
         first = {s: img for s, img in zip(reversed(shas), reversed(images))}
         encoded = dict(zip(unique, self._encode([first[s] for s in unique])))
         return [encoded[s] for s in shas]
 
-    def _encode(self, images: list[str | bytes]) -> list[ImageFeatures]:
-        """One vision-encoder call over all `images`: pixels through `visual` (mergers included) -> [N_i, H] each,
-        with [L, N_i, H] DeepStack maps when the tower has them (Qwen3-VL)."""
+    def _encode(self, sources: list) -> list[ImageFeatures]:
+        """One vision-encoder call over the images among `sources` and one over the videos (aligned with `sources`)."""
+        videos = [i for i, s in enumerate(sources) if isinstance(s, VideoClip)]
+        images = [i for i, s in enumerate(sources) if not isinstance(s, VideoClip)]
+        out: list = [None] * len(sources)
+        if images:
+            pix = self.processor.image_processor(images=[load_image(sources[i]) for i in images], return_tensors="pt")
+            for i, f in zip(images, self._tower(pix["pixel_values"], pix["image_grid_thw"])):
+                out[i] = f
+            self._stats["images_encoded"] += len(images)
+        if videos:
+            clips = [sources[i] for i in videos]
+            frames = [c.resized_frames(self.geometry) for c in clips]
+            # frames arrive at the model's size: the processor only normalises and patchifies them
+            pix = self.processor.video_processor(videos=frames, do_resize=False, do_sample_frames=False,
+                                                 return_tensors="pt")  # fmt: skip
+            for i, c, f in zip(videos, clips, self._tower(pix["pixel_values_videos"], pix["video_grid_thw"])):
+                f.video_fps = c.info().sample_fps
+                out[i] = f
+            self._stats["videos_encoded"] += len(videos)
+        return out
+
+    def _tower(self, pixels: Tensor, grid: Tensor) -> list[ImageFeatures]:
+        """One vision-encoder call: pixels through `visual` (mergers included) -> [N_i, H] each, with [L, N_i, H]
+        DeepStack maps when the tower has them (Qwen3-VL)."""
         visual = find_visual(self.model)
         param = next(visual.parameters())
-        out = self.processor.image_processor(images=[load_image(img) for img in images], return_tensors="pt")
-        pixels = out["pixel_values"].to(param.device, param.dtype)
-        grid = out["image_grid_thw"].to(param.device)
+        pixels, grid = pixels.to(param.device, param.dtype), grid.to(param.device)
         encoded = visual(pixels, grid_thw=grid)
         merged = encoded.pooler_output if hasattr(encoded, "pooler_output") else encoded  # [sum N_i, H]
         sizes = (grid.prod(-1) // self.merge**2).tolist()
         maps = getattr(encoded, "deepstack_features", None)  # L x [sum N_i, H]; None without DeepStack
-        stacks = [None] * len(images)
+        stacks = [None] * len(sizes)
         if maps is not None:
             stacks = torch.stack(maps) if maps else merged.new_zeros((0, *merged.shape))  # [L, sum N_i, H]
             stacks = torch.split(stacks, sizes, dim=1)
         self._stats["encoder_calls"] += 1
-        self._stats["images_encoded"] += len(images)
         return [ImageFeatures(e, g.cpu().long(), d) for e, g, d in zip(torch.split(merged, sizes), grid, stacks)]
 
     # -- memory LRU
@@ -261,6 +307,8 @@ class VisionCache:
         tensors = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
         meta = {"format": FORMAT_VERSION, "key": k, "image_sha256": sha, "vision": self.version,
                 "processor": self.processor_fp, "sha256": _checksum(*tensors.values())}  # fmt: skip
+        if feats.video_fps is not None:
+            meta["video_fps"] = repr(float(feats.video_fps))
         tmp = path.parent / f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex}{SUFFIX}"
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -285,6 +333,15 @@ class VisionCache:
         self._stats = {k: 0 for k in STAT_KEYS if k != "bytes"}
 
 
+def _regroup(flat: list, rows: list[list]) -> list[list]:
+    """`flat` (aligned with the concatenated rows) cut back into rows."""
+    out, at = [], 0
+    for row in rows:
+        out.append(flat[at : at + len(row)])
+        at += len(row)
+    return out
+
+
 def read_entry(path: Path, merge_size: int = 2, key: str | None = None) -> ImageFeatures | None:
     """Load one disk entry and verify its checksum (DeepStack maps included), shapes and (given `key`) the key it was
     written under; None if it is corrupt, truncated, foreign, another key's entry copied here or short of its maps."""
@@ -305,7 +362,9 @@ def read_entry(path: Path, merge_size: int = 2, key: str | None = None) -> Image
         return None
     if deepstack is not None and (deepstack.dim() != 3 or deepstack.shape[1:] != embeds.shape):
         return None
-    return ImageFeatures(embeds, grid.long(), deepstack)
+    if meta.get("image_sha256", "").startswith("video:") != ("video_fps" in meta):
+        return None
+    return ImageFeatures(embeds, grid.long(), deepstack, float(meta["video_fps"]) if "video_fps" in meta else None)
 
 
 # ---------------------------------------------------------------- `vlgrpo cache stats | clear`

@@ -66,7 +66,8 @@ def _vision_config(visual: torch.nn.Module) -> str:
 
 
 def processor_fingerprint(processor) -> str:
-    """Hash of every image-processor setting that changes the features: geometry, normalisation, resampling."""
+    """Hash of every image-processor setting that changes the features: geometry, normalisation, resampling. Given
+    a video processor, its normalisation (video keys add it: frames are resized before it sees them)."""
     ip = getattr(processor, "image_processor", processor)
     extra = {k: _jsonable(getattr(ip, k, None)) for k in ("image_mean", "image_std", "rescale_factor", "do_rescale",
                                                            "do_normalize", "do_convert_rgb", "resample")}  # fmt: skip
