@@ -77,12 +77,14 @@ def test_train_export_eval_equals_eval_on_the_run_directory(tiny_model_dir, shap
     run = tmp_path / "run"
     cfg = load_config(None, [f"model.name_or_path={base}", f"data.train={shapes_dir / 'train.jsonl'}",
                              f"data.test={shapes_dir / 'test.jsonl'}", "data.answer_format=answer",
-                             "data.system_prompt=Answer briefly.", "model.max_pixels=12544",
+                             "data.system_prompt=Answer briefly.", "model.max_pixels=12544", "data.video.fps=4",
                              "rollout.completions_per_prompt=2", "rollout.max_new_tokens=4", "train.prompts_per_step=2",
                              "train.micro_batch_completions=4", "train.steps=1", f"train.output_dir={run}",
                              "logging.progress_bar=false"])  # fmt: skip
     run_training(cfg, progress=False)
-    expected = PromptContract("qwen2_5_vl", "answer", "qwen2_5", "Answer briefly.", None, 12544, max_new_tokens=4)
+    video = {"fps": 4.0, "max_frames": 32, "min_pixels": None, "max_pixels": None}  # the run's data.video
+    expected = PromptContract("qwen2_5_vl", "answer", "qwen2_5", "Answer briefly.", None, 12544, max_new_tokens=4,
+                              video=video)  # fmt: skip
     assert read_contract(run) == expected
     assert main(["export", str(run), "--out", str(tmp_path / "export")]) == 0
     assert read_contract(tmp_path / "export") == expected
@@ -93,6 +95,7 @@ def test_train_export_eval_equals_eval_on_the_run_directory(tiny_model_dir, shap
     on_run, on_export = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("e_run", "e_export"))
     assert on_export["metrics"] == on_run["metrics"] and on_export["counts"] == on_run["counts"]
     assert on_export["info"]["answer_format"] == "answer" and on_export["info"]["prompt_contract"] == CONTRACT_FILE
+    assert on_export["info"]["video"] == on_run["info"]["video"] == {**video, "min_pixels": 0, "max_pixels": 0}
     preds = [(tmp_path / d / "predictions.jsonl").read_text() for d in ("e_run", "e_export")]
     assert preds[0] == preds[1]
     texts = {json.loads(line)["completion"] for line in preds[0].splitlines()}

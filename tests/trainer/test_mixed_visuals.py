@@ -173,3 +173,98 @@ def test_prompt_ids_of_two_images_and_a_video_are_the_processors(mixed_dir, tiny
     want = pieces[0] + "".join("<|image_pad|>" * n + rest for n, rest in zip(image_pads, pieces[1:]))
     assert prompt.input_ids == p.tokenizer(want)["input_ids"]
     assert prompt.mm_token_type_ids.count(2) == t * gh * gw // 4
+
+
+def test_three_grpo_steps_on_a_mixed_file_from_the_command_line(tmp_path, mixed_dir, tiny_model_dir, capsys):
+    """`vlgrpo train CONFIG` on one file of one-image, two-image and video rows: every kind is drawn, each step's
+    images go through one encoder call and its videos through another; a row over data.max_prompt_length (a video of
+    12 frames) is skipped and counted in data/overlong_rows, never cut."""
+    import json
+
+    from vlgrpo.cli import main
+    from vlgrpo.config import save_config
+    from vlgrpo.data.video import VideoSampling
+    from vlgrpo.models import load_model
+    from vlgrpo.rollout.inputs import build_prompt
+    from vlgrpo.types import Sample
+
+    rows = [json.loads(line) for line in (mixed_dir / "train.jsonl").read_text().splitlines()][:9]
+    for r in rows:  # absolute paths: the file is written elsewhere
+        for key in ("image", "images", "video"):
+            if r.get(key):
+                r[key] = [str(mixed_dir / p) for p in r[key]] if isinstance(r[key], list) else str(mixed_dir / r[key])
+    video = next(r for r in rows if r.get("video"))
+    long = {**video, "id": "long", "video": video["video"] * 3}  # 12 frames: 6 temporal patches, not 2
+    model = tiny_model_dir("qwen2_5_vl")
+    processor, sampling = load_model(model).processor, VideoSampling(min_pixels=50176, max_pixels=50176)
+    lengths = {r["id"]: len(build_prompt(Sample(**{k: v for k, v in r.items() if k != "video"},
+                                                video=None) if not r.get("video") else _with_video(r), processor,
+                                         None, "answer", "qwen2_5", "", sampling).input_ids)
+               for r in [*rows, long]}  # fmt: skip
+    limit = max(n for sid, n in lengths.items() if sid != "long")
+    assert lengths["long"] - lengths[video["id"]] == 4 * 16 * 16 // 4  # 4 more temporal patches of 64 tokens
+    data = tmp_path / "mixed.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in [long, *rows]))
+    cfg = tiny_config(model, mixed_dir, tmp_path / "run", f"data.train={data}", "reward.recipe={accuracy: 1.0}",
+                      "train.steps=3", "train.prompts_per_step=3", "rollout.completions_per_prompt=2",
+                      "train.micro_batch_completions=2",
+                      "data.video.min_pixels=50176", "data.video.max_pixels=50176", "data.shuffle=false",
+                      f"data.max_prompt_length={limit}")  # fmt: skip
+    save_config(cfg, tmp_path / "cfg.yaml")
+    assert main(["train", str(tmp_path / "cfg.yaml")]) == 0
+    err = capsys.readouterr().err
+    assert "(id 'long') skipped (prompt_too_long)" in err and "Traceback" not in err
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert [(m["data/skipped_rows"], m["data/overlong_rows"]) for m in metrics] == [(1.0, 1.0)] * 3
+    assert sum(m["vision/videos_encoded"] for m in metrics) >= 1 and sum(m["rollout/prompts"] for m in metrics) == 9
+    assert all(m["vision/encoder_calls"] <= 2 for m in metrics)  # one for the images, one for the videos
+    assert all(m["rollout/encoder_calls"] == 0 for m in metrics)  # the engine hits what the trainer encoded
+
+
+def _with_video(row):
+    from vlgrpo.types import Sample, Video
+
+    return Sample(**{k: v for k, v in row.items() if k != "video"}, video=Video(frames=row["video"]))
+
+
+def test_a_split_rollout_on_mixed_rows_reproduces_the_colocated_run(tmp_path, mixed_dir, tiny_model_dir):
+    """rollout.placement=split with max_staleness=0 on two-image and video rows: the worker adopts the trainer's
+    image and video features (it encodes nothing) and the run equals the colocated one exactly."""
+    from vlgrpo.trainer.loop import Trainer
+    from vlgrpo.trainer.state import build_state
+
+    def run(name, *extra):
+        cfg = tiny_config(tiny_model_dir("qwen2_5_vl"), mixed_dir, tmp_path / name, "reward.recipe={accuracy: 1.0}",
+                          "train.steps=2", "train.seed=0", "data.video.max_pixels=50176", *extra)  # fmt: skip
+        state = build_state(cfg, progress=False)
+        try:
+            return Trainer(state).train()
+        finally:
+            state.close()
+
+    colocated = run("colocated")
+    split = run("split", "rollout.placement=split", "rollout.max_staleness=0")
+    keys = ("train/loss", "reward/total", "grpo/response_length", "vision/images_encoded", "vision/videos_encoded")
+    for a, b in zip(colocated, split, strict=True):
+        assert {k: a[k] for k in keys} == {k: b[k] for k in keys}, a["step"]
+    assert sum(h["vision/videos_encoded"] for h in colocated) >= 1
+    assert [h["rollout/encoder_calls"] for h in split] == [0.0, 0.0]  # the worker adopted every part
+
+
+def test_the_vqa_suite_scores_two_image_and_video_rows(tmp_path, mixed_dir, tiny_model_dir):
+    """`vlgrpo eval --suite vqa` on a mixed file: every row is prompted and scored, one-image, two-image and video."""
+    import json
+
+    from vlgrpo.cli import main
+
+    test = [json.loads(line) for line in (mixed_dir / "train.jsonl").read_text().splitlines()][:6]
+    out = tmp_path / "eval"
+    assert main(["eval", "--model", tiny_model_dir("qwen3_vl"), "--suite", "vqa", "--data",
+                 str(mixed_dir / "train.jsonl"), "--max-samples", "6", "--max-new-tokens", "3", "--out", str(out),
+                 "--no-progress"]) == 0  # fmt: skip
+    doc = json.loads((out / "metrics.json").read_text())
+    preds = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert doc["counts"]["vqa"] == 6 and [p["id"] for p in preds] == [r["id"] for r in test]
+    assert {r["task"] for r in test} == {"shapes/count", "shapes/compare", "shapes/motion"}
+    assert doc["info"]["vision_cache"]["videos_encoded"] == 2 and doc["info"]["vision_cache"]["encoder_calls"] == 2

@@ -41,6 +41,10 @@ class PromptContract:
     max_new_tokens: int | None = None
     """The completion budget it was trained with (rollout.max_new_tokens): `vlgrpo eval`'s default, so reasoning is
     not cut shorter than in training. Not applied to a config (None: a contract written before it was recorded)."""
+    video: dict | None = None
+    """How videos were sampled in training (data.video: fps, max_frames, min_pixels, max_pixels): `vlgrpo eval`'s
+    video settings, so a video row is prompted with the frames it was trained on. None: a contract written before it
+    was recorded (eval then uses data.video's defaults)."""
 
     def __post_init__(self) -> None:
         accepted = {"arch": [a for a in CHOICES["model.arch"] if a != "auto"],
@@ -55,13 +59,18 @@ class PromptContract:
                 raise ValueError(f"{key} = {value!r} is not accepted; use a positive integer or null")
         if not isinstance(self.system_prompt, str):
             raise ValueError(f"system_prompt = {self.system_prompt!r} is not accepted; use a string")
+        video_keys = {"fps", "max_frames", "min_pixels", "max_pixels"}
+        if self.video is not None and (not isinstance(self.video, dict) or set(self.video) != video_keys):
+            raise ValueError(f"video = {self.video!r} is not accepted; use null or a mapping of "
+                             f"{', '.join(sorted(video_keys))}")  # fmt: skip
 
     @classmethod
     def from_config(cls, cfg: Any, arch: str, box_format: str) -> PromptContract:
         """The contract of a run of `cfg` on a model of family `arch` writing boxes as `box_format`."""
+        video = {k: getattr(cfg.data.video, k) for k in ("fps", "max_frames", "min_pixels", "max_pixels")}
         return cls(arch=arch, answer_format=cfg.data.answer_format, box_format=box_format,
                    system_prompt=cfg.data.system_prompt, min_pixels=cfg.model.min_pixels,
-                   max_pixels=cfg.model.max_pixels, max_new_tokens=cfg.rollout.max_new_tokens)  # fmt: skip
+                   max_pixels=cfg.model.max_pixels, max_new_tokens=cfg.rollout.max_new_tokens, video=video)
 
     def write(self, directory: str | Path) -> Path:
         """Write `directory/vlgrpo.json` atomically (a reader sees the old file or the new one, never half)."""

@@ -6,6 +6,7 @@ Knows nothing of losses or optimisers; the training side is reached only through
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import tempfile
 from pathlib import Path
@@ -78,7 +79,6 @@ def run_eval_cli(
     import dataclasses
 
     from vlgrpo.data.images import ProcessorGeometry
-    from vlgrpo.data.video import VideoSampling
     from vlgrpo.rewards import box_format_for_arch, context_from_config
     from vlgrpo.vision_cache import VisionCache
 
@@ -105,7 +105,7 @@ def run_eval_cli(
         system_prompt = run_cfg.data.system_prompt if run_cfg is not None else contract.system_prompt if contract \
             else ""
         prompt_kw = dict(answer_format=ctx.answer_format, box_format=ctx.box_format, system_prompt=system_prompt,
-                         video_sampling=VideoSampling.from_config(run_cfg.data.video) if run_cfg else VideoSampling())
+                         video_sampling=_video_sampling(run_cfg, contract))
         if engine not in ENGINE.names:
             raise InputError(f"--engine must be one of {', '.join(ENGINE.names)}, got {engine!r}")
         decoder = ENGINE.load(engine).for_eval(lm, cache, dtype=dtype, batch_prompts=batch_prompts,
@@ -115,8 +115,22 @@ def run_eval_cli(
                           max_new_tokens=max_new_tokens, progress=progress)  # fmt: skip
     result.info.update(model=str(model), data=str(data), pope_data=pope_data, answer_format=ctx.answer_format,
                        arch=lm.arch, engine=engine, prompt_contract=CONTRACT_FILE if contract else None,
+                       video=dataclasses.asdict(prompt_kw["video_sampling"]),
                        vision_cache={k: int(v) for k, v in cache.stats().items()})  # fmt: skip
     write_outputs(result, out)
     if result.info.get("warning"):
         print(f"[vlgrpo] WARNING: {result.info['warning']}", file=sys.stderr)
     return result
+
+
+def _video_sampling(run_cfg, contract):
+    """The video settings a checkpoint was trained with: its run's data.video, else its contract's, else defaults."""
+    from vlgrpo.data.video import VideoSampling
+
+    if run_cfg is not None:
+        return VideoSampling.from_config(run_cfg.data.video)
+    if contract is not None and contract.video is not None:
+        v = contract.video
+        return VideoSampling(float(v["fps"]), int(v["max_frames"]), int(v["min_pixels"] or 0),
+                             int(v["max_pixels"] or 0))
+    return VideoSampling()

@@ -228,9 +228,11 @@ class VisionCache:
         if videos:
             clips = [sources[i] for i in videos]
             frames = [c.resized_frames(self.geometry) for c in clips]
-            # frames arrive at the model's size: the processor only normalises and patchifies them
-            pix = self.processor.video_processor(videos=frames, do_resize=False, do_sample_frames=False,
-                                                 return_tensors="pt")  # fmt: skip
+            # frames arrive at the model's size: the processor only normalises and patchifies them (transformers
+            # >= 5.20 warns about a per-frame pixel cap unless told; nothing is resized here, so there is none)
+            vp = self.processor.video_processor
+            cap = {"cap_pixels_per_frame": False} if hasattr(type(vp), "cap_pixels_per_frame") else {}
+            pix = vp(videos=frames, do_resize=False, do_sample_frames=False, return_tensors="pt", **cap)
             for i, c, f in zip(videos, clips, self._tower(pix["pixel_values_videos"], pix["video_grid_thw"])):
                 f.video_fps = c.info().sample_fps
                 out[i] = f
