@@ -138,3 +138,39 @@ def test_reward_cli_reads_the_checkpoints_box_convention_and_geometry(tiny_model
     assert iou() == 0.0
     assert main([*argv, "--model", tiny_model_dir("qwen2_5_vl")]) == 2
     assert "holds no vlgrpo.json" in capsys.readouterr().err
+
+
+def test_a_qwen3_vl_run_writes_reads_and_scores_boxes_on_the_0_1000_grid(tiny_model_dir, tmp_path, capsys):
+    """Qwen3-VL through its arch alone (reward.box_format auto): the run's contract says qwen3, its SFT target writes
+    the gold box on the 0-1000 grid, and `vlgrpo reward --model` scores a 0-1000 box 1 and the same box written in
+    pixels 0 (the coordinate-frame bug peers shipped)."""
+    import shutil
+
+    from PIL import Image
+
+    from vlgrpo.rewards import context_from_config
+    from vlgrpo.trainer.sft import render_target
+    from vlgrpo.types import Sample
+
+    ckpt = tiny_model_dir("qwen3_vl")
+    cfg = load_config(None, [f"model.name_or_path={ckpt}", "data.train=x.jsonl", "data.answer_format=answer"])
+    ctx = context_from_config(cfg, "qwen3_vl")
+    contract = PromptContract.from_config(cfg, "qwen3_vl", ctx.box_format)
+    assert (ctx.box_format, contract.box_format) == ("qwen3", "qwen3")
+    Image.new("RGB", (3000, 2000)).save(tmp_path / "cat.png")
+    row = {"id": "b", "image": str(tmp_path / "cat.png"), "question": "Locate the cat.", "answer_type": "box",
+           "boxes": [[300, 200, 900, 600]], "image_size": [3000, 2000]}  # fmt: skip
+    target = render_target(Sample(**{**row, "image_size": (3000, 2000)}), "answer", ctx.box_format, ctx.geometry)
+    assert '"bbox_2d": [100, 100, 300, 300]' in target  # 300/3000, 200/2000, 900/3000, 600/2000 of 1000
+    export = tmp_path / "export"
+    shutil.copytree(ckpt, export)
+    contract.write(export)
+    argv = ["reward", "--sample", json.dumps(row), "--recipe", "iou", "--json", "--model", str(export)]
+
+    def iou(box) -> float:
+        assert main([*argv, "--completion", f'<answer>[{{"bbox_2d": {box}}}]</answer>']) == 0
+        out = capsys.readouterr().out
+        return json.loads(out[out.index("{\n") :])["components"]["iou"]
+
+    assert iou([100, 100, 300, 300]) == pytest.approx(1.0)
+    assert iou([300, 200, 900, 600]) == 0.0  # pixels read on the 0-1000 grid: [900, 400, 2700, 1200] px

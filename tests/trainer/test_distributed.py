@@ -44,10 +44,18 @@ def _config(tmp_path, tiny_model_dir, shapes_dir, *extra, arch: str = "qwen2_5_v
 
 
 # Qwen3-VL: the DeepStack maps are encoded under the gathered tower and injected in every pass over the shards
-@pytest.mark.parametrize("arch, port", [("qwen2_5_vl", 29517), ("qwen3_vl", 29522)], ids=["qwen2_5_vl", "qwen3_vl"])
+# (untied: the head is a tensor of its own, gathered and exported as itself)
+@pytest.mark.parametrize("arch, port, tied", [("qwen2_5_vl", 29517, True), ("qwen3_vl", 29522, True),
+                                              ("qwen3_vl", 29523, False)],
+                         ids=["qwen2_5_vl", "qwen3_vl", "qwen3_vl-untied"])  # fmt: skip
 def test_zero3_two_ranks_on_cpu_trains_and_exports_the_gathered_weights(tmp_path, tiny_model_dir, shapes_dir, arch,
-                                                                        port):
+                                                                        port, tied):  # fmt: skip
     pytest.importorskip("deepspeed")
+    if not tied:
+        from vlgrpo.models import TinySpec, init_tiny
+
+        untied = str(init_tiny(tmp_path / "untied", arch, spec=TinySpec(tie_word_embeddings=False)))
+        tiny_model_dir = lambda _arch=None: untied  # noqa: E731
     _config(tmp_path, tiny_model_dir, shapes_dir, "train.backend=zero3", "grpo.beta=0.04", arch=arch)
     _torchrun(tmp_path, port)
     rows = read_metrics(tmp_path / "run")
@@ -59,12 +67,15 @@ def test_zero3_two_ranks_on_cpu_trains_and_exports_the_gathered_weights(tmp_path
     exported = exported_model.state_dict()
     base = load_model(tiny_model_dir(arch)).model.state_dict()
     missing = set(exported) - set(gathered)
-    assert missing <= {"lm_head.weight"}  # tied to the embeddings: one gathered tensor serves both
+    assert missing == ({"lm_head.weight"} if tied else set())  # tied: one gathered tensor serves both
     for name, tensor in exported.items():
         expected = gathered.get(name, gathered["model.language_model.embed_tokens.weight"])
         assert torch.equal(tensor, expected), name  # the export is exactly the gathered weights
     moved = [n for n in exported if not torch.equal(exported[n], base[n])]
     assert moved and all(".visual." not in f".{n}" for n in moved)  # trained, vision tower frozen
+    if not tied:  # the head trained on its own, apart from the embeddings
+        assert "lm_head.weight" in moved and not torch.equal(exported["lm_head.weight"],
+                                                             exported["model.language_model.embed_tokens.weight"])
     # `vlgrpo export` in ONE process consolidates the 2-rank ZeRO-3 checkpoint to the same weights
     from vlgrpo.cli import main
 

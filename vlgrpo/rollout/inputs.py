@@ -74,8 +74,10 @@ def build_prompt(
     wants = {IMAGE_PAD: len(grids), VIDEO_PAD: int(sample.video is not None)}
     for pad, n in wants.items():
         if text.count(pad) != n:
+            hint = "" if pad == IMAGE_PAD or n == 0 else (": the checkpoint's chat template has no video part "
+                                                           "(Qwen's own templates do); give it one")
             raise InputError(f"sample '{sample.id}': the chat template produced {text.count(pad)} {pad} tokens, "
-                             f"expected {n}")  # fmt: skip
+                             f"expected {n}{hint}")  # fmt: skip
     pieces = text.split(IMAGE_PAD)
     text = pieces[0] + "".join(IMAGE_PAD * (gh * gw // geometry.merge_size**2) + rest
                                for (_, gh, gw), rest in zip(grids, pieces[1:]))  # fmt: skip
