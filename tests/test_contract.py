@@ -140,7 +140,8 @@ def test_reward_cli_reads_the_checkpoints_box_convention_and_geometry(tiny_model
     assert "holds no vlgrpo.json" in capsys.readouterr().err
 
 
-def test_a_qwen3_vl_run_writes_reads_and_scores_boxes_on_the_0_1000_grid(tiny_model_dir, tmp_path, capsys):
+def test_a_qwen3_vl_run_writes_reads_and_scores_boxes_on_the_0_1000_grid(tiny_model_dir, shapes_dir, tmp_path,
+                                                                          capsys):  # fmt: skip
     """Qwen3-VL through its arch alone (reward.box_format auto): the run's contract says qwen3, its SFT target writes
     the gold box on the 0-1000 grid, and `vlgrpo reward --model` scores a 0-1000 box 1 and the same box written in
     pixels 0 (the coordinate-frame bug peers shipped)."""
@@ -174,3 +175,8 @@ def test_a_qwen3_vl_run_writes_reads_and_scores_boxes_on_the_0_1000_grid(tiny_mo
 
     assert iou([100, 100, 300, 300]) == pytest.approx(1.0)
     assert iou([300, 200, 900, 600]) == 0.0  # pixels read on the 0-1000 grid: [900, 400, 2700, 1200] px
+    # the grounding eval of a Qwen3-VL checkpoint without a contract: the arch alone picks the grid
+    out = tmp_path / "eval"
+    assert main(["eval", "--model", ckpt, "--suite", "grounding", "--data", str(shapes_dir / "test.jsonl"),
+                 "--max-new-tokens", "2", "--out", str(out), "--no-progress"]) == 0  # fmt: skip
+    assert json.loads((out / "metrics.json").read_text())["info"]["box_format"] == "qwen3"

@@ -95,8 +95,8 @@ def test_geometry3k_easyr1_parquet(tmp_path):
     two = tmp_path / "two.parquet"
     pq.write_table(pa.Table.from_pylist([{"images": [{"bytes": png(), "path": None}] * 2, "problem": "<image>x",
                                           "answer": "1"}]), two)  # fmt: skip
-    with pytest.raises(DataError, match="row 1, field 'images': holds 2 images.*multi-image support"):
-        load_geometry3k(two)
+    (both,) = load_geometry3k(two)  # a row with two diagrams keeps both, first in the prompt
+    assert len(both.images) == 2 and both.image is None and both.question == "x"
 
 
 def test_superclevr_r1v_jsonl(tmp_path):
@@ -115,35 +115,46 @@ def test_superclevr_r1v_jsonl(tmp_path):
 # ---------------------------------------------------------------- MMMU
 
 
-def test_mmmu_refuses_a_two_image_row_by_name(tmp_path):
+def test_mmmu_rows_with_one_or_several_images(tmp_path):
+    """Each <image k> the text names becomes a marker where it is first named (lmms-eval's MMMU prompt); the Math row
+    holds two images, in the order its question names them."""
     folder = mmmu_folder(tmp_path / "mmmu")
-    with pytest.raises(InputError, match=r"1 of 3 MMMU rows hold several images \(validation_Math_2\); several-image "
-                                         r"rows wait for multi-image support"):  # fmt: skip
-        load_mmmu(folder, several_images="error")
-    with pytest.warns(UserWarning, match="validation_Math_2.*skipped, accuracy is over the 2 others"):
-        samples = load_mmmu(folder)  # the default: skipped, counted, named
-    assert [s.id for s in samples] == ["validation_Art_Theory_1", "validation_Physics_3"]  # no dev rows
-    art, physics = samples
+    samples = load_mmmu(folder)
+    assert [s.id for s in samples] == ["validation_Art_Theory_1", "validation_Math_2", "validation_Physics_3"]
+    art, math, physics = samples
     assert (art.answer_type, art.answer, art.task, art.meta["subject"]) == ("choice", "B", "mmmu/Art_Theory",
                                                                            "Art_Theory")  # fmt: skip
-    assert art.question == "<image 1> Which colour dominates?\n\n(A) red\n(B) blue\n(C) green\n"
+    assert art.question == "<image> Which colour dominates?\n\n(A) red\n(B) blue\n(C) green\n"
     assert art.meta["options"] == ["red", "blue", "green"] and isinstance(art.image, bytes)
+    assert math.question.startswith("Compare <image> and <image>.") and len(math.images) == 2 and math.image is None
+    assert math.images[1] != math.images[0]  # image_2 second, as named
     assert (physics.answer_type, physics.answer, physics.meta["question_type"]) == ("number", "1.5", "open")
-    assert art.meta["several_images_skipped"] == 1 and art.meta["rows_in_file"] == 3
     assert benchmark_of(folder) == "mmmu"
+
+
+def test_mmmu_placement_by_hand():
+    from vlgrpo.evals.reasoning import _mmmu_images
+
+    row = {"image_1": "a.png", "image_2": "b.png", "image_3": "c.png"}
+    images, q = _mmmu_images(row, "Is <image 3> like <image 1>? (A) <image 3> (B) no", "f", 1)
+    assert images == ["b.png", "c.png", "a.png"]  # image 2 is never named: it goes first
+    assert q == "<image>Is <image> like <image>? (A) image 3 (B) no"
+    assert _mmmu_images({"image_1": "a.png"}, "What is this?", "f", 1) == (["a.png"], "What is this?")
+    with pytest.raises(DataError, match="field 'image_2': is empty, but the question names <image 2>"):
+        _mmmu_images({"image_1": "a.png"}, "Compare <image 1> and <image 2>.", "f", 1)
 
 
 def test_mmmu_json_rows_with_image_paths(tmp_path):
     rows = mmmu_rows()
     save_png(tmp_path / "img" / "art.png")
+    save_png(tmp_path / "img" / "b.png")
     rows[0]["image_1"] = "img/art.png"
     path = tmp_path / "mmmu_val.jsonl"
-    path.write_text(json.dumps(rows[0]) + "\n")
-    (sample,) = load_mmmu(path, split=None)
-    assert sample.image == str(tmp_path / "img" / "art.png") and sample.meta["several_images_skipped"] == 0
-    path.write_text(json.dumps(dict(rows[1], image_1="img/art.png", image_2="img/art.png")) + "\n")
-    with pytest.raises(InputError, match="1 of 1 MMMU rows hold several images"):  # nothing left to run on
-        load_mmmu(path, split=None)
+    path.write_text(json.dumps(rows[0]) + "\n" + json.dumps(dict(rows[1], image_1="img/art.png", image_2="img/b.png"))
+                    + "\n")  # fmt: skip
+    first, second = load_mmmu(path, split=None)
+    assert first.image == str(tmp_path / "img" / "art.png")
+    assert second.images == [str(tmp_path / "img" / "art.png"), str(tmp_path / "img" / "b.png")]
 
 
 # ---------------------------------------------------------------- manifests, pins, detection

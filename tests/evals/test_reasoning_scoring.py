@@ -153,19 +153,17 @@ def test_mmmu_open_answers(response, gold, correct):
     assert mmmu_open_correct(gold, mmmu_open_predictions(response)) is correct
 
 
-def test_mmmu_suite_per_subject_with_the_skipped_row_counted(tmp_path):
-    with pytest.warns(UserWarning, match="validation_Math_2"):
-        data = build_eval_data(mmmu_folder(tmp_path / "mmmu"), "mmmu", ctx=RewardContext())
+def test_mmmu_suite_per_subject_with_the_two_image_row_scored(tmp_path):
+    data = build_eval_data(mmmu_folder(tmp_path / "mmmu"), "mmmu", ctx=RewardContext())
     answers = {"validation_Art_Theory_1": "<think>mostly blue</think><answer>(B) blue</answer>",
-               "validation_Physics_3": "<answer>2 m/s</answer>"}  # fmt: skip
+               "validation_Math_2": "<answer>(A) same</answer>", "validation_Physics_3": "<answer>2 m/s</answer>"}
     result = evaluate(ScriptedEngine(answers), data, RewardContext(), progress=False)
     assert {k: v for k, v in result.metrics.items()} == {
-        "eval/mmmu/accuracy": 0.5, "eval/mmmu/accuracy_discipline_art_and_design": 1.0,
-        "eval/mmmu/accuracy_discipline_science": 0.0, "eval/mmmu/accuracy_subject_Art_Theory": 1.0,
-        "eval/mmmu/accuracy_subject_Physics": 0.0}  # fmt: skip
-    assert result.counts["mmmu"] == 2 and result.counts["mmmu/several_images_skipped"] == 1
-    report = write_outputs(result, tmp_path / "out")["report"].read_text()
-    assert "1 of the file's rows hold several images and were skipped" in report
+        "eval/mmmu/accuracy": 2 / 3, "eval/mmmu/accuracy_discipline_art_and_design": 1.0,
+        "eval/mmmu/accuracy_discipline_science": 0.5, "eval/mmmu/accuracy_subject_Art_Theory": 1.0,
+        "eval/mmmu/accuracy_subject_Math": 1.0, "eval/mmmu/accuracy_subject_Physics": 0.0}  # fmt: skip
+    assert result.counts["mmmu"] == 3 and "mmmu/several_images_skipped" not in result.counts
+    assert "several images" not in write_outputs(result, tmp_path / "out")["report"].read_text()
 
 
 # ---------------------------------------------------------------- the CLI on the tiny model

@@ -11,7 +11,6 @@ import ast
 import hashlib
 import math
 import re
-import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -235,11 +234,10 @@ def _mathvista(row: Any, source: str, no: int) -> dict:
 def _geometry3k(row: Any, source: str, no: int) -> dict:
     row = _need(row, SHAPES["geometry3k"], source, no)
     images = row["images"] if isinstance(row["images"], list) else [row["images"]]
-    if len(images) != 1:
-        raise DataError(source, no, "images", f"holds {len(images)} images; Geometry3K rows hold one (several-image "
-                        "rows wait for multi-image support)")  # fmt: skip
-    question = str(row["problem"]).replace("<image>", "").strip()
-    return {"id": f"geometry3k-{no}", "image": images[0], "question": question,
+    if not images:
+        raise DataError(source, no, "images", "is empty; a Geometry3K row holds its diagram")
+    question = str(row["problem"]).replace("<image>", "").strip()  # the images go first, as Qwen places them
+    return {"id": f"geometry3k-{no}", "images": images, "question": question,
             "answer": str(row["answer"]).strip(), "answer_type": "math", "task": "geometry3k",
             "meta": {"benchmark": "geometry3k", "row": no}}  # fmt: skip
 
@@ -281,10 +279,38 @@ def _mmmu(row: Any, source: str, no: int) -> dict:
     else:
         gold = str((parse_list(answer) or [answer])[0])  # an answer written as a list: vqa compares its first item
         kind = "number" if parse_number(gold) is not None and re.fullmatch(r"[-+\d.,eE]+", gold) else "text"
-    return {"id": str(row["id"]), "image": row["image_1"], "question": question, "answer": gold, "answer_type": kind,
+    images, question = _mmmu_images(row, question, source, no)
+    return {"id": str(row["id"]), "images": images, "question": question, "answer": gold, "answer_type": kind,
             "task": f"mmmu/{mmmu_subject(str(row['id']))}",
             "meta": {"benchmark": "mmmu", "question_type": qtype, "options": options, "answer": answer,
                      "subject": mmmu_subject(str(row["id"])), "subfield": row.get("subfield")}}  # fmt: skip
+
+
+_MMMU_REF = re.compile(r"<image (\d+)>")
+
+
+def _mmmu_images(row: dict, question: str, source: str, no: int) -> tuple[list, str]:
+    """A row's images in prompt order and its question with `<image>` markers, as lmms-eval prompts MMMU: each
+    `<image k>` the question (options included) names is placed where it is first named (a later mention stays as
+    the words "image k"); an image the text never names goes first. A named image the row lacks is refused."""
+    present = [k for k in range(1, MAX_MMMU_IMAGES + 1) if _has_image(row.get(f"image_{k}"))]
+    named = list(dict.fromkeys(int(k) for k in _MMMU_REF.findall(question)))
+    missing = [k for k in named if k not in present]
+    if missing:
+        raise DataError(source, no, f"image_{missing[0]}", f"is empty, but the question names <image {missing[0]}>")
+    if not present:
+        raise DataError(source, no, "image_1", "is required (an MMMU row holds image_1 .. image_7)")
+    unnamed = [k for k in present if k not in named]
+    seen: set[str] = set()
+
+    def place(m: re.Match) -> str:
+        first = m.group(1) not in seen
+        seen.add(m.group(1))
+        return "<image>" if first else f"image {m.group(1)}"
+
+    if named:
+        question = "<image>" * len(unnamed) + _MMMU_REF.sub(place, question)
+    return [row[f"image_{k}"] for k in [*unnamed, *named]], question
 
 
 # ---------------------------------------------------------------- the loaders
@@ -324,29 +350,11 @@ def load_superclevr(source: str | Path, image_dir: str | Path | None = None, che
 
 
 def load_mmmu(source: str | Path, image_dir: str | Path | None = None, split: str | None = "validation",
-              several_images: str = "skip", check_images: bool = True) -> list[Sample]:  # fmt: skip
+              check_images: bool = True) -> list[Sample]:  # fmt: skip
     """MMMU rows (id, question, options, answer, image_1..image_7, question_type, subfield) as Samples with the row's
-    id, task `mmmu/<Subject>` (from the id). A Sample holds one image: a row with several is refused by name
-    (several_images="error": an InputError) or skipped with a warning that counts and names them ("skip"; each kept
-    Sample's meta records how many were skipped, which the report shows)."""
-    if several_images not in ("skip", "error"):
-        raise ValueError(f"several_images must be 'skip' or 'error', got {several_images!r}")
-    base, rows = read_rows(source, split)
-    n_images = lambda r: sum(_has_image(r.get(f"image_{k}")) for k in range(1, MAX_MMMU_IMAGES + 1))  # noqa: E731
-    several = [(no, r) for no, r in rows if isinstance(r, dict) and n_images(r) > 1]
-    if several:
-        ids = ", ".join(str(r.get("id", f"row {no}")) for no, r in several[:5]) + (", ..." if len(several) > 5 else "")
-        why = (f"{source}: {len(several)} of {len(rows)} MMMU rows hold several images ({ids}); several-image rows "
-               "wait for multi-image support (a Sample holds one image)")  # fmt: skip
-        if several_images == "error" or len(several) == len(rows):
-            raise InputError(why)
-        warnings.warn(f"{why}: they are skipped, accuracy is over the {len(rows) - len(several)} others", stacklevel=2)
-    skipped = {no for no, _ in several}
-    kept = [(no, r) for no, r in rows if no not in skipped]
-    samples = _load("mmmu", _mmmu, source, image_dir, check_images, (base, kept))
-    for s in samples:
-        s.meta.update(rows_in_file=len(rows), several_images_skipped=len(several))
-    return samples
+    id, task `mmmu/<Subject>` (from the id). A row's images go where its text names them (`_mmmu_images`), several
+    images included."""
+    return _load("mmmu", _mmmu, source, image_dir, check_images, read_rows(source, split))
 
 
 LOADERS = {"mathvista": load_mathvista, "geometry3k": load_geometry3k, "superclevr": load_superclevr,

@@ -126,9 +126,6 @@ def _score(name: str, judge: Callable[[str, Sample, RewardContext], Verdict],
         by_group = {g: by_group[g] for g in sorted(by_group)}  # "" (all) first, then the groups by name
         metrics = {("accuracy" if g == "" else f"accuracy_{g}"): sum(v) / len(v) for g, v in by_group.items()}
         counts = {g: len(v) for g, v in by_group.items()}
-        skipped = max((s.meta.get("several_images_skipped", 0) for s in samples), default=0)
-        if skipped:
-            counts["several_images_skipped"] = skipped
         rows = [{**prediction_row(name, s, c, s.meta.get("answer", s.answer)), "extracted": v.read,
                  "correct": v.correct, "answered": bool(v.read and v.read.strip()), **v.extra}
                 for s, c, v in zip(samples, completions, verdicts)]  # fmt: skip
@@ -141,14 +138,10 @@ def _report(name: str, title: str) -> Callable[[dict, dict, dict], list[str]]:
     def report(metrics: dict, counts: dict, info: dict) -> list[str]:
         rows = [["all", counts[name], metrics[f"eval/{name}/accuracy"]]]
         for group in (key[len(name) + 1 :] for key in counts if key.startswith(f"{name}/")):
-            accuracy = metrics.get(f"eval/{name}/accuracy_{group}")  # None: a count only (several_images_skipped)
+            accuracy = metrics.get(f"eval/{name}/accuracy_{group}")
             if accuracy is not None:
                 rows.append([group.replace("_", " ", 1), counts[f"{name}/{group}"], accuracy])
         lines = [f"## {title}", "", *table(["group", "n", "accuracy"], rows), ""]
-        skipped = counts.get(f"{name}/several_images_skipped")
-        if skipped:
-            lines.append(f"{skipped} of the file's rows hold several images and were skipped (several-image rows "
-                         "wait for multi-image support); accuracy is over the single-image rows only.")  # fmt: skip
         return lines + [f"Published scores to compare with, and how they were measured: evals/{name}.yaml."]
 
     return report
