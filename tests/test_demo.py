@@ -1,4 +1,6 @@
+import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -99,6 +101,42 @@ def test_an_arch_other_than_the_bases_is_refused_before_anything_is_written(tmp_
     err = capsys.readouterr().err
     assert "--arch qwen3_vl with --base shapes-tiny-qwen2_5_vl: that base is a qwen2_5_vl model" in err
     assert "--base init-tiny" in err and not (tmp_path / "d").exists()
+
+
+def test_compare_and_motion_kinds_select_vqa_and_write_two_image_and_video_rows(tmp_path, monkeypatch, capsys):
+    """`vlgrpo demo --from-scratch --kinds compare,motion` without training: its settings, the stage configs (the VQA
+    suite, frames at the image size), and the data it writes (two images a compare row, a frame list a motion row),
+    read back as training reads it; the random model's merger is calibrated on every image and frame."""
+    import vlgrpo.demo as demo
+    from vlgrpo.data.adapters import load_samples
+    from vlgrpo.data.images import DEFAULT_GEOMETRY
+    from vlgrpo.data.video import VideoSampling
+
+    seen = []
+    monkeypatch.setattr(demo, "run_demo", lambda out, settings: seen.append(settings))
+    assert main(["demo", "--out", str(tmp_path / "d"), "--from-scratch", "--kinds", "compare,motion"]) == 0
+    assert seen == [demo.from_scratch(kinds=("compare", "motion"))]
+    s = dataclasses.replace(seen[0], n_samples=40)
+    assert demo.demo_suites(s.kinds) == ["vqa"]  # no one-image scenes to probe: no POPE, no grounding
+    assert demo.demo_suites(("count", "compare")) == ["vqa", "pope"]
+    grpo = demo._stage_config(s, tmp_path, "grpo", tmp_path / "sft_model")
+    assert grpo.eval.suites == ["vqa"] and "iou" not in grpo.reward.recipe
+    for cfg in (grpo, demo._stage_config(s, tmp_path, "sft", tmp_path / "model")):
+        # a 56 px frame stays 56 px: 2 x 2 tokens, as the scenes' images (not 128 tokens' worth)
+        assert VideoSampling.from_config(cfg.data.video).pixel_bounds(DEFAULT_GEOMETRY) == (56 * 56, 56 * 56)
+    capsys.readouterr()
+    model_dir, paths = demo.build_model_and_data(s, tmp_path, demo.resolve_base(s.base))
+    assert "merger calibrated on 96 training images" in capsys.readouterr().out  # 16 compare x 2 + 16 motion x 4
+    samples = load_samples(paths["train"]).samples
+    compare = [x for x in samples if x.task == "shapes/compare"]
+    motion = [x for x in samples if x.task == "shapes/motion"]
+    assert len(compare) == len(motion) == 16 and len(samples) == 32
+    assert all(len(x.images) == 2 and x.video is None and x.answer in ("first", "second") for x in compare)
+    assert all(x.images == [] and len(x.video.frames) == 4 and x.answer in ("left", "right") for x in motion)
+    assert {x.answer_type for x in samples} == {"text"}
+    for x in compare + motion:
+        for f in [*x.images, *x.video.frames] if x.video else x.images:
+            assert Path(f).is_file(), f
 
 
 def _summary(seed: int, vqa: tuple, ground: tuple, kinds: dict, f1: tuple, yes: float, entropy: float,

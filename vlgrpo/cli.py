@@ -102,7 +102,10 @@ def add_demo_command(sub) -> None:
                    "start (default 0: none)")
     p.add_argument("--grpo-steps", type=int)
     p.add_argument("--eval-samples", type=int, help="test samples per eval suite")
-    p.add_argument("--kinds", help="question kinds, comma-separated, of count,colour,exist,ground (default: all four)")
+    p.add_argument("--kinds", help="question kinds, comma-separated, of count,colour,exist,ground (default: all four), "
+                   "compare (two images), motion (a video)")
+    p.add_argument("--from-scratch", action="store_true", help="start from vlgrpo.demo.from_scratch(): a random tiny "
+                   "model, one-shape 56 px colour scenes, 300 SFT + 400 GRPO steps (other flags change them)")
     p.add_argument("--max-shapes", type=int, help="shapes per image, 1..N (default 3)")
     p.add_argument("--image-size", type=int, help="image side in px (default 112, the base's pretraining size)")
     p.set_defaults(handler=_cmd_demo)
@@ -111,14 +114,15 @@ def add_demo_command(sub) -> None:
 def _cmd_demo(args) -> int:
     import dataclasses
 
-    from vlgrpo.demo import DemoSettings, run_demo
+    from vlgrpo.demo import DemoSettings, from_scratch, run_demo
 
     given = {"n_samples": args.n, "sft_steps": args.sft_steps, "grpo_steps": args.grpo_steps,
              "ground_sft_steps": args.ground_sft_steps,
              "eval_samples": args.eval_samples, "seed": args.seed, "max_shapes": args.max_shapes,
              "base": args.base, "arch": args.arch, "image_size": args.image_size,
              "kinds": tuple(args.kinds.split(",")) if args.kinds else None}  # fmt: skip
-    run_demo(args.out, dataclasses.replace(DemoSettings(), **{k: v for k, v in given.items() if v is not None}))
+    start = from_scratch() if args.from_scratch else DemoSettings()
+    run_demo(args.out, dataclasses.replace(start, **{k: v for k, v in given.items() if v is not None}))
     return 0
 
 
@@ -213,6 +217,10 @@ def add_plan_command(sub) -> None:
     p.add_argument("--critic", action="store_true", help="add a PPO critic of the policy's size (comparison)")
     p.add_argument("--image-size", default="448x448", help="typical image WxH (default 448x448)")
     p.add_argument("--text-tokens", type=int, default=64, help="typical text tokens of a prompt (default 64)")
+    p.add_argument("--images-per-sample", type=int, default=1, help="images of --image-size per prompt (default 1)")
+    p.add_argument("--video-frames", type=int, default=0, help="frames of each prompt's video (default 0: none)")
+    p.add_argument("--video-max-pixels", type=int, help="data.video.max_pixels (default: 768 tokens a frame)")
+    p.add_argument("--video-size", help="typical video frame WxH (default: every frame at the max_pixels bound)")
     p.add_argument("--logits-chunk", type=int, help="completion tokens whose logits are live at once")
     p.add_argument("--gpu-type", default="A100-80GB", help="GPU the suggestions aim at (default A100-80GB)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
@@ -224,12 +232,13 @@ def _cmd_plan(args) -> int:
     import dataclasses
 
     from vlgrpo.config import load_config
-    from vlgrpo.memory.report import build_report, format_report, parse_image_size, parse_offload
+    from vlgrpo.memory.report import build_report, format_report, parse_image_size, parse_offload, video_notes
     from vlgrpo.memory.report import config_notes, init_tiny_spec, plan_input_from_config, unbuilt_default_model
 
     flags = {"model.name_or_path": args.model, "train.num_gpus": args.gpus, "grpo.beta": args.beta,
              "model.dtype": args.dtype or (None if args.config else "bfloat16"),
-             "train.backend": "lora" if args.lora_rank else None, "train.lora.rank": args.lora_rank}
+             "train.backend": "lora" if args.lora_rank else None, "train.lora.rank": args.lora_rank,
+             "data.video.max_pixels": args.video_max_pixels}
     overrides = [f"{k}={v}" for k, v in flags.items() if v is not None] + args.set
     cfg = load_config(args.config, overrides)
     spec, notes = None, config_notes(cfg)
@@ -238,8 +247,12 @@ def _cmd_plan(args) -> int:
 
         spec, note = init_tiny_spec(TinySpec(), cfg)
         notes.insert(0, note)
+    notes += video_notes(cfg, args.video_frames)
     inp = plan_input_from_config(cfg, params=int(args.params) if args.params else None, spec=spec,
-                                 image_size=parse_image_size(args.image_size), text_tokens=args.text_tokens)
+                                 image_size=parse_image_size(args.image_size), text_tokens=args.text_tokens,
+                                 images_per_sample=args.images_per_sample, video_frames=args.video_frames,
+                                 video_size=parse_image_size(args.video_size, "--video-size") if args.video_size
+                                 else None)  # fmt: skip
     changes = {"zero_stage": args.zero, "offload": parse_offload(args.offload) if args.offload else None,
                # --zero plans DeepSpeed's ZeRO, whose mixed precision keeps an fp32 master copy and fp32 moments
                "optimizer_states": args.optimizer_states or ("fp32" if args.zero is not None else None),

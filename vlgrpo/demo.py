@@ -38,6 +38,8 @@ class DemoSettings:
     n_samples: int = 6000  # the 10 % test split holds 150 questions of each kind
     image_size: int = 112  # the size the base was pretrained at: 16 image tokens per image
     kinds: tuple[str, ...] = ("count", "colour", "exist", "ground")
+    """Question kinds of `vlgrpo data synth`: count, colour, exist, ground on one image; compare (two images) and
+    motion (a video of frame files), answered in text (first / second, left / right) and scored by the VQA suite."""
     max_shapes: int = 3
     answer_format: str = "think_answer"  # the SFT target thinks by listing the shapes asked about (meta.reasoning)
     ground_sft_steps: int = 0  # SFT steps on the train split's box questions alone, before the mixed cold start
@@ -67,12 +69,31 @@ def from_scratch(**changes) -> DemoSettings:
     return DemoSettings(**{**fields, **changes})
 
 
+ONE_IMAGE_KINDS = ("count", "colour", "exist", "ground")
+"""The kinds asked about one image: POPE's probes are built from their scenes (compare and motion rows have none)."""
+
+
+def demo_suites(kinds: tuple[str, ...]) -> list[str]:
+    """The eval suites of the demo's before/after report: VQA for every kind answered in text (count, colour, exist,
+    compare, motion), grounding for ground, POPE when a one-image kind gives it scenes to probe."""
+    one_image = set(kinds) & set(ONE_IMAGE_KINDS)
+    return (["vqa"] * bool(set(kinds) - {"ground"}) + ["grounding"] * ("ground" in kinds)
+            + ["pope"] * bool(one_image))  # fmt: skip
+
+
+def video_settings(s: DemoSettings) -> list[str]:
+    """data.video for a demo with motion videos: frames at the image size (`image_size`² px, as its images), not
+    qwen-vl-utils' 128-token minimum, which would blow a 56 px frame up to 316 px (at least 128 tokens a frame
+    instead of 4)."""
+    return [f"data.video.max_pixels={s.image_size**2}"] if "motion" in s.kinds else []
+
+
 def _stage_config(s: DemoSettings, out: Path, stage: str, model_dir: Path, extra: tuple[str, ...] = ()) -> Config:
     data = out / "data"
     common = [
         f"model.name_or_path={model_dir}", f"data.train={data / 'train.jsonl'}", f"data.val={data / 'val.jsonl'}",
         f"data.test={data / 'test.jsonl'}", f"data.answer_format={s.answer_format}", f"train.seed={s.seed}",
-        f"train.output_dir={out / stage}", "train.resume=false", "logging.progress_bar=true",
+        f"train.output_dir={out / stage}", "train.resume=false", "logging.progress_bar=true", *video_settings(s),
     ]  # fmt: skip
     if stage == "sft":  # vision tower and merger frozen: trained at this lr they collapse to one constant output
         return load_config(None, common + [
@@ -93,6 +114,7 @@ def _stage_config(s: DemoSettings, out: Path, stage: str, model_dir: Path, extra
 
 def _evaluate(model_dir: Path, cfg: Config, test: Path, s: DemoSettings, suites: list[str]):
     from vlgrpo.data.images import ProcessorGeometry
+    from vlgrpo.data.video import VideoSampling
     from vlgrpo.evals.run import build_eval_data, evaluate
     from vlgrpo.models import load_model
     from vlgrpo.rewards import context_from_config
@@ -105,7 +127,8 @@ def _evaluate(model_dir: Path, cfg: Config, test: Path, s: DemoSettings, suites:
     data = build_eval_data(str(test), suites, max_samples=s.eval_samples, pope_per_image=probes,
                            pope_min_objects=probes, ctx=ctx)  # fmt: skip
     engine = HFEngine(lm.model, lm.processor, VisionCache(lm.model, lm.processor), cfg.data.answer_format,
-                      ctx.box_format, cfg.data.system_prompt, 32)  # prompted as the run was trained
+                      ctx.box_format, cfg.data.system_prompt, 32,
+                      VideoSampling.from_config(cfg.data.video))  # prompted (and sampled) as the run was trained
     return evaluate(engine, data, ctx, batch_prompts=32, max_new_tokens=s.max_new_tokens, progress=True)
 
 
@@ -135,6 +158,14 @@ def _tiny_arch(s: DemoSettings) -> str:
     return "qwen2_5_vl" if s.arch == "auto" else s.arch
 
 
+def row_image_files(row: dict) -> list[str]:
+    """Every image file of a written row: its image, its images, its video's frames (a list, or a mapping's
+    `frames`)."""
+    video = row.get("video")
+    frames = video if isinstance(video, list) else (video or {}).get("frames") or []
+    return [p for p in [row.get("image"), *(row.get("images") or []), *frames] if isinstance(p, str)]
+
+
 def build_model_and_data(s: DemoSettings, out: Path, base: Path | None) -> tuple[Path, dict]:
     """Stages 1-2: the base model (`base` copied, or with None a random tiny one with its merger calibrated on the
     training images) and the shapes data."""
@@ -152,7 +183,8 @@ def build_model_and_data(s: DemoSettings, out: Path, base: Path | None) -> tuple
     print(f"[2/6] synthesising {s.n_samples} shapes samples ({s.image_size} px) in {out / 'data'}")
     paths = synth_dataset(out / "data", s.n_samples, s.seed, s.image_size, s.kinds, s.max_shapes)
     if base is None:
-        images = sorted({json.loads(line)["image"] for line in paths["train"].read_text().splitlines()})
+        rows = [json.loads(line) for line in paths["train"].read_text().splitlines()]
+        images = sorted({p for row in rows for p in row_image_files(row)})
         stats = calibrate_merger(model_dir, [out / "data" / p for p in images[: s.calibration_images]], s.merger_std)
         print(f"      merger calibrated on {min(len(images), s.calibration_images)} training images (labels unused): "
               f"feature std {stats['std_before']:.4f} -> {stats['std_after']:.4f}")  # fmt: skip
@@ -195,7 +227,7 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None) -> dict:
     for stale in ("sft", "grpo", "sft_model", "grpo_model", "eval_sft", "eval_grpo", "ground_sft", "ground_model"):
         shutil.rmtree(out / stale, ignore_errors=True)  # the demo owns its directory
     model_dir, paths = build_model_and_data(s, out, base)
-    suites = ["vqa"] * bool(set(s.kinds) - {"ground"}) + ["grounding"] * ("ground" in s.kinds) + ["pope"]
+    suites = demo_suites(s.kinds)
     if s.ground_sft_steps:
         model_dir = _ground_sft(s, out, model_dir, paths["train"])
 

@@ -63,8 +63,16 @@ def _headline(summary: dict, key: str, title: str) -> str:
     return f"{title}: **{b:.3f} after SFT → {a:.3f} after GRPO** ({(a - b) * 100:+.1f} points)."
 
 
+def _per_kind(summary: dict) -> list[str]:
+    """One line: each VQA kind's test accuracy after SFT and after GRPO (compare, motion, count, ...)."""
+    pairs = [(k, summary.get(f"sft_accuracy_{k}"), summary.get(f"grpo_accuracy_{k}"))
+             for k in summary["kinds"] if k != "ground"]
+    cells = [f"{k} {b:.3f} → {a:.3f} ({(a - b) * 100:+.1f})" for k, b, a in pairs if b is not None and a is not None]
+    return [f"Per kind (VQA, after SFT → after GRPO): {'; '.join(cells)}.", ""] if cells else []
+
+
 def _pope_note(summary: dict) -> list[str]:
-    if "exist" in summary["kinds"]:
+    if "exist" in summary["kinds"] or summary.get("sft_pope_f1") is None:  # no POPE: no note about it
         return []
     return ["POPE probes ask yes/no questions the demo never trains (no `exist` among its kinds): they exercise the "
             "eval path, and the POPE parser reads any answer without 'no' as yes.", ""]  # fmt: skip
@@ -79,6 +87,7 @@ def write_report(out: Path, summary: dict, sft: list[dict], grpo: list[dict], be
         f"{_headline(summary, 'grounding_acc50', 'Grounding Acc@0.5')} "
         f"Wall time {summary['wall_seconds']:.0f} s.",
         "",
+        *_per_kind(summary),
         *_pope_note(summary),
         f"Collapse indicators over the last {summary['collapse_window']} GRPO steps: entropy "
         f"{summary['final_grpo_entropy']:.3f}, KL to the SFT policy {summary['final_grpo_kl']:.4f}, mean response "

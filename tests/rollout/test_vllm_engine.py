@@ -1,15 +1,21 @@
 """The real vLLM engine (vLLM's CPU build, `make test-vllm`) on the tiny Qwen2.5-VL and Qwen3-VL in fp32: greedy tokens
 equal the HF engine's, the prompt vLLM expands equals ours, weight sync through vLLM's reload (language, vision with
 Qwen3-VL's DeepStack mergers, and tied embeddings; plain and merged-LoRA weights) keeps its log-probs within 1e-3 of
-the trainer's, prefix caching hits, and the vision tower runs once per unique image. One engine per arch and
-image-input mode is launched per module, when a test first asks for it."""
+the trainer's, prefix caching hits, and the vision tower runs once per unique image. Prompts with two images or a
+video (Qwen2-VL too) decode as in the HF engine, their expanded ids equal ours token for token (Qwen3-VL's
+timestamps), their log-probs match the trainer's. One engine per arch and image-input mode is launched per module,
+when a test first asks for it, with room for 4 images and a video per prompt."""
 
+import dataclasses
 import os
 
 import pytest
 import torch
 
 from vlgrpo.config import load_config
+from vlgrpo.data.adapters import load_samples
+from vlgrpo.data.synth import synth_dataset
+from vlgrpo.data.video import VideoSampling, visual_sources
 from vlgrpo.grpo.logprobs import token_logprobs, truncated_token_logprobs
 from vlgrpo.grpo.rollout_is import logprob_gap
 from vlgrpo.models import load_model, placeholder_token_ids
@@ -28,6 +34,8 @@ ENGINE_KWARGS = {"dtype": "float32", "enforce_eager": True, "block_size": 32}  #
 
 ARCHS = ["qwen2_5_vl", "qwen3_vl"]
 MODES = ["embeds", "pixels"]
+LIMITS = {"image": 4, "video": 1}
+VIDEO = VideoSampling(max_pixels=50176)  # 224 x 224 frames: 64 (Qwen2/2.5-VL) or 49 (Qwen3-VL) tokens per patch
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +64,8 @@ def _launch(path, mm_input):
     lm = load_model(path)
     cache = VisionCache(lm.model.eval(), lm.processor, trainable=True)  # the tests change vision weights
     engine = VLLMEngine.launch(path, lm.processor, cache, mm_input=mm_input, max_model_len=512,
-                               gpu_memory_utilization=0.5, llm_kwargs=ENGINE_KWARGS)  # fmt: skip
+                               gpu_memory_utilization=0.5, llm_kwargs=ENGINE_KWARGS, limit_mm_per_prompt=LIMITS,
+                               video_sampling=VIDEO)  # fmt: skip
     return lm, cache, engine
 
 
@@ -84,10 +93,12 @@ def pixels_engine(engines):
 
 
 def _trainer_logps(model, processor, cache, groups, top_k=0, top_p=1.0, temperature=1.0):
-    """(trainer log-probs replayed on the engine's support, full-vocabulary log-probs, batch) of sampled groups."""
+    """(trainer log-probs replayed on the engine's support, full-vocabulary log-probs, batch) of sampled groups (any
+    mix of images and a video per prompt)."""
     tok = processor.tokenizer
-    feats = cache.get([g.sample.image for g in groups])
-    b = make_batch(groups, feats, tok.pad_token_id, model.config.image_token_id, placeholder_token_ids(tok))
+    feats = cache.get_rows([visual_sources(g.sample, VIDEO) for g in groups])
+    b = make_batch(groups, feats, tok.pad_token_id, model.config.image_token_id, placeholder_token_ids(tok),
+                   video_token_id=model.config.video_token_id)  # fmt: skip
     forbidden = forbidden_mask(tok, model.config.get_text_config().vocab_size)
     with torch.no_grad():
         logits = completion_logits(model, b.batch, b.features)
@@ -116,8 +127,8 @@ def test_prefix_cache_hits_and_one_encoder_call_per_unique_image(embeds_engine, 
 def _request(engine, sample):
     """The request the engine sends for one sample (its own build path)."""
     p = build_prompt(sample, engine.processor, engine.geometry, **engine.prompt_kw)
-    feats = engine.cache.get([p.image])[0] if engine.mm_input == "embeds" else None
-    return p, build_request(p, engine.image_token_id, feats, engine.mm_input, engine.deepstack_maps)
+    feats = engine.cache.get_rows([p.sources])[0] if engine.mm_input == "embeds" else None
+    return p, build_request(p, engine.format, feats, engine.mm_input, geometry=engine.geometry)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -134,6 +145,97 @@ def test_greedy_tokens_and_prompt_lengths_equal_the_hf_engine(arch, mode, engine
     out = engine.llm.generate([request], vllm.SamplingParams(max_tokens=1), use_tqdm=False)
     assert len(out[0].prompt_token_ids) == len(prompt.input_ids) and prompt.input_ids.count(engine.image_token_id) == 16
     assert request["prompt_token_ids"].count(engine.image_token_id) == 1
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    """(4 two-image prompts, 4 video prompts) of a mixed shapes file at 64 px. The videos are 4-frame lists; two of
+    them were taken at 4 fps (a row's own rate), which moves Qwen2.5-VL's temporal positions (second_per_grid_ts 0.5
+    instead of 1) and Qwen3-VL's timestamps (<0.1 seconds> instead of <0.2 seconds>)."""
+    out = tmp_path_factory.mktemp("mixed")
+    synth_dataset(out, 30, seed=3, image_size=64, kinds=("count", "compare", "motion"))
+    rows = load_samples(out / "train.jsonl").samples
+    two = [s for s in rows if len(s.images) == 2][:4]
+    videos = [s for s in rows if s.video is not None][:4]
+    videos[2:] = [dataclasses.replace(s, video=dataclasses.replace(s.video, fps=4.0)) for s in videos[2:]]
+    return two, videos
+
+
+MIXED_ARCHS = ["qwen2_vl", *ARCHS]
+
+
+@pytest.mark.parametrize("arch", MIXED_ARCHS)
+@pytest.mark.parametrize("mode", MODES)
+def test_two_image_and_video_prompts_decode_like_the_hf_engine(arch, mode, engines, mixed):
+    """Greedy tokens equal the HF engine's on 4 two-image and 4 video prompts; vLLM's expansion of the request (one
+    pad per image, the video's unexpanded placeholder) is our prompt token for token; sampled log-probs are the
+    trainer's (the first token's and every token's) within 1e-3."""
+    lm, cache, engine = engines(arch, mode)
+    two, videos = mixed
+    greedy = SamplingParams(n=1, temperature=0, max_new_tokens=12)
+    hf = HFEngine(lm.model, lm.processor, cache, video_sampling=VIDEO)
+    want = [g.completions[0].token_ids for g in hf.generate(two + videos, greedy)]
+    got = [g.completions[0].token_ids for g in engine.generate(two + videos, greedy)]
+    agree = [a == b for a, b in zip(got, want)]
+    print(f"[{arch} {mode}] greedy agreement: two images {sum(agree[:4])}/4, video {sum(agree[4:])}/4")
+    assert got == want
+    assert len({tuple(w) for w in want[:4]}) == 4 and len({tuple(w) for w in want[4:]}) == 4  # varied sequences
+    pairs = [_request(engine, s) for s in two + videos]
+    outs = engine.llm.generate([r for _, r in pairs], vllm.SamplingParams(max_tokens=1), use_tqdm=False)
+    for (prompt, request), out in zip(pairs, outs):
+        assert list(out.prompt_token_ids) == prompt.input_ids  # vLLM wrote our expansion, timestamps included
+        assert len(request["prompt_token_ids"]) < len(prompt.input_ids)  # it was sent unexpanded
+    assert all(p.image_grid_thw.shape[0] == 2 for p, _ in pairs[:4])
+    assert all(p.video_grid_thw[0, 0].item() == 2 and p.mm_token_type_ids.count(2) > 0 for p, _ in pairs[4:])
+    groups = engine.generate(two + videos, SamplingParams(n=2, temperature=1.0, max_new_tokens=12, seed=11))
+    replay, _, b = _trainer_logps(lm.model, lm.processor, cache, groups)
+    first = (replay[:, 0] - b.engine_logp[:, 0]).abs().max().item()
+    worst = logprob_gap(replay, b.engine_logp, b.loss_mask)[1]
+    print(f"[{arch} {mode}] |vLLM - trainer| log-prob max: first token {first:.2e}, every token {worst:.2e}; "
+          f"prompt ids equal on {len(pairs)}/{len(pairs)}")
+    assert first < 1e-3 and worst < 1e-3
+
+
+def test_qwen2_5_vl_video_embeddings_carry_their_seconds_per_temporal_patch(engines, mixed):
+    """vLLM places a Qwen2.5-VL video given as embeddings 1 s per temporal patch unless the request says otherwise:
+    the 4 fps videos are sent with second_per_grid_ts 0.5, and without it they decode other tokens."""
+    lm, cache, engine = engines("qwen2_5_vl", "embeds")
+    videos = mixed[1]
+    requests = [_request(engine, s)[1] for s in videos]
+    seconds = [r["multi_modal_data"]["video"]["second_per_grid_ts"].tolist() for r in requests]
+    assert seconds == [[1.0], [1.0], [0.5], [0.5]]
+    params = vllm.SamplingParams(temperature=0, max_tokens=12)
+
+    def without_seconds(r):
+        video = {k: v for k, v in r["multi_modal_data"]["video"].items() if k != "second_per_grid_ts"}
+        return {**r, "multi_modal_data": {"video": video}}
+
+    sent = [list(o.outputs[0].token_ids) for o in engine.llm.generate(requests, params, use_tqdm=False)]
+    # the same ids and embeddings hash alike: clear the prefix and multimodal caches, else their KV blocks are reused
+    engine.llm.reset_prefix_cache()
+    engine.llm.reset_mm_cache()
+    dropped = [list(o.outputs[0].token_ids) for o in
+               engine.llm.generate([without_seconds(r) for r in requests], params, use_tqdm=False)]  # fmt: skip
+    engine.llm.reset_prefix_cache()
+    engine.llm.reset_mm_cache()
+    assert sent[:2] == dropped[:2] and sent[2:] != dropped[2:]
+
+
+def test_a_prompt_above_the_limit_is_refused_naming_the_sample_and_the_key(engines, mixed):
+    from vlgrpo.rollout.vllm_inputs import check_prompt_limits
+    from vlgrpo.types import InputError
+
+    lm, cache, engine = engines("qwen2_5_vl", "embeds")
+    two = mixed[0][0]
+    prompt = build_prompt(two, lm.processor, engine.geometry, **engine.prompt_kw)
+    with pytest.raises(InputError, match=rf"sample '{two.id}' holds 2 images, above rollout.vllm.limit_mm_per_prompt"):
+        check_prompt_limits(two.id, prompt, {"image": 1, "video": 1})
+    limits, engine.limits = engine.limits, {"image": 1, "video": 0}
+    try:
+        with pytest.raises(InputError, match="rollout.vllm.limit_mm_per_prompt"):
+            engine.generate([two], SamplingParams(n=1, temperature=0, max_new_tokens=2))
+    finally:
+        engine.limits = limits
 
 
 def test_qwen3_vl_images_carry_every_deepstack_map_and_the_tokens_depend_on_them(engines, samples):

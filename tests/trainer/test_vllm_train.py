@@ -1,8 +1,9 @@
 """`vlgrpo train ... rollout.engine=vllm` end to end on vLLM's CPU build (`make test-vllm`): 3 GRPO steps with the
 plain and the LoRA backend (and plain on Qwen3-VL, vLLM running its own tower and DeepStack mergers), weights synced
 into the engine after every step through the trainer's own code, and the engine's log-probs within 1e-3 of the
-trainer's at every step (`rollout/logprob_abs_diff_max` in metrics.jsonl). With rollout.placement=split the engine runs
-in each rank's rollout worker, which gets every version's weights."""
+trainer's at every step (`rollout/logprob_abs_diff_max` in metrics.jsonl); the same on a file mixing one-image,
+two-image and video rows (Qwen2.5-VL from the vision cache's embeddings, Qwen3-VL from pixels and frames). With
+rollout.placement=split the engine runs in each rank's rollout worker, which gets every version's weights."""
 
 import os
 import subprocess
@@ -61,6 +62,31 @@ def test_three_grpo_steps_on_vllm_keep_the_engine_on_the_trainers_policy(backend
         assert abs(r["grpo/is_mean"] - 1.0) < 1e-3 and r["grpo/is_clipped_frac"] == 0.0  # sequence_mask, cap 3
     # the policy moved (the sync carried real changes) and the engine sampled from it: step 3 ran on version 2
     assert rows[0]["train/grad_norm"] > 0 and rows[-1]["rollout/prefix_cache_hit_tokens"] > 0
+
+
+# Every step draws one one-image, one two-image and one video row (the file cycles through them); the frame lists were
+# taken at 4 fps, so Qwen2.5-VL's second_per_grid_ts is 0.5 and Qwen3-VL writes <0.1 seconds> and <0.6 seconds>.
+MIXED = ["data.shuffle=false", "train.prompts_per_step=3", "data.video.max_pixels=50176", "data.video.fps=4.0",
+         "rollout.vllm.limit_mm_per_prompt={'image': 2, 'video': 1}"]  # fmt: skip
+
+
+@pytest.mark.parametrize("arch, mode", [("qwen2_5_vl", "embeds"), ("qwen3_vl", "pixels")])
+def test_three_grpo_steps_on_vllm_over_one_image_two_image_and_video_rows(arch, mode, tmp_path, tiny_model_dir):
+    from vlgrpo.data.adapters import load_samples
+    from vlgrpo.data.synth import synth_dataset
+
+    data = tmp_path / "mixed"
+    synth_dataset(data, 30, seed=3, image_size=64, kinds=("count", "compare", "motion"))
+    rows = load_samples(data / "train.jsonl").samples
+    assert [(len(s.images), s.video is not None) for s in rows[:9]] == [(1, False), (2, False), (0, True)] * 3
+    out = _train(tmp_path, tiny_model_dir, data, *PLAIN, *MIXED, f"rollout.vllm.mm_input={mode}", arch=arch)
+    for r in out:
+        print(f"[mixed {arch} {mode}] step {r['step']}: logprob_abs_diff max {r['rollout/logprob_abs_diff_max']:.2e}, "
+              f"loss {r['train/loss']:.4f}, completions {r['rollout/completions']:.0f}")
+        assert r["rollout/logprob_abs_diff_max"] < 1e-3
+        assert r["rollout/completions"] == 12 and r["rollout/weight_syncs"] == 1 and r["rollout/params_pushed"] > 0
+    assert out[0]["train/grad_norm"] > 0
+    assert all(r["vision/videos_encoded"] >= 1 and r["vision/images_encoded"] >= 3 for r in out)  # every step's parts
 
 
 def test_split_vllm_with_staleness_0_reproduces_the_colocated_run(tmp_path, tiny_model_dir, shapes_dir):

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from vlgrpo.config.schema import CHOICES, EVAL_SUITES, RENAMED_KEYS, Config, ConfigError
+from vlgrpo.config.schema import CHOICES, EVAL_SUITES, RENAMED_KEYS, Config, ConfigError, check_mm_limits
 from vlgrpo.registry import BY_KEY
 
 # ---------------------------------------------------------------- merging dicts into dataclasses
@@ -233,6 +233,7 @@ def _range_checks(cfg: Config) -> list[tuple[bool, str, str]]:
         (t.save_every >= 0, "train.save_every", "must be >= 0 (0: checkpoint only at the end)"),
         (t.warmup_steps >= 0, "train.warmup_steps", "must be >= 0"),
         (t.max_nonfinite_steps >= 1, "train.max_nonfinite_steps", "must be >= 1"),
+        (t.fault_timeout_s >= 0, "train.fault_timeout_s", "must be >= 0 seconds (0 disables the watchdog)"),
         (cfg.logging.log_every >= 1, "logging.log_every", "must be >= 1 (1 logs every step)"),
         (cfg.eval.every_steps >= 0, "eval.every_steps", "must be >= 0 (0 disables)"),
         (g.clip_low >= 0 and g.clip_high >= 0, "grpo.clip_low/clip_high", "must be >= 0"),
@@ -259,6 +260,7 @@ def validate(cfg: Config) -> None:
         if value not in accepted:
             raise ConfigError(f"config key '{key}' = {value!r} is not accepted; use one of: {', '.join(accepted)}")
     r, t, g = cfg.rollout, cfg.train, cfg.grpo
+    check_mm_limits(r.vllm.limit_mm_per_prompt)
     for ok, key, why in _range_checks(cfg):
         if not ok:
             raise ConfigError(f"config key '{key}' {why} (got {get_key(cfg, key) if '/' not in key else ''})")

@@ -101,6 +101,9 @@ class VLLMConfig:
     """With rollout.placement=colocate: free vLLM memory while the trainer updates."""
     mm_input: str = "embeds"
     """What vLLM receives for images: embeds (our cached features) or pixels (PIL images)."""
+    limit_mm_per_prompt: dict[str, int] = field(default_factory=lambda: {"image": 4, "video": 1})
+    """Most images and videos one prompt may hold, {image: n, video: 0 or 1} (a key left out is 0): vLLM reserves
+    memory for that many parts per prompt, and a row with more is refused, naming the sample and this key."""
     engine_kwargs: dict = field(default_factory=dict)
     """Extra keyword arguments of `vllm.LLM`, over vlgrpo's own (e.g. {enforce_eager: true, block_size: 16})."""
 
@@ -252,6 +255,11 @@ class TrainConfig:
     max_nonfinite_steps: int = 3
     """Stop the run after this many steps in a row whose loss or gradient was NaN/inf (each one's optimiser step is
     skipped and counted in train/nonfinite_steps); the newest checkpoint is kept."""
+    fault_timeout_s: float = 1800.0
+    """A rank that makes no progress for this long (no phase of the step entered or left: a blocked reward or image
+    read, a collective another rank never entered) names its rank, step and phase and exits, and the launcher stops
+    the others, instead of waiting out the process group's 30-minute timeout. Size it above the longest phase: a 7B
+    step's rollout or a ZeRO-3 checkpoint write takes minutes, an in-loop eval longer. 0 disables the watchdog."""
     seed: int = 0
     """Seed of data order, sampling and initialisation."""
     output_dir: str = "runs/default"
@@ -328,3 +336,28 @@ EVAL_SUITES = EVAL_SUITE.names
 RENAMED_KEYS: dict[str, str] = {"grpo.loss": "grpo.ratio", "rollout.vllm.placement": "rollout.placement"}
 """Former dotted config key -> its current name. The loader moves a former key to its current one with a deprecation
 message; a former *value* of a registry key is mapped by the registry's aliases the same way."""
+
+
+MM_MODALITIES = ("image", "video")
+MM_LIMIT_KEY = "rollout.vllm.limit_mm_per_prompt"
+
+
+def check_mm_limits(value) -> dict[str, int]:
+    """`rollout.vllm.limit_mm_per_prompt` as vLLM takes it ({image: n, video: m}, a missing key 0): a ConfigError
+    naming the key for another modality, a negative count, a video count above 1 (a prompt holds one video) or no
+    part at all."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"config key '{MM_LIMIT_KEY}' must be a mapping like {{image: 4, video: 1}}, got {value!r}")
+    unknown = sorted(set(value) - set(MM_MODALITIES))
+    if unknown:
+        raise ConfigError(f"config key '{MM_LIMIT_KEY}' has {unknown}; accepted modalities: {', '.join(MM_MODALITIES)}")
+    limits = {**{m: 0 for m in MM_MODALITIES}, **value}
+    for m, n in limits.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ConfigError(f"config key '{MM_LIMIT_KEY}.{m}' must be an integer >= 0, got {n!r}")
+    if limits["video"] > 1:
+        raise ConfigError(f"config key '{MM_LIMIT_KEY}.video' must be 0 or 1 (a vlgrpo prompt holds at most one "
+                          f"video), got {limits['video']}")  # fmt: skip
+    if limits["image"] + limits["video"] == 0:
+        raise ConfigError(f"config key '{MM_LIMIT_KEY}' allows no image and no video: every vlgrpo prompt has one")
+    return limits

@@ -1,8 +1,8 @@
 """★ Per-GPU memory planner for GRPO runs on Qwen-VL models (pure arithmetic; no torch needed to plan).
 
 `specs` counts parameters of a model, `planner` turns a `PlanInput` into per-GPU bytes and verdicts, `suggest`
-lists config changes that make it fit (only what the trainer runs), `report` maps a run config
-onto a `PlanInput` and renders `vlgrpo plan`. Formulas: docs/memory.md.
+lists config changes that make it fit (only what the trainer runs), `tokens` counts a prompt's text, images and video,
+`report` maps a run config onto a `PlanInput` and renders `vlgrpo plan`. Formulas: docs/memory.md.
 """
 
 from vlgrpo.memory.planner import GB, GPU_TYPES, PlanInput, bytes_per_param, plan, verdicts

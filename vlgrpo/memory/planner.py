@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vlgrpo.memory.specs import ModelSpec, PlanError, kv_cache_bytes, lora_params
+from vlgrpo.memory.tokens import prompt_parts, prompt_tokens, visual_tokens
 
 GB = 10**9  # decimal gigabyte: every printed "GB"
 MIB = 2**20
@@ -64,6 +65,15 @@ class PlanInput:
     completions_per_prompt: int = 8
     text_tokens: int = 64
     image_tokens: int = 256
+    """Language-model tokens of one image (after smart_resize and the 2x2 merge)."""
+    images_per_sample: int = 1
+    """Images in each prompt, each of `image_tokens` (0: video-only or text-only rows)."""
+    video_frames: int = 0
+    """Frames the model sees of each prompt's video after sampling (0: no video). `temporal_patch` frames make one
+    temporal patch; an odd count is padded with the last frame, as Qwen's processors do."""
+    video_frame_tokens: int = 0
+    """Language-model tokens of one video frame at the video pixel bounds (data.video; qwen-vl-utils' default bound is
+    768 merged tokens a frame)."""
     completion_tokens: int = 128
     max_prompt_length: int = 1024
     gradient_checkpointing: bool = False
@@ -146,6 +156,9 @@ def check(inp: PlanInput) -> None:
                                                       f"{inp.rollout_gpus} of them for vLLM"),
         (min(inp.micro_batch, inp.prompts_per_step, inp.completions_per_prompt, inp.tensor_parallel) >= 1,
          "micro-batch, prompts per step, completions per prompt and tensor parallel size must be >= 1"),
+        (min(inp.images_per_sample, inp.video_frames, inp.video_frame_tokens, inp.image_tokens) >= 0,
+         "images per sample, video frames and tokens per image / frame must be >= 0"),
+        (not inp.video_frames or inp.video_frame_tokens, "a video of --video-frames F needs its tokens per frame"),
     ]
     for ok, why in rules:
         if not ok:
@@ -185,7 +198,7 @@ def activation_bytes(inp: PlanInput, seq_len: int) -> int:
     lm = (b * s.hidden * mb * seq_len * s.layers + per_layer) if inp.gradient_checkpointing else per_layer * s.layers
     if "vision" not in inp.trainable or inp.lora_rank:
         return lm  # frozen ViT: features come from the cache, no graph through the tower
-    patches = mb * inp.image_tokens * s.merge**2  # [mb, 4N] ViT tokens before the 2x2 merge
+    patches = mb * visual_tokens(inp) * s.merge**2  # [mb, 4N] ViT tokens before the 2x2 merge: images and video
     mlp = 4 if s.family == "qwen2_5_vl" else 2  # SwiGLU saves gate, up, act, product; GELU MLP saves fc1, act
     per_vit = b * (8 * s.vision_hidden + mlp * s.vision_intermediate) * patches
     vit = (b * s.vision_hidden * patches * s.vision_depth + per_vit) if inp.gradient_checkpointing else (
@@ -194,26 +207,30 @@ def activation_bytes(inp: PlanInput, seq_len: int) -> int:
 
 
 def step_features_bytes(inp: PlanInput) -> int:
-    """The current step's image features, B x N x h: the merged embeddings and, for Qwen3-VL, one DeepStack map of the
-    same shape per DeepStack merger (the vision cache keeps them all, the prefill adds them to the first layers)."""
+    """The current step's visual features, B x N x h with N every image's and the video's merged tokens: the merged
+    embeddings and, for Qwen3-VL, one DeepStack map of the same shape per DeepStack merger (the vision cache keeps them
+    all, the prefill adds them to the first layers)."""
     s = inp.spec
     if s is None:
         return 0
-    return inp.prompts_per_step * inp.image_tokens * s.hidden * inp.dtype_bytes * (1 + s.deepstack_mergers)
+    return inp.prompts_per_step * visual_tokens(inp) * s.hidden * inp.dtype_bytes * (1 + s.deepstack_mergers)
 
 
 def logits_bytes(inp: PlanInput) -> int:
-    """Log-prob pass on completion tokens only (logits_to_keep): lm_head output + fp32 copy + fp32 log_softmax."""
+    """Log-prob pass: lm_head output + fp32 copy + fp32 log_softmax on the completion tokens (the shared-prefix pass
+    asks for them only). Under gradient checkpointing the trainer forwards whole rows (prompt + completion,
+    `rollout.inputs._completion_logits_full_rows`), whose lm_head output also covers the prompt: + mb x P_ids x V x b."""
     vocab = inp.spec.vocab if inp.spec else 0
     chunk = min(inp.logits_chunk or inp.completion_tokens, inp.completion_tokens)
-    return inp.micro_batch * chunk * vocab * (inp.dtype_bytes + 4 + 4)  # [mb, C, V]
+    prompt = inp.micro_batch * prompt_tokens(inp) * vocab * inp.dtype_bytes if inp.gradient_checkpointing else 0
+    return inp.micro_batch * chunk * vocab * (inp.dtype_bytes + 4 + 4) + prompt  # [mb, C, V] (+ [mb, P, V])
 
 
 def rollout_terms(inp: PlanInput, engine_params: int) -> dict[str, int]:
     """Engine weights and KV cache on one rollout GPU (HF: the policy's own weights). Both engines keep a group's
     prompt KV once: vLLM by prefix caching, the HF engine's decode reads one copy per prompt for its G rows and
     preallocates each row's completion (`rollout.decode.SharedPrefixDecoder`)."""
-    s, prompt, c, g = inp.spec, inp.text_tokens + inp.image_tokens, inp.completion_tokens, inp.completions_per_prompt
+    s, prompt, c, g = inp.spec, prompt_tokens(inp), inp.completion_tokens, inp.completions_per_prompt
     prompts = inp.prompts_per_step
     if inp.engine == "vllm" and inp.vllm_placement == "split":  # vLLM GPUs serve every training rank's prompts
         prompts = math.ceil(prompts * train_gpus(inp) / max(inp.rollout_gpus, 1))
@@ -234,7 +251,7 @@ def plan(inp: PlanInput) -> dict[str, Any]:
     states = model_states(inp, trainable, total)
     ref = total * inp.dtype_bytes // shard if inp.beta > 0 and not inp.lora_rank else 0  # LoRA: adapter disabled
     reward = inp.reward_model_params * inp.dtype_bytes // shard
-    seq = inp.text_tokens + inp.image_tokens + inp.completion_tokens
+    seq = prompt_tokens(inp) + inp.completion_tokens
     roll = rollout_terms(inp, total - trainable if inp.lora_rank else total)  # vLLM holds merged LoRA weights
     # ZeRO-3 gathers one full layer at a time: DeepSpeed's estimator counts it at 4 B, the 16-byte plan at the dtype
     gather = largest * (4 if inp.convention == "18-byte" else inp.dtype_bytes) if inp.zero_stage == 3 else 0
@@ -263,11 +280,14 @@ def plan(inp: PlanInput) -> dict[str, Any]:
            else 0}  # vLLM's sleep level 1 parks its weights in CPU memory during the update
     cpu["per_rank"] = sum(cpu.values())
     cpu["all_ranks"] = cpu["per_rank"] * d
-    warnings = [] if inp.text_tokens + inp.image_tokens <= inp.max_prompt_length else [
-        f"prompt of {inp.text_tokens + inp.image_tokens} tokens (text {inp.text_tokens} + image {inp.image_tokens}) "
-        f"exceeds data.max_prompt_length={inp.max_prompt_length}: such samples are skipped"]
+    parts, prompt = prompt_parts(inp), prompt_tokens(inp)
+    warnings = [] if prompt <= inp.max_prompt_length else [
+        f"prompt of {prompt} tokens ({' + '.join(f'{k} {v}' for k, v in parts.items() if v)}) exceeds "
+        f"data.max_prompt_length={inp.max_prompt_length}: training skips such rows (counted in data/overlong_rows), "
+        "never cutting inside an image or a video"]
     counts = {"total_params": total, "trainable_params": trainable, "largest_layer_params": largest,
-              "train_gpus": d, "prompt_tokens": inp.text_tokens + inp.image_tokens, "sequence_tokens": seq}
+              "train_gpus": d, "prompt_parts": parts, "prompt_tokens": prompt, "visual_tokens": visual_tokens(inp),
+              "sequence_tokens": seq}
     return {"counts": counts, "per_gpu": g, "cpu": cpu, "conventions": conventions(inp), "warnings": warnings}
 
 
@@ -283,8 +303,11 @@ def conventions(inp: PlanInput) -> dict[str, str]:
                         + (" (DeepSpeed's estimator)" if ds else ""),
         "units": "bytes; printed GB are decimal (1 GB = 1e9 B)",
         "activations": "flash/SDPA attention (no T^2 term); with checkpointing only each layer's input is kept",
-        "logits": "completion tokens only (logits_to_keep); lm_head output + fp32 copy + fp32 log_softmax",
+        "logits": "lm_head output + fp32 copy + fp32 log_softmax on the completion tokens; with gradient "
+                  "checkpointing the lm_head output of the prompt too (whole rows)",
         "kv_cache": "2 x layers x kv_heads x head_dim x bytes per token; a group's prompt is stored once",
+        "visual_tokens": "every image of a prompt and its video (frames / temporal patch x tokens per frame) in the "
+                         "prompt, the tower's patches (x merge^2) and the step's cached features",
         "zero3_rollout_gather": "ZeRO-3, colocated: the rest of the vision tower + merger (vLLM engine) or of the "
                                 "whole policy (HF engine) gathered on every training GPU during rollout",
     }

@@ -18,20 +18,59 @@ from vlgrpo.memory.specs import FAMILIES, ModelSpec, PlanError, resolve_model
 from vlgrpo.memory.suggest import not_run_by_trainer, suggestions
 
 
-def image_tokens_for(width: int, height: int, m: ModelConfig, spec: ModelSpec | None) -> int:
-    """Language-model tokens of one W x H image after Qwen's smart_resize and the 2x2 merge, with the geometry the run
-    uses: the spec's processor bounds when it knows them (init-tiny's), else the checkpoint directory's processor
-    files, else the released processors of the spec's family (Qwen3-VL: 16 px patches, one token per 32 x 32 px;
-    Qwen2/2.5-VL: 14 px, 28 x 28); model.min_pixels / max_pixels override them all."""
+def geometry_for(m: ModelConfig, spec: ModelSpec | None):
+    """The processor geometry the run uses: the spec's processor bounds when it knows them (init-tiny's), else the
+    checkpoint directory's processor files, else the released processors of the spec's family (Qwen3-VL: 16 px
+    patches, one token per 32 x 32 px; Qwen2/2.5-VL: 14 px, 28 x 28); model.min_pixels / max_pixels override them
+    all. A `vlgrpo.data.images.ProcessorGeometry`."""
     from vlgrpo.data.images import ProcessorGeometry, checkpoint_geometry
 
     if spec is not None and spec.max_pixels:
-        geometry = ProcessorGeometry(patch_size=spec.patch, merge_size=spec.merge, min_pixels=spec.min_pixels,
-                                     max_pixels=spec.max_pixels).with_pixels(m.min_pixels, m.max_pixels)
-    else:
-        family = spec.family if spec else None
-        geometry, _ = checkpoint_geometry(m.name_or_path, m.min_pixels, m.max_pixels, arch=family)
-    return geometry.num_image_tokens(height, width)
+        return ProcessorGeometry(patch_size=spec.patch, merge_size=spec.merge, temporal_patch_size=spec.temporal_patch,
+                                 min_pixels=spec.min_pixels, max_pixels=spec.max_pixels
+                                 ).with_pixels(m.min_pixels, m.max_pixels)  # fmt: skip
+    family = spec.family if spec else None
+    return checkpoint_geometry(m.name_or_path, m.min_pixels, m.max_pixels, arch=family)[0]
+
+
+def image_tokens_for(width: int, height: int, m: ModelConfig, spec: ModelSpec | None) -> int:
+    """Language-model tokens of one W x H image after Qwen's smart_resize and the 2x2 merge, with the geometry the run
+    uses (`geometry_for`)."""
+    return geometry_for(m, spec).num_image_tokens(height, width)
+
+
+def video_frames_seen(frames: int, max_frames: int) -> int:
+    """Frames the model sees of a video given as `frames` frames (`vlgrpo.data.video.list_indices`): every one, an odd
+    count padded with the last; above max_frames, max_frames floored to even."""
+    if frames > max_frames:
+        return max_frames // 2 * 2
+    return frames + frames % 2
+
+
+def video_frame_tokens_for(cfg: Config, spec: ModelSpec | None, frame_size: tuple[int, int] | None = None) -> int:
+    """Language-model tokens of one video frame: a W x H frame resized by smart_resize within data.video's pixel
+    bounds, or without `frame_size` the most a frame can take, max_pixels / (patch x merge)^2 (qwen-vl-utils'
+    default bound: 768 tokens)."""
+    from vlgrpo.data.video import VideoSampling
+
+    geometry = geometry_for(cfg.model, spec)
+    lo, hi = VideoSampling.from_config(cfg.data.video).pixel_bounds(geometry)
+    if frame_size is None:
+        return hi // geometry.factor**2
+    return dataclasses.replace(geometry, min_pixels=lo, max_pixels=hi).num_image_tokens(frame_size[1], frame_size[0])
+
+
+def video_notes(cfg: Config, frames: int) -> list[str]:
+    """What the plan made of --video-frames: capped by data.video.max_frames, or padded to an even count."""
+    seen, most = video_frames_seen(frames, cfg.data.video.max_frames), cfg.data.video.max_frames
+    if frames <= 0:
+        return []
+    if frames > most:
+        return [f"--video-frames {frames} is more than data.video.max_frames={most}: the model sees {seen} evenly "
+                "spaced frames, which is what is planned"]
+    if seen != frames:
+        return [f"--video-frames {frames} is odd: Qwen's processor pads it with the last frame to {seen}"]
+    return []
 
 
 def read_deepspeed_json(path: str) -> dict[str, Any]:
@@ -117,10 +156,15 @@ def init_tiny_spec(tiny: Any, cfg: Config) -> tuple[ModelSpec, str]:
 
 
 def plan_input_from_config(cfg: Config, *, params: int | None = None, spec: ModelSpec | None = None,
-                           image_size: tuple[int, int] = (448, 448), text_tokens: int = 64) -> PlanInput:
+                           image_size: tuple[int, int] = (448, 448), text_tokens: int = 64, images_per_sample: int = 1,
+                           video_frames: int = 0, video_size: tuple[int, int] | None = None) -> PlanInput:
     """The planner's input for a run config (`params` replaces the model spec, `spec` the one model.name_or_path
-    names; `image_size` is W x H). A zero3 run's offload is what its DeepSpeed JSON says when it has one."""
+    names; `image_size` is W x H). Each prompt holds `images_per_sample` images of `image_size` and, with
+    `video_frames` > 0, a video of that many frames (sampled as data.video says), each frame of `video_size` or at
+    data.video's pixel bound. A zero3 run's offload is what its DeepSpeed JSON says when it has one."""
     m, t, r = cfg.model, cfg.train, cfg.rollout
+    if images_per_sample < 0 or video_frames < 0:
+        raise PlanError(f"--images-per-sample {images_per_sample} / --video-frames {video_frames}: must be >= 0")
     if params:
         spec = None
     elif spec is None:
@@ -136,7 +180,9 @@ def plan_input_from_config(cfg: Config, *, params: int | None = None, spec: Mode
         optimizer_states=trainer_optimizer_states(t.backend, DTYPE_BYTES[m.dtype]),
         micro_batch=t.micro_batch_completions, prompts_per_step=t.prompts_per_step,
         completions_per_prompt=r.completions_per_prompt, text_tokens=text_tokens,
-        image_tokens=image_tokens_for(*image_size, m, spec),
+        image_tokens=image_tokens_for(*image_size, m, spec), images_per_sample=images_per_sample,
+        video_frames=video_frames_seen(video_frames, cfg.data.video.max_frames) if video_frames else 0,
+        video_frame_tokens=video_frame_tokens_for(cfg, spec, video_size) if video_frames else 0,
         completion_tokens=r.max_new_tokens, max_prompt_length=cfg.data.max_prompt_length,
         gradient_checkpointing=m.gradient_checkpointing, engine=r.engine,
         vllm_gpu_memory_utilization=r.vllm.gpu_memory_utilization, vllm_placement=r.placement,
@@ -200,11 +246,31 @@ def _headline(report: dict[str, Any]) -> list[str]:
         f"{method}; ZeRO-{i['zero_stage']} over {c['train_gpus']} training GPU(s) of {i['num_gpus']}; "
         f"{i['dtype_bytes']}-byte dtype; offload: {', '.join(i['offload']) or 'none'}{source}; beta={i['beta']}",
         f"per step and GPU: {i['prompts_per_step']} prompts x {i['completions_per_prompt']} completions; micro-batch "
-        f"{i['micro_batch']}; tokens: {i['text_tokens']} text + {i['image_tokens']} image + {i['completion_tokens']} "
-        f"completion; gradient checkpointing {'on' if i['gradient_checkpointing'] else 'off'}; engine {i['engine']}"
+        f"{i['micro_batch']}; tokens: {_prompt_parts(report)} + {i['completion_tokens']} completion; gradient "
+        f"checkpointing {'on' if i['gradient_checkpointing'] else 'off'}; engine {i['engine']}"
         + (f" ({i['vllm_placement']}, gpu_memory_utilization={i['vllm_gpu_memory_utilization']})"
            if i["engine"] == "vllm" else ""),
     ]
+
+
+def _prompt_parts(report: dict[str, Any]) -> str:
+    """The prompt's tokens by part: `64 text + 256 image` for one image; with several images or a video e.g.
+    `64 text + 2 images x 256 + video 8 x 768 (16 frames) = 6720 prompt`."""
+    i, parts = report["inputs"], report["counts"]["prompt_parts"]
+    n = i["images_per_sample"]
+    out = [f"{parts['text']} text"]
+    if n == 1:
+        out.append(f"{parts['images']} image")
+    elif n > 1:
+        out.append(f"{n} images x {i['image_tokens']}")
+    if i["video_frames"]:
+        groups = parts["video"] // i["video_frame_tokens"]
+        out.append(f"video {groups} x {i['video_frame_tokens']} ({i['video_frames']} frames)")
+    if parts["video_timestamps"]:
+        out.append(f"{parts['video_timestamps']} timestamp")
+    if n == 1 and not i["video_frames"]:
+        return " + ".join(out)  # the one-image form
+    return " + ".join(out) + f" = {report['counts']['prompt_tokens']} prompt"
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -239,14 +305,14 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def parse_image_size(text: str) -> tuple[int, int]:
-    """`WxH` -> (W, H), e.g. 448x448."""
+def parse_image_size(text: str, flag: str = "--image-size") -> tuple[int, int]:
+    """`WxH` -> (W, H), e.g. 448x448 (`flag` names the option in errors)."""
     try:
         w, h = (int(v) for v in text.lower().split("x"))
     except ValueError:
-        raise PlanError(f"--image-size {text!r} must look like WIDTHxHEIGHT, e.g. 448x448") from None
+        raise PlanError(f"{flag} {text!r} must look like WIDTHxHEIGHT, e.g. 448x448") from None
     if w < 1 or h < 1:
-        raise PlanError(f"--image-size {text!r}: width and height must be >= 1")
+        raise PlanError(f"{flag} {text!r}: width and height must be >= 1")
     return w, h
 
 

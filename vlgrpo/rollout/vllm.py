@@ -1,11 +1,13 @@
 """vLLM rollout backend, and the only module that imports vllm (lazily, inside `VLLMEngine.launch`).
 
-Prompts carry our token ids with ONE `<|image_pad|>` per image (vLLM expands it itself) and the image as our cached
-embeddings + grid (Qwen3-VL's DeepStack maps concatenated after the embeddings) or as pixels; `SamplingParams(n=G)`
-samples a group per request with a seed of its own, prefix caching shares the prompt. Weight sync goes through vLLM's
-supported in-place reload (`reload_weights` on every worker), then resets the prefix cache and the engine-side encoder
-cache. The engine reports the sampled tokens' log-probs after temperature and top-k / top-p (`processed_logprobs`);
-the trainer compares them with its own and corrects the loss (`grpo.rollout_is`). Knows nothing of rewards or losses.
+Prompts carry our token ids with ONE placeholder per image and per video (vLLM expands them itself) and every image
+and the video as our cached embeddings + grids (Qwen3-VL's DeepStack maps concatenated after the embeddings) or as
+pixels (`vllm_inputs.py` builds the requests), at most `rollout.vllm.limit_mm_per_prompt` of each per prompt.
+`SamplingParams(n=G)` samples a group per request with a seed of its own, prefix caching shares the prompt. Weight
+sync goes through vLLM's supported in-place reload (`reload_weights` on every worker), then resets the prefix cache and
+the engine-side encoder cache. The engine reports the sampled tokens' log-probs after temperature and top-k / top-p
+(`processed_logprobs`); the trainer compares them with its own and corrects the loss (`grpo.rollout_is`). Knows
+nothing of rewards or losses.
 """
 
 from __future__ import annotations
@@ -16,13 +18,22 @@ from typing import Iterable, Iterator
 import torch
 from torch import Tensor
 
-from vlgrpo.data.images import ProcessorGeometry, image_sha256, load_image
+from vlgrpo.data.images import ProcessorGeometry
+from vlgrpo.data.video import VideoSampling
 from vlgrpo.models import is_visual
 from vlgrpo.rollout.base import EngineCounters, SamplingParams, cut_at_stop
-from vlgrpo.rollout.inputs import IMAGE_PAD, PromptInputs, build_prompt, forbidden_mask
+from vlgrpo.rollout.inputs import build_prompt, forbidden_mask
+from vlgrpo.rollout.vllm_inputs import (  # noqa: F401 - build_request, engine_prompt_ids: the request API, re-exported
+    MM_INPUTS,
+    ONE_IMAGE,
+    PlaceholderFormat,
+    build_request,
+    check_limits,
+    check_prompt_limits,
+    engine_prompt_ids,
+)
 from vlgrpo.types import Completion, RolloutGroup, Sample
 
-MM_INPUTS = ("embeds", "pixels")
 PLACEHOLDER_BIAS = -1.0e4  # exp(-1e4) == 0 in fp32: the same distribution as a -inf mask
 SLEEP_TAGS = ("weights", "kv_cache")  # vLLM's sleep-mode allocations, in the order they must wake
 _WRAPPER_PREFIXES = ("module.", "base_model.model.", "_orig_mod.")
@@ -67,58 +78,6 @@ def sampling_kwargs(params: SamplingParams, forbidden_ids: list[int], seed: int 
 def request_seeds(seed: int | None, count: int) -> list[int | None]:
     """One seed per request of a batch (the same seed on every prompt would correlate their samples)."""
     return [None] * count if seed is None else [(seed * 1_000_003 + i) % 2**63 for i in range(count)]
-
-
-def engine_prompt_ids(input_ids: list[int], image_token_id: int) -> list[int]:
-    """Our prompt ids with every run of image pads collapsed to ONE pad: vLLM expands each placeholder to the image's
-    token count itself, so an already expanded run would be expanded again (a 16-token image became 16 x 16)."""
-    out: list[int] = []
-    for i in input_ids:
-        if not (i == image_token_id and out and out[-1] == image_token_id):
-            out.append(i)
-    return out
-
-
-def vllm_image_embeds(features) -> Tensor:
-    """One image's embeddings as vLLM takes them: [N, H] merged embeddings, or for a DeepStack tower (Qwen3-VL) the
-    [L, N, H] maps concatenated after them along the hidden dimension, [N, (1 + L) * H] — the layout vLLM's own tower
-    returns and `Qwen3VLForConditionalGeneration._compute_deepstack_embeds` splits again (main, then map 0, 1, ...).
-    Sent without its maps, a Qwen3-VL image fails inside vLLM's engine core (`torch.split`: "split_sizes to sum
-    exactly to H"); `build_request` refuses it first."""
-    if features.deepstack is None:
-        return features.embeds
-    maps = features.deepstack.to(features.embeds.dtype)  # [L, N, H]
-    return torch.cat([features.embeds, maps.permute(1, 0, 2).reshape(maps.shape[1], -1)], dim=-1)
-
-
-def build_request(prompt: PromptInputs, image_token_id: int, features=None, mm_input: str = "embeds",
-                  deepstack_maps: int = 0) -> dict:  # fmt: skip
-    """One vLLM prompt: our token ids with one image pad, plus the image as embeddings or pixels.
-
-    `deepstack_maps`: how many DeepStack maps the model takes (Qwen3-VL: len(deepstack_visual_indexes); else 0).
-    Embeddings of another width are refused here: vLLM does not check a dict's embedding width, and the bad request
-    fails inside its engine core, after which the in-process engine hung on the next request (measured)."""
-    ids = engine_prompt_ids(prompt.input_ids, image_token_id)
-    if ids.count(image_token_id) != 1:
-        raise ValueError(f"a vlgrpo prompt holds exactly one image, found {ids.count(image_token_id)} image pad runs")
-    if mm_input == "embeds":
-        if features is None:
-            raise ValueError("mm_input='embeds' needs the image's cached features")
-        embeds = vllm_image_embeds(features)
-        if embeds.shape[-1] != (1 + deepstack_maps) * features.embeds.shape[-1]:
-            have = 0 if features.deepstack is None else features.deepstack.shape[0]
-            raise ValueError(f"image embeddings of width {embeds.shape[-1]} (features with {have} DeepStack maps), "
-                             f"the model takes the merged embeddings and {deepstack_maps} maps: features of another "
-                             "model, or a vision-cache entry without its maps")  # fmt: skip
-        image = {"image_embeds": embeds, "image_grid_thw": features.grid_thw.reshape(1, 3)}
-        return {"prompt_token_ids": ids, "multi_modal_data": {"image": image}}
-    if mm_input == "pixels":
-        return {
-            "prompt_token_ids": ids,
-            "multi_modal_data": {"image": load_image(prompt.image)},
-            "multi_modal_uuids": {"image": [image_sha256(prompt.image)]},  # skips re-hashing the pixels
-        }
-    raise ValueError(f"rollout.vllm.mm_input must be one of {', '.join(MM_INPUTS)}, got {mm_input!r}")
 
 
 def to_completions(output, params: SamplingParams, forbidden_ids: set[int], decode) -> tuple[list[Completion], int]:
@@ -184,15 +143,21 @@ class VLLMEngine(EngineCounters):
     def __init__(self, llm, processor, vision_cache=None, answer_format: str = "think_answer",
                  box_format: str = "qwen2_5", system_prompt: str = "", mm_input: str = "embeds",
                  push_visual: bool = True, sleep_level: int = 0, tied_embeddings: bool = False,
-                 deepstack_maps: int = 0):  # fmt: skip
+                 deepstack_maps: int = 0, video_sampling: VideoSampling | None = None,
+                 limit_mm_per_prompt: dict | None = None):  # fmt: skip
         if mm_input not in MM_INPUTS:
             raise ValueError(f"rollout.vllm.mm_input must be one of {', '.join(MM_INPUTS)}, got {mm_input!r}")
         if mm_input == "embeds" and vision_cache is None:
             raise ValueError("rollout.vllm.mm_input=embeds needs a VisionCache")
         self.llm, self.processor, self.cache, self.mm_input = llm, processor, vision_cache, mm_input
-        self.prompt_kw = dict(answer_format=answer_format, box_format=box_format, system_prompt=system_prompt)
+        self.prompt_kw = dict(answer_format=answer_format, box_format=box_format, system_prompt=system_prompt,
+                              video_sampling=video_sampling or VideoSampling())  # fmt: skip
         self.geometry = ProcessorGeometry.from_processor(processor)
-        self.image_token_id = processor.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+        self.format = PlaceholderFormat.from_processor(processor, self.geometry.temporal_patch_size, deepstack_maps)
+        """The model's vision tokens and the prompt form vLLM expands (`vllm_inputs.PlaceholderFormat`)."""
+        self.image_token_id = self.format.image_token_id
+        self.limits = check_limits(ONE_IMAGE if limit_mm_per_prompt is None else limit_mm_per_prompt)
+        """Images and videos a prompt may hold (vLLM's `limit_mm_per_prompt`); a prompt with more is refused."""
         self.forbidden_ids = sorted(set(torch.nonzero(forbidden_mask(processor.tokenizer, len(processor.tokenizer)))
                                         .flatten().tolist()))  # fmt: skip
         self.push_visual, self.sleep_level, self.tied_embeddings = push_visual, sleep_level, tied_embeddings
@@ -207,23 +172,25 @@ class VLLMEngine(EngineCounters):
     def launch(cls, model_path: str, processor, vision_cache=None, *, mm_input: str = "embeds",
                gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1, max_model_len: int = 4096,
                enable_sleep_mode: bool = False, seed: int = 0, llm_kwargs: dict | None = None,
-               **engine_kw):  # fmt: skip
-        """Build the `LLM` (prefix caching on, image embeddings accepted, one image per prompt, stats on for the
-        prefix-cache counters) and wrap it. The engine core runs in this process so weight reloads reach it.
+               limit_mm_per_prompt: dict | None = None, **engine_kw):  # fmt: skip
+        """Build the `LLM` (prefix caching on, image and video embeddings accepted, at most `limit_mm_per_prompt`
+        images and videos per prompt (None: one image, no video), stats on for the prefix-cache counters) and wrap
+        it. The engine core runs in this process so weight reloads reach it.
 
         mm_input=pixels: vLLM runs its own image processor with the trainer's min/max pixels, so both see the same
-        resized image and the same number of image tokens."""
+        resized image and the same number of image tokens; a video's frames arrive at the model's size."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM  # the project's only vllm import
 
         geometry = ProcessorGeometry.from_processor(processor)
         kwargs = dict(llm_kwargs or {})
+        limits = check_limits(kwargs.pop("limit_mm_per_prompt", None) or limit_mm_per_prompt or ONE_IMAGE)
         if mm_input == "pixels":
             kwargs.setdefault("mm_processor_kwargs", {"min_pixels": geometry.min_pixels,
                                                       "max_pixels": geometry.max_pixels})  # fmt: skip
         args = dict(
             model=model_path, enable_prefix_caching=True, enable_mm_embeds=(mm_input == "embeds"),
-            limit_mm_per_prompt={"image": 1, "video": 0}, logprobs_mode="processed_logprobs",
+            limit_mm_per_prompt=limits, logprobs_mode="processed_logprobs",
             gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
             max_model_len=max_model_len, enable_sleep_mode=enable_sleep_mode, seed=seed, disable_log_stats=False,
         )  # fmt: skip
@@ -233,7 +200,7 @@ class VLLMEngine(EngineCounters):
         vision = getattr(config.hf_config, "vision_config", None)
         maps = len(getattr(vision, "deepstack_visual_indexes", None) or ())  # Qwen3-VL's DeepStack
         return cls(llm, processor, vision_cache, mm_input=mm_input, tied_embeddings=tied, deepstack_maps=maps,
-                   **engine_kw)  # fmt: skip
+                   limit_mm_per_prompt=limits, **engine_kw)  # fmt: skip
 
     @classmethod
     def from_config(cls, cfg, lm, vision_cache, box_format: str) -> "VLLMEngine":
@@ -248,6 +215,7 @@ class VLLMEngine(EngineCounters):
             gpu_memory_utilization=v.gpu_memory_utilization, tensor_parallel_size=v.tensor_parallel_size,
             max_model_len=cfg.data.max_prompt_length + cfg.rollout.max_new_tokens,
             enable_sleep_mode=colocate and v.enable_sleep_mode, seed=cfg.train.seed, llm_kwargs=llm_kwargs,
+            limit_mm_per_prompt=dict(v.limit_mm_per_prompt), video_sampling=VideoSampling.from_config(cfg.data.video),
             answer_format=cfg.data.answer_format, box_format=box_format, system_prompt=cfg.data.system_prompt,
             push_visual=not (m.freeze_vision and m.freeze_merger),
             sleep_level=1 if colocate and v.enable_sleep_mode else 0,
@@ -257,19 +225,25 @@ class VLLMEngine(EngineCounters):
     def for_eval(cls, lm, vision_cache, *, dtype: str = "float32", engine_kwargs: dict | None = None,
                  gpu_memory_utilization: float = 0.8, batch_prompts: int = 8, **prompt_kw) -> "VLLMEngine":  # fmt: skip
         """The greedy decoder of `vlgrpo eval --model --engine vllm`: vLLM on the checkpoint with our cached image
-        features (`engine_kwargs` go to `vllm.LLM`); context up to 4096 tokens or the model's maximum."""
+        and video features (`engine_kwargs` go to `vllm.LLM`; `limit_mm_per_prompt` there overrides the config's
+        default); context up to 4096 tokens or the model's maximum."""
+        from vlgrpo.config.schema import VLLMConfig
+
         text = lm.model.config.get_text_config()
         max_len = min(4096, int(getattr(text, "max_position_embeddings", 4096)))
         return cls.launch(lm.path, lm.processor, vision_cache, max_model_len=max_len,
                           gpu_memory_utilization=gpu_memory_utilization,
+                          limit_mm_per_prompt=VLLMConfig().limit_mm_per_prompt,
                           llm_kwargs={"dtype": dtype, **(engine_kwargs or {})}, **prompt_kw)  # fmt: skip
 
     def generate(self, samples: list[Sample], params: SamplingParams) -> list[RolloutGroup]:
         from vllm import SamplingParams as VLLMSamplingParams
 
         prompts = [build_prompt(s, self.processor, self.geometry, **self.prompt_kw) for s in samples]
-        feats = self._features(prompts) if self.mm_input == "embeds" else [None] * len(prompts)
-        requests = [build_request(p, self.image_token_id, f, self.mm_input, self.deepstack_maps)
+        for s, p in zip(samples, prompts):
+            check_prompt_limits(s.id, p, self.limits)
+        feats = self.features(self.cache, prompts) if self.mm_input == "embeds" else [None] * len(prompts)
+        requests = [build_request(p, self.format, f, self.mm_input, geometry=self.geometry)
                     for p, f in zip(prompts, feats)]  # fmt: skip
         per_request = [VLLMSamplingParams(**sampling_kwargs(params, self.forbidden_ids, seed))
                        for seed in request_seeds(params.seed, len(requests))]  # fmt: skip
@@ -285,7 +259,7 @@ class VLLMEngine(EngineCounters):
             if engine_ids is not None and len(engine_ids) != len(p.input_ids):
                 raise RuntimeError(
                     f"vLLM expanded sample '{s.id}' to {len(engine_ids)} prompt tokens, the trainer has "
-                    f"{len(p.input_ids)}: its image token count differs (check min/max pixels)"
+                    f"{len(p.input_ids)}: its image or video token count differs (check min/max pixels)"
                 )
             completions, bad = to_completions(out, params, set(self.forbidden_ids), self._decode)
             self._counts["placeholder_sampled"] += bad
@@ -298,9 +272,6 @@ class VLLMEngine(EngineCounters):
 
     def _decode(self, ids: list[int]) -> str:
         return self.processor.tokenizer.decode(ids, skip_special_tokens=True)
-
-    def _features(self, prompts: list[PromptInputs]):
-        return [row[0] for row in self.features(self.cache, prompts)]
 
     def _prefix_cache_hits(self) -> int:
         """vLLM's own prefix-cache hit counter (tokens), from its Prometheus metrics; 0 where it keeps none. vLLM

@@ -13,14 +13,19 @@ def run_training(cfg, run_dir: str | Path | None = None, progress: bool | None =
     from vlgrpo.trainer.loop import Trainer
     from vlgrpo.trainer.state import build_state
 
+    import torch.distributed as dist
+
     state = build_state(cfg, run_dir, progress)
     state.evaluator = evaluator
     try:
-        return Trainer(state).train()
-    finally:
+        history = Trainer(state).train()
+    except BaseException:
+        # no barrier here: the other ranks may be inside a collective this rank will never enter; this process
+        # exits with the error and the launcher (torchrun) stops them at once
         state.close()
-        import torch.distributed as dist
-
-        if dist.is_initialized():  # torchrun reports failure if a rank exits with the group still up
-            dist.barrier()
-            dist.destroy_process_group()
+        raise
+    state.close()
+    if dist.is_initialized():  # torchrun reports failure if a rank exits with the group still up
+        dist.barrier()
+        dist.destroy_process_group()
+    return history

@@ -23,6 +23,7 @@ from vlgrpo.trainer.offpolicy import OffPolicy
 from vlgrpo.models import eval_mode
 from vlgrpo.trainer.backends import max_over_ranks, no_dropout
 from vlgrpo.trainer.sft import render_target
+from vlgrpo.trainer.watchdog import Watchdog
 from vlgrpo.trainer.state import RunState, staleness
 from vlgrpo.types import Completion, InputError, RolloutGroup, Sample
 from vlgrpo.vision_cache import VisionCache
@@ -72,6 +73,9 @@ class Trainer:
         """Split rollout: the last training step whose prompts went to the worker."""
         self.staleness = 0
         """Split rollout: policy versions between the weights that sampled this step's groups and the trainer's."""
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        self.watchdog = Watchdog(state.cfg.train.fault_timeout_s, rank, state.step)
+        state.timers.on_phase = self.watchdog.beat
 
     # ------------------------------------------------------------------ GRPO
     def grpo_step(self) -> dict[str, float]:
@@ -350,31 +354,44 @@ class Trainer:
         a row the run logs the step and stops with NonFiniteError, without writing a checkpoint of its own."""
         state, cfg = self.state, self.state.cfg
         history = []
-        while state.step < cfg.train.steps:
-            t0 = time.perf_counter()
-            skipped_before = state.backend.skipped_steps
-            metrics = self.step_fn()
-            nonfinite = state.backend.skipped_steps > skipped_before
-            state.nonfinite_steps += nonfinite
-            state.nonfinite_streak = state.nonfinite_streak + 1 if nonfinite else 0
-            metrics["train/nonfinite_steps"] = float(state.nonfinite_steps)
-            metrics["data/skipped_rows"] = float(state.skipped_rows)
-            metrics["data/overlong_rows"] = float(state.overlong_rows)
-            stop = state.nonfinite_streak >= cfg.train.max_nonfinite_steps
-            save_s = self._save_if_due() if not stop else 0.0
-            if state.evaluator is not None and cfg.eval.every_steps and state.step % cfg.eval.every_steps == 0:
-                metrics.update(self._evaluate())
-            metrics.update(state.timers.pop())
-            metrics.update(self._counters())
-            metrics.update(memory_metrics())
-            metrics["timing/step"] = time.perf_counter() - t0 - save_s  # the step and its eval, not the write
-            if stop or state.step % cfg.logging.log_every == 0 or state.step == cfg.train.steps:
-                state.logger.log(state.step, metrics)
-            history.append({"step": state.step, **metrics})
-            if stop:
-                raise self._nonfinite_error()
-        state.save_checkpoint()  # for a loop that ran no step (an existing checkpoint is not written again)
+        self.watchdog.start()
+        try:
+            while state.step < cfg.train.steps:
+                history.append(self._one_step())
+        finally:
+            self.watchdog.stop()
+        if not history:
+            state.save_checkpoint()  # for a loop that ran no step (an existing checkpoint is not written again)
         return history
+
+    def _one_step(self) -> dict:
+        """One step with its checkpoint, in-loop eval and metrics row (see `train`)."""
+        state, cfg = self.state, self.state.cfg
+        self.watchdog.beat("batch", state.step + 1)
+        t0 = time.perf_counter()
+        skipped_before = state.backend.skipped_steps
+        metrics = self.step_fn()
+        nonfinite = state.backend.skipped_steps > skipped_before
+        state.nonfinite_steps += nonfinite
+        state.nonfinite_streak = state.nonfinite_streak + 1 if nonfinite else 0
+        metrics["train/nonfinite_steps"] = float(state.nonfinite_steps)
+        metrics["data/skipped_rows"] = float(state.skipped_rows)
+        metrics["data/overlong_rows"] = float(state.overlong_rows)
+        stop = state.nonfinite_streak >= cfg.train.max_nonfinite_steps
+        self.watchdog.beat("save")
+        save_s = self._save_if_due() if not stop else 0.0
+        if state.evaluator is not None and cfg.eval.every_steps and state.step % cfg.eval.every_steps == 0:
+            metrics.update(self._evaluate())
+        self.watchdog.beat("log")
+        metrics.update(state.timers.pop())
+        metrics.update(self._counters())
+        metrics.update(memory_metrics())
+        metrics["timing/step"] = time.perf_counter() - t0 - save_s  # the step and its eval, not the write
+        if stop or state.step % cfg.logging.log_every == 0 or state.step == cfg.train.steps:
+            state.logger.log(state.step, metrics)
+        if stop:
+            raise self._nonfinite_error()
+        return {"step": state.step, **metrics}
 
     def _save_if_due(self) -> float:
         """Write this step's checkpoint on train.save_every and at the last step; the seconds it took."""

@@ -26,14 +26,20 @@ class Timers:
 
     def __init__(self) -> None:
         self._acc: dict[str, float] = {}
+        self.on_phase = None
+        """Called with each phase's name on entry and "after <phase>" on exit (the watchdog's progress beat)."""
 
     @contextmanager
     def __call__(self, phase: str):
         t0 = time.perf_counter()
+        if self.on_phase is not None:
+            self.on_phase(phase)
         try:
             yield
         finally:
             self._acc[phase] = self._acc.get(phase, 0.0) + time.perf_counter() - t0
+            if self.on_phase is not None:
+                self.on_phase(f"after {phase}")
 
     def pop(self) -> dict[str, float]:
         out = {f"timing/{k}": v for k, v in self._acc.items()}

@@ -1,0 +1,62 @@
+"""The progress watchdog of a training process: a rank that makes no progress for `train.fault_timeout_s` (a reward or
+an image read that blocks, a rank waiting in a collective that another rank never enters) names its rank, step and
+phase, dumps its threads' stacks and exits; torchrun then stops the other ranks at once.
+
+Progress is a phase entered or left (`Timers` reports each one here). A dead rank needs no watchdog (torchrun sees it);
+a live rank that stops participating does. Knows nothing of models or data.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+import threading
+import time
+
+EXIT_HUNG = 75
+"""Exit status of a rank the watchdog stopped (EX_TEMPFAIL: a restart may well succeed)."""
+
+
+class Watchdog:
+    """`beat(phase)` on every phase boundary; a daemon thread stops the process when no beat came for `timeout_s`."""
+
+    def __init__(self, timeout_s: float, rank: int = 0, step: int = 0, poll_s: float = 1.0, exit=os._exit):
+        self.timeout_s, self.rank, self.poll_s = float(timeout_s), rank, poll_s
+        self.step, self.phase, self._last = step, "start", time.monotonic()
+        self._exit = exit
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def beat(self, phase: str, step: int | None = None) -> None:
+        """Progress: `phase` entered (or left: "after <phase>")."""
+        self.phase, self._last = phase, time.monotonic()
+        if step is not None:
+            self.step = step
+
+    def start(self) -> "Watchdog":
+        if self.timeout_s > 0 and self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="vlgrpo-watchdog", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            idle = time.monotonic() - self._last
+            if idle > self.timeout_s:
+                self.fire(idle)
+                return
+
+    def fire(self, idle: float) -> None:
+        """Name the rank, step and phase, dump every thread's stack, exit with EXIT_HUNG."""
+        print(f"[vlgrpo] error: rank {self.rank} made no progress for {idle:.0f} s in step {self.step}, phase "
+              f"'{self.phase}' (train.fault_timeout_s={self.timeout_s:g}): a blocked reward or image read, or a "
+              "collective another rank never entered. Stopping this rank so the launcher stops the others; resume "
+              "from the last checkpoint with train.resume=true. Stacks of this rank's threads:",
+              file=sys.stderr, flush=True)  # fmt: skip
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        self._exit(EXIT_HUNG)
