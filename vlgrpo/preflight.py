@@ -39,7 +39,7 @@ def settings_from_config(cfg) -> tuple[DoctorSettings, Any]:
         geometry=geometry, geometry_source=source, max_prompt_length=cfg.data.max_prompt_length,
         answer_format=cfg.data.answer_format, box_format=ctx.box_format, system_prompt=cfg.data.system_prompt,
         data_format=cfg.data.format, preset=cfg.data.preset, columns=dict(cfg.data.columns),
-        video=VideoSampling.from_config(cfg.data.video),
+        video=VideoSampling.from_config(cfg.data.video), video_timestamps=arch == "qwen3_vl",
     )  # fmt: skip
     return settings, ctx
 

@@ -208,3 +208,13 @@ def test_the_doctor_of_a_run_config_samples_video_as_its_data_video_says(folder)
         report = diagnose(str(folder / "d.jsonl"), [f"data.video.max_frames={frames}", "data.max_prompt_length=2000"])
         tokens[frames] = report.splits["d.jsonl"].image_tokens
     assert tokens == {32: [420], 4: [280]}
+
+
+def test_the_budget_counts_qwen3_vl_timestamps(folder):
+    """Qwen3-VL writes `<t seconds>` and a wrap before each temporal patch: 3 patches x 8 tokens replace the one wrap.
+    Exact for this tokenizer-free count: the trainer counts the tokenised prompt itself."""
+    clip = Sample("clip", "What happens?", "x", video=Video(path=str(folder / "v.mp4")))
+    visuals = RowVisuals([], inspect_video(clip.video, VideoSampling()))
+    plain = prompt_budget(clip, visuals, DEFAULT_GEOMETRY, 0, "Be brief.")
+    stamped = prompt_budget(clip, visuals, DEFAULT_GEOMETRY, 0, "Be brief.", timestamps=True)
+    assert stamped.template - plain.template == 3 * 8 - 2 and stamped.video == plain.video == 420

@@ -76,6 +76,8 @@ class DoctorSettings:
     """data.columns: renames target=source applied first."""
     video: VideoSampling = VideoSampling()
     """data.video: how frames are taken from a video and their pixel bounds."""
+    video_timestamps: bool = False
+    """The model writes a video's time before each temporal patch (Qwen3-VL): counted in the length budget."""
 
 
 @dataclass
@@ -185,7 +187,7 @@ def sample_findings(
     out = [(ERROR, check, msg) for check, msg in problems]
     text = f"{s.question} {instruction(s.answer_type, settings.answer_format, settings.box_format)}"
     budget = prompt_budget(s, visuals, settings.geometry, text_estimate(text, settings.system_prompt),
-                           settings.system_prompt)  # fmt: skip
+                           settings.system_prompt, settings.video_timestamps)  # fmt: skip
     if not all(budget.images) or (s.video is not None and not budget.video):
         return out, 0, 0
     limit = settings.max_prompt_length

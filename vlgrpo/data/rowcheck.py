@@ -26,6 +26,9 @@ TEMPLATE_TOKENS = 13
 ... <|im_end|>\\n<|im_start|>user\\n ... <|im_end|>\\n<|im_start|>assistant\\n."""
 VISION_WRAP = 2
 """<|vision_start|> and <|vision_end|> around each image's and each video's pad run."""
+TIMESTAMP_TOKENS = 8
+"""Qwen3-VL's label and wrap of one temporal patch, `<1.2 seconds><|vision_start|>...<|vision_end|>`: 6 tokens of
+label in Qwen's tokenizer below 10 s (`<`, each digit, `.`, ` seconds`, `>`; 7 up to 100 s) and the pair."""
 DEFAULT_SYSTEM_TOKENS = 6
 """'You are a helpful assistant.', which the template inserts when data.system_prompt is empty."""
 
@@ -172,13 +175,19 @@ class PromptBudget:
 
 
 def prompt_budget(
-    s: Sample, visuals: RowVisuals, geometry: ProcessorGeometry, text_tokens: int, system_prompt: str = ""
+    s: Sample, visuals: RowVisuals, geometry: ProcessorGeometry, text_tokens: int, system_prompt: str = "",
+    timestamps: bool = False,
 ) -> PromptBudget:  # fmt: skip
     """The prompt tokens of a row: each image by smart_resize at the run's geometry, the video's sampled frames after
     temporal merging (frames / temporal_patch_size x tokens per frame at the video pixel bounds), the chat template,
     and `text_tokens` (question + instruction + system prompt, counted by the caller). A part that cannot be used
-    counts 0 (it is a row problem of its own). The doctor and the trainer's length check both count with this."""
+    counts 0 (it is a row problem of its own). `timestamps` (Qwen3-VL): each temporal patch of the video has its own
+    `<t seconds>` label and wrap, TIMESTAMP_TOKENS each, in place of the video's one wrap. `vlgrpo data doctor`
+    counts with this; the trainer counts the tokenised prompt itself."""
     parts = len(s.images) + (s.video is not None)
     template = TEMPLATE_TOKENS + VISION_WRAP * parts + (0 if system_prompt else DEFAULT_SYSTEM_TOKENS)
+    video = video_tokens(visuals.video, geometry)
+    if timestamps and video:
+        template += visuals.video.grid_thw(geometry)[0] * TIMESTAMP_TOKENS - VISION_WRAP
     images = tuple(image_tokens(info, geometry) for info in visuals.images)
-    return PromptBudget(images, video_tokens(visuals.video, geometry), template, text_tokens)
+    return PromptBudget(images, video, template, text_tokens)

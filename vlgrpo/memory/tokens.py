@@ -6,12 +6,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from vlgrpo.data.rowcheck import TIMESTAMP_TOKENS  # Qwen3-VL's label and wrap of one temporal patch
+
 if TYPE_CHECKING:
     from vlgrpo.memory.planner import PlanInput
-
-TIMESTAMP_TOKENS = 8
-"""Qwen3-VL writes each temporal patch of a video as `<t seconds><|vision_start|>...<|vision_end|>`: the label is 6
-tokens in Qwen's tokenizer below 10 s (`<`, each digit, `.`, ` seconds`, `>`; 7 up to 100 s) and the wrap pair 2."""
 
 
 def temporal_patches(inp: PlanInput) -> int:
