@@ -5,8 +5,11 @@
 #   2. `vlgrpo train CONFIG overrides` runs in NPROC_PER_NODE processes (default: the config's train.num_gpus, less
 #      rollout.vllm.rollout_gpus with split vLLM: those run each rank's rollout worker) under torchrun, or the
 #      deepspeed launcher with LAUNCHER=deepspeed; with one process, directly.
+#   3. under torchrun a rank that dies (killed, out of memory) or fails restarts the whole group up to MAX_RESTARTS
+#      times (default 3); each restart resumes from the newest verified checkpoint (train.resume, on by default), so
+#      it repeats at most train.save_every steps. A rank that hangs is stopped by train.fault_timeout_s first.
 #
-# Environment: NPROC_PER_NODE, LAUNCHER (torchrun | deepspeed), MASTER_PORT (29500), SKIP_DOCTOR=1,
+# Environment: NPROC_PER_NODE, LAUNCHER (torchrun | deepspeed), MASTER_PORT (29500), MAX_RESTARTS (3), SKIP_DOCTOR=1,
 # DRY_RUN=1 (print the commands, run nothing), PYTHON (the interpreter that has vlgrpo installed; default python).
 # Examples:
 #   scripts/train.sh configs/qwen2_5_vl_7b_zero3_8xa100.yaml
@@ -18,6 +21,7 @@ shift
 PYTHON=${PYTHON:-python}
 LAUNCHER=${LAUNCHER:-torchrun}
 MASTER_PORT=${MASTER_PORT:-29500}
+MAX_RESTARTS=${MAX_RESTARTS:-3}
 
 run() {  # print the command; run it unless DRY_RUN=1
     echo "+ $*" >&2
@@ -44,6 +48,6 @@ elif [[ "$LAUNCHER" == deepspeed ]]; then
     run deepspeed --num_gpus "$NPROC" --master_port "$MASTER_PORT" --no_local_rank \
         --module vlgrpo.cli train "$CONFIG" "$@"
 else
-    run "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC" \
+    run "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC" --max-restarts "$MAX_RESTARTS" \
         -m vlgrpo.cli train "$CONFIG" "$@"
 fi

@@ -8,6 +8,8 @@
 #   MASTER_PORT   (29500)  GPUS_PER_NODE (NPROC_PER_NODE if set, else 8)
 #   NPROC_PER_NODE training processes per node: GPUS_PER_NODE, less rollout.vllm.rollout_gpus with a split vLLM
 #                 rollout (rollout.placement=split, rollout.engine=vllm: those GPUs run each rank's rollout worker)
+#   MAX_RESTARTS  (3) restarts of the whole group after a rank or node fails; each resumes from the newest verified
+#                 checkpoint. A node that dies for good needs the job restarted (on a replacement node, same command).
 # deepspeed launcher: set HOSTFILE (lines "hostname slots=8") and run this script ONCE, on the first host; it starts
 #   every rank over passwordless ssh. MASTER_ADDR defaults to the first host. A split vLLM rollout needs the torchrun
 #   way (the launcher would start a rank on every slot, the rollout GPUs included).
@@ -23,6 +25,7 @@ shift
 PYTHON=${PYTHON:-python}
 MASTER_PORT=${MASTER_PORT:-29500}
 GPUS=${GPUS_PER_NODE:-${NPROC_PER_NODE:-8}}  # an older NPROC_PER_NODE alone still means the GPUs
+MAX_RESTARTS=${MAX_RESTARTS:-3}
 
 run() {  # print the command; run it unless DRY_RUN=1
     echo "+ $*" >&2
@@ -68,5 +71,6 @@ if [[ -n "${HOSTFILE:-}" ]]; then
         --module vlgrpo.cli "${ARGS[@]}"
 else
     run "$PYTHON" -m torch.distributed.run --nnodes "$NNODES" --node_rank "$NODE_RANK" --nproc_per_node "$NPROC" \
-        --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" -m vlgrpo.cli "${ARGS[@]}"
+        --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" --max-restarts "$MAX_RESTARTS" \
+        -m vlgrpo.cli "${ARGS[@]}"
 fi

@@ -168,9 +168,11 @@ def test_train_sh_runs_doctor_then_torchrun_with_the_config_gpu_count():
     py = sys.executable
     assert rc == 0 and err.splitlines() == [
         f"+ {py} -m vlgrpo.cli data doctor configs/qwen2_5_vl_7b_zero3_8xa100.yaml --set train.lr=2e-6",
-        f"+ {py} -m torch.distributed.run --standalone --nproc_per_node 8 -m vlgrpo.cli train "
+        f"+ {py} -m torch.distributed.run --standalone --nproc_per_node 8 --max-restarts 3 -m vlgrpo.cli train "
         "configs/qwen2_5_vl_7b_zero3_8xa100.yaml train.lr=2e-6",
     ]
+    rc, err = _script("train.sh", "configs/qwen2_5_vl_7b_zero3_8xa100.yaml", SKIP_DOCTOR="1", MAX_RESTARTS="0")
+    assert rc == 0 and "--max-restarts 0 " in err
     split = ("rollout.placement=split", "rollout.vllm.rollout_gpus=4")  # the recipe's dynamic sampling included
     rc, err = _script("train.sh", "configs/qwen2_5_vl_7b_zero3_8xa100.yaml", *split, SKIP_DOCTOR="1")
     assert rc == 0 and "--nproc_per_node 4 " in err  # 4 + 4: the other 4 GPUs run the ranks' vLLM workers
@@ -185,7 +187,8 @@ def test_train_multinode_sh_torchrun_and_hostfile(tmp_path):
                       MASTER_ADDR="10.0.0.1", SKIP_DOCTOR="1")  # fmt: skip
     assert rc == 0 and err.splitlines() == [
         f"+ {sys.executable} -m torch.distributed.run --nnodes 2 --node_rank 1 --nproc_per_node 8 --master_addr "
-        "10.0.0.1 --master_port 29500 -m vlgrpo.cli train configs/qwen2_5_vl_7b_zero3_8xa100.yaml train.num_gpus=16"]
+        "10.0.0.1 --master_port 29500 --max-restarts 3 -m vlgrpo.cli train configs/qwen2_5_vl_7b_zero3_8xa100.yaml "
+        "train.num_gpus=16"]
     hosts = tmp_path / "hostfile"
     hosts.write_text("# two nodes\nnode-a slots=8\nnode-b slots=4\n")
     rc, err = _script("train_multinode.sh", "configs/qwen2_5_vl_7b_zero3_8xa100.yaml", "train.lr=2e-6",
@@ -205,8 +208,8 @@ def test_train_multinode_sh_starts_the_training_ranks_of_a_split_vllm_rollout(tm
                       NODE_RANK="0", MASTER_ADDR="10.0.0.1", SKIP_DOCTOR="1")  # fmt: skip
     assert rc == 0 and err.splitlines() == [
         f"+ {sys.executable} -m torch.distributed.run --nnodes 2 --node_rank 0 --nproc_per_node 4 --master_addr "
-        "10.0.0.1 --master_port 29500 -m vlgrpo.cli train configs/qwen2_5_vl_7b_zero3_8xa100.yaml train.num_gpus=16 "
-        + " ".join(split)]
+        "10.0.0.1 --master_port 29500 --max-restarts 3 -m vlgrpo.cli train configs/qwen2_5_vl_7b_zero3_8xa100.yaml "
+        "train.num_gpus=16 " + " ".join(split)]
     hosts = tmp_path / "hostfile"
     hosts.write_text("node-a slots=8\nnode-b slots=8\n")
     rc, err = _script("train_multinode.sh", "configs/qwen2_5_vl_7b_zero3_8xa100.yaml", *split, HOSTFILE=str(hosts),

@@ -1,10 +1,14 @@
 """Run under torchrun: `vlgrpo train CONFIG` exactly as a user types it, with one fault injected on one rank.
 
 VLGRPO_TEST_FAULT="rank:step:phase:kind": on that rank, in that step, the phase (batch: sampling and rewards, reward,
-update, save) raises (kind "raise") or blocks (kind "block"); the moment is written to fault_at.txt beside the config,
-so the test can measure how long the other rank took to stop. Used by test_faults.py."""
+update, save) raises (kind "raise"), blocks (kind "block"), is SIGKILLed (kind "kill", in torchrun's first attempt
+only, so a restarted group runs clean) or, in save, finds the disk full (kind "enospc": this rank's checkpoint files
+cannot be written); the moment is written to fault_at.txt beside the config, so the test can
+measure how long the other rank took to stop. Used by test_faults.py."""
 
+import errno
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -19,12 +23,28 @@ def inject(spec: str, out: Path) -> None:
     rank, step, phase, kind = spec.split(":")
     if int(rank) != int(os.environ["RANK"]):
         return
+    if kind == "enospc":
+        from vlgrpo.trainer import checkpoint
+
+        write_parts = checkpoint._write_parts
+
+        def full(state, tmp, final, r):
+            if state.step == int(step):
+                out.write_text(f"{time.time()}\n")
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp / f"rng_rank{r}.json"))
+            return write_parts(state, tmp, final, r)
+
+        checkpoint._write_parts = full
+        return
     original = getattr(loop.Trainer, METHODS[phase])
 
     def faulty(self, *args, **kwargs):
         current = self.state.step if phase == "save" else self.state.step + 1  # save runs after the step counts
-        if current == int(step):
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if current == int(step) and (kind != "kill" or first_attempt):
             out.write_text(f"{time.time()}\n")
+            if kind == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
             if kind == "raise":
                 raise RuntimeError(f"injected fault on rank {rank} in {phase} at step {step}")
             time.sleep(3600)  # blocks: alive, but no longer taking part

@@ -19,15 +19,16 @@ from trainer_helpers import tiny_config, write_reward_module
 WORKER = Path(__file__).with_name("fault_worker.py")
 
 
-def _launch(tmp_path, port: int, fault: str, *overrides: str, timeout: int = 180) -> tuple[int, str, float]:
-    """(exit status, stderr, seconds from the injected fault to the end of torchrun)."""
+def _launch(tmp_path, port: int, fault: str, *overrides: str, timeout: int = 180,
+            restarts: int = 0) -> tuple[int, str, float | None]:  # fmt: skip
+    """(exit status, stderr, seconds from the injected fault to the end of torchrun; None without a fault)."""
     spec = write_reward_module(tmp_path)
     cfg = tiny_config(str(tmp_path / "model"), tmp_path, tmp_path / "run", f"reward.recipe={{'{spec}': 1.0}}",
                       "train.steps=4", "train.save_every=1", *overrides)  # fmt: skip
     save_config(cfg, tmp_path / "cfg.yaml")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "VLGRPO_TEST_FAULT": fault}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-           str(WORKER), str(tmp_path / "cfg.yaml")]  # fmt: skip
+           "--max-restarts", str(restarts), str(WORKER), str(tmp_path / "cfg.yaml")]  # fmt: skip
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _, stderr = proc.communicate(timeout=timeout)
@@ -37,10 +38,11 @@ def _launch(tmp_path, port: int, fault: str, *overrides: str, timeout: int = 180
         pytest.fail(f"still running {timeout} s after launch: a rank waits for one that will never come\n"
                     f"{stderr[-3000:]}")  # fmt: skip
     end = time.time()
-    fault_at = float((tmp_path / "fault_at.txt").read_text())
+    fault_file = tmp_path / "fault_at.txt"
+    fault_at = float(fault_file.read_text()) if fault_file.is_file() else None
     left = subprocess.run(["pgrep", "-f", str(tmp_path / "cfg.yaml")], capture_output=True, text=True).stdout
     assert not left.strip(), f"processes left running: {left}"
-    return proc.returncode, stderr, end - fault_at
+    return proc.returncode, stderr, None if fault_at is None else end - fault_at
 
 
 @pytest.fixture
@@ -66,3 +68,68 @@ def test_a_rank_that_blocks_is_named_and_every_rank_stops(run_dir):
     assert "rank 1 made no progress for" in err and "in step 2, phase 'reward'" in err
     assert seconds < 8 + 30, seconds  # the timeout, then the launcher's stop
     print(f"blocked reward: every rank out {seconds:.1f} s after it blocked (fault_timeout_s 8)")
+
+
+def test_a_killed_rank_restarts_the_group_from_the_last_checkpoint_with_the_same_results(run_dir, tmp_path_factory):
+    """Rank 1 SIGKILLed inside its reward at step 3 under `torchrun --max-restarts 1`: the group restarts, resumes
+    from step 2's checkpoint on both ranks and ends with the rows of an uninterrupted run (its restart joins on keys
+    of its own attempt: before, about half the restarts failed in gloo's connectFullMesh on the killed attempt's
+    addresses)."""
+    import json
+    import shutil
+
+    clean = tmp_path_factory.mktemp("clean")
+    for name in ("model", "images", "train.jsonl"):
+        (shutil.copytree if (run_dir / name).is_dir() else shutil.copy)(run_dir / name, clean / name)
+    assert _launch(clean, 29556, "")[0] == 0
+    status, err, _ = _launch(run_dir, 29557, "1:3:reward:kill", restarts=1)
+    assert status == 0, err[-3000:]
+    assert "connectFullMesh" not in err and (run_dir / "fault_at.txt").is_file()
+    keys = ("train/loss", "reward/total", "grpo/response_length", "train/grad_norm")
+    rows = [[json.loads(line) for line in (d / "run" / "metrics.jsonl").read_text().splitlines()]
+            for d in (clean, run_dir)]  # fmt: skip
+    assert [r["step"] for r in rows[1]] == [1, 2, 3, 4]  # step 3's row of the killed attempt was never written
+    for a, b in zip(*rows, strict=True):
+        assert {k: a[k] for k in keys} == {k: b[k] for k in keys}, a["step"]
+
+
+def _rows_with_bad_ones(run_dir, bad_at: set[int], n: int = 8) -> None:
+    """train.jsonl: the first n number rows, those at `bad_at` (0-based) pointing at a missing image."""
+    import json
+
+    rows = [json.loads(line) for line in (run_dir / "train.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r["answer_type"] == "number"][:n]
+    for i in bad_at:
+        rows[i]["image"] = "images/missing.png"
+    (run_dir / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_a_rank_whose_share_has_no_usable_row_stops_every_rank(run_dir):
+    """Rank 1 draws rows 1, 3, 5, 7 (every other row): all missing. It stops with the rows named and its rank, and
+    torchrun stops rank 0 at once (before: rank 0 waited for it until the process group's timeout)."""
+    _rows_with_bad_ones(run_dir, {1, 3, 5, 7})
+    status, err, _ = _launch(run_dir, 29558, "", "train.save_every=0")
+    assert status != 0
+    assert "no usable row in rank 1's share (one row in 2): all 4 rows were skipped: image_missing 4" in err
+
+
+def test_skipped_rows_are_every_ranks_summed(run_dir):
+    """One missing image in each rank's share (rows 2 and 3): data/skipped_rows counts both, on the logging rank."""
+    import json
+
+    _rows_with_bad_ones(run_dir, {2, 3})
+    assert _launch(run_dir, 29559, "", "train.steps=2", "train.save_every=0")[0] == 0
+    rows = [json.loads(line) for line in (run_dir / "run" / "metrics.jsonl").read_text().splitlines()]
+    counts = [r["data/skipped_rows"] for r in rows]
+    assert counts == sorted(counts) and counts[-1] == 2.0  # rank 0's alone would be 1: both shares drew theirs
+
+
+def test_a_checkpoint_one_rank_cannot_write_is_never_the_newest(run_dir):
+    """Disk full on rank 1 while it writes step 2's checkpoint: every rank stops with the error, rank 0 naming rank
+    1; step_1 stays the newest checkpoint and the partial step_2 is removed."""
+    status, err, seconds = _launch(run_dir, 29560, "1:2:save:enospc")
+    assert status != 0 and seconds < 60
+    assert "could not write checkpoint step_2" in err and "[Errno 28] No space left on device (rank 1)" in err
+    assert "rank 1 could not write its part" in err  # rank 0's line
+    ckpts = sorted(p.name for p in (run_dir / "run" / "checkpoints").iterdir())
+    assert ckpts == ["step_1"]

@@ -98,3 +98,22 @@ def test_ranks_agree_to_skip_a_step_only_one_of_them_saw_non_finite(backend, por
         weights = torch.load(tmp_path / f"weights_rank{r}.pt")
         assert all(torch.equal(weights[n], base[n]) for n in base if n in weights), r
     assert [r["train/nonfinite_steps"] for r in read_metrics(tmp_path / "run")] == [1.0, 2.0]
+
+
+def test_zero3_counts_fp16_loss_scaler_skips_apart_from_non_finite_losses():
+    """DeepSpeed's step as the ZeRO-3 backend reads it: a skipped fp16 step with finite losses is the loss scaler's
+    (`loss_scale_skips`, a non-finite step but no streak); with a non-finite loss it is a non-finite step."""
+    from types import SimpleNamespace
+
+    from vlgrpo.trainer.zero3 import Zero3Backend
+
+    engine = SimpleNamespace(global_steps=0, fp16_enabled=lambda: True, was_step_applied=lambda: False,
+                             get_global_grad_norm=lambda: None)  # fmt: skip
+    backend = Zero3Backend.__new__(Zero3Backend)
+    backend.engine, backend.skipped_steps, backend.loss_scale_skips = engine, 0, 0
+    backend._backwards, backend._lr = 1, 1e-5
+    for nonfinite_loss in (False, False, True):
+        backend._pass_start, backend._nonfinite_loss = engine.global_steps, nonfinite_loss
+        engine.global_steps += 1  # DeepSpeed counts the step it skipped
+        backend.step()
+    assert (backend.loss_scale_skips, backend.skipped_steps) == (2, 1)

@@ -76,6 +76,16 @@ def max_over_ranks(value: int) -> int:
     return int(t.item())
 
 
+def sum_over_ranks(values: list[int]) -> list[int]:
+    """Each of `values` summed over the data-parallel ranks (the values themselves in a single process)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return list(values)
+    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor(values, dtype=torch.long, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return [int(v) for v in t.tolist()]
+
+
 def from_rank0(value: int) -> int:
     """Rank 0's `value` on every rank (the value itself in a single process): a decision rank 0 took alone, e.g.
     which checkpoint verified."""

@@ -54,7 +54,7 @@ def _make_tmp(state: RunState, tmp: Path, final: Path, rank: int) -> None:
 def _write_parts(state: RunState, tmp: Path, final: Path, rank: int) -> None:
     state.backend.save(tmp)  # collective for ZeRO-3
     write_json(tmp / f"rng_rank{rank}.json", rng_state())
-    write_json(tmp / f"data_rank{rank}.json", state.data.state_dict())
+    write_json(tmp / f"data_rank{rank}.json", {**state.data.state_dict(), "rows": state.rows_state()})
     if rank == 0:
         meta = {"step": state.step, "policy_version": state.step, "backend": state.backend.name,
                 "nonfinite_steps": state.nonfinite_steps, "nonfinite_streak": state.nonfinite_streak,
@@ -89,17 +89,19 @@ def save(state: RunState) -> Path:
             if not is_write_error(e):
                 raise
             error = e
-        if max_over_ranks(int(error is not None)):  # every rank reaches this: they agree to go on or to stop
-            _fail(state, tmp, error)
+        failed = max_over_ranks(rank + 1 if error is not None else 0)  # every rank reaches this: go on or stop
+        if failed:  # the manifest is never written: the previous checkpoint stays the newest on every rank
+            _fail(state, tmp, error, failed - 1)
     return final
 
 
-def _fail(state: RunState, tmp: Path, error: BaseException | None) -> None:
+def _fail(state: RunState, tmp: Path, error: BaseException | None, failed_rank: int) -> None:
     if _rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)
     kept = [p.name for p in checkpoint_dirs(state.run_dir)]
     where = getattr(error, "filename", None) or tmp
-    cause = describe(error) if error is not None else "another rank could not write its part"
+    cause = (f"{describe(error)} (rank {_rank()})" if error is not None else
+             f"rank {failed_rank} could not write its part (its own error names the file)")  # fmt: skip
     resume = f"resume continues from {kept[-1]}" if kept else "no checkpoint to resume from"
     raise RunDirError(
         f"could not write checkpoint step_{state.step}: '{where}': {cause}. Kept: {', '.join(kept) or 'nothing'} "
@@ -177,7 +179,9 @@ def resume(state: RunState, for_export: bool = False) -> bool:
         return False
     meta = load_json(ckpt / "meta.json", "step and counters")
     state.backend.load(ckpt)
-    state.data.load_state_dict(load_json(ckpt / f"data_rank{rank}.json", "data position of this rank"))
+    data = load_json(ckpt / f"data_rank{rank}.json", "data position of this rank")
+    state.data.load_state_dict(data)
+    state.load_rows_state(data.get("rows", {}))  # the rows it skipped stay skipped and counted
     state.step = int(meta["step"])
     state.nonfinite_steps, state.nonfinite_streak = meta.get("nonfinite_steps", 0), meta.get("nonfinite_streak", 0)
     state.eval_failures = meta.get("eval_failures", 0)

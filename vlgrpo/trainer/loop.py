@@ -369,14 +369,16 @@ class Trainer:
         state, cfg = self.state, self.state.cfg
         self.watchdog.beat("batch", state.step + 1)
         t0 = time.perf_counter()
-        skipped_before = state.backend.skipped_steps
+        skipped_before, scaled_before = state.backend.skipped_steps, getattr(state.backend, "loss_scale_skips", 0)
         metrics = self.step_fn()
         nonfinite = state.backend.skipped_steps > skipped_before
-        state.nonfinite_steps += nonfinite
+        scaled = getattr(state.backend, "loss_scale_skips", 0) > scaled_before  # fp16: the loss scaler's overflow
+        # both leave the weights alone and count as non-finite steps; only a non-finite loss or gradient is a streak
+        # (the loss scaler skips a few steps in a row by design while it finds its scale)
+        state.nonfinite_steps += nonfinite or scaled
         state.nonfinite_streak = state.nonfinite_streak + 1 if nonfinite else 0
         metrics["train/nonfinite_steps"] = float(state.nonfinite_steps)
-        metrics["data/skipped_rows"] = float(state.skipped_rows)
-        metrics["data/overlong_rows"] = float(state.overlong_rows)
+        metrics.update(state.row_counts())  # every rank's, summed (a collective: every rank logs or not alike)
         stop = state.nonfinite_streak >= cfg.train.max_nonfinite_steps
         self.watchdog.beat("save")
         save_s = self._save_if_due() if not stop else 0.0

@@ -34,7 +34,7 @@ from vlgrpo.rollout.base import RolloutEngine, SamplingParams
 from vlgrpo.rollout.inputs import PromptInputs, build_prompt, forbidden_mask
 from vlgrpo.rollout.split import SplitRollout, worker_gpu
 from vlgrpo.trainer import checkpoint
-from vlgrpo.trainer.backends import Backend, make_backend, max_over_ranks
+from vlgrpo.trainer.backends import Backend, make_backend, max_over_ranks, sum_over_ranks
 from vlgrpo.trainer.metrics import MetricsLogger, Timers
 from vlgrpo.trainer.rundir import RunDirError, RunLock, describe
 from vlgrpo.types import InputError, Sample
@@ -184,6 +184,22 @@ class RunState:
         """Rows skipped because their prompt is longer than data.max_prompt_length (`data/overlong_rows`)."""
         return sum(check == OVERLONG for check, _ in self._bad.values())
 
+    def row_counts(self) -> dict[str, float]:
+        """`data/skipped_rows` and `data/overlong_rows` of the whole run: the rows skipped when the file was read
+        (every rank read the same file: counted once) plus every rank's rows skipped when drawn (one all-reduce)."""
+        drawn = sum_over_ranks([len(self._bad), self.overlong_rows])
+        return {"data/skipped_rows": float(len(self.skipped) + drawn[0]), "data/overlong_rows": float(drawn[1])}
+
+    def rows_state(self) -> dict:
+        """The rows this rank found unusable, by their place in its share (saved with its data position, so a resumed
+        run neither counts them again nor loses them from data/skipped_rows)."""
+        where = {id(x): i for i, x in enumerate(self.data.samples)}
+        return {"bad": [[where[k], check, row] for k, (check, row) in self._bad.items() if k in where]}
+
+    def load_rows_state(self, state: dict) -> None:
+        samples = self.data.samples
+        self._bad = {id(samples[i]): (check, row) for i, check, row in state.get("bad", []) if 0 <= i < len(samples)}
+
     def _no_usable_row(self) -> InputError:
         rank, world = _rank_world()
         skipped = [(skip_reason(e), e.row) for e in self.skipped] + list(self._bad.values())
@@ -249,14 +265,37 @@ def staleness(cfg: Config) -> int:
 
 
 def _init_data_parallel() -> str:
-    """Under torchrun (WORLD_SIZE > 1) join the process group (NCCL on GPUs, gloo on CPUs); pick this rank's device."""
+    """Under torchrun (WORLD_SIZE > 1) join the process group (NCCL on GPUs, gloo on CPUs) on this attempt's own
+    store keys (`_attempt_store`); pick this rank's device."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
         torch.cuda.set_device(local)
     if world > 1 and not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        store = _attempt_store(world)
+        if store is None:
+            torch.distributed.init_process_group(backend)
+        else:
+            torch.distributed.init_process_group(backend, store=store, rank=int(os.environ["RANK"]), world_size=world)
     return f"cuda:{local}" if torch.cuda.is_available() else "cpu"
+
+
+def _attempt_store(world: int):
+    """The launcher's store under a prefix of this restart attempt's own, or None outside torchrun's agent store.
+
+    torchrun keeps ONE store for every restart of the group (its static rendezvous creates it once; the c10d one
+    shares its server) and its workers use it without a per-attempt prefix. The process group publishes each rank's
+    address there, so after a restart a rank could read a peer's address of the killed attempt and fail with
+    "Gloo connectFullMesh failed ... Connection refused" (about half the restarts here). Keys under
+    `vlgrpo/attempt_<TORCHELASTIC_RESTART_COUNT>` are new for every attempt."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "TORCHELASTIC_RESTART_COUNT" not in os.environ:
+        return None
+    from datetime import timedelta
+
+    store = torch.distributed.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                                       is_master=False, timeout=timedelta(minutes=30))  # fmt: skip
+    return torch.distributed.PrefixStore(f"vlgrpo/attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
 
 
 def _rank_world() -> tuple[int, int]:
@@ -291,11 +330,11 @@ def build_state(
     resume if asked. An export only reads the run directory: no lock, nothing written."""
     torch.manual_seed(cfg.train.seed)
     run = Path(run_dir or cfg.train.output_dir)
+    device = _init_data_parallel()  # join the group (DeepSpeed then finds it joined) and pick the rank's GPU
     if cfg.train.backend == "zero3":
         from vlgrpo.trainer.zero3 import prepare_partitioned_load
 
         prepare_partitioned_load(cfg)  # before from_pretrained: each rank loads only its shard
-    device = _init_data_parallel()  # ZeRO-3 joined the group above; this picks the rank's GPU
     if cfg.train.backend == "zero3":
         device = "cpu"  # DeepSpeed places the partitions itself
     lock = None if for_export else _lock_run_dir(cfg, run)

@@ -36,11 +36,11 @@ def _pickled_classes() -> list[type]:
 
 
 def init_distributed() -> None:
-    """Join the process group started by torchrun / the deepspeed launcher (gloo without CUDA)."""
+    """DeepSpeed's communication layer over the process group the trainer joined (`trainer.state`, on its restart
+    attempt's own keys); it joins the group itself when none is (idempotent: a second call does nothing)."""
     import deepspeed
 
-    if not torch.distributed.is_initialized():
-        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
 
 
 def micro_batches_per_step(cfg: Config) -> int:
@@ -136,7 +136,10 @@ class Zero3Backend:
         self._backwards, self._lr = 0, t.lr
         self.skipped_steps = 0
         """Optimiser steps DeepSpeed skipped for a non-finite loss or gradient (its grad-norm check, agreed over the
-        ranks). With fp16, an overflow of the loss-scaled gradients is DeepSpeed's loss scaler at work, not counted."""
+        ranks). With fp16, an overflow of the loss-scaled gradients is DeepSpeed's loss scaler at work: counted in
+        `loss_scale_skips` instead."""
+        self.loss_scale_skips = 0
+        """fp16: optimiser steps skipped because the loss-scaled gradients overflowed (the scale is then lowered)."""
         self._nonfinite_loss = False
 
     # ---- the loop's interface
@@ -168,6 +171,8 @@ class Zero3Backend:
             # fp16: DeepSpeed's dynamic loss scale overflows now and then by design; count only non-finite losses
             if not self.engine.fp16_enabled() or max_over_ranks(int(self._nonfinite_loss)):
                 self.skipped_steps += 1
+            else:
+                self.loss_scale_skips += 1
         self._nonfinite_loss = False
         norm = self.engine.get_global_grad_norm()
         return {"train/grad_norm": float(norm) if norm is not None else 0.0, "train/lr": self._lr}
