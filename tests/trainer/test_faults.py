@@ -133,3 +133,12 @@ def test_a_checkpoint_one_rank_cannot_write_is_never_the_newest(run_dir):
     assert "rank 1 could not write its part" in err  # rank 0's line
     ckpts = sorted(p.name for p in (run_dir / "run" / "checkpoints").iterdir())
     assert ckpts == ["step_1"]
+
+
+def test_a_killed_rank_without_restarts_ends_the_run_at_once(run_dir):
+    """SIGKILL of rank 1 mid-step, no restarts: torchrun stops rank 0 at once; nothing is left running and the
+    newest checkpoint (step 2) is what a rerun resumes from."""
+    status, err, seconds = _launch(run_dir, 29562, "1:3:reward:kill")
+    assert status != 0 and seconds < 30, seconds
+    assert sorted(p.name for p in (run_dir / "run" / "checkpoints").iterdir())[-1] == "step_2"
+    print(f"killed rank: every rank out {seconds:.1f} s after the kill")
