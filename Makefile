@@ -12,7 +12,7 @@ export HF_HUB_OFFLINE ?= 1
 VLLM_VENV ?= .venv-vllm
 VLLM_TESTS := tests/rollout/test_vllm_engine.py tests/trainer/test_vllm_train.py tests/evals/test_vllm_eval.py
 
-.PHONY: demo test test-main test-vllm install bench clean
+.PHONY: demo test test-main test-vllm test-dev install bench clean
 
 # The demo needs the runtime packages and matplotlib (curves.png) only; the tests add the dev tools (pytest, TRL for
 # the parity tests, DeepSpeed, import-linter). A dev install holds everything the demo needs, so it marks both.
@@ -46,6 +46,11 @@ $(VLLM_VENV)/.installed: pyproject.toml scripts/vllm_env.sh
 
 test-vllm: $(VLLM_VENV)/.installed
 	$(ONE_THREAD) VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm -p no:cacheprovider $(VLLM_TESTS)
+
+# Research code (dev/: the tiny base's builder, probes, tuning, the seed-table tooling) has tests of its own, kept out of
+# `make test`: they pin experiments, not the product.
+test-dev: $(VENV)/.installed
+	$(ONE_THREAD) $(PY) -m pytest -q -p no:cacheprovider dev/tests
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

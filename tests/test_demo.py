@@ -119,9 +119,9 @@ def test_compare_and_motion_kinds_select_vqa_and_write_two_image_and_video_rows(
     s = dataclasses.replace(seen[0], n_samples=40)
     assert demo.demo_suites(s.kinds) == ["vqa"]  # no one-image scenes to probe: no POPE, no grounding
     assert demo.demo_suites(("count", "compare")) == ["vqa", "pope"]
-    grpo = demo._stage_config(s, tmp_path, "grpo", tmp_path / "sft_model")
+    grpo = demo.stage_config(s, tmp_path, "grpo", tmp_path / "sft_model")
     assert grpo.eval.suites == ["vqa"] and "iou" not in grpo.reward.recipe
-    for cfg in (grpo, demo._stage_config(s, tmp_path, "sft", tmp_path / "model")):
+    for cfg in (grpo, demo.stage_config(s, tmp_path, "sft", tmp_path / "model")):
         # a 56 px frame stays 56 px: 2 x 2 tokens, as the scenes' images (not 128 tokens' worth)
         assert VideoSampling.from_config(cfg.data.video).pixel_bounds(DEFAULT_GEOMETRY) == (56 * 56, 56 * 56)
     capsys.readouterr()
@@ -182,12 +182,12 @@ def test_seed_targets_are_judged_on_hand_computed_lifts(tmp_path):
         (tmp_path / f"seed{seed}").mkdir()
         (tmp_path / f"seed{seed}" / "summary.json").write_text(json.dumps(s))
     doc = write_seeds_doc(tmp_path, tmp_path / "seeds.md").read_text()
-    assert doc == seeds_markdown(runs, "scripts/demo_seeds.sh")  # no eval directories: answered is n/a
+    assert doc == seeds_markdown(runs, "dev/demo_seeds.sh")  # no eval directories: answered is n/a
     assert "| 1 | 0.500 → 0.540 (+4.0) |" in doc and "| mean | 0.500 → 0.620 (+12.0) |" in doc
     assert ", 1 SFT steps then 2 GRPO steps;" in doc and "box questions alone" not in doc
     with_ground = {seed: {**s, "steps": {"ground_sft": 120, **s["steps"]}} for seed, s in runs.items()}
     assert ", 120 SFT steps on the box questions alone, 1 SFT steps then 2 GRPO steps;" in seeds_markdown(
-        with_ground, "scripts/demo_seeds.sh")
+        with_ground, "dev/demo_seeds.sh")
     # the answered share comes from each stage's eval info: seed 0 read 990 of 1,000 answers after SFT, all after
     for stage, missing in (("sft", 10), ("grpo", 0)):
         (tmp_path / "seed0" / f"eval_{stage}").mkdir()
@@ -202,9 +202,9 @@ def test_seed_targets_are_judged_on_hand_computed_lifts(tmp_path):
     (tmp_path / "seeds.md").write_text("stale table\n" + notes)
     doc = write_seeds_doc(tmp_path, tmp_path / "seeds.md").read_text()
     assert doc.endswith("\n" + notes) and "stale table" not in doc and doc.count(NOTES_MARK) == 1
-    assert doc.startswith(seeds_markdown({0: runs[0], 1: runs[1]}, "scripts/demo_seeds.sh")[:200])
+    assert doc.startswith(seeds_markdown({0: runs[0], 1: runs[1]}, "dev/demo_seeds.sh")[:200])
 
 
 def test_the_seed_table_needs_runs(tmp_path):
-    with pytest.raises(FileNotFoundError, match="scripts/demo_seeds.sh"):
+    with pytest.raises(FileNotFoundError, match="dev/demo_seeds.sh"):
         write_seeds_doc(tmp_path, tmp_path / "x.md")

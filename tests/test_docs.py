@@ -25,7 +25,7 @@ OPERATORS = {"|", "||", "&&", ";", ">", ">>", "2>", "2>&1", "&"}
 COMMAND_START = re.compile(r"^([A-Z_]+=\S*\s+)*(vlgrpo|python|torchrun|scripts/)")
 SINGLE_PROCESS = ("export", "eval", "plan", "data", "reward", "model", "cache")
 """Commands that run in one process: under torchrun every rank would write the same files."""
-REPO_DIRS = ("vlgrpo", "configs", "scripts", "docs", "tests", "evals", "data/models", ".ci")
+REPO_DIRS = ("vlgrpo", "configs", "scripts", "benchmarks", "dev", "docs", "tests", "evals", "data/models", ".ci")
 REPO_PATH = re.compile(r"(?<![\w./-])((?:%s)/[\w.@/-]*\w)" % "|".join(re.escape(d) for d in REPO_DIRS))
 
 
@@ -189,7 +189,7 @@ def test_every_repository_path_named_exists():
 
 def test_readme_is_an_entry_point():
     """Two commands first (the demo, the tests: both Makefile targets), at most 1,000 words, and the demo table's
-    figures are the five-seed table's mean row (docs/demo-seeds.md, written by scripts/demo_seeds.sh)."""
+    figures are the five-seed table's mean row (docs/demo-seeds.md, written by dev/demo_seeds.sh)."""
     text = (ROOT / "README.md").read_text()
     first = _blocks(text)
     assert [cmd.split("#")[0].strip() for _, cmd in first[:2]] == ["make demo", "make test"]

@@ -1,7 +1,7 @@
 """`vlgrpo demo`: the tiny end-to-end run on the shapes task, from a pretrained base to a report, on a laptop CPU.
 
 1. the base model: the shipped pretrained tiny Qwen2.5-VL (`data/models/shapes-tiny-qwen2_5_vl`, pretrained on
-captions and instructions by scripts/pretrain_tiny.py, as real RL starts from a pretrained VLM), or
+captions and instructions by dev/pretrain_tiny.py, as real RL starts from a pretrained VLM), or
 `base="init-tiny"`: a random one of any registered arch (`arch`) built here (merger calibrated on the training
 images, labels unused; the route the tests take), 2. synthesise shapes data, 3. a short SFT cold start on the demo's
 answer format (think_answer: the think part lists the shapes the question is about, then the answer), 4. evaluate,
@@ -62,7 +62,7 @@ class DemoSettings:
 
 def from_scratch(**changes) -> DemoSettings:
     """The demo before the pretrained base (a random 1.1 M-parameter model, colour questions on one-shape 56 px
-    scenes, 300 SFT + 400 GRPO steps): what scripts/bench_async.py measures, and the from-scratch route."""
+    scenes, 300 SFT + 400 GRPO steps): what benchmarks/bench_async.py measures, and the from-scratch route."""
     fields = {"base": INIT_TINY, "n_samples": 3000, "image_size": 56, "kinds": ("colour",), "max_shapes": 1,
               "answer_format": "answer", "sft_steps": 300, "grpo_steps": 400, "max_new_tokens": 24,
               "eval_samples": 200, "grpo_lr": 3e-4}  # fmt: skip
@@ -88,7 +88,9 @@ def video_settings(s: DemoSettings) -> list[str]:
     return [f"data.video.max_pixels={s.image_size**2}"] if "motion" in s.kinds else []
 
 
-def _stage_config(s: DemoSettings, out: Path, stage: str, model_dir: Path, extra: tuple[str, ...] = ()) -> Config:
+def stage_config(s: DemoSettings, out: Path, stage: str, model_dir: Path, extra: tuple[str, ...] = ()) -> Config:
+    """The run config of one demo stage ("sft" or "grpo") on `model_dir`, `extra` overrides last (benchmarks and
+    tuning scripts build their variants of the demo with it)."""
     data = out / "data"
     common = [
         f"model.name_or_path={model_dir}", f"data.train={data / 'train.jsonl'}", f"data.val={data / 'val.jsonl'}",
@@ -112,7 +114,8 @@ def _stage_config(s: DemoSettings, out: Path, stage: str, model_dir: Path, extra
     ])  # fmt: skip
 
 
-def _evaluate(model_dir: Path, cfg: Config, test: Path, s: DemoSettings, suites: list[str]):
+def evaluate_model(model_dir: Path, cfg: Config, test: Path, s: DemoSettings, suites: list[str]):
+    """The demo's held-out eval of a checkpoint: `suites` on `test`, prompted and sampled as `cfg` trained it."""
     from vlgrpo.data.images import ProcessorGeometry
     from vlgrpo.data.video import VideoSampling
     from vlgrpo.evals.run import build_eval_data, evaluate
@@ -202,7 +205,7 @@ def _ground_sft(s: DemoSettings, out: Path, model_dir: Path, train: Path) -> Pat
     ground = train.parent / "train_ground.jsonl"
     ground.write_text("\n".join(rows) + "\n")
     print(f"[3/6] grounding SFT: {s.ground_sft_steps} steps x {s.sft_prompts} of the {len(rows)} box questions")
-    run_training(_stage_config(s, out, "sft", model_dir, (f"data.train={ground}", f"train.steps={s.ground_sft_steps}",
+    run_training(stage_config(s, out, "sft", model_dir, (f"data.train={ground}", f"train.steps={s.ground_sft_steps}",
                                                           f"train.output_dir={out / 'ground_sft'}")))  # fmt: skip
     export_run(out / "ground_sft", out / "ground_model")
     return out / "ground_model"
@@ -232,19 +235,19 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None) -> dict:
         model_dir = _ground_sft(s, out, model_dir, paths["train"])
 
     print(f"[3/6] SFT cold start: {s.sft_steps} steps x {s.sft_prompts} samples")
-    sft_cfg = _stage_config(s, out, "sft", model_dir)
+    sft_cfg = stage_config(s, out, "sft", model_dir)
     sft_history = run_training(sft_cfg)
     export_run(out / "sft", out / "sft_model")
     print("[4/6] evaluating the SFT model on the held-out test split")
-    before = _evaluate(out / "sft_model", sft_cfg, paths["test"], s, suites)
+    before = evaluate_model(out / "sft_model", sft_cfg, paths["test"], s, suites)
     write_outputs(before, out / "eval_sft")
 
     print(f"[5/6] GRPO: {s.grpo_steps} steps x {s.grpo_prompts} prompts x {s.completions} completions")
-    grpo_cfg = _stage_config(s, out, "grpo", out / "sft_model")
+    grpo_cfg = stage_config(s, out, "grpo", out / "sft_model")
     grpo_history = run_training(grpo_cfg, evaluator=make_evaluator(grpo_cfg) if s.val_every else None)
     export_run(out / "grpo", out / "grpo_model")
     print("[6/6] evaluating the GRPO model on the held-out test split")
-    after = _evaluate(out / "grpo_model", grpo_cfg, paths["test"], s, suites)
+    after = evaluate_model(out / "grpo_model", grpo_cfg, paths["test"], s, suites)
     write_outputs(after, out / "eval_grpo")
 
     summary = _summary(s, detect_arch(str(model_dir)), before.metrics, after.metrics, grpo_history, time.time() - t0)

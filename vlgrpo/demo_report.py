@@ -108,7 +108,7 @@ def write_report(out: Path, summary: dict, sft: list[dict], grpo: list[dict], be
     return path
 
 
-# ---------------------------------------------------------------- the seed table (scripts/demo_seeds.sh)
+# ---------------------------------------------------------------- the seed table (dev/demo_seeds.sh)
 
 
 def _pts(summary: dict, key: str) -> float | None:
@@ -220,17 +220,17 @@ def _answered(run: Path) -> dict[str, float]:
     return out
 
 
-NOTES_MARK = "<!-- written by hand below this line: scripts/demo_seeds.sh keeps it -->"
+NOTES_MARK = "<!-- written by hand below this line: dev/demo_seeds.sh keeps it -->"
 """In docs/demo-seeds.md, the line after which the notes are hand-written; a regenerated table keeps them."""
 
 
-def write_seeds_doc(run_root: str | Path, out: str | Path, command: str = "scripts/demo_seeds.sh") -> Path:
+def write_seeds_doc(run_root: str | Path, out: str | Path, command: str = "dev/demo_seeds.sh") -> Path:
     """Read run_root/seed<S>/summary.json for every seed there and write the seed table to `out`, keeping what `out`
     already holds from its NOTES_MARK line on."""
     root = Path(run_root)
     found = sorted(root.glob("seed*/summary.json"), key=lambda p: int(p.parent.name[4:]))
     if not found:
-        raise FileNotFoundError(f"no seed<S>/summary.json under {root}: run scripts/demo_seeds.sh first")
+        raise FileNotFoundError(f"no seed<S>/summary.json under {root}: run dev/demo_seeds.sh first")
     summaries = {int(p.parent.name[4:]): {**json.loads(p.read_text()), **_answered(p.parent)} for p in found}
     path = Path(out)
     old = path.read_text() if path.exists() else ""

@@ -1,7 +1,7 @@
 """Property and fuzz tests: 10,000 random and adversarial strings through every parser, and 100 kB inputs in time.
 
 Random text plus strings glued from the tokens the parsers look for (tags, braces, brackets, numbers, letters).
-Exact per-parser timings live in scripts/bench_rewards.py; the test asserts only a generous bound.
+Exact per-parser timings live in benchmarks/bench_rewards.py; the test asserts only a generous bound.
 """
 
 import math

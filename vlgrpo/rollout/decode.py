@@ -64,7 +64,7 @@ class SharedPrefixDecoder:
 
     drop_finished = True
     """`hf.decode_loop` drops a prompt once all its G rows have finished (`keep`); False keeps every row stepping to
-    the end, the same tokens and log-probs at more cost (scripts/bench_decode.py compares the two)."""
+    the end, the same tokens and log-probs at more cost (benchmarks/bench_decode.py compares the two)."""
 
     @staticmethod
     def supports(model) -> bool:

@@ -11,7 +11,7 @@ One command rebuilds `data/models/<name>/` deterministically (fixed seeds, one t
    "List each red circle." (the shapes' name list, or "none") and "Find each red circle." (their grounding JSON)
    with the captions mixed in: the question-conditioned lookup and localisation the demo needs,
 4. evaluate greedy captions and instructions on held-out scenes and zero-shot demo-style questions, write the model
-   card (scripts/pretrain_card.py).
+   card (dev/pretrain_card.py).
 
 Two caption tasks alternate step by step in stages 1-2: "Detect the shapes." (grounding JSON) and "Name the shapes."
 (a name list).
@@ -20,10 +20,10 @@ A caption names every object left to right as Qwen2.5-VL's own grounding output:
 `[{"bbox_2d": [x1, y1, x2, y2], "label": "red circle"}, ...]`, boxes in pixels of the *resized* input.
 Training never sees the demo's question templates or its scenes: see SEED STREAMS below.
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/pretrain_tiny.py            # the shipped model
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/pretrain_tiny.py --steps-scale 0.05 --out /tmp/t  # a quick check
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/pretrain_tiny.py --from-stage2 /tmp/saved  # stage 3 on a saved build
-    .venv/bin/python scripts/pretrain_tiny.py --card-only     # rewrite README.md from pretrain.json
+    OMP_NUM_THREADS=1 .venv/bin/python dev/pretrain_tiny.py            # the shipped model
+    OMP_NUM_THREADS=1 .venv/bin/python dev/pretrain_tiny.py --steps-scale 0.05 --out /tmp/t  # a quick check
+    OMP_NUM_THREADS=1 .venv/bin/python dev/pretrain_tiny.py --from-stage2 /tmp/saved  # stage 3 on a saved build
+    .venv/bin/python dev/pretrain_tiny.py --card-only     # rewrite README.md from pretrain.json
 """
 
 from __future__ import annotations
@@ -729,7 +729,7 @@ def main(argv: list[str] | None = None) -> int:
                  lr=a.lr, lr2=a.lr2, vision_lr=a.vision_lr, names_every=a.names_every, merger_std=a.merger_std, merger_lr_scale=(a.merger_lr / a.lr if a.merger_lr else 1.0), single_steps=round(a.single_steps * a.steps_scale), eval_scenes=a.eval_scenes, eval_every=a.eval_every,
                  zero_shot_questions=a.zero_shot_questions, spec=TinySpec(**{**asdict(default_spec()), **json.loads(a.spec)}))  # fmt: skip
     s.warmup = max(1, min(s.warmup, s.stage1_steps // 2 or 1))
-    command = "OMP_NUM_THREADS=1 .venv/bin/python scripts/pretrain_tiny.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "OMP_NUM_THREADS=1 .venv/bin/python dev/pretrain_tiny.py " + " ".join(sys.argv[1:] if argv is None else argv)
     figures = build(Path(a.out), s, command.strip(), Path(a.from_stage2) if a.from_stage2 else None)
     print(f"wrote {a.out} ({figures['size_mb']} MB) in {figures['seconds']['total']:.0f} s; weights sha256 "
           f"{figures['weights_sha256'][:16]}")

@@ -1,4 +1,4 @@
-"""scripts/probe_grounding.py: the box a probe reads from an answer, its scores, and a run on the shipped base."""
+"""dev/probe_grounding.py: the box a probe reads from an answer, its scores, and a run on the shipped base."""
 
 import importlib.util
 import json
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-BASE = Path(__file__).resolve().parents[1] / "data" / "models" / "shapes-tiny-qwen2_5_vl"
+SCRIPTS = Path(__file__).resolve().parents[1]  # dev/, where the probe and the base builder live
+BASE = Path(__file__).resolve().parents[2] / "data" / "models" / "shapes-tiny-qwen2_5_vl"
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,8 @@
 
 Both trainers run in one process, one step each in turn (TRL step k, vlgrpo step k, TRL step k+1, ...), so a change in
 machine load hits both alike; the table gives medians over the timed steps after a warm-up. Encoder images and
-prompt tokens are counted by the same forward hooks on both models (scripts/bench_counting.py).
-Usage: OMP_NUM_THREADS=1 python scripts/bench_vs_trl.py [--arch qwen3_vl --steps 5 --warmup 2 --settings lora/0,full/0.04]
+prompt tokens are counted by the same forward hooks on both models (benchmarks/bench_counting.py).
+Usage: OMP_NUM_THREADS=1 python benchmarks/bench_vs_trl.py [--arch qwen3_vl --steps 5 --warmup 2 --settings lora/0,full/0.04]
 """
 
 from __future__ import annotations

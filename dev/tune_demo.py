@@ -1,6 +1,6 @@
 """Tune the demo's sizes: build model + data, SFT, GRPO, each judged on the *val* split (never test).
 
-    OMP_NUM_THREADS=1 python scripts/tune_demo.py --out /tmp/t1 --set sft_steps=300 --spec hidden_size=128 \
+    OMP_NUM_THREADS=1 python dev/tune_demo.py --out /tmp/t1 --set sft_steps=300 --spec hidden_size=128 \
         --stages sft,grpo --eval-every 50
 
 Stages reuse what an earlier call left in --out (model/, data/, sft_model/), so several GRPO settings can be tried
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from vlgrpo.demo import (
-    DemoSettings, _evaluate, _stage_config, build_model_and_data, from_scratch, resolve_base,
+    DemoSettings, evaluate_model, stage_config, build_model_and_data, from_scratch, resolve_base,
 )
 from vlgrpo.models import TinySpec
 
@@ -35,7 +35,7 @@ def _parse(pairs: list[str], cls):
 
 def _val_eval(model_dir: Path, cfg, val: Path, s: DemoSettings) -> dict:
     suites = ["vqa", "grounding"] if "ground" in s.kinds else ["vqa"]
-    return _evaluate(model_dir, cfg, val, s, suites).metrics
+    return evaluate_model(model_dir, cfg, val, s, suites).metrics
 
 
 def main() -> None:
@@ -65,7 +65,7 @@ def main() -> None:
         t0 = time.time()
         src = out / "model" if stage == "sft" else out / "sft_model"
         name = stage if stage == "sft" else f"grpo{a.tag}"
-        cfg = _stage_config(s, out, "sft" if stage == "sft" else "grpo", src)
+        cfg = stage_config(s, out, "sft" if stage == "sft" else "grpo", src)
         for pair in a.extra + [f"train.output_dir={out / name}", f"eval.every_steps={a.eval_every}",
                                "eval.max_samples=150", "logging.progress_bar=false"]:
             _set(cfg, pair)

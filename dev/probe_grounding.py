@@ -18,10 +18,10 @@ probe, per layer, from the hidden state of the image token holding an object's c
 to its offset within the token's cell, fitted on 70 % of the objects of fresh scenes and scored (mean absolute error,
 px) on the rest, next to always guessing the mean.
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/probe_grounding.py data/models/shapes-tiny-qwen2_5_vl runs/demo/data
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/probe_grounding.py runs/demo/sft_model runs/demo/data
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/probe_grounding.py data/models/shapes-tiny-qwen2_5_vl --positions
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/probe_grounding.py data/models/shapes-tiny-qwen2_5_vl --distance
+    OMP_NUM_THREADS=1 .venv/bin/python dev/probe_grounding.py data/models/shapes-tiny-qwen2_5_vl runs/demo/data
+    OMP_NUM_THREADS=1 .venv/bin/python dev/probe_grounding.py runs/demo/sft_model runs/demo/data
+    OMP_NUM_THREADS=1 .venv/bin/python dev/probe_grounding.py data/models/shapes-tiny-qwen2_5_vl --positions
+    OMP_NUM_THREADS=1 .venv/bin/python dev/probe_grounding.py data/models/shapes-tiny-qwen2_5_vl --distance
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 # The demo (the README's `make demo`: vlgrpo demo with its defaults) on seeds 0-4, one after the other, then the seed
 # table with issue #16's targets in docs/demo-seeds.md. 45-80 minutes on 2 CPU cores; nothing else should run
 # beside it (wall_seconds is one of the figures).
-#   scripts/demo_seeds.sh                 # seeds 0-4 into runs/demo-seeds/seed<S>, table into docs/demo-seeds.md
-#   SEEDS="0 1" scripts/demo_seeds.sh     # a subset (the table covers the seeds found under runs/demo-seeds)
+#   dev/demo_seeds.sh                 # seeds 0-4 into runs/demo-seeds/seed<S>, table into docs/demo-seeds.md
+#   SEEDS="0 1" dev/demo_seeds.sh     # a subset (the table covers the seeds found under runs/demo-seeds)
 # The doc's hand-written notes, from its NOTES_MARK line (vlgrpo/demo_report.py) on, are kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -8,7 +8,7 @@ transformers, packed), since this machine's speed drifts over minutes: the forwa
 log-prob passes) and forward + backward of the summed log-probs (the update). Medians per batch. Both ways must give
 the same log-probs (checked to 1e-5).
 
-Usage: OMP_NUM_THREADS=1 python scripts/bench_update.py [--model DIR] [--prompts 16] [--completions 8] [--rounds 2]
+Usage: OMP_NUM_THREADS=1 python benchmarks/bench_update.py [--model DIR] [--prompts 16] [--completions 8] [--rounds 2]
 The model defaults to the SFT cold start of `make demo` (runs/demo/sft_model) when there is one, else the shipped
 base (whose completions run to --max-new-tokens, so rows are nearly all the same length: little padding to skip).
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from bench_decode import setup  # scripts/ is on sys.path when this script runs
+from bench_decode import setup  # benchmarks/ is on sys.path when this script runs
 from vlgrpo.models import placeholder_token_ids
 from vlgrpo.rollout import inputs
 from vlgrpo.rollout.base import SamplingParams

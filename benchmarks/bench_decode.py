@@ -10,8 +10,8 @@ transformers, kept, shared), since this machine's speed drifts over minutes; the
 ways sample the same tokens (checked); chunked prefills round differently, so its tokens differ slightly (its mean
 length is printed). The default batch is a demo GRPO step: 16 prompts x 8 completions.
 
-Usage: OMP_NUM_THREADS=1 python scripts/bench_decode.py [--model DIR] [--prompts 16] [--completions 8] [--rounds 2]
-The model defaults to the demo's SFT cold start when `scripts/bench_async.py` left one in runs/bench_async/seed0,
+Usage: OMP_NUM_THREADS=1 python benchmarks/bench_decode.py [--model DIR] [--prompts 16] [--completions 8] [--rounds 2]
+The model defaults to the demo's SFT cold start when `benchmarks/bench_async.py` left one in runs/bench_async/seed0,
 else the shipped base (whose completions run to --max-new-tokens).
 """
 

@@ -4,7 +4,7 @@
 Each time is the median of --repeat runs on one thread. math_verify's own caches are cleared before every run, so a
 repeated input is parsed again (a cached parse would time nothing); gold answers are parsed before timing, as
 score() does once per prompt for its G completions.
-Usage: OMP_NUM_THREADS=1 python scripts/bench_rewards.py [--json] (wrap in `flock /tmp/cpu-heavy.lock` when shared).
+Usage: OMP_NUM_THREADS=1 python benchmarks/bench_rewards.py [--json] (wrap in `flock /tmp/cpu-heavy.lock` when shared).
 """
 
 from __future__ import annotations

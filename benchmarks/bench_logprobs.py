@@ -1,7 +1,7 @@
 """Peak extra memory and time of per-token log-probs + entropy (forward and backward): naive vs chunked.
 
 Each method runs in a fresh subprocess on the CPU with one thread; the peak is the process's high-water RSS
-above the RSS right after the logits exist. Usage: python scripts/bench_logprobs.py [--n 4 --t 128 --chunk 64]
+above the RSS right after the logits exist. Usage: python benchmarks/bench_logprobs.py [--n 4 --t 128 --chunk 64]
 """
 
 from __future__ import annotations

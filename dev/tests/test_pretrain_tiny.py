@@ -1,4 +1,4 @@
-"""scripts/pretrain_tiny.py: captions in the model's box convention, their scoring, the training rows, and that one
+"""dev/pretrain_tiny.py: captions in the model's box convention, their scoring, the training rows, and that one
 command rebuilds the same weights."""
 
 import importlib.util
@@ -14,7 +14,7 @@ from vlgrpo.data.images import ProcessorGeometry
 from vlgrpo.data.synth import Shape, draw_scene
 from vlgrpo.models import load_model
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "pretrain_tiny.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "pretrain_tiny.py"
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +165,7 @@ def test_model_card_names_a_chosen_mrope_section_and_keeps_the_base_10_reason_fo
     line = next(x for x in model_card("m", shipped).splitlines() if "M-RoPE" in x)
     assert line.endswith("LM M-RoPE base 10 (not 10,000: at 10,000 the width axis of the 4 x 4 image-token grid gets "
                          "frequencies under 0.004 rad per token, too low to tell its columns apart; `default_spec` in "
-                         "scripts/pretrain_tiny.py).")
+                         "dev/pretrain_tiny.py).")
     shipped["settings"]["spec"].update(rope_theta=1000.0, mrope_section=[1, 3, 12])
     line = next(x for x in model_card("m", shipped).splitlines() if "M-RoPE" in x)
     assert line.endswith("LM M-RoPE base 1000, mrope_section (1, 3, 12) (temporal, height, width).")

@@ -3,7 +3,7 @@ prompt prefilled once, own decode loop), on a ~2.4 M-parameter tiny Qwen2.5-VL, 
 
 Naive is what TRL-style trainers do: `generate(pixel_values, num_return_sequences=G)` and a log-prob forward over G
 rows that each carry the image's pixels. Every completion is exactly `--new-tokens` long in both paths (EOS is
-suppressed) so the work compared is identical. Usage: python scripts/bench_rollout.py [--sizes 112,448,672 --g 8]
+suppressed) so the work compared is identical. Usage: python benchmarks/bench_rollout.py [--sizes 112,448,672 --g 8]
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ faster for a reason that is not the overlap) and held-out VQA accuracy after GRP
 Each mode runs `--repeats` times per seed in mirrored order (sync1 sync2 split split sync2 sync1) and its steps are
 pooled: this machine's speed drifts by up to 2x over minutes, and the mirror spreads a drift over the modes alike.
 
-Usage: python scripts/bench_async.py [--seeds 0,1,2] [--grpo-steps 40] [--prompts 2] [--grpo-lr 1.5e-4] [--beta 0]
+Usage: python benchmarks/bench_async.py [--seeds 0,1,2] [--grpo-steps 40] [--prompts 2] [--grpo-lr 1.5e-4] [--beta 0]
                                      [--repeats 2]
 The defaults are the configuration of docs/scaling-out.md: 2 prompts x 8 completions per step and no reference pass,
 so that the rollout is about half of a one-thread synchronous step, at half the demo's GRPO learning rate.
@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from vlgrpo.demo import (
-    DemoSettings, _evaluate, _stage_config, build_model_and_data, from_scratch, resolve_base,
+    DemoSettings, evaluate_model, stage_config, build_model_and_data, from_scratch, resolve_base,
 )
 from vlgrpo.trainer import run_training
 from vlgrpo.trainer.export import export_run
@@ -54,7 +54,7 @@ def grpo_run(s: DemoSettings, out: Path, sft_model: Path, mode: str, threads: in
     torch.set_num_threads(threads)
     os.environ["OMP_NUM_THREADS"] = "1"  # a split worker (spawned) takes one thread
     shutil.rmtree(out / mode, ignore_errors=True)  # a rerun measures afresh (the SFT model is kept and reused)
-    cfg = _stage_config(s, out, "grpo", sft_model, (*SETTINGS, f"train.output_dir={out / mode}", "eval.every_steps=0",
+    cfg = stage_config(s, out, "grpo", sft_model, (*SETTINGS, f"train.output_dir={out / mode}", "eval.every_steps=0",
                         "logging.progress_bar=false", "train.save_every=0", *extra))  # fmt: skip
     state = build_state(cfg, progress=False)
     try:
@@ -66,7 +66,7 @@ def grpo_run(s: DemoSettings, out: Path, sft_model: Path, mode: str, threads: in
         return {"later": later}
     export_run(out / mode, out / f"{mode}_model")
     torch.set_num_threads(1)  # the held-out eval is not timed: one thread, as every mode's
-    result = _evaluate(out / f"{mode}_model", cfg, out / "data" / "test.jsonl", s, ["vqa"])
+    result = evaluate_model(out / f"{mode}_model", cfg, out / "data" / "test.jsonl", s, ["vqa"])
     return summarise(later) | {"accuracy": result.metrics["eval/vqa/accuracy"]}
 
 
@@ -118,7 +118,7 @@ def main() -> None:
         out = Path(args.out) / f"seed{seed}"
         torch.set_num_threads(2)
         model_dir, _ = build_model_and_data(s, out, resolve_base(s.base))
-        sft_cfg = _stage_config(s, out, "sft", model_dir, tuple(SETTINGS))
+        sft_cfg = stage_config(s, out, "sft", model_dir, tuple(SETTINGS))
         if not (out / "sft_model").is_dir():
             run_training(sft_cfg)
             export_run(out / "sft", out / "sft_model")

@@ -1,6 +1,6 @@
-"""The model card (README.md) of a model built by scripts/pretrain_tiny.py: every figure read from its pretrain.json.
+"""The model card (README.md) of a model built by dev/pretrain_tiny.py: every figure read from its pretrain.json.
 
-    .venv/bin/python scripts/pretrain_tiny.py --card-only     # rewrite README.md from pretrain.json
+    .venv/bin/python dev/pretrain_tiny.py --card-only     # rewrite README.md from pretrain.json
 """
 
 from __future__ import annotations
@@ -59,12 +59,12 @@ def _wall(f: dict) -> list[str]:
             f"{sec['caption_eval']:.0f} s, zero-shot eval {sec['zero_shot_eval']:.0f} s), torch {f['torch']}"
             f"{f', CPU kernels ' + f['cpu_capability'] if 'cpu_capability' in f else ''}. The same "
             f"command on the same machine writes the same weights (model.safetensors sha256 `{f['weights_sha256']}`; "
-            "`tests/test_pretrain_tiny.py` checks it on short builds, and that a saved stage-2 model gives the same "
+            "`dev/tests/test_pretrain_tiny.py` checks it on short builds, and that a saved stage-2 model gives the same "
             "result as a rebuild).")  # fmt: skip
     if stage2.get("source", "built here") != "built here":
         line += (f" Stages 0-2 were taken from a saved build (`--from-stage2`, stage-2 weights sha256 "
                  f"`{stage2['weights_sha256']}`, what the full command's stages 0-2 write); their times are that "
-                 "build's. The full rebuild, `OMP_NUM_THREADS=1 .venv/bin/python scripts/pretrain_tiny.py`, takes "
+                 "build's. The full rebuild, `OMP_NUM_THREADS=1 .venv/bin/python dev/pretrain_tiny.py`, takes "
                  "about the total above.")  # fmt: skip
     return [line]
 
@@ -155,7 +155,7 @@ def model_card(name: str, f: dict) -> str:
         "",
         "A tiny Qwen2.5-VL (the real architecture, processor and chat template; the locally trained 512-token BPE of "
         "`vlgrpo.models.build_tiny_tokenizer`) pretrained on synthetic shapes captions and instructions, so GRPO on "
-        "the shapes task starts from a model that already reads images. Built by `scripts/pretrain_tiny.py`; loads "
+        "the shapes task starts from a model that already reads images. Built by `dev/pretrain_tiny.py`; loads "
         "with `vlgrpo.models.load_model(path)`.",
         "",
         "## How it was built",
@@ -173,7 +173,7 @@ def model_card(name: str, f: dict) -> str:
         + (f", mrope_section {tuple(spec['mrope_section'])} (temporal, height, width)" if spec.get("mrope_section")
            else "")
         + (" (not 10,000: at 10,000 the width axis of the 4 x 4 image-token grid gets frequencies under 0.004 rad per "
-           "token, too low to tell its columns apart; `default_spec` in scripts/pretrain_tiny.py)."
+           "token, too low to tell its columns apart; `default_spec` in dev/pretrain_tiny.py)."
            if spec.get("rope_theta", 10000.0) != 10000.0 and not spec.get("mrope_section") else "."),
         f"- Images: {f['image_size']} x {f['image_size']} px scenes ({f['image_tokens']} image tokens after the 2x2 "
         f"merge), 1-{s['max_shapes']} non-overlapping shapes from `vlgrpo.data.synth.draw_scene`. Use this image size "

@@ -2,7 +2,7 @@
 
 `PassCounter.attach(model)` hooks the vision tower (`visual`, merger inside) and the inner Qwen-VL model (the module
 that owns `visual` and the language model). It knows nothing of the trainer that calls the model: TRL and vlgrpo are
-counted by the same code. Used by scripts/bench_vs_trl.py.
+counted by the same code. Used by benchmarks/bench_vs_trl.py.
 """
 
 from __future__ import annotations
