@@ -4,7 +4,7 @@
 # beside it (wall_seconds is one of the figures).
 #   dev/demo_seeds.sh                 # seeds 0-4 into runs/demo-seeds/seed<S>, table into docs/demo-seeds.md
 #   SEEDS="0 1" dev/demo_seeds.sh     # a subset (the table covers the seeds found under runs/demo-seeds)
-# The doc's hand-written notes, from its NOTES_MARK line (vlgrpo/demo_report.py) on, are kept.
+# The doc's hand-written notes, from its NOTES_MARK line (dev/seeds_table.py) on, are kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -13,5 +13,5 @@ for seed in ${SEEDS:-0 1 2 3 4}; do
   echo "== seed $seed"
   "$PY" -m vlgrpo.cli demo --seed "$seed" --out "$ROOT/seed$seed" "$@"
 done
-"$PY" -c "import sys; from vlgrpo.demo_report import write_seeds_doc; print(write_seeds_doc(sys.argv[1], sys.argv[2]))" \
+"$PY" -c "import sys; sys.path.insert(0, 'dev'); from seeds_table import write_seeds_doc; print(write_seeds_doc(sys.argv[1], sys.argv[2]))" \
   "$ROOT" "${DOC:-docs/demo-seeds.md}"

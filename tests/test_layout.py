@@ -24,3 +24,12 @@ def test_make_test_collects_no_research_test():
     testpaths = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["testpaths"]
     assert testpaths == ["tests"] and not list((ROOT / "tests").glob("test_p*_tiny.py"))
     assert (ROOT / "dev" / "tests" / "test_pretrain_tiny.py").is_file()
+
+
+def test_the_package_names_no_issue_and_no_research_target():
+    import re
+
+    found = [f"{p.relative_to(ROOT)}:{n}" for p in sorted((ROOT / "vlgrpo").rglob("*.py"))
+             for n, line in enumerate(p.read_text().splitlines(), 1)
+             if re.search(r"\bissue #\d+|seed_targets", line)]  # fmt: skip
+    assert not found, found
