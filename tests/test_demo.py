@@ -49,30 +49,6 @@ def test_demo_runs_every_stage_from_the_shipped_base_and_writes_a_checkable_summ
     assert len((out / "grpo" / "metrics.jsonl").read_text().splitlines()) == 1
 
 
-def test_a_grounding_sft_phase_trains_on_the_box_questions_alone_and_starts_the_mixed_cold_start(tmp_path):
-    out = tmp_path / "demo"
-    assert main(["demo", "--out", str(out), "--base", "init-tiny", "--n", "120", "--ground-sft-steps", "2",
-                 "--sft-steps", "1", "--grpo-steps", "1", "--eval-samples", "4", "--kinds", "colour,ground",
-                 "--max-shapes", "2", "--image-size", "56"]) == 0
-    train = [json.loads(line) for line in (out / "data" / "train.jsonl").read_text().splitlines()]
-    ground = [json.loads(line) for line in (out / "data" / "train_ground.jsonl").read_text().splitlines()]
-    assert ground == [r for r in train if r["task"] == "shapes/ground"] and 0 < len(ground) < len(train)
-    assert [json.loads(line)["step"] for line in (out / "ground_sft" / "metrics.jsonl").read_text().splitlines()] == [
-        1, 2]
-    assert f"name_or_path: {out / 'ground_model'}" in (out / "sft" / "config.yaml").read_text()
-    assert json.loads((out / "summary.json").read_text())["steps"] == {"ground_sft": 2, "sft": 1, "grpo": 1}
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--ground-sft-steps", "2", "--kinds", "colour,count"], "needs the ground kind in --kinds (given: colour,count)"),
-    (["--ground-sft-steps", "-1"], "--ground-sft-steps -1: accepted 0 (none) or more steps"),
-])
-def test_a_grounding_sft_phase_without_box_questions_or_with_negative_steps_is_refused(tmp_path, capsys, args,
-                                                                                       message):
-    assert main(["demo", "--out", str(tmp_path / "d"), *args]) == 2
-    assert message in capsys.readouterr().err and not (tmp_path / "d").exists()
-
-
 def test_an_unknown_base_is_named_with_what_is_accepted(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path / "d"), "--base", "no-such-model"]) == 2
     err = capsys.readouterr().err

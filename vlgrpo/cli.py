@@ -99,8 +99,6 @@ def add_demo_command(sub) -> None:
                    "with another base it must be the base's own")
     p.add_argument("--n", type=int, help="shapes samples to synthesise")
     p.add_argument("--sft-steps", type=int)
-    p.add_argument("--ground-sft-steps", type=int, help="SFT steps on the box questions alone before the mixed cold "
-                   "start (default 0: none)")
     p.add_argument("--grpo-steps", type=int)
     p.add_argument("--eval-samples", type=int, help="test samples per eval suite")
     p.add_argument("--kinds", help="question kinds, comma-separated, of count,colour,exist,ground (default: all four), "
@@ -118,7 +116,6 @@ def _cmd_demo(args) -> int:
     from vlgrpo.demo import DemoSettings, from_scratch, run_demo
 
     given = {"n_samples": args.n, "sft_steps": args.sft_steps, "grpo_steps": args.grpo_steps,
-             "ground_sft_steps": args.ground_sft_steps,
              "eval_samples": args.eval_samples, "seed": args.seed, "max_shapes": args.max_shapes,
              "base": args.base, "arch": args.arch, "image_size": args.image_size,
              "kinds": tuple(args.kinds.split(",")) if args.kinds else None}  # fmt: skip

@@ -42,7 +42,6 @@ class DemoSettings:
     motion (a video of frame files), answered in text (first / second, left / right) and scored by the VQA suite."""
     max_shapes: int = 3
     answer_format: str = "think_answer"  # the SFT target thinks by listing the shapes asked about (meta.reasoning)
-    ground_sft_steps: int = 0  # SFT steps on the train split's box questions alone, before the mixed cold start
     sft_steps: int = 120  # a cold start until the format holds (0.99 of test completions on seed 0; 100: 0.67)
     sft_prompts: int = 16
     sft_lr: float = 1e-3
@@ -194,23 +193,6 @@ def build_model_and_data(s: DemoSettings, out: Path, base: Path | None) -> tuple
     return model_dir, paths
 
 
-def _ground_sft(s: DemoSettings, out: Path, model_dir: Path, train: Path) -> Path:
-    """A first SFT phase on the train split's box questions alone (the mixed cold start follows from its model):
-    with 120 steps, grounding rose under GRPO on all five seeds (mean +2.5 points, against +0.3 without it) but VQA
-    less (+6.6 against +11.5), so it is opt-in (docs/demo-seeds.md)."""
-    from vlgrpo.trainer import run_training
-    from vlgrpo.trainer.export import export_run
-
-    rows = [line for line in train.read_text().splitlines() if json.loads(line)["task"] == "shapes/ground"]
-    ground = train.parent / "train_ground.jsonl"
-    ground.write_text("\n".join(rows) + "\n")
-    print(f"[3/6] grounding SFT: {s.ground_sft_steps} steps x {s.sft_prompts} of the {len(rows)} box questions")
-    run_training(stage_config(s, out, "sft", model_dir, (f"data.train={ground}", f"train.steps={s.ground_sft_steps}",
-                                                          f"train.output_dir={out / 'ground_sft'}")))  # fmt: skip
-    export_run(out / "ground_sft", out / "ground_model")
-    return out / "ground_model"
-
-
 def run_demo(out_dir: str | Path, settings: DemoSettings | None = None) -> dict:
     """Run every stage and return the summary (also written to out_dir/summary.json)."""
     from vlgrpo.evals.run import make_evaluator, write_outputs
@@ -222,17 +204,10 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None) -> dict:
     if s.arch != "auto" and s.arch not in ARCHS:
         raise InputError(f"--arch {s.arch!r}: accepted auto, {', '.join(ARCHS)}")
     base = resolve_base(s.base, s.arch)  # a wrong --base or --arch fails before anything in out_dir is replaced
-    if s.ground_sft_steps < 0:
-        raise InputError(f"--ground-sft-steps {s.ground_sft_steps}: accepted 0 (none) or more steps")
-    if s.ground_sft_steps and "ground" not in s.kinds:
-        raise InputError(f"--ground-sft-steps {s.ground_sft_steps} needs the ground kind in --kinds "
-                         f"(given: {','.join(s.kinds)})")
-    for stale in ("sft", "grpo", "sft_model", "grpo_model", "eval_sft", "eval_grpo", "ground_sft", "ground_model"):
+    for stale in ("sft", "grpo", "sft_model", "grpo_model", "eval_sft", "eval_grpo"):
         shutil.rmtree(out / stale, ignore_errors=True)  # the demo owns its directory
     model_dir, paths = build_model_and_data(s, out, base)
     suites = demo_suites(s.kinds)
-    if s.ground_sft_steps:
-        model_dir = _ground_sft(s, out, model_dir, paths["train"])
 
     print(f"[3/6] SFT cold start: {s.sft_steps} steps x {s.sft_prompts} samples")
     sft_cfg = stage_config(s, out, "sft", model_dir)
@@ -285,7 +260,7 @@ def _summary(s: DemoSettings, arch: str, before: dict, after: dict, grpo_history
         "arch": arch,
         "seed": s.seed,
         "kinds": list(s.kinds),
-        "steps": {**({"ground_sft": s.ground_sft_steps} if s.ground_sft_steps else {}), "sft": s.sft_steps,
+        "steps": {"sft": s.sft_steps,
                   "grpo": s.grpo_steps},
         "final_grpo_entropy": mean(last, "grpo/entropy"),  # the collapse indicators: last COLLAPSE_WINDOW steps
         "final_grpo_kl": mean(last, "grpo/kl"),
