@@ -13,7 +13,6 @@ import torch
 
 from vlgrpo import grpo
 from vlgrpo.rewards import score
-from vlgrpo.rollout.base import SamplingParams
 from vlgrpo.rollout.inputs import completion_logprobs_and_entropy
 from vlgrpo.registry import ADVANTAGE, AGGREGATION, RATIO
 from vlgrpo.trainer.batch import TrainBatch, make_batch
@@ -23,6 +22,7 @@ from vlgrpo.trainer.offpolicy import OffPolicy
 from vlgrpo.models import eval_mode
 from vlgrpo.trainer.backends import max_over_ranks, no_dropout
 from vlgrpo.trainer.sft import render_target
+from vlgrpo.trainer.source import rollout_source
 from vlgrpo.trainer.watchdog import Watchdog
 from vlgrpo.trainer.state import RunState, staleness
 from vlgrpo.types import Completion, InputError, RolloutGroup, Sample
@@ -69,10 +69,8 @@ class Trainer:
         self.aggregate_fn = AGGREGATION.load(g.aggregation)
         self.step_fn = self.sft_step if state.cfg.train.stage == "sft" else self.grpo_step
         self.off_policy = OffPolicy(state, self._micro_batches)
-        self.submitted = state.step
-        """Split rollout: the last training step whose prompts went to the worker."""
-        self.staleness = 0
-        """Split rollout: policy versions between the weights that sampled this step's groups and the trainer's."""
+        self.source = rollout_source(state, staleness(state.cfg))
+        """Where each round's groups come from (trainer/source.py): sampled now, or by a worker kept ahead."""
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         self.watchdog = Watchdog(state.cfg.train.fault_timeout_s, rank, state.step)
         state.timers.on_phase = self.watchdog.beat
@@ -94,7 +92,7 @@ class Trainer:
             batch = self._collate(groups, features)
 
         # 6. the ratio's base and the rollout IS weights (trainer/offpolicy.py): nothing when on-policy
-        correction = self.off_policy(batch, self.staleness)
+        correction = self.off_policy(batch, self.source.staleness)
         ref_logp = None
         if cfg.grpo.beta > 0:
             with timers("ref_logprob"), state.backend.reference() as ref_model:
@@ -154,77 +152,16 @@ class Trainer:
         return out
 
     def _sample_round(self, need: int, round_no: int, parts: list) -> tuple[list[RolloutGroup], list, list[float]]:
-        """One round for `need` prompts -> (groups, features, rewards [need*G]); the reward metrics go to `parts`.
-        need = 0: the rank only joins the weight gather (collective under ZeRO-3) and returns empty lists."""
-        state, timers = self.state, self.state.timers
-        if state.split:
-            return self._collect_split(need, round_no, parts)
-        samples = state.next_samples(need) if need else []  # 1. batch
-        feats, groups = [], []
-        # ZeRO-3: gather once for the encoder and HF decoding (vLLM decodes with its own weights: only `visual`)
-        with state.backend.rollout_weights(full=not state.engine_needs_weights):
-            if samples:
-                with timers("vision"):  # 2. each unique image encoded once; the engine and the update reuse it
-                    feats = state.cache.get_rows([state.prompt(x).sources for x in samples])
-                with timers("rollout"):  # 3. G completions per prompt, prompt prefilled once per group
-                    groups = state.engine.generate(samples, state.sampling_for(state.step, round_no))
-        if not groups:
+        """One round for `need` prompts -> (groups, features, rewards [need*G]): phases 1-3 from the rollout source
+        (colocated or split), 4. their rewards; the round's metrics go to `parts`. need = 0: the rank only joins the
+        round's collectives (the weight gather under ZeRO-3) and returns empty lists."""
+        got = self.source.sample(need, round_no)
+        if not got.groups:
             return [], [], []
-        with timers("reward"):  # 4. named components + weighted total; failures are counted zeros
-            rewards, metrics = self._rewards(groups)
-        parts.append(metrics)
-        return groups, feats, rewards
-
-    def _collect_split(self, need: int, round_no: int, parts: list) -> tuple[list[RolloutGroup], list, list[float]]:
-        """Phases 1-4 with a split rollout: keep the worker `max_staleness + 1` steps ahead (1. batch, drawn when
-        submitted, 2. a frozen tower's features encoded then and sent with it), take this step's groups (3.), their
-        features for the update (2.: cache hits, or a trainable tower's encoding), score them (4.). A dynamic-sampling
-        top-up round (`round_no` >= 1) draws its `need` prompts now and waits for them: it queues behind the steps
-        already submitted, sampled with the seed a colocated run's round uses."""
-        state, timers, cfg = self.state, self.state.timers, self.state.cfg
-        step, ahead = state.step + 1, staleness(cfg)
-        todo = []  # (step, round, samples, sampling params)
-        while self.submitted < min(state.step + 1 + ahead, cfg.train.steps):
-            t = self.submitted + 1  # sampled as a colocated run samples step t: same prompts order, same seed
-            todo.append((t, 0, state.next_samples(cfg.train.prompts_per_step), state.sampling_for(t - 1, 0)))
-            self.submitted = t
-        if round_no and need:
-            todo.append((step, round_no, state.next_samples(need), state.sampling_for(state.step, round_no)))
-        self._submit(todo)
-        got = None
-        if round_no == 0 or need:
-            with timers("rollout_wait"):  # the trainer's idle time: the worker had not finished this yet
-                got = state.engine.collect(step, round_no)
-            # a batch mixes rounds: its staleness is the oldest round's (behaviour log-probs as the ratio's base)
-            self.staleness = max(self.staleness if round_no else 0, state.step - got.version)
-        # ZeRO-3: the vision gather is a collective; a rank with nothing left to sample joins it all the same
-        with state.backend.rollout_weights(full=False), timers("vision"):
-            if got is None:
-                return [], [], []
-            feats = state.cache.get_rows([state.prompt(g.sample).sources for g in got.groups])  # frozen: encoded
-        with timers("reward"):
+        with self.state.timers("reward"):  # 4. named components + weighted total; failures are counted zeros
             rewards, metrics = self._rewards(got.groups)
-        metrics.update({**got.stats, "rollout/staleness": float(state.step - got.version),
-                        "rollout/queue_depth": float(state.engine.queue_depth()),
-                        "timing/rollout_worker_idle": got.worker_idle_s})  # fmt: skip
-        parts.append(metrics)
-        return got.groups, feats, rewards
-
-    def _submit(self, todo: list[tuple[int, int, list[Sample], SamplingParams]]) -> None:
-        """Send requests to the split worker. A frozen tower's features are encoded here, while the worker samples
-        the batch before, and go with the request, so the worker only decodes (each image encoded once in all); a
-        trainable tower's worker encodes with the version it holds. Under ZeRO-3 the vision gather is a collective:
-        every rank enters it once per round, with or without requests of its own."""
-        state = self.state
-        if state.cache.trainable:
-            for step, round_no, samples, params in todo:
-                state.engine.submit(step, samples, params, round_no)
-            return
-        with state.backend.rollout_weights(full=False), state.timers("vision"):
-            for step, round_no, samples, params in todo:
-                sources = [src for x in samples for src in state.prompt(x).sources]
-                state.cache.get(sources)
-                state.engine.submit(step, samples, params, round_no, state.cache.handover(sources))
+        parts.append({**metrics, **got.metrics})
+        return got.groups, got.features, rewards
 
     def _rewards(self, groups: list[RolloutGroup]) -> tuple[list[float], dict[str, float]]:
         state, cfg = self.state, self.state.cfg
