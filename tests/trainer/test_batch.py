@@ -56,7 +56,7 @@ def test_trainer_logprobs_over_a_qwen3_vl_batch_equal_the_models_own_forward(tmp
         old = trainer._logprobs(model, batch)  # the old / reference pass: eval mode, packed completion pass
         model.train()  # the update pass: train mode, gradient checkpointing on -> whole rows through policy_logits
         assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
-        for rows, part, feats in trainer._micro_batches(batch):
+        for rows, part, feats in trainer.micro_batches(batch):
             new, _ = completion_logprobs_and_entropy(model, part, feats, state.forbidden)
             new.sum().backward()
             for r, lp in zip(range(rows.start, rows.stop), new):

@@ -90,7 +90,7 @@ def test_no_dropout_gives_the_eval_log_probs_in_train_mode(tmp_path, tiny_model_
     def logprobs():
         with torch.no_grad():
             return torch.cat([completion_logprobs(model, part, feats, state.forbidden, state.temperature)
-                              for _, part, feats in trainer._micro_batches(batch)])  # fmt: skip
+                              for _, part, feats in trainer.micro_batches(batch)])  # fmt: skip
 
     eval_logp = trainer._logprobs(model, batch)
     model.eval()

@@ -82,7 +82,7 @@ def test_trainer_logprobs_over_mixed_rows_equal_the_models_own_forward(tmp_path,
                for p, g in zip(prompts, groups) for c in g.completions]  # fmt: skip
         old = trainer._logprobs(model, batch)  # eval mode: one prefill per prompt, the packed completion pass
         model.train()  # the update pass: gradient checkpointing -> whole rows through policy_logits
-        for rows, part, fs in trainer._micro_batches(batch):
+        for rows, part, fs in trainer.micro_batches(batch):
             new, _ = completion_logprobs_and_entropy(model, part, fs, state.forbidden)
             for r, lp in zip(range(rows.start, rows.stop), new):
                 assert (lp[: len(own[r])] - own[r]).abs().max() <= 1e-5

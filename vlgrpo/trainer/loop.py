@@ -68,7 +68,7 @@ class Trainer:
         self.ratio_fn = RATIO.load(g.ratio)
         self.aggregate_fn = AGGREGATION.load(g.aggregation)
         self.step_fn = self.sft_step if state.cfg.train.stage == "sft" else self.grpo_step
-        self.off_policy = OffPolicy(state, self._micro_batches)
+        self.off_policy = OffPolicy(state, self.micro_batches)
         self.source = rollout_source(state, staleness(state.cfg))
         """Where each round's groups come from (trainer/source.py): sampled now, or by a worker kept ahead."""
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
@@ -186,7 +186,7 @@ class Trainer:
         return make_batch(groups, features, state.pad_id, state.image_token_id, state.forbidden_ids, state.device,
                           video_token_id=state.video_token_id, sources=[state.prompt(g.sample).sources for g in groups])
 
-    def _micro_batches(self, batch: TrainBatch, features: list | None = None):
+    def micro_batches(self, batch: TrainBatch, features: list | None = None):
         """(rows, CompletionBatch, features of its prompts). With a trainable vision tower and grad enabled the
         features are re-encoded with autograd (the cached ones are detached); otherwise cached features are used."""
         state = self.state
@@ -210,7 +210,7 @@ class Trainer:
     def _logprobs(self, model, batch: TrainBatch, features: list | None = None) -> torch.Tensor:
         out, state = [], self.state
         with eval_mode(model):
-            for _, part, feats in self._micro_batches(batch, features):
+            for _, part, feats in self.micro_batches(batch, features):
                 out.append(completion_logprobs_and_entropy(model, part, feats, state.forbidden, state.temperature)[0])
         return torch.cat(out)  # [R, C]
 
@@ -221,7 +221,7 @@ class Trainer:
         model = state.backend.model
         with no_dropout(model):  # train mode so checkpointing engages; p = 0 so the on-policy ratio is exactly 1
             for _ in range(g.num_iterations):
-                for rows, part, feats in self._micro_batches(batch):
+                for rows, part, feats in self.micro_batches(batch):
                     logp, entropy = completion_logprobs_and_entropy(model, part, feats, state.forbidden,
                                                                     state.temperature)
                     loss, stats = grpo.policy_loss(
@@ -250,7 +250,7 @@ class Trainer:
             batch = self._collate([self._gold_group(x) for x in samples], feats)
             num_tokens, total = batch.loss_mask.sum(), 0.0
             with no_dropout(state.backend.model):  # train mode: gradient checkpointing engages
-                for rows, part, feats in self._micro_batches(batch):
+                for rows, part, feats in self.micro_batches(batch):
                     logp, _ = completion_logprobs_and_entropy(state.backend.model, part, feats, state.forbidden, 1.0)
                     loss = -(logp * batch.loss_mask[rows]).sum() / num_tokens
                     state.backend.backward(loss)
