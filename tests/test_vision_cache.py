@@ -54,8 +54,8 @@ def test_features_equal_the_pixel_path_and_duplicates_are_encoded_once(tiny_mode
         assert feats[0].deepstack.shape == (maps, 16, 128)
     assert feats[2] is feats[0]
     entry = (1 + maps) * 16 * 128 * 4 + 3 * 8
-    assert cache.stats() == {"hits": 0, "misses": 2, "encoder_calls": 1, "images_encoded": 2, "videos_encoded": 0, "disk_hits": 0,
-                             "corrupt": 0, "write_errors": 0, "adopted": 0, "bytes": 2 * entry}  # fmt: skip
+    assert cache.stats() == {"hits": 0, "misses": 2, "encoder_calls": 1, "images_encoded": 2, "videos_encoded": 0,
+                             "disk_hits": 0, "corrupt": 0, "write_errors": 0, "adopted": 0, "bytes": 2 * entry}
     # bytes of the same image under another path are the same cache entry
     cache.get([b, c, open(a, "rb").read()])
     s = cache.stats()

@@ -85,7 +85,7 @@ def build_prompt(
     if sample.video is not None:
         info = sources[-1].info()
         video_grid = info.grid_thw(geometry)
-        text = _expand_video(text, info, video_grid, geometry, timestamps=_has_timestamps(processor))
+        text = _expand_video(text, info, video_grid, geometry, timestamps=writes_timestamps(processor))
     ids = processor.tokenizer(text)["input_ids"]
     image_id, video_id = processor.tokenizer.convert_tokens_to_ids([IMAGE_PAD, VIDEO_PAD])
     return PromptInputs(
@@ -97,7 +97,7 @@ def build_prompt(
     )
 
 
-def _has_timestamps(processor) -> bool:
+def writes_timestamps(processor) -> bool:
     """Qwen3-VL's processor writes each video frame's time as text (`<1.2 seconds>`); Qwen2/2.5-VL's do not."""
     return type(processor).__name__.startswith("Qwen3VL")
 
@@ -216,7 +216,9 @@ def image_outputs(model, features: list) -> dict:
     return out
 
 
-def policy_logits(model, input_ids: Tensor, attention_mask: Tensor, mm_token_type_ids: Tensor, features: list) -> Tensor:
+def policy_logits(
+    model, input_ids: Tensor, attention_mask: Tensor, mm_token_type_ids: Tensor, features: list
+) -> Tensor:
     """One forward over whole rows with injected features -> logits [R, T, V]; logits[:, t] predicts ids[:, t + 1].
 
     Rows may be left- or right-padded. `features` has one entry per row, in row order: the row's ImageFeatures (one
@@ -269,7 +271,8 @@ class CompletionBatch:
         rows = torch.as_tensor(rows, dtype=torch.long)
         used, inverse = torch.unique(self.row_prompt[rows], return_inverse=True)
         return CompletionBatch(
-            self.prompt_ids[used], self.prompt_mask[used], self.mm_token_type_ids[used], self.completion_ids[rows], self.completion_mask[rows], inverse,
+            self.prompt_ids[used], self.prompt_mask[used], self.mm_token_type_ids[used], self.completion_ids[rows],
+            self.completion_mask[rows], inverse,
         )  # fmt: skip
 
     def used_prompts(self, rows: Tensor | list[int]) -> list[int]:

@@ -25,7 +25,7 @@ from torch import Tensor
 from vlgrpo.config.schema import MM_LIMIT_KEY as LIMIT_KEY, check_mm_limits as check_limits
 from vlgrpo.data.images import image_sha256, load_image
 from vlgrpo.data.video import VideoClip, frame_timestamps
-from vlgrpo.rollout.inputs import IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START, PromptInputs
+from vlgrpo.rollout.inputs import IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START, PromptInputs, writes_timestamps
 from vlgrpo.types import InputError
 
 MM_INPUTS = ("embeds", "pixels")
@@ -61,7 +61,7 @@ class PlaceholderFormat:
 
         tok = processor.tokenizer
         image, video, start, end = tok.convert_tokens_to_ids([IMAGE_PAD, VIDEO_PAD, VISION_START, VISION_END])
-        qwen3 = type(processor).__name__.startswith("Qwen3VL")
+        qwen3 = writes_timestamps(processor)
         replaces_pad = getattr(type(processor), "replace_video_token", None) is not getattr(
             ProcessorMixin, "replace_video_token", None)  # fmt: skip  (vLLM's own test of the processor)
         return cls(

@@ -5,8 +5,9 @@ entry carries its own key and checksum (a file copied over another key is never 
 
 An entry holds what the language model takes from one image or one video: the merged embeddings and, for Qwen3-VL,
 every DeepStack feature map. A video's key is the content hash of the frames the model sees (decoded, resized) with
-the settings that took them (`data.video.VideoClip.sha256`). The fingerprints of the tower and the processor are in `key.py`. Knows the model only through
-its vision tower (`visual`, mergers included); knows nothing of prompts or rollout.
+the settings that took them (`data.video.VideoClip.sha256`). The fingerprints of the tower and the processor are in
+`key.py`. Knows the model only through its vision tower (`visual`, mergers included); knows nothing of prompts or
+rollout.
 """
 
 from __future__ import annotations
