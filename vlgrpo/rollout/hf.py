@@ -75,58 +75,89 @@ class _StopCheck:
         return cut_at_stop(text, self.stop)
 
 
-def decode_loop(model, last, cache, next_pos, prompt_mask, params, forbidden, eos_ids, stop, generator, counts):
-    """Sample G = params.n completions per prefilled prompt.
+@dataclass
+class DecodeRun:
+    """What one decode needs besides the model and its prefilled prompts."""
 
-    last [B, V] logits of the last prompt position, cache: the prompts' KV cache, next_pos [B] next M-RoPE position,
-    prompt_mask [B, T] (None when unpadded) -> B*G rows (prompt-major). Finished rows stop being sampled at once.
-    The step is `SharedPrefixDecoder`'s (each prompt's KV read once for its G rows) when the model is one it runs,
-    from which a prompt is dropped once all its G rows have finished (a short answer's group stops costing compute
-    while a long one's continues), else the transformers forward over a KV cache copied G ways, from which finished
-    rows are dropped. The rows still sampling get the same logits up to the matrix kernels' rounding of a smaller batch
-    (bit for bit on some CPUs, within 3e-6 in a log-prob on others; `tests/rollout/test_hf.py`).
-    """
-    g = params.n
-    shared = SharedPrefixDecoder.supports(model)
-    if shared:
-        decoder = SharedPrefixDecoder(model, cache, prompt_mask, g, params.max_new_tokens)
-    else:
-        cache.batch_repeat_interleave(g)  # [B*G, heads, T, d]: one prefill, G continuations
-    logits, pos = last.repeat_interleave(g, dim=0), next_pos.repeat_interleave(g)
-    mask = prompt_mask.repeat_interleave(g, dim=0) if prompt_mask is not None and not shared else None
-    rows = [_Row() for _ in range(logits.shape[0])]
-    active = list(range(len(rows)))
-    held = list(range(len(rows) // g))  # shared: the prompts the decoder holds, until all their rows have finished
-    tokens = torch.zeros(len(rows), dtype=torch.long, device=logits.device)  # a held prompt's finished rows step too
-    active_idx = torch.arange(len(rows), device=logits.device)  # the decoder rows of `active`
-    for _ in range(params.max_new_tokens):
-        tok, logp = sample_next(logits, params, forbidden, generator)  # the active rows only: the same draws
+    params: SamplingParams
+    forbidden: Tensor | None
+    """[V] bool: the placeholder ids, never sampled."""
+    eos_ids: set[int]
+    stop: _StopCheck
+    generator: torch.Generator | None
+    counts: dict[str, int]
+    """The engine's counters (`decode_tokens` grows here)."""
+
+    def sample(self, rows: list[_Row], active: list[int], logits: Tensor) -> tuple[Tensor, list[int]]:
+        """Sample the next token of each active row and record it -> (tokens [A], indices into `active` of the rows
+        that go on); a row finishes on EOS or a stop string ("stop") or at max_new_tokens ("length")."""
+        tok, logp = sample_next(logits, self.params, self.forbidden, self.generator)  # the active rows: same draws
         keep = []
         for j, (t, lp) in enumerate(zip(tok.tolist(), logp.tolist())):
             row = rows[active[j]]
             row.token_ids.append(t)
             row.logprobs.append(lp)
-            if t in eos_ids or stop.hit(row.token_ids):
+            if t in self.eos_ids or self.stop.hit(row.token_ids):
                 row.finish_reason = "stop"
-            elif len(row.token_ids) >= params.max_new_tokens:
+            elif len(row.token_ids) >= self.params.max_new_tokens:
                 row.finish_reason = "length"
             else:
                 keep.append(j)
+        return tok, keep
+
+
+def decode_loop(model, last: Tensor, cache, next_pos: Tensor, prompt_mask: Tensor | None, run: DecodeRun) -> list:
+    """Sample G = params.n completions per prefilled prompt: last [B, V] logits of the last prompt position, cache:
+    the prompts' KV cache, next_pos [B] next M-RoPE position, prompt_mask [B, T] (None when unpadded) -> B*G rows
+    (prompt-major). Finished rows stop being sampled at once. The strategy is `decode_shared` for the models
+    `SharedPrefixDecoder` runs, else `decode_copied`; the rows still sampling get the same logits up to the matrix
+    kernels' rounding of a smaller batch (bit for bit on some CPUs, within 3e-6 in a log-prob on others;
+    `tests/rollout/test_hf.py`)."""
+    strategy = decode_shared if SharedPrefixDecoder.supports(model) else decode_copied
+    return strategy(model, last, cache, next_pos, prompt_mask, run)
+
+
+def decode_shared(model, last: Tensor, cache, next_pos: Tensor, prompt_mask: Tensor | None, run: DecodeRun) -> list:
+    """Each prompt's KV read once per step for its G rows (`SharedPrefixDecoder`); a prompt is dropped once all its
+    G rows have finished, so a short answer's group stops costing compute while a long one's continues."""
+    g = run.params.n
+    decoder = SharedPrefixDecoder(model, cache, prompt_mask, g, run.params.max_new_tokens)
+    logits, pos = last.repeat_interleave(g, dim=0), next_pos.repeat_interleave(g)
+    rows = [_Row() for _ in range(logits.shape[0])]
+    active = list(range(len(rows)))
+    held = list(range(len(rows) // g))  # the prompts the decoder holds, until all their rows have finished
+    tokens = torch.zeros(len(rows), dtype=torch.long, device=logits.device)  # a held prompt's finished rows step too
+    active_idx = torch.arange(len(rows), device=logits.device)  # the decoder rows of `active`
+    for _ in range(run.params.max_new_tokens):
+        tok, keep = run.sample(rows, active, logits)
         if not keep:
             break
-        if shared:
-            tokens[active_idx] = tok
-            active = [active[j] for j in keep]
-            live = sorted({r // g for r in active})
-            if decoder.drop_finished and len(live) < len(held):  # a prompt's rows have all finished: drop it
-                idx = torch.tensor([held.index(p) for p in live], device=tok.device)
-                kept = decoder.keep(idx)
-                tokens, pos, held = tokens[kept], pos[kept], live
-            slot = {p: i for i, p in enumerate(held)}
-            active_idx = torch.tensor([slot[r // g] * g + r % g for r in active], device=tok.device)
-            logits, pos = decoder.step(tokens, pos)[active_idx], pos + 1
-            counts["decode_tokens"] += len(active)
-            continue
+        tokens[active_idx] = tok
+        active = [active[j] for j in keep]
+        live = sorted({r // g for r in active})
+        if decoder.drop_finished and len(live) < len(held):  # a prompt's rows have all finished: drop it
+            idx = torch.tensor([held.index(p) for p in live], device=tok.device)
+            kept = decoder.keep(idx)
+            tokens, pos, held = tokens[kept], pos[kept], live
+        slot = {p: i for i, p in enumerate(held)}
+        active_idx = torch.tensor([slot[r // g] * g + r % g for r in active], device=tok.device)
+        logits, pos = decoder.step(tokens, pos)[active_idx], pos + 1
+        run.counts["decode_tokens"] += len(active)
+    return rows
+
+
+def decode_copied(model, last: Tensor, cache, next_pos: Tensor, prompt_mask: Tensor | None, run: DecodeRun) -> list:
+    """The transformers forward over a KV cache copied G ways (any model), from which finished rows are dropped."""
+    g = run.params.n
+    cache.batch_repeat_interleave(g)  # [B*G, heads, T, d]: one prefill, G continuations
+    logits, pos = last.repeat_interleave(g, dim=0), next_pos.repeat_interleave(g)
+    mask = prompt_mask.repeat_interleave(g, dim=0) if prompt_mask is not None else None
+    rows = [_Row() for _ in range(logits.shape[0])]
+    active = list(range(len(rows)))
+    for _ in range(run.params.max_new_tokens):
+        tok, keep = run.sample(rows, active, logits)
+        if not keep:
+            break
         if len(keep) < len(active):  # drop finished rows from the batch and the cache
             idx = torch.tensor(keep, device=tok.device)
             cache.batch_select_indices(idx)
@@ -143,7 +174,7 @@ def decode_loop(model, last, cache, next_pos, prompt_mask, params, forbidden, eo
             use_cache=True,
         )
         logits, pos = out.logits[:, -1], pos + 1
-        counts["decode_tokens"] += len(active)
+        run.counts["decode_tokens"] += len(active)
     return rows
 
 
@@ -220,9 +251,8 @@ class HFEngine(EngineCounters):
         last, cache, next_pos = prefill(self.model, ids, mask, mm, feats)
         self._counts["prefill_tokens"] += int(mask.sum())
         padded = mask if not bool(mask.all()) else None
-        return decode_loop(
-            self.model, last, cache, next_pos, padded, params, self.forbidden, self.eos_ids, stop, gen, self._counts
-        )
+        return decode_loop(self.model, last, cache, next_pos, padded,
+                           DecodeRun(params, self.forbidden, self.eos_ids, stop, gen, self._counts))  # fmt: skip
 
     def _groups(self, samples, prompts, rows, run_n: int, g: int, stop) -> list[RolloutGroup]:
         tok = self.processor.tokenizer
