@@ -40,11 +40,12 @@ def image_tokens_for(width: int, height: int, m: ModelConfig, spec: ModelSpec | 
 
 
 def video_frames_seen(frames: int, max_frames: int) -> int:
-    """Frames the model sees of a video given as `frames` frames (`vlgrpo.data.video.list_indices`): every one, an odd
-    count padded with the last; above max_frames, max_frames floored to even."""
-    if frames > max_frames:
-        return max_frames // 2 * 2
-    return frames + frames % 2
+    """Frames the model sees of a video given as `frames` frames, sampled as the data layer samples a frame list
+    (`vlgrpo.data.video.list_indices`): every one, an odd count padded with the last; above max_frames, max_frames
+    floored to even."""
+    from vlgrpo.data.video import VideoSampling, list_indices
+
+    return len(list_indices(frames, VideoSampling(max_frames=max_frames))[0]) if frames > 0 else 0
 
 
 def video_frame_tokens_for(cfg: Config, spec: ModelSpec | None, frame_size: tuple[int, int] | None = None) -> int:

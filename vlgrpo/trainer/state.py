@@ -35,6 +35,7 @@ from vlgrpo.rollout.inputs import PromptInputs, build_prompt, forbidden_mask
 from vlgrpo.rollout.split import SplitRollout, worker_gpu
 from vlgrpo.trainer import checkpoint
 from vlgrpo.trainer.backends import Backend, make_backend, max_over_ranks, sum_over_ranks
+from vlgrpo.trainer.group import join_group
 from vlgrpo.trainer.metrics import MetricsLogger, Timers
 from vlgrpo.trainer.rundir import RunDirError, RunLock, describe
 from vlgrpo.types import InputError, Sample
@@ -264,40 +265,6 @@ def staleness(cfg: Config) -> int:
     return r.max_staleness if r.max_staleness is not None else int(r.placement == "split")
 
 
-def _init_data_parallel() -> str:
-    """Under torchrun (WORLD_SIZE > 1) join the process group (NCCL on GPUs, gloo on CPUs) on this attempt's own
-    store keys (`_attempt_store`); pick this rank's device."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local)
-    if world > 1 and not torch.distributed.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        store = _attempt_store(world)
-        if store is None:
-            torch.distributed.init_process_group(backend)
-        else:
-            torch.distributed.init_process_group(backend, store=store, rank=int(os.environ["RANK"]), world_size=world)
-    return f"cuda:{local}" if torch.cuda.is_available() else "cpu"
-
-
-def _attempt_store(world: int):
-    """The launcher's store under a prefix of this restart attempt's own, or None outside torchrun's agent store.
-
-    torchrun keeps ONE store for every restart of the group (its static rendezvous creates it once; the c10d one
-    shares its server) and its workers use it without a per-attempt prefix. The process group publishes each rank's
-    address there, so after a restart a rank could read a peer's address of the killed attempt and fail with
-    "Gloo connectFullMesh failed ... Connection refused" (about half the restarts here). Keys under
-    `vlgrpo/attempt_<TORCHELASTIC_RESTART_COUNT>` are new for every attempt."""
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "TORCHELASTIC_RESTART_COUNT" not in os.environ:
-        return None
-    from datetime import timedelta
-
-    store = torch.distributed.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-                                       is_master=False, timeout=timedelta(minutes=30))  # fmt: skip
-    return torch.distributed.PrefixStore(f"vlgrpo/attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
-
-
 def _rank_world() -> tuple[int, int]:
     return (torch.distributed.get_rank(), torch.distributed.get_world_size()) if torch.distributed.is_initialized() \
         else (0, 1)
@@ -330,7 +297,7 @@ def build_state(
     resume if asked. An export only reads the run directory: no lock, nothing written."""
     torch.manual_seed(cfg.train.seed)
     run = Path(run_dir or cfg.train.output_dir)
-    device = _init_data_parallel()  # join the group (DeepSpeed then finds it joined) and pick the rank's GPU
+    device = join_group()  # join the group (DeepSpeed then finds it joined) and pick the rank's GPU
     if cfg.train.backend == "zero3":
         from vlgrpo.trainer.zero3 import prepare_partitioned_load
 

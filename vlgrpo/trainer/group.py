@@ -1,0 +1,43 @@
+"""Joining the data-parallel process group under torchrun (NCCL on GPUs, gloo on CPUs), on store keys of the restart
+attempt's own, and picking this rank's device. Knows nothing of models or data.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def join_group() -> str:
+    """Under torchrun (WORLD_SIZE > 1) join the process group (NCCL on GPUs, gloo on CPUs) on this attempt's own
+    store keys (`_attempt_store`); pick this rank's device."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local)
+    if world > 1 and not torch.distributed.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        store = _attempt_store(world)
+        if store is None:
+            torch.distributed.init_process_group(backend)
+        else:
+            torch.distributed.init_process_group(backend, store=store, rank=int(os.environ["RANK"]), world_size=world)
+    return f"cuda:{local}" if torch.cuda.is_available() else "cpu"
+
+
+def _attempt_store(world: int):
+    """The launcher's store under a prefix of this restart attempt's own, or None outside torchrun's agent store.
+
+    torchrun keeps ONE store for every restart of the group (its static rendezvous creates it once; the c10d one
+    shares its server) and its workers use it without a per-attempt prefix. The process group publishes each rank's
+    address there, so after a restart a rank could read a peer's address of the killed attempt and fail with
+    "Gloo connectFullMesh failed ... Connection refused" (about half the restarts here). Keys under
+    `vlgrpo/attempt_<TORCHELASTIC_RESTART_COUNT>` are new for every attempt."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "TORCHELASTIC_RESTART_COUNT" not in os.environ:
+        return None
+    from datetime import timedelta
+
+    store = torch.distributed.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                                       is_master=False, timeout=timedelta(minutes=30))  # fmt: skip
+    return torch.distributed.PrefixStore(f"vlgrpo/attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
