@@ -12,7 +12,7 @@ export HF_HUB_OFFLINE ?= 1
 VLLM_VENV ?= .venv-vllm
 VLLM_TESTS := tests/rollout/test_vllm_engine.py tests/trainer/test_vllm_train.py tests/evals/test_vllm_eval.py
 
-.PHONY: demo test test-main test-vllm test-dev install bench clean
+.PHONY: demo test test-main test-vllm test-dev lint install bench clean
 
 # The demo needs the runtime packages and matplotlib (curves.png) only; the tests add the dev tools (pytest, TRL for
 # the parity tests, DeepSpeed, import-linter). A dev install holds everything the demo needs, so it marks both.
@@ -36,9 +36,15 @@ demo: $(VENV)/.installed-demo
 # The main suite, then the vLLM tests in vLLM's own environment (its CPU build: see scripts/vllm_env.sh).
 test: test-main test-vllm
 
-# lint-imports checks the layers and the import rules of pyproject.toml's [tool.importlinter] first.
-test-main: $(VENV)/.installed
+# lint first: lint-imports checks the layers and import rules of pyproject.toml's [tool.importlinter]; ruff the lint
+# rules and the format of [tool.ruff] (`ruff format` and `ruff check --fix` repair most of what it reports).
+LINT_PATHS := vlgrpo tests benchmarks dev scripts
+lint: $(VENV)/.installed
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+
+test-main: lint
 	$(ONE_THREAD) $(PY) -m pytest -q -m "not gpu and not vllm"
 
 $(VLLM_VENV)/.installed: pyproject.toml scripts/vllm_env.sh

@@ -35,7 +35,12 @@ from pathlib import Path
 import torch
 
 from vlgrpo.demo import (
-    DemoSettings, evaluate_model, stage_config, build_model_and_data, from_scratch, resolve_base,
+    DemoSettings,
+    build_model_and_data,
+    evaluate_model,
+    from_scratch,
+    resolve_base,
+    stage_config,
 )
 from vlgrpo.trainer import run_training
 from vlgrpo.trainer.export import export_run
@@ -47,15 +52,28 @@ SETTINGS: list[str] = []
 MODES = {"sync1": (1, []), "sync2": (2, []), "split": (1, ["rollout.placement=split", "rollout.max_staleness=1"])}
 
 
-def grpo_run(s: DemoSettings, out: Path, sft_model: Path, mode: str, threads: int, extra: list[str],
-             timings_only: bool = False) -> dict:  # fmt: skip
+def grpo_run(
+    s: DemoSettings, out: Path, sft_model: Path, mode: str, threads: int, extra: list[str], timings_only: bool = False
+) -> dict:
     """One GRPO run from the SFT model; returns its timings and held-out accuracy (not with `timings_only`: a
     repeat, whose weights are the first run's, since every mode is deterministic)."""
     torch.set_num_threads(threads)
     os.environ["OMP_NUM_THREADS"] = "1"  # a split worker (spawned) takes one thread
     shutil.rmtree(out / mode, ignore_errors=True)  # a rerun measures afresh (the SFT model is kept and reused)
-    cfg = stage_config(s, out, "grpo", sft_model, (*SETTINGS, f"train.output_dir={out / mode}", "eval.every_steps=0",
-                        "logging.progress_bar=false", "train.save_every=0", *extra))  # fmt: skip
+    cfg = stage_config(
+        s,
+        out,
+        "grpo",
+        sft_model,
+        (
+            *SETTINGS,
+            f"train.output_dir={out / mode}",
+            "eval.every_steps=0",
+            "logging.progress_bar=false",
+            "train.save_every=0",
+            *extra,
+        ),
+    )
     state = build_state(cfg, progress=False)
     try:
         history = Trainer(state).train()
@@ -78,43 +96,75 @@ def summarise(later: list[dict]) -> dict:
 
     step = statistics.median(h["timing/step"] for h in later)
     rollout = [h.get("timing/rollout", 0.0) for h in later]  # the trainer's own rollout (0 with split placement)
-    return {"steps_per_s": 1 / step, "step_s": step, "rollout_s": statistics.median(rollout),
-            "rest_s": statistics.median(h["timing/step"] - r for h, r in zip(later, rollout)),
-            "trainer_idle": mean("timing/rollout_wait") / mean("timing/step"),
-            "worker_idle": mean("timing/rollout_worker_idle") / mean("timing/step"),
-            "length": mean("grpo/response_length"), "later": later}  # fmt: skip
+    return {
+        "steps_per_s": 1 / step,
+        "step_s": step,
+        "rollout_s": statistics.median(rollout),
+        "rest_s": statistics.median(h["timing/step"] - r for h, r in zip(later, rollout)),
+        "trainer_idle": mean("timing/rollout_wait") / mean("timing/step"),
+        "worker_idle": mean("timing/rollout_worker_idle") / mean("timing/step"),
+        "length": mean("grpo/response_length"),
+        "later": later,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--from-scratch", action="store_true",
-                    help="the earlier demo: a random tiny model, colour questions (demo.from_scratch())")
+    ap.add_argument(
+        "--from-scratch",
+        action="store_true",
+        help="the earlier demo: a random tiny model, colour questions (demo.from_scratch())",
+    )
     ap.add_argument("--grpo-steps", type=int, default=40)
     ap.add_argument("--sft-steps", type=int, help="default: the demo's")
     ap.add_argument("--completions", type=int, default=8)
     ap.add_argument("--prompts", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=2,
-                    help="runs per mode and seed, in mirrored order (sync1 sync2 split split sync2 sync1): the machine's "
-                         "speed drifts over minutes, and the mirror spreads the drift over the modes alike")
-    ap.add_argument("--grpo-lr", type=float,
-                    help="GRPO learning rate; default 1.5e-4, the demo's (3e-4 at 2 prompts a step collapsed two of "
-                         "five seeds' synchronous runs within 40 steps; --from-scratch: its own, 3e-4)")
-    ap.add_argument("--beta", type=float, default=0.0,
-                    help="grpo.beta (the demo's is 0.02; 0: no reference pass, so the rollout is about half a step)")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="runs per mode and seed, in mirrored order (sync1 sync2 split split sync2 sync1): the machine's "
+        "speed drifts over minutes, and the mirror spreads the drift over the modes alike",
+    )
+    ap.add_argument(
+        "--grpo-lr",
+        type=float,
+        help="GRPO learning rate; default 1.5e-4, the demo's (3e-4 at 2 prompts a step collapsed two of "
+        "five seeds' synchronous runs within 40 steps; --from-scratch: its own, 3e-4)",
+    )
+    ap.add_argument(
+        "--beta",
+        type=float,
+        default=0.0,
+        help="grpo.beta (the demo's is 0.02; 0: no reference pass, so the rollout is about half a step)",
+    )
     ap.add_argument("--max-new-tokens", type=int, help="default: the demo's")
     ap.add_argument("--out", default="runs/bench_async")
     ap.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}; speed figures need all three")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="config override for every stage, e.g. data.answer_format=think_answer (repeatable)")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override for every stage, e.g. data.answer_format=think_answer (repeatable)",
+    )
     args = ap.parse_args()
     SETTINGS.extend([f"grpo.beta={args.beta}", *args.set])
     rows = {}
     for seed in [int(x) for x in args.seeds.split(",")]:
         s = from_scratch() if args.from_scratch else DemoSettings()
-        s = dataclasses.replace(s, seed=seed, sft_steps=args.sft_steps or s.sft_steps, grpo_steps=args.grpo_steps,
-                                completions=args.completions, grpo_prompts=args.prompts, grpo_lr=args.grpo_lr or (s.grpo_lr if args.from_scratch else 1.5e-4),
-                                max_new_tokens=args.max_new_tokens or s.max_new_tokens, val_every=0)  # fmt: skip
+        s = dataclasses.replace(
+            s,
+            seed=seed,
+            sft_steps=args.sft_steps or s.sft_steps,
+            grpo_steps=args.grpo_steps,
+            completions_per_prompt=args.completions,
+            grpo_prompts=args.prompts,
+            grpo_lr=args.grpo_lr or (s.grpo_lr if args.from_scratch else 1.5e-4),
+            max_new_tokens=args.max_new_tokens or s.max_new_tokens,
+            val_every=0,
+        )
         out = Path(args.out) / f"seed{seed}"
         torch.set_num_threads(2)
         model_dir, _ = build_model_and_data(s, out, resolve_base(s.base))
@@ -129,8 +179,10 @@ def main() -> None:
             if (seed, mode) not in rows:
                 rows[(seed, mode)] = grpo_run(s, out, out / "sft_model", mode, threads, extra)
             else:  # a repeat: its steps join the first run's (the same work: every mode is deterministic)
-                later = rows[(seed, mode)]["later"] + grpo_run(s, out, out / "sft_model", mode, threads, extra,
-                                                               timings_only=True)["later"]  # fmt: skip
+                later = (
+                    rows[(seed, mode)]["later"]
+                    + grpo_run(s, out, out / "sft_model", mode, threads, extra, timings_only=True)["later"]
+                )
                 rows[(seed, mode)] |= summarise(later)
         for mode in modes:
             shown = {k: v for k, v in rows[(seed, mode)].items() if k != "later"}
@@ -145,32 +197,56 @@ def main() -> None:
         per_seed = " / ".join(f"{rows[(s, mode)]['accuracy']:.3f}" for s in seeds)
         print(f"held-out accuracy {mode}: {per_seed} (seeds {seeds}), mean {accuracy[mode]:.3f}")
     if set(accuracy) != set(MODES):
-        print(json.dumps({f"{m}_accuracy": a for m, a in accuracy.items()} | {"seeds": seeds,
-                         "grpo_steps": args.grpo_steps, "settings": SETTINGS}))  # fmt: skip
+        print(
+            json.dumps(
+                {f"{m}_accuracy": a for m, a in accuracy.items()}
+                | {"seeds": seeds, "grpo_steps": args.grpo_steps, "settings": SETTINGS}
+            )
+        )
         return
     rollout, rest, step1 = avg("sync1", "rollout_s"), avg("sync1", "rest_s"), avg("sync1", "step_s")
     ideal = 1 / max(rollout, rest)
-    print(f"{'mode':<7} {'steps/s':>8} {'step s':>7} {'trainer idle':>13} {'worker idle':>12} {'length':>7} "
-          f"{'accuracy':>9}")
+    print(
+        f"{'mode':<7} {'steps/s':>8} {'step s':>7} {'trainer idle':>13} {'worker idle':>12} {'length':>7} "
+        f"{'accuracy':>9}"
+    )
     for mode in MODES:
-        print(f"{mode:<7} {avg(mode, 'steps_per_s'):8.3f} {avg(mode, 'step_s'):7.3f} "
-              f"{avg(mode, 'trainer_idle'):13.2f} {avg(mode, 'worker_idle'):12.2f} {avg(mode, 'length'):7.1f} "
-              f"{avg(mode, 'accuracy'):9.3f}")
-    print(f"one-thread synchronous step {step1:.3f} s: rollout {rollout:.3f} s, rest {rest:.3f} s (medians); "
-          f"ideal split bound {ideal:.3f} steps/s")
+        print(
+            f"{mode:<7} {avg(mode, 'steps_per_s'):8.3f} {avg(mode, 'step_s'):7.3f} "
+            f"{avg(mode, 'trainer_idle'):13.2f} {avg(mode, 'worker_idle'):12.2f} {avg(mode, 'length'):7.1f} "
+            f"{avg(mode, 'accuracy'):9.3f}"
+        )
+    print(
+        f"one-thread synchronous step {step1:.3f} s: rollout {rollout:.3f} s, rest {rest:.3f} s (medians); "
+        f"ideal split bound {ideal:.3f} steps/s"
+    )
     for seed in seeds:
         one, two, split = (rows[(seed, m)] for m in MODES)
-        print(f"seed {seed}: split / faster synchronous = "
-              f"{split['steps_per_s'] / max(one['steps_per_s'], two['steps_per_s']):.2f}x, "
-              f"split / its ideal = {split['steps_per_s'] * max(one['rollout_s'], one['rest_s']):.0%}")
+        print(
+            f"seed {seed}: split / faster synchronous = "
+            f"{split['steps_per_s'] / max(one['steps_per_s'], two['steps_per_s']):.2f}x, "
+            f"split / its ideal = {split['steps_per_s'] * max(one['rollout_s'], one['rest_s']):.0%}"
+        )
     faster = max(avg("sync1", "steps_per_s"), avg("sync2", "steps_per_s"))
-    print(f"split / faster synchronous = {avg('split', 'steps_per_s') / faster:.2f}x; split / ideal = "
-          f"{avg('split', 'steps_per_s') / ideal:.0%}")
-    print(json.dumps({"sync1_steps_per_s": avg("sync1", "steps_per_s"),
-                      "sync2_steps_per_s": avg("sync2", "steps_per_s"),
-                      "split_steps_per_s": avg("split", "steps_per_s"), "ideal_split_steps_per_s": ideal,
-                      "sync_accuracy": avg("sync1", "accuracy"), "split_accuracy": avg("split", "accuracy"),
-                      "seeds": seeds, "grpo_steps": args.grpo_steps, "settings": SETTINGS}))  # fmt: skip
+    print(
+        f"split / faster synchronous = {avg('split', 'steps_per_s') / faster:.2f}x; split / ideal = "
+        f"{avg('split', 'steps_per_s') / ideal:.0%}"
+    )
+    print(
+        json.dumps(
+            {
+                "sync1_steps_per_s": avg("sync1", "steps_per_s"),
+                "sync2_steps_per_s": avg("sync2", "steps_per_s"),
+                "split_steps_per_s": avg("split", "steps_per_s"),
+                "ideal_split_steps_per_s": ideal,
+                "sync_accuracy": avg("sync1", "accuracy"),
+                "split_accuracy": avg("split", "accuracy"),
+                "seeds": seeds,
+                "grpo_steps": args.grpo_steps,
+                "settings": SETTINGS,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from vlgrpo.rollout.inputs import core_model
+from vlgrpo.policy.forward import core_model
 from vlgrpo.vision_cache import find_visual
 
 
@@ -45,13 +45,18 @@ class PassCounter:
         self.decode_forwards, self.decode_seconds, self._t0 = 0, 0.0, None
 
     def pop(self) -> dict[str, float]:
-        out = {"encoder_calls": self.encoder_calls, "images_encoded": self.images_encoded,
-               "prompt_tokens": self.prompt_tokens, "prompt_forwards": self.prompt_forwards,
-               "decode_forwards": self.decode_forwards, "decode_seconds": self.decode_seconds}  # fmt: skip
+        out = {
+            "encoder_calls": self.encoder_calls,
+            "images_encoded": self.images_encoded,
+            "prompt_tokens": self.prompt_tokens,
+            "prompt_forwards": self.prompt_forwards,
+            "decode_forwards": self.decode_forwards,
+            "decode_seconds": self.decode_seconds,
+        }
         self.reset()
         return out
 
-    def attach(self, model: torch.nn.Module) -> "PassCounter":
+    def attach(self, model: torch.nn.Module) -> PassCounter:
         """Hook one model (policy or reference copy); call once per distinct model object."""
         self._handles.append(find_visual(model).register_forward_pre_hook(self._on_visual, with_kwargs=True))
         self._handles.append(core_model(model).register_forward_pre_hook(self._on_core, with_kwargs=True))

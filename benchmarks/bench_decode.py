@@ -1,8 +1,9 @@
 """The HF engine's decode, measured: the shared-prefix step (`vlgrpo/rollout/decode.py`: each prompt's KV read once
 per step for its G rows, a prompt dropped once all its rows have finished) against the same step keeping every row to
-the end (`SharedPrefixDecoder.drop_finished = False`, the step before it dropped prompts) and against the transformers
-forward over a KV cache copied G ways (the engine's fallback), and the first way in chunks of 8 prompts (what a run's
-engine did before it decoded a step's prompts as one batch), side by side in one run, on the demo's model and prompts.
+the end (`decode_shared(..., drop_finished=False)`, the step before it dropped prompts) and against the transformers
+forward over a KV cache copied G ways (`decode_copied`, the engine's fallback), and the first way in chunks of 8
+prompts (what a run's engine did before it decoded a step's prompts as one batch), side by side in one run, on the
+demo's model and prompts; each way is an `HFEngine` given its decode explicitly.
 
 Each round samples the same batches every way, in mirrored order (shared, kept, transformers, chunked, chunked,
 transformers, kept, shared), since this machine's speed drifts over minutes; the figures are medians of the per-batch
@@ -21,6 +22,7 @@ import argparse
 import json
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -28,9 +30,8 @@ import torch
 from vlgrpo.data.adapters import load_samples
 from vlgrpo.data.synth import synth_dataset
 from vlgrpo.models import load_model
-from vlgrpo.rollout import decode
 from vlgrpo.rollout.base import SamplingParams
-from vlgrpo.rollout.hf import HFEngine
+from vlgrpo.rollout.hf import HFEngine, decode_copied, decode_shared
 from vlgrpo.vision_cache import VisionCache
 
 BASE = Path(__file__).resolve().parent.parent / "data" / "models" / "shapes-tiny-qwen2_5_vl"
@@ -65,40 +66,73 @@ CHUNK = 8
 
 
 def main() -> None:
-    args, samples, lm, cache = setup(__doc__, Path("runs/bench_async/seed0/sft_model"), "runs/bench_decode/data",
-                                     prompts=16, batches=4, rounds=2)  # fmt: skip
-    engine = HFEngine(lm.model.eval(), lm.processor, cache, answer_format="think_answer", batch_prompts=args.prompts)
-    chunked = HFEngine(lm.model, lm.processor, cache, answer_format="think_answer", batch_prompts=CHUNK)
+    args, samples, lm, cache = setup(
+        __doc__, Path("runs/bench_async/seed0/sft_model"), "runs/bench_decode/data", prompts=16, batches=4, rounds=2
+    )
+    model = lm.model.eval()
+    decodes = {
+        "shared": None,
+        "kept": partial(decode_shared, drop_finished=False),
+        "transformers": decode_copied,
+        "chunked": None,
+    }
+    engines = {
+        way: HFEngine(
+            model,
+            lm.processor,
+            cache,
+            answer_format="think_answer",
+            decode=decodes[way],
+            batch_prompts=CHUNK if way == "chunked" else args.prompts,
+        )
+        for way in WAYS
+    }
     batches = [samples[i * args.prompts : (i + 1) * args.prompts] for i in range(args.batches)]
-    supports = decode.SharedPrefixDecoder.supports
     times: dict[str, list[float]] = {way: [] for way in WAYS}
     tokens: dict[str, list] = {}
     for r in range(args.rounds):
         for way in WAYS + WAYS[::-1]:
-            decode.SharedPrefixDecoder.supports = staticmethod(supports if way != "transformers" else lambda m: False)
-            decode.SharedPrefixDecoder.drop_finished = way != "kept"
             got = []
             for k, batch in enumerate(batches):
-                params = SamplingParams(n=args.completions, temperature=1.0, max_new_tokens=args.max_new_tokens, seed=k)
+                params = SamplingParams(
+                    completions_per_prompt=args.completions, temperature=1.0, max_new_tokens=args.max_new_tokens, seed=k
+                )
                 t = time.perf_counter()
                 with torch.no_grad():
-                    groups = (chunked if way == "chunked" else engine).generate(batch, params)
+                    groups = engines[way].generate(batch, params)
                 times[way].append(time.perf_counter() - t)
                 got.append([c.token_ids for g in groups for c in g.completions])
             tokens.setdefault(way, got)
-        print(f"round {r + 1}: " + ", ".join(f"{w} {statistics.median(times[w]):.3f} s" for w in WAYS)
-              + " per batch (medians so far)", flush=True)  # fmt: skip
-    decode.SharedPrefixDecoder.supports, decode.SharedPrefixDecoder.drop_finished = supports, True
+        print(
+            f"round {r + 1}: "
+            + ", ".join(f"{w} {statistics.median(times[w]):.3f} s" for w in WAYS)
+            + " per batch (medians so far)",
+            flush=True,
+        )
     same = tokens["shared"] == tokens["kept"] == tokens["transformers"]
-    n_tokens, n_chunked = (statistics.fmean(len(t) for batch in tokens[w] for t in batch) for w in ("shared", "chunked"))
+    n_tokens, n_chunked = (
+        statistics.fmean(len(t) for batch in tokens[w] for t in batch) for w in ("shared", "chunked")
+    )
     med = {w: statistics.median(times[w]) for w in WAYS}
-    print(f"{args.prompts} prompts x {args.completions} completions, {n_tokens:.1f} tokens each; per batch: shared-prefix "
-          f"{med['shared']:.3f} s, every row kept to the end {med['kept']:.3f} s ({med['kept'] / med['shared']:.2f}x), "
-          f"transformers forward {med['transformers']:.3f} s ({med['transformers'] / med['shared']:.2f}x), "
-          f"in chunks of {CHUNK} {med['chunked']:.3f} s ({med['chunked'] / med['shared']:.2f}x, {n_chunked:.1f} tokens "
-          f"each); same tokens (first three): {same}")  # fmt: skip
-    print(json.dumps({**{f"{w}_s": med[w] for w in WAYS}, "same_tokens": same, "mean_tokens": n_tokens,
-                      "chunked_mean_tokens": n_chunked, "model": args.model}))  # fmt: skip
+    print(
+        f"{args.prompts} prompts x {args.completions} completions, {n_tokens:.1f} tokens each; per batch: "
+        "shared-prefix "
+        f"{med['shared']:.3f} s, every row kept to the end {med['kept']:.3f} s ({med['kept'] / med['shared']:.2f}x), "
+        f"transformers forward {med['transformers']:.3f} s ({med['transformers'] / med['shared']:.2f}x), "
+        f"in chunks of {CHUNK} {med['chunked']:.3f} s ({med['chunked'] / med['shared']:.2f}x, {n_chunked:.1f} tokens "
+        f"each); same tokens (first three): {same}"
+    )
+    print(
+        json.dumps(
+            {
+                **{f"{w}_s": med[w] for w in WAYS},
+                "same_tokens": same,
+                "mean_tokens": n_tokens,
+                "chunked_mean_tokens": n_chunked,
+                "model": args.model,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

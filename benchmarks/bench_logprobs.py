@@ -62,9 +62,28 @@ def main() -> None:
     print(f"N={a.n} T={a.t} V={a.vocab} {a.dtype} logits = {logits_mib:.0f} MiB, chunk_tokens={a.chunk}, 1 thread")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for method in ("naive", "chunked"):
-        out = subprocess.run([sys.executable, __file__, "--worker", method, "--n", str(a.n), "--t", str(a.t),
-                              "--vocab", str(a.vocab), "--chunk", str(a.chunk), "--dtype", a.dtype],
-                             env=env, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--worker",
+                method,
+                "--n",
+                str(a.n),
+                "--t",
+                str(a.t),
+                "--vocab",
+                str(a.vocab),
+                "--chunk",
+                str(a.chunk),
+                "--dtype",
+                a.dtype,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         r = json.loads(out.stdout.strip().splitlines()[-1])
         print(f"{r['method']:>8}: peak extra {r['peak_extra_mib']:8.0f} MiB   fwd+bwd {r['seconds']:6.2f} s")
 

@@ -29,8 +29,7 @@ SAMPLES = {
     "yesno": Sample("y", "Is there?", "yes", "yesno"),
     "text": Sample("t", "Colour?", "red", "text"),
     "math": Sample("m", "Solve.", r"\frac{1}{2}", "math"),
-    "box": Sample("b", "Locate.", None, "box", boxes=[[10, 10, 50, 50], [60, 60, 90, 90]],
-                  image_size=(1920, 1080)),
+    "box": Sample("b", "Locate.", None, "box", boxes=[[10, 10, 50, 50], [60, 60, 90, 90]], image_size=(1920, 1080)),
 }
 
 
@@ -41,11 +40,47 @@ def adversarial(size: int) -> dict[str, str]:
     def rep(unit: str) -> str:
         return unit * max(1, size // len(unit))
 
-    units = ["<answer>", "[1,", "(1,", "(1,2),", '"bbox_2d": [1,', "\\boxed{", "1", "1,000,", "1.", "A or B ", "B ",
-             "answer ", "yes/no/", "<think></think>", "a\n", "é漢\u2028", "1 ", "1+", "x^", "$x^", "$1$ ", "$", "−",
-             "\\sqrt{", "\\frac{1}{", "(", "{", "i", "answer: İ\n", "İ Answer: 3\n", "yes and no ", "\\left("]  # fmt: skip
-    out = {"50,000 <answer>": "<answer>" * 50_000, "50,000 [1,": "[1," * 50_000, "spaces then x": rep(" ") + "x",
-           "answer: spaces": "answer" + rep(" "), "{ after one boxed": "\\boxed{" + rep("{")}  # fmt: skip
+    units = [
+        "<answer>",
+        "[1,",
+        "(1,",
+        "(1,2),",
+        '"bbox_2d": [1,',
+        "\\boxed{",
+        "1",
+        "1,000,",
+        "1.",
+        "A or B ",
+        "B ",
+        "answer ",
+        "yes/no/",
+        "<think></think>",
+        "a\n",
+        "é漢\u2028",
+        "1 ",
+        "1+",
+        "x^",
+        "$x^",
+        "$1$ ",
+        "$",
+        "−",
+        "\\sqrt{",
+        "\\frac{1}{",
+        "(",
+        "{",
+        "i",
+        "answer: İ\n",
+        "İ Answer: 3\n",
+        "yes and no ",
+        "\\left(",
+    ]
+    out = {
+        "50,000 <answer>": "<answer>" * 50_000,
+        "50,000 [1,": "[1," * 50_000,
+        "spaces then x": rep(" ") + "x",
+        "answer: spaces": "answer" + rep(" "),
+        "{ after one boxed": "\\boxed{" + rep("{"),
+    }
     out.update({unit: rep(unit) for unit in units})
     for unit in ("1 ", "x^", "a", "\\sqrt{", "[1, "):  # runaway text inside one answer block / one \boxed{}
         out[f"<answer>{unit}…</answer>"] = f"<think>t</think><answer>{rep(unit)}</answer>"
@@ -57,9 +92,16 @@ def adversarial(size: int) -> dict[str, str]:
 def realistic_tails(size: int) -> dict[str, str]:
     """~`size` characters of reasoning, then a real answer of each kind (what a long but honest completion costs)."""
     reasoning = "<think>" + "Let me look at the image again.\n" * (size // 32) + "</think>"
-    answers = {"number": "−3", "choice": "(B)", "yesno": "Yes", "text": "red", "math-frac": r"\frac{1}{2}",
-               "math-interval": r"\left(\frac{1}{2}, \frac{\sqrt{3}}{2}\right)", "math-poly": "2x^3 + 3x^2 - x + 7",
-               "box": '[{"bbox_2d": [10, 10, 50, 50]}, {"bbox_2d": [61, 60, 91, 90]}]'}  # fmt: skip
+    answers = {
+        "number": "−3",
+        "choice": "(B)",
+        "yesno": "Yes",
+        "text": "red",
+        "math-frac": r"\frac{1}{2}",
+        "math-interval": r"\left(\frac{1}{2}, \frac{\sqrt{3}}{2}\right)",
+        "math-poly": "2x^3 + 3x^2 - x + 7",
+        "box": '[{"bbox_2d": [10, 10, 50, 50]}, {"bbox_2d": [61, 60, 91, 90]}]',
+    }
     return {f"long + {k}": f"{reasoning}<answer>{v}</answer>" for k, v in answers.items()}
 
 
@@ -94,8 +136,10 @@ def bench_score(inputs: dict[str, str], repeat: int) -> dict[str, dict]:
     out = {}
     for kind, sample in SAMPLES.items():
         score(["<answer>1</answer>"], [sample], RECIPE, ctx)  # warm-up: imports, the gold parse
-        per_input = {label: time_call(lambda t: score([t], [sample], RECIPE, ctx), text, repeat, clear=True)
-                     for label, text in inputs.items()}  # fmt: skip
+        per_input = {
+            label: time_call(lambda t: score([t], [sample], RECIPE, ctx), text, repeat, clear=True)  # noqa: B023
+            for label, text in inputs.items()
+        }
         worst = max(per_input, key=per_input.get)
         out[kind] = {"worst_ms": per_input[worst] * 1e3, "worst_input": worst}
     return out
@@ -129,10 +173,12 @@ def bench_parsers(inputs: dict[str, str], repeat: int) -> dict[str, dict]:
 def bench_throughput(n: int) -> dict[str, float]:
     """Completions per second of score() with accuracy + format + iou on short, normal completions (no math)."""
     ctx = RewardContext(box_format="qwen2_5")
-    cases = [(SAMPLES["number"], "<think>I count three.</think><answer>-3</answer>"),
-             (SAMPLES["text"], "<think>It is red.</think><answer>Red</answer>"),
-             (SAMPLES["yesno"], "<think>one seen</think><answer>Yes</answer>"),
-             (SAMPLES["box"], '<think>top left</think><answer>[{"bbox_2d": [12, 9, 51, 48]}]</answer>')]  # fmt: skip
+    cases = [
+        (SAMPLES["number"], "<think>I count three.</think><answer>-3</answer>"),
+        (SAMPLES["text"], "<think>It is red.</think><answer>Red</answer>"),
+        (SAMPLES["yesno"], "<think>one seen</think><answer>Yes</answer>"),
+        (SAMPLES["box"], '<think>top left</think><answer>[{"bbox_2d": [12, 9, 51, 48]}]</answer>'),
+    ]
     samples = [cases[i % len(cases)][0] for i in range(n)]
     completions = [cases[i % len(cases)][1] for i in range(n)]
     score(completions[:8], samples[:8], {"accuracy": 1.0}, ctx)  # warm-up: lazy imports (smart_resize)
@@ -142,9 +188,25 @@ def bench_throughput(n: int) -> dict[str, float]:
     return {"completions_per_s": n / dt, "us_per_completion": dt / n * 1e6}
 
 
-MATH_ANSWERS = [r"\frac{1}{2}", r"2\sqrt{3}", "x^2 - 1", "2x^3 + 3x^2 - x + 7", r"\left(\frac{1}{2}, \frac{\sqrt{3}}{2}\right)",
-                "[0, 1)", r"\{1, 2, 3\}", "y = 2x + 1", r"\pi r^2", r"e^{i\pi}", r"\sin^2 x + \cos^2 x", r"\log_2 8",
-                r"\frac{a+b}{c-d}", r"\dfrac{3}{4}", r"10\%", "0.4", "-3"]  # fmt: skip
+MATH_ANSWERS = [
+    r"\frac{1}{2}",
+    r"2\sqrt{3}",
+    "x^2 - 1",
+    "2x^3 + 3x^2 - x + 7",
+    r"\left(\frac{1}{2}, \frac{\sqrt{3}}{2}\right)",
+    "[0, 1)",
+    r"\{1, 2, 3\}",
+    "y = 2x + 1",
+    r"\pi r^2",
+    r"e^{i\pi}",
+    r"\sin^2 x + \cos^2 x",
+    r"\log_2 8",
+    r"\frac{a+b}{c-d}",
+    r"\dfrac{3}{4}",
+    r"10\%",
+    "0.4",
+    "-3",
+]
 """Real math answers: a wrong one costs a parse and sympy's `simplify` in verify, a right one the parse."""
 
 
@@ -170,11 +232,20 @@ def bench_math_answers(repeat: int) -> dict[str, dict]:
         l2s._Latex2Sympy.create_parser = factory
         try:
             for case in ("wrong", "right"):
-                per_input = {a: time_call(lambda a: check(a, a if case == "right" else ("7" if a == r"\frac{1}{2}"
-                             else r"\frac{1}{2}")), a, repeat) for a in MATH_ANSWERS}  # fmt: skip
+                per_input = {
+                    a: time_call(
+                        lambda a: check(a, a if case == "right" else ("7" if a == r"\frac{1}{2}" else r"\frac{1}{2}")),  # noqa: B023
+                        a,
+                        repeat,
+                    )
+                    for a in MATH_ANSWERS
+                }
                 worst = max(per_input, key=per_input.get)
-                out[f"{mode}, {case}"] = {"worst_ms": per_input[worst] * 1e3, "worst_input": worst,
-                                          "median_ms": statistics.median(per_input.values()) * 1e3}  # fmt: skip
+                out[f"{mode}, {case}"] = {
+                    "worst_ms": per_input[worst] * 1e3,
+                    "worst_input": worst,
+                    "median_ms": statistics.median(per_input.values()) * 1e3,
+                }
         finally:
             l2s._Latex2Sympy.create_parser = two_stage
     return out
@@ -196,24 +267,43 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     inputs, honest = adversarial(args.size), realistic_tails(args.size)
-    result = {"score_adversarial": bench_score(inputs, args.repeat),
-              "score_realistic": bench_score(honest, args.repeat),
-              "parsers": bench_parsers(inputs, args.repeat), "throughput": bench_throughput(args.n),
-              "math_answers": bench_math_answers(args.repeat)}  # fmt: skip
+    result = {
+        "score_adversarial": bench_score(inputs, args.repeat),
+        "score_realistic": bench_score(honest, args.repeat),
+        "parsers": bench_parsers(inputs, args.repeat),
+        "throughput": bench_throughput(args.n),
+        "math_answers": bench_math_answers(args.repeat),
+    }
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    lines = _table(f"one score() with {', '.join(RECIPE)}: worst of {len(inputs)} adversarial inputs of >= "
-                   f"{args.size // 1000} kB, median of {args.repeat} (bound 5 ms)", result["score_adversarial"], 5.0)
-    lines += _table(f"the same on {len(honest)} long completions ending in a real answer (math: math_verify's "
-                    "LaTeX parser, not the length)", result["score_realistic"], None)
+    lines = _table(
+        f"one score() with {', '.join(RECIPE)}: worst of {len(inputs)} adversarial inputs of >= "
+        f"{args.size // 1000} kB, median of {args.repeat} (bound 5 ms)",
+        result["score_adversarial"],
+        5.0,
+    )
+    lines += _table(
+        f"the same on {len(honest)} long completions ending in a real answer (math: math_verify's "
+        "LaTeX parser, not the length)",
+        result["score_realistic"],
+        None,
+    )
     lines += _table("each parser alone, worst adversarial input", result["parsers"], 5.0)
-    lines += _table(f"math answers ({len(MATH_ANSWERS)} real ones): one check, answer caches cleared; median over the "
-                    "answers in brackets", {k: {**v, "worst_input": f"{v['worst_input']}; median {v['median_ms']:.2f} ms"}
-                                            for k, v in result["math_answers"].items()}, None)  # fmt: skip
+    lines += _table(
+        f"math answers ({len(MATH_ANSWERS)} real ones): one check, answer caches cleared; median over the "
+        "answers in brackets",
+        {
+            k: {**v, "worst_input": f"{v['worst_input']}; median {v['median_ms']:.2f} ms"}
+            for k, v in result["math_answers"].items()
+        },
+        None,
+    )
     t = result["throughput"]
-    lines.append(f"score() on short completions: {t['completions_per_s']:,.0f} completions/s "
-                 f"({t['us_per_completion']:.1f} us each, accuracy + format + iou)")
+    lines.append(
+        f"score() on short completions: {t['completions_per_s']:,.0f} completions/s "
+        f"({t['us_per_completion']:.1f} us each, accuracy + format + iou)"
+    )
     print("\n".join(lines))
 
 

@@ -19,10 +19,12 @@ import torch
 from vlgrpo.data.images import load_image
 from vlgrpo.data.prompts import render_messages
 from vlgrpo.data.synth import draw_scene
-from vlgrpo.models import TinySpec, init_tiny, load_model, placeholder_token_ids
+from vlgrpo.models import load_model, placeholder_token_ids
+from vlgrpo.policy.forward import collate_groups, completion_logprobs
+from vlgrpo.policy.prompt import forbidden_mask
 from vlgrpo.rollout.base import SamplingParams
 from vlgrpo.rollout.hf import HFEngine
-from vlgrpo.rollout.inputs import collate_groups, completion_logprobs, forbidden_mask
+from vlgrpo.tiny import TinySpec, init_tiny
 from vlgrpo.types import Sample
 from vlgrpo.vision_cache import VisionCache
 
@@ -46,9 +48,13 @@ def naive_generate(model, processor, text: str, image, g: int, new_tokens: int):
     inputs = processor(text=[text], images=[image], return_tensors="pt")
     with torch.no_grad():
         return model.generate(
-            **inputs, do_sample=True, num_return_sequences=g, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+            **inputs,
+            do_sample=True,
+            num_return_sequences=g,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
             suppress_tokens=placeholder_token_ids(processor.tokenizer),
-        )  # fmt: skip
+        )
 
 
 def naive_logprobs(model, processor, text: str, image, completions: list[list[int]], forbidden):
@@ -70,11 +76,16 @@ def bench_size(lm, workdir: Path, size: int, g: int, new_tokens: int, repeats: i
     image, shapes = draw_scene(random.Random(size), size)
     path = workdir / f"scene_{size}.png"
     image.save(path)
-    sample = Sample(id=f"s{size}", question="How many shapes are there?", answer=str(len(shapes)),
-                    answer_type="number", image=str(path))  # fmt: skip
+    sample = Sample(
+        id=f"s{size}",
+        question="How many shapes are there?",
+        answer=str(len(shapes)),
+        answer_type="number",
+        image=str(path),
+    )
     text = processor.apply_chat_template(render_messages(sample), add_generation_prompt=True, tokenize=False)
     pil = load_image(path)
-    params = SamplingParams(n=g, temperature=1.0, max_new_tokens=new_tokens, seed=0)
+    params = SamplingParams(completions_per_prompt=g, temperature=1.0, max_new_tokens=new_tokens, seed=0)
     forbidden = forbidden_mask(processor.tokenizer, model.config.text_config.vocab_size)
 
     def engine(cache):
@@ -107,26 +118,38 @@ def bench_size(lm, workdir: Path, size: int, g: int, new_tokens: int, repeats: i
         t_lp_cached, lp_cached = timed(lambda: completion_logprobs(model, batch, feats, forbidden), repeats)
     prompt_len = len(groups[0].prompt_ids)
     return {
-        "px": size, "image_tokens": int(feats[0].embeds.shape[0]), "prompt_tokens": prompt_len,
-        "gen_naive_ms": t_gen_naive, "gen_cold_ms": t_gen_cold, "gen_cached_ms": t_gen_warm,
-        "lp_naive_ms": t_lp_naive, "lp_cached_ms": t_lp_cached,
+        "px": size,
+        "image_tokens": int(feats[0].embeds.shape[0]),
+        "prompt_tokens": prompt_len,
+        "gen_naive_ms": t_gen_naive,
+        "gen_cold_ms": t_gen_cold,
+        "gen_cached_ms": t_gen_warm,
+        "lp_naive_ms": t_lp_naive,
+        "lp_cached_ms": t_lp_cached,
         "lp_max_abs_diff": float((lp_naive - lp_cached).abs().max()),
-        "enc_naive": 2 * g, "enc_cold": cold[-1], "enc_cached": stats["rollout/images_encoded"],
-        "prefill_naive": 2 * g * prompt_len, "prefill_cached": stats["rollout/prefill_tokens"] + prompt_len,
-    }  # fmt: skip
+        "enc_naive": 2 * g,
+        "enc_cold": cold[-1],
+        "enc_cached": stats["rollout/images_encoded"],
+        "prefill_naive": 2 * g * prompt_len,
+        "prefill_cached": stats["rollout/prefill_tokens"] + prompt_len,
+    }
 
 
 def print_table(rows: list[dict], g: int, new_tokens: int) -> None:
     print(f"\nG = {g}, {new_tokens} new tokens, 1 thread; times in ms (fastest of the timed runs).")
-    print("| image px | image tokens | prompt tokens | generation naive | generation vlgrpo, cold cache "
-          "| generation vlgrpo | log-prob pass naive | log-prob pass vlgrpo "
-          "| encoder images / group: naive → cold → cached | prefill tokens / group: naive → vlgrpo |")
+    print(
+        "| image px | image tokens | prompt tokens | generation naive | generation vlgrpo, cold cache "
+        "| generation vlgrpo | log-prob pass naive | log-prob pass vlgrpo "
+        "| encoder images / group: naive → cold → cached | prefill tokens / group: naive → vlgrpo |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['px']} | {r['image_tokens']} | {r['prompt_tokens']} | {r['gen_naive_ms']:.0f} "
-              f"| {r['gen_cold_ms']:.0f} | {r['gen_cached_ms']:.0f} | {r['lp_naive_ms']:.0f} | {r['lp_cached_ms']:.0f} "
-              f"| {r['enc_naive']} → {r['enc_cold']} → {r['enc_cached']} "
-              f"| {r['prefill_naive']} → {r['prefill_cached']} |")  # fmt: skip
+        print(
+            f"| {r['px']} | {r['image_tokens']} | {r['prompt_tokens']} | {r['gen_naive_ms']:.0f} "
+            f"| {r['gen_cold_ms']:.0f} | {r['gen_cached_ms']:.0f} | {r['lp_naive_ms']:.0f} | {r['lp_cached_ms']:.0f} "
+            f"| {r['enc_naive']} → {r['enc_cold']} → {r['enc_cached']} "
+            f"| {r['prefill_naive']} → {r['prefill_cached']} |"
+        )
     worst = max(r["lp_max_abs_diff"] for r in rows)
     print(f"\nmax |log-prob naive - cached| over all sizes: {worst:.2e}")
 

@@ -2,7 +2,7 @@
 already reads images.
 
 One command rebuilds `data/models/<name>/` deterministically (fixed seeds, one thread, fixed scene streams):
-0. init the tiny model (`vlgrpo.models.init_tiny`); stage 0 trains its vision tower alone on dense per-token labels,
+0. init the tiny model (`vlgrpo.tiny.init_tiny`); stage 0 trains its vision tower alone on dense per-token labels,
    the stand-in for the pretrained CLIP / SigLIP encoder a real VLM starts from (a random tower's features were
    measured to stay unread by the LM for 1,200+ caption steps); then the merger is calibrated on unlabeled scenes,
 1. stage 1 (LLaVA's "alignment"): vision tower frozen, merger + language model learn captions,
@@ -49,8 +49,9 @@ from vlgrpo.data.images import ProcessorGeometry
 from vlgrpo.data.prompts import instruction
 from vlgrpo.data.synth import COLOURS, KINDS, SHAPES, draw_scene, make_sample
 from vlgrpo.data.synth import scene_names as names
-from vlgrpo.models import TinySpec, calibrate_merger, count_parameters, init_tiny, load_model
+from vlgrpo.models import count_parameters, load_model
 from vlgrpo.rewards.boxes import from_original_pixels, to_original_pixels
+from vlgrpo.tiny import TinySpec, calibrate_merger, init_tiny
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling pretrain_card.py, also when loaded by path
 from pretrain_card import model_card  # noqa: E402
@@ -68,9 +69,19 @@ PAD_STREAM = 700_000_000_008  # the FILLERS of stage 1-2 prompts
 
 CAPTION_PROMPT = "Detect the shapes."  # -> grounding JSON, left to right
 NAMES_PROMPT = "Name the shapes."  # -> "blue square, red circle": what is there, in a fixed colour-then-shape order
-FILLERS = ("Look carefully.", "Be brief.", "Use the image.", "Boxes are [x1, y1, x2, y2] in pixels.",
-           "No extra words.", "Answer in one line.", "Say none if there is none.", "Keep the order.",
-           "Write the labels in lower case.", "Give pixel values.", "Check every shape.")  # fmt: skip
+FILLERS = (
+    "Look carefully.",
+    "Be brief.",
+    "Use the image.",
+    "Boxes are [x1, y1, x2, y2] in pixels.",
+    "No extra words.",
+    "Answer in one line.",
+    "Say none if there is none.",
+    "Keep the order.",
+    "Write the labels in lower case.",
+    "Give pixel values.",
+    "Check every shape.",
+)
 """Generic sentences appended to prompts by two opt-in experiments: `--pad-sentences N` (0..N after each stage 1-2
 prompt) and `--vary-prompts` (0-3 in a `restyle`d stage-3 row). Why: the shipped base is keyed on its exact prompts.
 Measured on it (100 held-out caption scenes): "Detect the shapes." puts 0.18 of the first boxes at IoU >= 0.5,
@@ -134,7 +145,7 @@ def caption(shapes, size: int, geometry: ProcessorGeometry) -> str:
 
 
 def prompt_ids(processor, geometry: ProcessorGeometry, size: int, text: str = CAPTION_PROMPT) -> list[int]:
-    """A chat-templated prompt with its image pad expanded (as `vlgrpo.rollout.inputs.build_prompt`)."""
+    """A chat-templated prompt with its image pad expanded (as `vlgrpo.policy.prompt.build_prompt`)."""
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
     text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     text = text.replace("<|image_pad|>", "<|image_pad|>" * geometry.num_image_tokens(size, size))
@@ -169,8 +180,13 @@ def encode(processor, prompts: list[list[int]], images, targets: list[str] | Non
         if targets:
             labels[i, len(p) : len(r)] = torch.tensor(r[len(p) :])
     pix = processor.image_processor(images=images, return_tensors="pt")
-    out = {"input_ids": ids, "attention_mask": mask, "mm_token_type_ids": (ids == image_id).long(),
-           "pixel_values": pix["pixel_values"], "image_grid_thw": pix["image_grid_thw"]}  # fmt: skip
+    out = {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "mm_token_type_ids": (ids == image_id).long(),
+        "pixel_values": pix["pixel_values"],
+        "image_grid_thw": pix["image_grid_thw"],
+    }
     return {**out, "labels": labels} if targets else out
 
 
@@ -241,8 +257,10 @@ def caption_quality(model, processor, geometry, s: Settings, n: int) -> tuple[di
     verdicts = [score_caption(t, sh, s.image_size, geometry) for t, (_, sh) in zip(texts, scenes)]
     means = {k: round(sum(v[k] for v in verdicts) / n, 4) for k in verdicts[0]}
     means["names_exact"] = round(sum(t.strip() == names(sh) for t, (_, sh) in zip(listed, scenes)) / n, 4)
-    examples = [{"gold": caption(sh, s.image_size, geometry), "pred": t, "names_gold": names(sh), "names_pred": u}
-                for t, u, (_, sh) in zip(texts[:4], listed, scenes)]  # fmt: skip
+    examples = [
+        {"gold": caption(sh, s.image_size, geometry), "pred": t, "names_gold": names(sh), "names_pred": u}
+        for t, u, (_, sh) in zip(texts[:4], listed, scenes)
+    ]
     return means, examples
 
 
@@ -276,8 +294,10 @@ def zero_shot(model, processor, geometry, s: Settings, workdir: Path) -> dict:
     """Accuracy per question kind on the demo's questions and instructions (`synth.make_sample`, scenes from
     ZERO_SHOT_STREAM, never trained on), greedy, 64 new tokens, answer format `answer`."""
     rng = random.Random(ZERO_SHOT_STREAM)
-    samples = [make_sample(rng, i, s.image_size, KINDS, workdir, "zero-shot", s.max_shapes)
-               for i in range(s.zero_shot_questions)]  # fmt: skip
+    samples = [
+        make_sample(rng, i, s.image_size, KINDS, workdir, "zero-shot", s.max_shapes)
+        for i in range(s.zero_shot_questions)
+    ]
     pad = "<|image_pad|>" * geometry.num_image_tokens(s.image_size, s.image_size)
     prompts = []
     for x in samples:
@@ -294,7 +314,9 @@ def zero_shot(model, processor, geometry, s: Settings, workdir: Path) -> dict:
         result["questions"][kind] = len(rows)
         result["strict"][kind] = round(sum(v[0] for v in verdicts) / len(rows), 4)
         result["lenient"][kind] = round(sum(v[1] for v in verdicts) / len(rows), 4)
-        result["examples"].append({"question": rows[0][0].question, "gold": rows[0][0].answer, "completion": rows[0][1]})
+        result["examples"].append(
+            {"question": rows[0][0].question, "gold": rows[0][0].answer, "completion": rows[0][1]}
+        )
     return result
 
 
@@ -308,7 +330,9 @@ def cell_targets(shapes, size: int, geometry: ProcessorGeometry) -> tuple[torch.
     cell, gw = geometry.factor, rw // geometry.factor
     colour = torch.full(((rh // cell) * gw,), -1, dtype=torch.long)
     shape, box = colour.clone(), torch.zeros(len(colour), 8)
-    for s, (x1, y1, x2, y2) in zip(shapes, from_original_pixels([s.box for s in shapes], "qwen2_5", (size, size), geometry)):
+    for s, (x1, y1, x2, y2) in zip(
+        shapes, from_original_pixels([s.box for s in shapes], "qwen2_5", (size, size), geometry)
+    ):
         cx, cy = (x1 + x2) / 2 / cell, (y1 + y2) / 2 / cell
         k = min(int(cy), rh // cell - 1) * gw + min(int(cx), gw - 1)
         colour[k], shape[k] = COLOURS.index(s.colour), SHAPES.index(s.shape)
@@ -334,26 +358,53 @@ def pretrain_vision(model, processor, geometry, s: Settings, log: list[dict]) ->
     rng, t0, window = random.Random(VISION_STREAM), time.perf_counter(), []
     for step in range(s.stage0_steps):
         for group in opt.param_groups:
-            group["lr"] = s.vision0_lr * min(1.0, (step + 1) / s.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / s.stage0_steps)))
+            group["lr"] = (
+                s.vision0_lr
+                * min(1.0, (step + 1) / s.warmup)
+                * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / s.stage0_steps)))
+            )
         scenes = [draw_scene(rng, s.image_size, s.max_shapes) for _ in range(s.batch)]
-        colour, shape, box = (torch.cat(t) for t in zip(*(cell_targets(sh, s.image_size, geometry) for _, sh in scenes)))
-        out = head(vision_features(model, processor.image_processor(images=[im for im, _ in scenes], return_tensors="pt")))
+        colour, shape, box = (
+            torch.cat(t) for t in zip(*(cell_targets(sh, s.image_size, geometry) for _, sh in scenes))
+        )
+        out = head(
+            vision_features(model, processor.image_processor(images=[im for im, _ in scenes], return_tensors="pt"))
+        )
         obj = colour >= 0
-        loss = (F.cross_entropy(out[obj, :6], colour[obj]) + F.cross_entropy(out[obj, 6:9], shape[obj])
-                + F.binary_cross_entropy_with_logits(out[:, 9], obj.float()) + F.smooth_l1_loss(out[obj, 10:], box[obj]))
+        loss = (
+            F.cross_entropy(out[obj, :6], colour[obj])
+            + F.cross_entropy(out[obj, 6:9], shape[obj])
+            + F.binary_cross_entropy_with_logits(out[:, 9], obj.float())
+            + F.smooth_l1_loss(out[obj, 10:], box[obj])
+        )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        window.append([loss.item(), float((out[obj, :6].argmax(1) == colour[obj]).float().mean()),
-                       float((out[obj, 6:9].argmax(1) == shape[obj]).float().mean()),
-                       float((out[obj, 14:] - box[obj, 4:]).detach().abs().mean()) * s.image_size])  # fmt: skip
+        window.append(
+            [
+                loss.item(),
+                float((out[obj, :6].argmax(1) == colour[obj]).float().mean()),
+                float((out[obj, 6:9].argmax(1) == shape[obj]).float().mean()),
+                float((out[obj, 14:] - box[obj, 4:]).detach().abs().mean()) * s.image_size,
+            ]
+        )
         if (step + 1) % 50 == 0 or step + 1 == s.stage0_steps:
             m = [round(sum(v) / len(v), 4) for v in zip(*window)]
-            print(f"[stage0] step {step + 1}/{s.stage0_steps} loss {m[0]} cell colour acc {m[1]} shape acc {m[2]} "
-                  f"absolute box error {m[3]:.1f} px "
-                  f"{(time.perf_counter() - t0) / (step + 1):.3f} s/step", flush=True)
-            log.append({"stage0_step": step + 1, "loss": m[0], "cell_colour_acc": m[1], "cell_shape_acc": m[2],
-                        "abs_box_error_px": round(m[3], 2)})
+            print(
+                f"[stage0] step {step + 1}/{s.stage0_steps} loss {m[0]} cell colour acc {m[1]} shape acc {m[2]} "
+                f"absolute box error {m[3]:.1f} px "
+                f"{(time.perf_counter() - t0) / (step + 1):.3f} s/step",
+                flush=True,
+            )
+            log.append(
+                {
+                    "stage0_step": step + 1,
+                    "loss": m[0],
+                    "cell_colour_acc": m[1],
+                    "cell_shape_acc": m[2],
+                    "abs_box_error_px": round(m[3], 2),
+                }
+            )
             window = []
     return round(time.perf_counter() - t0, 1)
 
@@ -394,8 +445,12 @@ def fit(model, opt, batch: dict) -> float:
 def train(model, processor, geometry, s: Settings, log: list[dict]) -> dict[str, float]:
     """Both stages over one scene stream; returns the seconds each stage took."""
     groups = parameter_groups(model)
-    opt = torch.optim.AdamW([{"params": groups["lm"]}, {"params": groups["tower"]}, {"params": groups["merger"]}],
-                            lr=s.lr, betas=(0.9, 0.98), weight_decay=0.01)  # fmt: skip
+    opt = torch.optim.AdamW(
+        [{"params": groups["lm"]}, {"params": groups["tower"]}, {"params": groups["merger"]}],
+        lr=s.lr,
+        betas=(0.9, 0.98),
+        weight_decay=0.01,
+    )
     rng = random.Random(TRAIN_STREAM)
     pad_rng, prompts = random.Random(PAD_STREAM), PromptCache(processor, geometry, s.image_size)
     seconds, losses, t0 = {"stage1": 0.0, "stage2": 0.0, "evals": 0.0}, {}, time.perf_counter()
@@ -416,16 +471,26 @@ def train(model, processor, geometry, s: Settings, log: list[dict]) -> dict[str,
             targets = [names(shapes) for _, shapes in scenes]
         else:
             targets = [caption(shapes, s.image_size, geometry) for _, shapes in scenes]
-        texts = [" ".join([CAPTION_PROMPT if task == "boxes" else NAMES_PROMPT,
-                           *pad_rng.sample(FILLERS, pad_rng.randint(0, s.pad_sentences))]) for _ in scenes]
+        texts = [
+            " ".join(
+                [
+                    CAPTION_PROMPT if task == "boxes" else NAMES_PROMPT,
+                    *pad_rng.sample(FILLERS, pad_rng.randint(0, s.pad_sentences)),
+                ]
+            )
+            for _ in scenes
+        ]
         loss = fit(model, opt, encode(processor, [prompts(t) for t in texts], [img for img, _ in scenes], targets))
         seconds[stage] += time.perf_counter() - t
         losses.setdefault(task, []).append(loss)
         if (step + 1) % 50 == 0 or step + 1 == total:
             done = step + 1 - (0 if stage == "stage1" else s.stage1_steps)
             means = {f"loss_{k}": round(sum(v) / len(v), 4) for k, v in sorted(losses.items())}
-            print(f"[{stage}] step {step + 1}/{total} {means} lr {lr:.1e}/{vision_lr:.1e}"
-                  f" {seconds[stage] / done:.3f} s/step, {time.perf_counter() - t0:.0f} s", flush=True)
+            print(
+                f"[{stage}] step {step + 1}/{total} {means} lr {lr:.1e}/{vision_lr:.1e}"
+                f" {seconds[stage] / done:.3f} s/step, {time.perf_counter() - t0:.0f} s",
+                flush=True,
+            )
             log.append({"step": step + 1, **means})
             losses = {}
         if s.eval_every and (step + 1) % s.eval_every == 0 and step + 1 < total:
@@ -462,12 +527,24 @@ NAMES_ALL = tuple(f"{c} {k}" for c in COLOURS for k in SHAPES)
 
 
 PHRASES = {
-    "Find each {}.": ("Find each {}.", "Find the {}.", "Show each {}.", "Where is the {}?", "Box the {}.",
-                      "Mark each {}.", "Point to the {}.", "Give the box of the {}."),
+    "Find each {}.": (
+        "Find each {}.",
+        "Find the {}.",
+        "Show each {}.",
+        "Where is the {}?",
+        "Box the {}.",
+        "Mark each {}.",
+        "Point to the {}.",
+        "Give the box of the {}.",
+    ),
     "List each {}.": ("List each {}.", "Name each {}.", "Which {} is there?", "Tell me each {}.", "List the {} here."),
-    "List the {} shapes.": ("List the {} shapes.", "Name the {} shapes.", "Which {} shapes are there?",
-                            "Show the {} shapes."),
-}  # fmt: skip
+    "List the {} shapes.": (
+        "List the {} shapes.",
+        "Name the {} shapes.",
+        "Which {} shapes are there?",
+        "Show the {} shapes.",
+    ),
+}
 """Paraphrases of each stage-3 instruction (none is a demo template: no "How many", "What colour", "Is there" or
 "Locate"), drawn when prompts vary."""
 TAGS = ("out", "res", "reply", "list", "note", "ans", "result", "final", "step", "plan")
@@ -485,8 +562,10 @@ def restyle(rng: random.Random, template: str, value: str, target: str, about: s
     if style == "tag":
         return f"{prompt} Write it inside <{t1}> </{t1}>.", f"<{t1}>{target}</{t1}>"
     if style == "names":
-        return (f"{prompt} Name them inside <{t1}> </{t1}>, then write it inside <{t2}> </{t2}>.",
-                f"<{t1}>{about}</{t1}><{t2}>{target}</{t2}>")
+        return (
+            f"{prompt} Name them inside <{t1}> </{t1}>, then write it inside <{t2}> </{t2}>.",
+            f"<{t1}>{about}</{t1}><{t2}>{target}</{t2}>",
+        )
     return prompt, target
 
 
@@ -504,8 +583,9 @@ def instruct_row(
         every = {"colour": COLOURS, "shape": SHAPES, "name": NAMES_ALL}[attr]
         value = rng.choice([getattr(x, attr) for x in shapes] + [rng.choice(every)])
         hits = [x for x in shapes if getattr(x, attr) == value]
-        template = ("Find each {}." if task == FIND_TASK else "List the {} shapes." if attr == "colour"
-                    else "List each {}.")
+        template = (
+            "Find each {}." if task == FIND_TASK else "List the {} shapes." if attr == "colour" else "List each {}."
+        )
         target = (caption(hits, size, geometry) if task == FIND_TASK else names(hits)) if hits else "none"
     if vary:
         return restyle(rng, template, value, target, names(hits) or "none")
@@ -539,8 +619,11 @@ def instruct(model, processor, geometry, s: Settings, log: list[dict]) -> dict[s
         seconds["stage3"] += time.perf_counter() - t
         if (step + 1) % 50 == 0 or step + 1 == s.stage3_steps:
             means = {f"loss_{k}": round(sum(v) / len(v), 4) for k, v in sorted(losses.items())}
-            print(f"[stage3] step {step + 1}/{s.stage3_steps} {means} lr {lr:.1e} {seconds['stage3'] / (step + 1):.3f}"
-                  f" s/step, {time.perf_counter() - t0:.0f} s", flush=True)
+            print(
+                f"[stage3] step {step + 1}/{s.stage3_steps} {means} lr {lr:.1e} {seconds['stage3'] / (step + 1):.3f}"
+                f" s/step, {time.perf_counter() - t0:.0f} s",
+                flush=True,
+            )
             log.append({"stage3_step": step + 1, **means})
             losses = {}
         if s.eval_every and (step + 1) % s.eval_every == 0 and step + 1 < s.stage3_steps:
@@ -560,12 +643,20 @@ def instruction_quality(model, processor, geometry, s: Settings, n: int) -> dict
     out, prompts = {}, PromptCache(processor, geometry, s.image_size)
     for task in (*LIST_TASKS, FIND_TASK):
         rows = [instruct_row(task, rng, shapes, s.image_size, geometry) for _, shapes in scenes]
-        texts = greedy(model, processor, [prompts(q) for q, _ in rows], [img for img, _ in scenes],
-                       112 if task == FIND_TASK else 24)
+        texts = greedy(
+            model,
+            processor,
+            [prompts(q) for q, _ in rows],
+            [img for img, _ in scenes],
+            112 if task == FIND_TASK else 24,
+        )
         if task == FIND_TASK:  # the asked shapes found with the right label and a box at IoU >= 0.5
             asked = [q.removeprefix("Find each ").removesuffix(".") for q, _ in rows]
-            found = [score_caption(t, [x for x in sh if x.name == name], s.image_size, geometry)["object_iou50"]
-                     for t, name, (_, a), (_, sh) in zip(texts, asked, rows, scenes) if a != "none"]
+            found = [
+                score_caption(t, [x for x in sh if x.name == name], s.image_size, geometry)["object_iou50"]
+                for t, name, (_, a), (_, sh) in zip(texts, asked, rows, scenes)
+                if a != "none"
+            ]
             out[task] = round(sum(found) / len(found), 4)
         else:
             out[task] = round(sum(t.strip() == a for t, (_, a) in zip(texts, rows)) / n, 4)
@@ -580,8 +671,15 @@ def instruction_quality(model, processor, geometry, s: Settings, n: int) -> dict
 # ---------------------------------------------------------------- the command
 
 
-STAGE2_FILES = ("config.json", "generation_config.json", "model.safetensors", "chat_template.jinja",
-                "processor_config.json", "tokenizer.json", "tokenizer_config.json")
+STAGE2_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "chat_template.jinja",
+    "processor_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+)
 
 
 def build_stage2(out: Path, s: Settings, log: list[dict]) -> dict[str, float]:
@@ -605,9 +703,27 @@ def build_stage2(out: Path, s: Settings, log: list[dict]) -> dict[str, float]:
     return seconds
 
 
-STAGE2_SETTINGS = ("image_size", "max_shapes", "batch", "stage0_steps", "vision0_lr", "stage1_steps", "stage2_steps",
-                   "lr", "lr2", "vision_lr", "warmup", "pad_sentences", "single_steps", "names_every", "seed",
-                   "calibration_images", "merger_std", "merger_lr_scale", "spec")  # fmt: skip
+STAGE2_SETTINGS = (
+    "image_size",
+    "max_shapes",
+    "batch",
+    "stage0_steps",
+    "vision0_lr",
+    "stage1_steps",
+    "stage2_steps",
+    "lr",
+    "lr2",
+    "vision_lr",
+    "warmup",
+    "pad_sentences",
+    "single_steps",
+    "names_every",
+    "seed",
+    "calibration_images",
+    "merger_std",
+    "merger_lr_scale",
+    "spec",
+)
 """The settings stages 0-2 depend on: a saved stage-2 model is reused only when they all match."""
 
 
@@ -629,8 +745,10 @@ def reuse_stage2(src: Path, out: Path, s: Settings, log: list[dict]) -> dict[str
         for name in STAGE2_FILES:
             shutil.copy2(src / name, out / name)
     if hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest() != stage2["weights_sha256"]:
-        raise SystemExit(f"--from-stage2 {src}: model.safetensors is not the stage-2 model its pretrain.json records "
-                         "(it already holds stage 3?)")  # fmt: skip
+        raise SystemExit(
+            f"--from-stage2 {src}: model.safetensors is not the stage-2 model its pretrain.json records "
+            "(it already holds stage 3?)"
+        )
     log.extend(e for e in earlier["loss_log"] if "stage3_step" not in e)
     return {k: earlier["seconds"][k] for k in ("stage0", "stage1", "stage2", "evals")}
 
@@ -639,15 +757,20 @@ def build(out: Path, s: Settings, command: str, from_stage2: Path | None = None)
     """Every stage (stages 0-2 taken from a saved build with `from_stage2`); writes the model, pretrain.json and
     README.md into `out` and returns the figures."""
     t0, log = time.perf_counter(), []
-    print(f"{s.stage0_steps} + {s.stage1_steps} + {s.stage2_steps} + {s.stage3_steps} steps x {s.batch} at "
-          f"{s.image_size} px", flush=True)
+    print(
+        f"{s.stage0_steps} + {s.stage1_steps} + {s.stage2_steps} + {s.stage3_steps} steps x {s.batch} at "
+        f"{s.image_size} px",
+        flush=True,
+    )
     if from_stage2 is None:
         seconds = build_stage2(out, s, log)
     else:
         seconds = reuse_stage2(from_stage2, out, s, log)
         t0 -= sum(seconds.values())
-    stage2 = {"weights_sha256": hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest(),
-              "source": "built here" if from_stage2 is None else str(from_stage2)}  # fmt: skip
+    stage2 = {
+        "weights_sha256": hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest(),
+        "source": "built here" if from_stage2 is None else str(from_stage2),
+    }
     torch.manual_seed(s.seed)
     lm = load_model(str(out))  # stage 3 starts from the saved stage-2 model on either route
     geometry = ProcessorGeometry.from_processor(lm.processor)
@@ -670,19 +793,36 @@ def build(out: Path, s: Settings, command: str, from_stage2: Path | None = None)
     seconds["total"] = round(time.perf_counter() - t0, 1)
     weights = out / "model.safetensors"
     figures = {
-        "command": command, "seconds": seconds, "parameters": counts,
+        "command": command,
+        "seconds": seconds,
+        "parameters": counts,
         "size_mb": round(sum(f.stat().st_size for f in out.iterdir() if f.is_file()) / 1e6, 2),
-        "weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest(), "stage2": stage2,
-        "image_size": s.image_size, "image_tokens": geometry.num_image_tokens(s.image_size, s.image_size),
-        "caption_quality": quality, "caption_eval_scenes": s.eval_scenes, "caption_examples": examples,
-        "instructions": instructions, "zero_shot": zs, "loss_log": log,
-        "prompts": {"caption": CAPTION_PROMPT, "names": NAMES_PROMPT}, "instruct_mix": list(INSTRUCT_MIX),
-        "seed_streams": {"vision": VISION_STREAM, "train": TRAIN_STREAM, "caption_eval": CAPTION_EVAL_STREAM,
-                         "calibration": CALIBRATION_STREAM, "zero_shot": ZERO_SHOT_STREAM,
-                         "instruct": INSTRUCT_STREAM, "instruct_eval": INSTRUCT_EVAL_STREAM, "pad": PAD_STREAM},
-        "settings": asdict(s), "torch": torch.__version__,
+        "weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
+        "stage2": stage2,
+        "image_size": s.image_size,
+        "image_tokens": geometry.num_image_tokens(s.image_size, s.image_size),
+        "caption_quality": quality,
+        "caption_eval_scenes": s.eval_scenes,
+        "caption_examples": examples,
+        "instructions": instructions,
+        "zero_shot": zs,
+        "loss_log": log,
+        "prompts": {"caption": CAPTION_PROMPT, "names": NAMES_PROMPT},
+        "instruct_mix": list(INSTRUCT_MIX),
+        "seed_streams": {
+            "vision": VISION_STREAM,
+            "train": TRAIN_STREAM,
+            "caption_eval": CAPTION_EVAL_STREAM,
+            "calibration": CALIBRATION_STREAM,
+            "zero_shot": ZERO_SHOT_STREAM,
+            "instruct": INSTRUCT_STREAM,
+            "instruct_eval": INSTRUCT_EVAL_STREAM,
+            "pad": PAD_STREAM,
+        },
+        "settings": asdict(s),
+        "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # kernels differ by ISA: so do the weights' bits
-    }  # fmt: skip
+    }
     (out / "pretrain.json").write_text(json.dumps(figures, indent=2) + "\n")
     (out / "README.md").write_text(model_card(out.name, figures))
     figures["size_mb"] = round(sum(f.stat().st_size for f in out.iterdir() if f.is_file()) / 1e6, 2)
@@ -703,8 +843,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vision-lr", type=float, default=Settings.vision_lr)
     p.add_argument("--lr3", type=float, default=Settings.lr3)
     p.add_argument("--vary-prompts", action="store_true", help="stage 3 on `restyle`d prompts (an experiment)")
-    p.add_argument("--pad-sentences", type=int, default=Settings.pad_sentences, help="stages 1-2: up to this many "
-                   "FILLERS after each prompt (0, the default: the fixed prompts; an experiment)")
+    p.add_argument(
+        "--pad-sentences",
+        type=int,
+        default=Settings.pad_sentences,
+        help="stages 1-2: up to this many FILLERS after each prompt (0, the default: the fixed prompts; an experiment)",
+    )
     p.add_argument("--merger-std", type=float, default=Settings.merger_std)
     p.add_argument("--merger-lr", type=float, default=None, help="merger learning rate (default: the LM's)")
     p.add_argument("--single-steps", type=int, default=Settings.single_steps)
@@ -712,9 +856,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-scenes", type=int, default=Settings.eval_scenes)
     p.add_argument("--eval-every", type=int, default=Settings.eval_every)
     p.add_argument("--zero-shot-questions", type=int, default=Settings.zero_shot_questions)
-    p.add_argument("--spec", default="{}", help='TinySpec fields over the default size, as JSON: \'{"num_layers": 2}\'')
-    p.add_argument("--from-stage2", default=None, help="take stages 0-2 from this saved build (its pretrain.json "
-                   "records the stage-2 weights) instead of rebuilding them: the same result, 30 min sooner")
+    p.add_argument("--spec", default="{}", help="TinySpec fields over the default size, as JSON: '{\"num_layers\": 2}'")
+    p.add_argument(
+        "--from-stage2",
+        default=None,
+        help="take stages 0-2 from this saved build (its pretrain.json "
+        "records the stage-2 weights) instead of rebuilding them: the same result, 30 min sooner",
+    )
     p.add_argument("--card-only", action="store_true", help="only rewrite README.md from the model's pretrain.json")
     a = p.parse_args(argv)
     if a.card_only:
@@ -724,15 +872,36 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= a.pad_sentences <= len(FILLERS):  # before any build step: random.sample would fail mid-stage-1
         p.error(f"--pad-sentences {a.pad_sentences}: accepted 0 to {len(FILLERS)} (there are {len(FILLERS)} FILLERS)")
     torch.set_num_threads(1)  # deterministic and polite: one core
-    s = Settings(stage0_steps=round(a.stage0_steps * a.steps_scale), vision0_lr=a.vision0_lr, stage1_steps=round(a.stage1_steps * a.steps_scale), stage2_steps=round(a.stage2_steps * a.steps_scale),
-                 stage3_steps=round(a.stage3_steps * a.steps_scale), lr3=a.lr3, vary_prompts=a.vary_prompts, pad_sentences=a.pad_sentences,
-                 lr=a.lr, lr2=a.lr2, vision_lr=a.vision_lr, names_every=a.names_every, merger_std=a.merger_std, merger_lr_scale=(a.merger_lr / a.lr if a.merger_lr else 1.0), single_steps=round(a.single_steps * a.steps_scale), eval_scenes=a.eval_scenes, eval_every=a.eval_every,
-                 zero_shot_questions=a.zero_shot_questions, spec=TinySpec(**{**asdict(default_spec()), **json.loads(a.spec)}))  # fmt: skip
+    s = Settings(
+        stage0_steps=round(a.stage0_steps * a.steps_scale),
+        vision0_lr=a.vision0_lr,
+        stage1_steps=round(a.stage1_steps * a.steps_scale),
+        stage2_steps=round(a.stage2_steps * a.steps_scale),
+        stage3_steps=round(a.stage3_steps * a.steps_scale),
+        lr3=a.lr3,
+        vary_prompts=a.vary_prompts,
+        pad_sentences=a.pad_sentences,
+        lr=a.lr,
+        lr2=a.lr2,
+        vision_lr=a.vision_lr,
+        names_every=a.names_every,
+        merger_std=a.merger_std,
+        merger_lr_scale=(a.merger_lr / a.lr if a.merger_lr else 1.0),
+        single_steps=round(a.single_steps * a.steps_scale),
+        eval_scenes=a.eval_scenes,
+        eval_every=a.eval_every,
+        zero_shot_questions=a.zero_shot_questions,
+        spec=TinySpec(**{**asdict(default_spec()), **json.loads(a.spec)}),
+    )
     s.warmup = max(1, min(s.warmup, s.stage1_steps // 2 or 1))
-    command = "OMP_NUM_THREADS=1 .venv/bin/python dev/pretrain_tiny.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "OMP_NUM_THREADS=1 .venv/bin/python dev/pretrain_tiny.py " + " ".join(
+        sys.argv[1:] if argv is None else argv
+    )
     figures = build(Path(a.out), s, command.strip(), Path(a.from_stage2) if a.from_stage2 else None)
-    print(f"wrote {a.out} ({figures['size_mb']} MB) in {figures['seconds']['total']:.0f} s; weights sha256 "
-          f"{figures['weights_sha256'][:16]}")
+    print(
+        f"wrote {a.out} ({figures['size_mb']} MB) in {figures['seconds']['total']:.0f} s; weights sha256 "
+        f"{figures['weights_sha256'][:16]}"
+    )
     return 0
 
 

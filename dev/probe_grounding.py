@@ -44,7 +44,15 @@ from vlgrpo.rewards.grounding import iou  # the demo's grounding eval scores wit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling pretrain_tiny.py
 from pretrain_tiny import (  # noqa: E402
-    CAPTION_EVAL_STREAM, CAPTION_PROMPT, FILLERS, PromptCache, caption, encode, greedy, parse_caption, prompt_ids,
+    CAPTION_EVAL_STREAM,
+    CAPTION_PROMPT,
+    FILLERS,
+    PromptCache,
+    caption,
+    encode,
+    greedy,
+    parse_caption,
+    prompt_ids,
 )
 
 LOCATE = "Locate the "
@@ -84,8 +92,10 @@ def probe(model_dir: str, data_dir: Path, split: str, n: int) -> dict[str, dict[
     if len(sizes) != 1 or sizes[0][0] != sizes[0][1]:
         raise SystemExit(f"{data_dir}: image sizes {sizes}; the probe batches square images of one size")
     (w, h), images = sizes[0], [Image.open(data_dir / r["image"]).convert("RGB") for r in rows]
-    asks = {"find": ([f"Find each {x}." for x in names], [None] * len(rows)),
-            "detect": ([CAPTION_PROMPT] * len(rows), names)}
+    asks = {
+        "find": ([f"Find each {x}." for x in names], [None] * len(rows)),
+        "detect": ([CAPTION_PROMPT] * len(rows), names),
+    }
     result = {}
     for task, (prompts, labels) in asks.items():
         texts = greedy(lm.model, lm.processor, [prompt_ids(lm.processor, geometry, w, p) for p in prompts], images, 112)
@@ -124,7 +134,7 @@ def position_probe(model_dir: str, scenes: int = 400, size: int = 112) -> list[d
         at = (batch["input_ids"][0] == image_id).nonzero().squeeze(1)  # the same prompt in every row
         for j, (_, shapes) in enumerate(drawn[i : i + 50]):
             for s in shapes:
-                (x1, y1, x2, y2), = from_original_pixels([s.box], "qwen2_5", (size, size), geometry)  # resized px
+                ((x1, y1, x2, y2),) = from_original_pixels([s.box], "qwen2_5", (size, size), geometry)  # resized px
                 cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
                 k = int(cy // cell) * cols + int(cx // cell)
                 states.append([h[j, at[k]] for h in hidden])
@@ -135,8 +145,18 @@ def position_probe(model_dir: str, scenes: int = 400, size: int = 112) -> list[d
     out = []
     for layer in range(len(states[0])):
         err = ridge_mae(torch.stack([row[layer] for row in states]), y)
-        out.append({"abs_x": err[0], "abs_y": err[1], "cell_x": err[2], "cell_y": err[3], "guess_abs_x": guess[0],
-                    "guess_abs_y": guess[1], "guess_cell_x": guess[2], "guess_cell_y": guess[3]})
+        out.append(
+            {
+                "abs_x": err[0],
+                "abs_y": err[1],
+                "cell_x": err[2],
+                "cell_y": err[3],
+                "guess_abs_x": guess[0],
+                "guess_abs_y": guess[1],
+                "guess_cell_x": guess[2],
+                "guess_cell_y": guess[3],
+            }
+        )
     return [{k: round(float(v), 2) for k, v in row.items()} for row in out]
 
 
@@ -153,25 +173,41 @@ def distance_probe(model_dir: str, moves=(0, 1, 2, 4, 8), scenes: int = 200, siz
     images, targets = [im for im, _ in drawn], [caption(shapes, size, geometry) for _, shapes in drawn]
     is_digit = torch.tensor([tok.decode([i]).strip().isdigit() for i in range(len(tok))])
     end, out, cached = tok.convert_tokens_to_ids("<|vision_end|>"), [], PromptCache(lm.processor, geometry, size)
-    runs = ((m, k, i) for m in ("shift", "sentences") for k in moves for i in ("own", "other")
-            if m == "shift" or k <= len(FILLERS))  # k sentences are k distinct FILLERS: 11 at most
+    runs = (
+        (m, k, i)
+        for m in ("shift", "sentences")
+        for k in moves
+        for i in ("own", "other")
+        if m == "shift" or k <= len(FILLERS)
+    )  # k sentences are k distinct FILLERS: 11 at most
     for move, k, image in runs:
         pad = random.Random(k)
         words = k if move == "sentences" else 0
         prompts = [cached(" ".join([CAPTION_PROMPT, *pad.sample(FILLERS, words)])) for _ in drawn]
         batch = encode(lm.processor, prompts, images if image == "own" else images[1:] + images[:1], targets)
         labels = batch.pop("labels")[:, 1:]
-        positions, _ = lm.model.model.get_rope_index(batch["input_ids"], batch["mm_token_type_ids"],
-                                                     batch["image_grid_thw"], attention_mask=batch["attention_mask"])
+        positions, _ = lm.model.model.get_rope_index(
+            batch["input_ids"],
+            batch["mm_token_type_ids"],
+            batch["image_grid_thw"],
+            attention_mask=batch["attention_mask"],
+        )
         after = (batch["input_ids"] == end).long().cumsum(1) > 0  # <|vision_end|> and every token after it
         positions = positions + (k if move == "shift" else 0) * after.long()
         right = lm.model(**batch, position_ids=positions).logits[:, :-1].argmax(-1) == labels
         scored = labels != -100
         digit = is_digit[labels.clamp(min=0)] & scored
         tens = digit & torch.cat([digit[:, 1:], torch.zeros_like(digit[:, :1])], 1)  # a digit before a digit
-        out.append({"move": move, "k": k, "image": image, "tens": float(right[tens].float().mean()),
-                    "ones": float(right[digit & ~tens].float().mean()),
-                    "other": float(right[scored & ~digit].float().mean())})
+        out.append(
+            {
+                "move": move,
+                "k": k,
+                "image": image,
+                "tens": float(right[tens].float().mean()),
+                "ones": float(right[digit & ~tens].float().mean()),
+                "other": float(right[scored & ~digit].float().mean()),
+            }
+        )
     return out
 
 
@@ -187,20 +223,26 @@ def main() -> None:
     args = ap.parse_args()
     if args.positions:
         for layer, m in enumerate(position_probe(args.model)):
-            print(f"layer {layer}: centre x {m['abs_x']:.1f} y {m['abs_y']:.1f} px (mean guess {m['guess_abs_x']:.1f} "
-                  f"{m['guess_abs_y']:.1f}); within the cell x {m['cell_x']:.1f} y {m['cell_y']:.1f} px (mean guess "
-                  f"{m['guess_cell_x']:.1f} {m['guess_cell_y']:.1f})")
+            print(
+                f"layer {layer}: centre x {m['abs_x']:.1f} y {m['abs_y']:.1f} px (mean guess {m['guess_abs_x']:.1f} "
+                f"{m['guess_abs_y']:.1f}); within the cell x {m['cell_x']:.1f} y {m['cell_y']:.1f} px (mean guess "
+                f"{m['guess_cell_x']:.1f} {m['guess_cell_y']:.1f})"
+            )
         return
     if args.distance:
         for m in distance_probe(args.model, moves=tuple(int(k) for k in args.moves.split(","))):
-            print(f"{m['move']:9s} {m['k']:2d}, {m['image']:5s} image: tens digits {m['tens']:.3f}, ones digits "
-                  f"{m['ones']:.3f}, other tokens {m['other']:.3f}")
+            print(
+                f"{m['move']:9s} {m['k']:2d}, {m['image']:5s} image: tens digits {m['tens']:.3f}, ones digits "
+                f"{m['ones']:.3f}, other tokens {m['other']:.3f}"
+            )
         return
     if args.data is None:
         ap.error("a data directory is needed unless --positions")
     for task, m in probe(args.model, args.data, args.split, args.n).items():
-        print(f"{task:7s} Acc@0.5 {m['acc50']:.3f}  answered {m['answered']:.3f}  "
-              f"median centre error x {m['median_dx']:.1f} px, y {m['median_dy']:.1f} px")
+        print(
+            f"{task:7s} Acc@0.5 {m['acc50']:.3f}  answered {m['answered']:.3f}  "
+            f"median centre error x {m['median_dx']:.1f} px, y {m['median_dy']:.1f} px"
+        )
 
 
 if __name__ == "__main__":

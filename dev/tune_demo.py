@@ -18,9 +18,14 @@ import time
 from pathlib import Path
 
 from vlgrpo.demo import (
-    DemoSettings, evaluate_model, stage_config, build_model_and_data, from_scratch, resolve_base,
+    DemoSettings,
+    build_model_and_data,
+    evaluate_model,
+    from_scratch,
+    resolve_base,
+    stage_config,
 )
-from vlgrpo.models import TinySpec
+from vlgrpo.tiny import TinySpec
 
 
 def _parse(pairs: list[str], cls):
@@ -66,23 +71,36 @@ def main() -> None:
         src = out / "model" if stage == "sft" else out / "sft_model"
         name = stage if stage == "sft" else f"grpo{a.tag}"
         cfg = stage_config(s, out, "sft" if stage == "sft" else "grpo", src)
-        for pair in a.extra + [f"train.output_dir={out / name}", f"eval.every_steps={a.eval_every}",
-                               "eval.max_samples=150", "logging.progress_bar=false"]:
+        for pair in a.extra + [
+            f"train.output_dir={out / name}",
+            f"eval.every_steps={a.eval_every}",
+            "eval.max_samples=150",
+            "logging.progress_bar=false",
+        ]:
             _set(cfg, pair)
         ev = make_evaluator(cfg) if a.eval_every else None
         history = run_training(cfg, evaluator=ev)
         export_run(out / name, out / f"{name}_model")
         for h in history:
             if any(k.startswith("eval/") for k in h):
-                print(f"  step {h['step']}: " + " ".join(f"{k}={v:.3f}" for k, v in h.items()
-                                                       if k.startswith("eval/vqa/acc") and "task" not in k))
+                print(
+                    f"  step {h['step']}: "
+                    + " ".join(f"{k}={v:.3f}" for k, v in h.items() if k.startswith("eval/vqa/acc") and "task" not in k)
+                )
         m = _val_eval(out / f"{name}_model", cfg, out / "data" / "val.jsonl", s)
         last = history[-10:]
-        tail = {k: sum(h.get(k, 0.0) for h in last) / len(last) for k in
-                ("loss", "grpo/entropy", "grpo/kl", "grpo/response_length", "reward/total") if k in last[-1]}
+        tail = {
+            k: sum(h.get(k, 0.0) for h in last) / len(last)
+            for k in ("loss", "grpo/entropy", "grpo/kl", "grpo/response_length", "reward/total")
+            if k in last[-1]
+        }
         results[name] = {"seconds": round(time.time() - t0, 1), "val": m, "tail": tail}
-        print(f"== {name}: {time.time() - t0:.0f} s  val " + " ".join(
-            f"{k}={v:.3f}" for k, v in m.items() if "task" not in k) + f"  tail {tail}", flush=True)
+        print(
+            f"== {name}: {time.time() - t0:.0f} s  val "
+            + " ".join(f"{k}={v:.3f}" for k, v in m.items() if "task" not in k)
+            + f"  tail {tail}",
+            flush=True,
+        )
     (out / f"tune{a.tag}.json").write_text(json.dumps(results, indent=2))
 
 

@@ -76,8 +76,7 @@ def render() -> str:
     for top in dataclasses.fields(Config):
         for name, section in _sections(getattr(Config(), top.name), top.name):
             docs = field_docs(type(section))
-            lines += [f"## `{name}`", "", "| key | type | default | accepted | meaning |",
-                      "|---|---|---|---|---|"]
+            lines += [f"## `{name}`", "", "| key | type | default | accepted | meaning |", "|---|---|---|---|---|"]
             for f in dataclasses.fields(section):
                 value = getattr(section, f.name)
                 if dataclasses.is_dataclass(value):
@@ -86,24 +85,41 @@ def render() -> str:
                 accepted = ", ".join(CHOICES[key]) if key in CHOICES else ""
                 if key == "eval.suites":
                     accepted = "list of " + ", ".join(EVAL_SUITES)
-                lines.append(f"| `{key}` | {_cell(str(f.type))} | `{_value(value)}` | {accepted} | "
-                             f"{_cell(docs.get(f.name, ''))} |")
+                lines.append(
+                    f"| `{key}` | {_cell(str(f.type))} | `{_value(value)}` | {accepted} | "
+                    f"{_cell(docs.get(f.name, ''))} |"
+                )
             lines.append("")
     return "\n".join(lines + _registries())
 
 
 def _registries() -> list[str]:
     """One table per registry: each option, what implements it, what it means and its former names."""
-    lines = ["## Choices and what implements them", "",
-             "Generated from `vlgrpo/registry.py`. Adding an option is its implementation plus one line there.", ""]
+    lines = [
+        "## Choices and what implements them",
+        "",
+        "Generated from `vlgrpo/registry.py`. Adding an option is its implementation plus one line there.",
+        "",
+    ]
     for registry in REGISTRIES:
-        lines += [f"### `{registry.key}`", "", "| option | implemented by | meaning | former names |", "|---|---|---|---|"]
+        lines += [
+            f"### `{registry.key}`",
+            "",
+            "| option | implemented by | meaning | former names |",
+            "|---|---|---|---|",
+        ]
         for o in registry.options.values():
             target = f"`{o.target}`" if o.target else ""
             lines.append(f"| `{o.name}` | {target} | {_cell(o.help)} | {', '.join(o.aliases)} |")
         lines.append("")
-    lines += ["## Renamed keys", "", "A former key still works and prints a deprecation message.", "",
-              "| former key | current key |", "|---|---|"]
+    lines += [
+        "## Renamed keys",
+        "",
+        "A former key still works and prints a deprecation message.",
+        "",
+        "| former key | current key |",
+        "|---|---|",
+    ]
     lines += [f"| `{old}` | `{new}` |" for old, new in RENAMED_KEYS.items()]
     return lines + [""]
 

@@ -58,7 +58,7 @@ def spread_deepstack():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """Factory: arch -> directory of a saved tiny checkpoint (built once per arch per session)."""
-    from vlgrpo.models import init_tiny
+    from vlgrpo.tiny import init_tiny
 
     built: dict[str, str] = {}
 
@@ -78,3 +78,30 @@ def shapes_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("shapes")
     synth_dataset(out, 40, seed=0, image_size=112)
     return out
+
+
+@pytest.fixture(scope="module")
+def load(tiny_model_dir, spread):
+    """arch -> a freshly loaded tiny model and its processor (one per arch per module), its LM weights spread out
+    (seeded) so that greedy decoding varies.
+
+    The random init decodes one repeated token; scaled-up weights give varied sequences, which makes
+    "same greedy tokens" a test that can fail.
+    """
+    from vlgrpo.models import load_model
+
+    def get(arch: str = "qwen2_5_vl", spread_by: float = 0.0, **kw):
+        lm = load_model(tiny_model_dir(arch), **kw)
+        if spread_by:
+            spread(lm.model, spread_by)
+        return lm.model.eval(), lm.processor
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def samples(shapes_dir):
+    """The shapes dataset's train samples."""
+    from vlgrpo.data.adapters import load_samples
+
+    return load_samples(shapes_dir / "train.jsonl").samples

@@ -65,8 +65,9 @@ def test_invalid_choice_lists_accepted_values():
 
 def test_batch_divisibility_explains_why():
     with pytest.raises(ConfigError) as e:
-        load_config(None, ["train.prompts_per_step=3", "rollout.completions_per_prompt=4",
-                           "train.micro_batch_completions=8"])
+        load_config(
+            None, ["train.prompts_per_step=3", "rollout.completions_per_prompt=4", "train.micro_batch_completions=8"]
+        )
     assert "3 prompts x 4 = 12" in str(e.value) and "micro_batch_completions (8)" in str(e.value)
 
 
@@ -89,8 +90,10 @@ def test_batch_divisibility_explains_why():
         ("train.save_every=-1", "'train.save_every' must be >= 0"),
         ("train.max_nonfinite_steps=0", "'train.max_nonfinite_steps' must be >= 1"),
         ("train.fault_timeout_s=-1", "'train.fault_timeout_s' must be >= 0 seconds"),
-        ("rollout.vllm.limit_mm_per_prompt={image: 2, video: 3}",
-         "'rollout.vllm.limit_mm_per_prompt.video' must be 0 or 1"),
+        (
+            "rollout.vllm.limit_mm_per_prompt={image: 2, video: 3}",
+            "'rollout.vllm.limit_mm_per_prompt.video' must be 0 or 1",
+        ),
         ("rollout.vllm.limit_mm_per_prompt={audio: 1}", "accepted modalities: image, video"),
         ("train.lr=[1", "override 'train.lr=[1' is not valid YAML"),
         ("data.video.fps=0", "'data.video.fps' must be > 0"),
@@ -128,8 +131,14 @@ def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path):
 def test_offload_keys_beside_a_deepspeed_json_are_refused():
     """The JSON is what DeepSpeed runs: train.zero3.offload_optimizer=true next to it changed nothing, silently."""
     with pytest.raises(ConfigError) as e:
-        load_config(None, ["train.backend=zero3", "train.zero3.deepspeed_config=configs/ds_zero3_bf16.json",
-                           "train.zero3.offload_optimizer=true"])  # fmt: skip
+        load_config(
+            None,
+            [
+                "train.backend=zero3",
+                "train.zero3.deepspeed_config=configs/ds_zero3_bf16.json",
+                "train.zero3.offload_optimizer=true",
+            ],
+        )
     assert "zero_optimization.offload_optimizer.device: cpu" in str(e.value)
     assert "configs/ds_zero3_bf16.json" in str(e.value)
     load_config(None, ["train.backend=zero3", "train.zero3.offload_optimizer=true"])  # vlgrpo builds the JSON: fine

@@ -31,9 +31,15 @@ def _leaves(tree: dict, prefix: str = ""):
 
 def test_the_shipped_recipes_are_all_there():
     names = {p.name for p in CONFIGS}
-    assert {"qwen2_5_vl_7b_lora_8xa100.yaml", "qwen2_5_vl_7b_zero3_8xa100.yaml", "qwen2_vl_2b_lora_1gpu.yaml",
-            "qwen3_vl_8b_lora_8xa100.yaml", "qwen3_vl_8b_zero3_8xa100.yaml", "tiny_grpo.yaml",
-            "tiny_sft.yaml"} <= names  # fmt: skip
+    assert {
+        "qwen2_5_vl_7b_lora_8xa100.yaml",
+        "qwen2_5_vl_7b_zero3_8xa100.yaml",
+        "qwen2_vl_2b_lora_1gpu.yaml",
+        "qwen3_vl_8b_lora_8xa100.yaml",
+        "qwen3_vl_8b_zero3_8xa100.yaml",
+        "tiny_grpo.yaml",
+        "tiny_sft.yaml",
+    } <= names
     assert len(NODE_8XA100) == 4
 
 
@@ -73,10 +79,8 @@ def test_8xa100_recipes_fit_a100_80gb(path, capsys):
 # `vlgrpo plan` of the Qwen3-VL-8B recipes (docs/train-qwen3-vl-8b.md quotes these rows): both peak in the rollout,
 # where vLLM holds its 0.35 or 0.4 x 85.90 GB next to the trainer's resident memory
 QWEN3_VERDICTS = {
-    "qwen3_vl_8b_lora_8xa100.yaml":
-        "A100-80GB        85.90     54.01     31.88  fits: rollout peak 54.01 GB <= 85.90 GB capacity",
-    "qwen3_vl_8b_zero3_8xa100.yaml":
-        "A100-80GB        85.90     56.36     29.54  fits: rollout peak 56.36 GB <= 85.90 GB capacity",
+    "qwen3_vl_8b_lora_8xa100.yaml": "A100-80GB        85.90     54.01     31.88  fits: rollout peak 54.01 GB <= 85.90 GB capacity",  # noqa: E501
+    "qwen3_vl_8b_zero3_8xa100.yaml": "A100-80GB        85.90     56.36     29.54  fits: rollout peak 56.36 GB <= 85.90 GB capacity",  # noqa: E501
 }
 
 
@@ -146,11 +150,16 @@ def test_tiny_recipe_trains_with_in_loop_eval(name, metric, tiny_model_dir, shap
     from vlgrpo.trainer.metrics import read_metrics
 
     overrides = [
-        f"model.name_or_path={tiny_model_dir()}", f"data.train={shapes_dir / 'train.jsonl'}",
-        f"data.val={shapes_dir / 'val.jsonl'}", f"data.test={shapes_dir / 'test.jsonl'}", "train.steps=1",
-        f"train.output_dir={tmp_path / 'run'}", "logging.progress_bar=false", "eval.every_steps=1",
+        f"model.name_or_path={tiny_model_dir()}",
+        f"data.train={shapes_dir / 'train.jsonl'}",
+        f"data.val={shapes_dir / 'val.jsonl'}",
+        f"data.test={shapes_dir / 'test.jsonl'}",
+        "train.steps=1",
+        f"train.output_dir={tmp_path / 'run'}",
+        "logging.progress_bar=false",
+        "eval.every_steps=1",
         "eval.max_samples=2",
-    ]  # fmt: skip
+    ]
     assert main(["train", str(ROOT / "configs" / name), *overrides]) == 0
     (row,) = read_metrics(tmp_path / "run")
     assert row["step"] == 1 and metric in row and "eval/vqa/accuracy" in row
@@ -158,8 +167,14 @@ def test_tiny_recipe_trains_with_in_loop_eval(name, metric, tiny_model_dir, shap
 
 
 def _script(name: str, *args: str, **env: str) -> tuple[int, str]:
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / name), *args], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, **env}, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / name), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, **env},
+        timeout=120,
+    )
     return proc.returncode, proc.stderr
 
 
@@ -183,19 +198,32 @@ def test_train_sh_runs_doctor_then_torchrun_with_the_config_gpu_count():
 
 
 def test_train_multinode_sh_torchrun_and_hostfile(tmp_path):
-    rc, err = _script("train_multinode.sh", "configs/qwen2_5_vl_7b_zero3_8xa100.yaml", NNODES="2", NODE_RANK="1",
-                      MASTER_ADDR="10.0.0.1", SKIP_DOCTOR="1")  # fmt: skip
+    rc, err = _script(
+        "train_multinode.sh",
+        "configs/qwen2_5_vl_7b_zero3_8xa100.yaml",
+        NNODES="2",
+        NODE_RANK="1",
+        MASTER_ADDR="10.0.0.1",
+        SKIP_DOCTOR="1",
+    )
     assert rc == 0 and err.splitlines() == [
         f"+ {sys.executable} -m torch.distributed.run --nnodes 2 --node_rank 1 --nproc_per_node 8 --master_addr "
         "10.0.0.1 --master_port 29500 --max-restarts 3 -m vlgrpo.cli train configs/qwen2_5_vl_7b_zero3_8xa100.yaml "
-        "train.num_gpus=16"]
+        "train.num_gpus=16"
+    ]
     hosts = tmp_path / "hostfile"
     hosts.write_text("# two nodes\nnode-a slots=8\nnode-b slots=4\n")
-    rc, err = _script("train_multinode.sh", "configs/qwen2_5_vl_7b_zero3_8xa100.yaml", "train.lr=2e-6",
-                      HOSTFILE=str(hosts), SKIP_DOCTOR="1")  # fmt: skip
+    rc, err = _script(
+        "train_multinode.sh",
+        "configs/qwen2_5_vl_7b_zero3_8xa100.yaml",
+        "train.lr=2e-6",
+        HOSTFILE=str(hosts),
+        SKIP_DOCTOR="1",
+    )
     assert rc == 0 and err.splitlines() == [
         f"+ deepspeed --hostfile {hosts} --master_addr node-a --master_port 29500 --no_local_rank --module vlgrpo.cli "
-        "train configs/qwen2_5_vl_7b_zero3_8xa100.yaml train.num_gpus=12 train.lr=2e-6"]
+        "train configs/qwen2_5_vl_7b_zero3_8xa100.yaml train.num_gpus=12 train.lr=2e-6"
+    ]
     rc, err = _script("train_multinode.sh", "configs/tiny_grpo.yaml")
     assert rc != 0 and "set NNODES, NODE_RANK and MASTER_ADDR" in err
 
@@ -204,19 +232,29 @@ def test_train_multinode_sh_starts_the_training_ranks_of_a_split_vllm_rollout(tm
     """4 + 4 on each of 2 nodes: 4 training processes per node (each rank's vLLM worker takes one of the other 4
     GPUs), the config recording all 16 GPUs; the deepspeed launcher would start a rank on every slot."""
     split = ("rollout.placement=split", "rollout.engine=vllm", "rollout.vllm.rollout_gpus=4")
-    rc, err = _script("train_multinode.sh", "configs/qwen2_5_vl_7b_zero3_8xa100.yaml", *split, NNODES="2",
-                      NODE_RANK="0", MASTER_ADDR="10.0.0.1", SKIP_DOCTOR="1")  # fmt: skip
+    rc, err = _script(
+        "train_multinode.sh",
+        "configs/qwen2_5_vl_7b_zero3_8xa100.yaml",
+        *split,
+        NNODES="2",
+        NODE_RANK="0",
+        MASTER_ADDR="10.0.0.1",
+        SKIP_DOCTOR="1",
+    )
     assert rc == 0 and err.splitlines() == [
         f"+ {sys.executable} -m torch.distributed.run --nnodes 2 --node_rank 0 --nproc_per_node 4 --master_addr "
         "10.0.0.1 --master_port 29500 --max-restarts 3 -m vlgrpo.cli train configs/qwen2_5_vl_7b_zero3_8xa100.yaml "
-        "train.num_gpus=16 " + " ".join(split)]
+        "train.num_gpus=16 " + " ".join(split)
+    ]
     hosts = tmp_path / "hostfile"
     hosts.write_text("node-a slots=8\nnode-b slots=8\n")
-    rc, err = _script("train_multinode.sh", "configs/qwen2_5_vl_7b_zero3_8xa100.yaml", *split, HOSTFILE=str(hosts),
-                      SKIP_DOCTOR="1")  # fmt: skip
+    rc, err = _script(
+        "train_multinode.sh", "configs/qwen2_5_vl_7b_zero3_8xa100.yaml", *split, HOSTFILE=str(hosts), SKIP_DOCTOR="1"
+    )
     assert rc == 2 and "runs under torchrun" in err and "+ " not in err
-    rc, err = _script("train_multinode.sh", "configs/tiny_grpo.yaml", "train.lrr=1", NNODES="2", NODE_RANK="0",
-                      MASTER_ADDR="10.0.0.1")  # fmt: skip
+    rc, err = _script(
+        "train_multinode.sh", "configs/tiny_grpo.yaml", "train.lrr=1", NNODES="2", NODE_RANK="0", MASTER_ADDR="10.0.0.1"
+    )
     assert rc == 1 and "unknown config key 'train.lrr'" in err and "+ " not in err  # nothing launched
 
 
@@ -259,28 +297,50 @@ def test_adapt_guide_worked_example_converts_checks_and_scores(tmp_path, monkeyp
     """The RefCOCO conversion, config and reward function of docs/adapt-your-dataset.md run as written."""
     (tmp_path / "data" / "refcoco_flat").mkdir(parents=True)
     (tmp_path / "data" / "coco" / "train2014").mkdir(parents=True)
-    refs = [{"ref_id": 7, "image": "a.jpg", "width": 640, "height": 427, "split": "val", "category": "person",
-             "bbox": [103.9, 152.6, 158.5, 218.1], "sentences": ["lady in the blue shirt", "woman on the left"]},
-            {"ref_id": 8, "image": "a.jpg", "width": 640, "height": 427, "split": "train", "category": "dog",
-             "bbox": [400, 200, 100, 80], "sentences": ["brown dog"]}]  # fmt: skip
+    refs = [
+        {
+            "ref_id": 7,
+            "image": "a.jpg",
+            "width": 640,
+            "height": 427,
+            "split": "val",
+            "category": "person",
+            "bbox": [103.9, 152.6, 158.5, 218.1],
+            "sentences": ["lady in the blue shirt", "woman on the left"],
+        },
+        {
+            "ref_id": 8,
+            "image": "a.jpg",
+            "width": 640,
+            "height": 427,
+            "split": "train",
+            "category": "dog",
+            "bbox": [400, 200, 100, 80],
+            "sentences": ["brown dog"],
+        },
+    ]
     (tmp_path / "data" / "refcoco_flat" / "refs.json").write_text(json.dumps(refs))
     from PIL import Image
 
     Image.new("RGB", (640, 427), (90, 120, 40)).save(tmp_path / "data" / "coco" / "train2014" / "a.jpg")
     monkeypatch.chdir(tmp_path)
-    exec(_doc_block("adapt-your-dataset.md", "# convert_refs.py: RefCOCO-style refs -> vlgrpo JSONL, one file per "
-                    "split"))
+    exec(
+        _doc_block("adapt-your-dataset.md", "# convert_refs.py: RefCOCO-style refs -> vlgrpo JSONL, one file per split")
+    )
     (val, *_) = [json.loads(line) for line in open("data/refcoco_rec/val.jsonl")]
     assert val["boxes"] == [[103.9, 152.6, 103.9 + 158.5, 152.6 + 218.1]] and val["image_size"] == [640, 427]
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "my_refcoco.yaml").write_text(
-        _doc_block("adapt-your-dataset.md", "# configs/my_refcoco.yaml: the 7B LoRA recipe on RefCOCO"))
+        _doc_block("adapt-your-dataset.md", "# configs/my_refcoco.yaml: the 7B LoRA recipe on RefCOCO")
+    )
     from vlgrpo.preflight import diagnose
 
     report = diagnose("configs/my_refcoco.yaml")
     assert report.errors == 0 and report.warnings == 0
     assert {n: (st.samples, max(st.image_tokens)) for n, st in report.splits.items()} == {
-        "train": (1, 345), "val": (2, 345)}  # fmt: skip
+        "train": (1, 345),
+        "val": (2, 345),
+    }
 
     (tmp_path / "my_rewards.py").write_text(_doc_block("adapt-your-dataset.md", "# my_rewards.py"))
     from vlgrpo.rewards import RewardContext, check_recipe, score

@@ -2,19 +2,37 @@ import dataclasses
 import json
 from pathlib import Path
 
-import pytest
-
 from vlgrpo.cli import main
 
-KEYS = ("sft_test_accuracy", "grpo_test_accuracy", "sft_grounding_acc50", "grpo_grounding_acc50", "sft_pope_f1",
-        "grpo_pope_f1", "sft_pope_yes_ratio", "grpo_pope_yes_ratio", "steps", "wall_seconds")
+KEYS = (
+    "sft_test_accuracy",
+    "grpo_test_accuracy",
+    "sft_grounding_acc50",
+    "grpo_grounding_acc50",
+    "sft_pope_f1",
+    "grpo_pope_f1",
+    "sft_pope_yes_ratio",
+    "grpo_pope_yes_ratio",
+    "steps",
+    "wall_seconds",
+)
 PER_KIND = ("count", "colour", "exist")
+
+
+def _from_scratch_demo(out, *extra: str, image_size: int) -> list[str]:
+    """A 1-SFT-step, 1-GRPO-step demo from a random tiny model: colour and grounding questions on 2-shape scenes."""
+    flags = (
+        "--base init-tiny --n 120 --sft-steps 2 --grpo-steps 1 --eval-samples 6 --kinds colour,ground --max-shapes 2"
+    )
+    return ["demo", "--out", str(out), *flags.split(), *extra, "--image-size", str(image_size)]
 
 
 def test_demo_runs_every_stage_from_the_shipped_base_and_writes_a_checkable_summary(tmp_path):
     out = tmp_path / "demo"
-    assert main(["demo", "--out", str(out), "--n", "120", "--sft-steps", "3", "--grpo-steps", "2",
-                 "--eval-samples", "8"]) == 0
+    assert (
+        main(["demo", "--out", str(out), "--n", "120", "--sft-steps", "3", "--grpo-steps", "2", "--eval-samples", "8"])
+        == 0
+    )
     summary = json.loads((out / "summary.json").read_text())
     for key in KEYS:
         assert key in summary, key
@@ -29,18 +47,23 @@ def test_demo_runs_every_stage_from_the_shipped_base_and_writes_a_checkable_summ
     from vlgrpo.demo import BASES
 
     assert (out / "model" / "model.safetensors").read_bytes() == (
-        BASES / "shapes-tiny-qwen2_5_vl" / "model.safetensors").read_bytes()
+        BASES / "shapes-tiny-qwen2_5_vl" / "model.safetensors"
+    ).read_bytes()
     assert [json.loads(line)["step"] for line in (out / "grpo" / "metrics.jsonl").read_text().splitlines()] == [1, 2]
-    for name in ("report.md", "curves.png", "eval_sft/metrics.json", "eval_grpo/predictions.jsonl",
-                 "grpo_model/config.json", "sft/config.yaml"):
+    for name in (
+        "report.md",
+        "curves.png",
+        "eval_sft/metrics.json",
+        "eval_grpo/predictions.jsonl",
+        "grpo_model/config.json",
+        "sft/config.yaml",
+    ):
         assert (out / name).is_file(), name
     report = (out / "report.md").read_text()
     assert "after SFT" in report and "eval/vqa/accuracy" in report and "KL to the SFT policy" in report
     # `make demo` twice: the second run replaces the first one's stages instead of resuming or refusing them
     # (the from-scratch route this time: a random tiny model, colour and grounding questions on 2-shape scenes)
-    assert main(["demo", "--out", str(out), "--base", "init-tiny", "--n", "120", "--sft-steps", "2",
-                 "--grpo-steps", "1", "--eval-samples", "6", "--kinds", "colour,ground", "--max-shapes", "2",
-                 "--image-size", "56"]) == 0
+    assert main(_from_scratch_demo(out, image_size=56)) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == {"sft": 2, "grpo": 1} and summary["base"] == "init-tiny"
     assert "sft_accuracy_count" not in summary and 0.0 <= summary["sft_accuracy_colour"] <= 1.0
@@ -57,9 +80,7 @@ def test_an_unknown_base_is_named_with_what_is_accepted(tmp_path, capsys):
 
 def test_the_from_scratch_route_builds_trains_and_evaluates_a_qwen3_vl(tmp_path):
     out = tmp_path / "demo"
-    assert main(["demo", "--out", str(out), "--base", "init-tiny", "--arch", "qwen3_vl", "--n", "120", "--sft-steps",
-                 "2", "--grpo-steps", "1", "--eval-samples", "6", "--kinds", "colour,ground", "--max-shapes", "2",
-                 "--image-size", "64"]) == 0
+    assert main(_from_scratch_demo(out, "--arch", "qwen3_vl", image_size=64)) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["arch"] == "qwen3_vl" and summary["steps"] == {"sft": 2, "grpo": 1}
     assert 0.0 <= summary["grpo_accuracy_colour"] <= 1.0 and 0.0 <= summary["grpo_grounding_acc50"] <= 1.0
@@ -112,5 +133,3 @@ def test_compare_and_motion_kinds_select_vqa_and_write_two_image_and_video_rows(
     for x in compare + motion:
         for f in [*x.images, *x.video.frames] if x.video else x.images:
             assert Path(f).is_file(), f
-
-

@@ -26,7 +26,7 @@ COMMAND_START = re.compile(r"^([A-Z_]+=\S*\s+)*(vlgrpo|python|torchrun|scripts/)
 SINGLE_PROCESS = ("export", "eval", "plan", "data", "reward", "model", "cache")
 """Commands that run in one process: under torchrun every rank would write the same files."""
 REPO_DIRS = ("vlgrpo", "configs", "scripts", "benchmarks", "dev", "docs", "tests", "evals", "data/models", ".ci")
-REPO_PATH = re.compile(r"(?<![\w./-])((?:%s)/[\w.@/-]*\w)" % "|".join(re.escape(d) for d in REPO_DIRS))
+REPO_PATH = re.compile(r"(?<![\w./-])((?:" + "|".join(re.escape(d) for d in REPO_DIRS) + r")/[\w.@/-]*\w)")
 
 
 def _blocks(text: str) -> list[tuple[int, str]]:
@@ -156,7 +156,12 @@ def test_the_checker_refuses_a_wrong_flag():
     assert launcher_problem("torchrun --nproc_per_node 8 -m vlgrpo.cli export RUN --out DIR")
     assert launcher_problem("torchrun --nproc_per_node 8 -m vlgrpo.cli train CONFIG") is None
     assert _cli_args(shlex.split("DRY_RUN=1 scripts/eval.sh runs/x --suite pope | tee log", comments=True)) == [
-        "eval", "--model", "runs/x", "--suite", "pope"]  # fmt: skip
+        "eval",
+        "--model",
+        "runs/x",
+        "--suite",
+        "pope",
+    ]
 
 
 def _named_paths(text: str) -> set[str]:
@@ -197,11 +202,16 @@ def test_readme_is_an_entry_point():
     targets = re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M)
     assert {"demo", "test"} <= set(targets)
     assert len(text.split()) <= 1000
-    mean = next(line for line in (ROOT / "docs" / "demo-seeds.md").read_text().splitlines() if line.startswith("| mean"))
+    mean = next(
+        line for line in (ROOT / "docs" / "demo-seeds.md").read_text().splitlines() if line.startswith("| mean")
+    )
     cells = [re.findall(r"(\d\.\d{3}) → (\d\.\d{3})", c) for c in mean.split("|")[2:]]
     vqa, count, colour, exist, ground, pope = (c[0] for c in cells[:6])
-    rows = {r.split("|")[1].strip(): [x.strip() for x in r.split("|")[2:4]] for r in text.splitlines()
-            if r.startswith("| ") and "→" not in r}  # fmt: skip
+    rows = {
+        r.split("|")[1].strip(): [x.strip() for x in r.split("|")[2:4]]
+        for r in text.splitlines()
+        if r.startswith("| ") and "→" not in r
+    }
     assert rows["VQA accuracy"] == list(vqa)
     assert rows["count / colour / existence"] == [" / ".join(x[i] for x in (count, colour, exist)) for i in (0, 1)]
     assert rows["POPE F1"] == list(pope) and rows["grounding Acc@0.5"] == list(ground)

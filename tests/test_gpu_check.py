@@ -32,8 +32,13 @@ def test_dry_run_takes_the_whole_path_and_leaves_the_docs_file_alone(tmp_path, a
     records = lambda: {p.name: p.read_text() for p in DOC.parent.glob("gpu-validation*.md")}  # noqa: E731
     before = records()
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([str(REPO / "scripts" / "gpu_check.sh"), "--dry-run", "--arch", arch, "--work",
-                           str(tmp_path / "w")], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [str(REPO / "scripts" / "gpu_check.sh"), "--dry-run", "--arch", arch, "--work", str(tmp_path / "w")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = (tmp_path / "w" / "gpu-validation-dry-run.md").read_text()
     assert records() == before and DOC.name in before  # no docs record written or changed
@@ -60,9 +65,20 @@ def test_a_miss_is_reported_not_hidden():
     assert gc.compare(105, 100) == (1.05, True)
     assert gc.compare(89, 100) == (0.89, False) and gc.compare(111, 100)[1] is False
     assert gc.compare(0, 100) == (None, None)  # nothing measured (no CUDA)
-    row = {"mode": "full", "params": 2e9, "trainable": 1.3e9, "image_tokens": 256, "text_tokens": 70,
-           "response_length": 128.0, "planned_gb": 20.0, "train_phase_gb": 20.0, "rollout_phase_gb": 9.0,
-           "measured_gb": 24.0, "ratio": 1.2, "within": False}
+    row = {
+        "mode": "full",
+        "params": 2e9,
+        "trainable": 1.3e9,
+        "image_tokens": 256,
+        "text_tokens": 70,
+        "response_length": 128.0,
+        "planned_gb": 20.0,
+        "train_phase_gb": 20.0,
+        "rollout_phase_gb": 9.0,
+        "measured_gb": 24.0,
+        "ratio": 1.2,
+        "within": False,
+    }
     (line,) = [x for x in gc._memory_table([row]) if x.startswith("| full")]
     assert line.endswith("| 24.00 | 1.200 | **NO — planner miss** |")
 

@@ -16,8 +16,9 @@ def test_init_tiny_loads_back_and_generates_with_an_image(tmp_path, arch, capsys
     assert "parameters" in capsys.readouterr().out
     assert json.loads((out / "config.json").read_text())["model_type"] == arch
     lm = load_model(str(out))
-    expected = {"qwen2_5_vl": "Qwen2_5_VLProcessor", "qwen2_vl": "Qwen2VLProcessor",
-                "qwen3_vl": "Qwen3VLProcessor"}[arch]  # fmt: skip
+    expected = {"qwen2_5_vl": "Qwen2_5_VLProcessor", "qwen2_vl": "Qwen2VLProcessor", "qwen3_vl": "Qwen3VLProcessor"}[
+        arch
+    ]
     assert type(lm.processor).__name__ == expected  # not a bare tokenizer
     assert lm.processor.tokenizer.padding_side == "left"
     n_params = sum(p.numel() for p in lm.model.parameters())
@@ -32,7 +33,7 @@ def test_init_tiny_loads_back_and_generates_with_an_image(tmp_path, arch, capsys
     bad = torch.tensor(placeholder_token_ids(lm.processor.tokenizer))
     out_ids = lm.model.generate(**inputs, max_new_tokens=6, do_sample=False, suppress_tokens=bad)
     assert out_ids.shape == (1, inputs["input_ids"].shape[1] + 6) or out_ids[0, -1] == lm.model.config.eos_token_id
-    assert isinstance(lm.processor.decode(out_ids[0, inputs["input_ids"].shape[1]:]), str)
+    assert isinstance(lm.processor.decode(out_ids[0, inputs["input_ids"].shape[1] :]), str)
 
 
 def test_placeholders_and_arch_detection(tiny_model_dir):
@@ -52,7 +53,7 @@ def test_tiny_qwen3_vl_has_deepstack_16px_patches_and_tied_or_untied_embeddings(
     from safetensors.torch import load_file
 
     from vlgrpo.data.images import ProcessorGeometry
-    from vlgrpo.models import TinySpec, init_tiny
+    from vlgrpo.tiny import TinySpec, init_tiny
 
     out = init_tiny(tmp_path / "m", "qwen3_vl", spec=TinySpec(tie_word_embeddings=tied))
     assert detect_arch(str(out)) == "qwen3_vl"
@@ -87,7 +88,8 @@ def test_pixel_overrides_reach_the_processor(tiny_model_dir):
 def test_calibrate_merger_centres_and_scales_image_features(tmp_path, tiny_model_dir, shapes_dir, arch):
     import shutil
 
-    from vlgrpo.models import calibrate_merger, load_model
+    from vlgrpo.models import load_model
+    from vlgrpo.tiny import calibrate_merger
 
     model_dir = tmp_path / "m"
     shutil.copytree(tiny_model_dir(arch), model_dir)
@@ -112,7 +114,7 @@ def test_calibrate_merger_centres_and_scales_image_features(tmp_path, tiny_model
 
 
 def test_calibrate_merger_needs_images(tiny_model_dir):
-    from vlgrpo.models import calibrate_merger
+    from vlgrpo.tiny import calibrate_merger
     from vlgrpo.types import InputError
 
     with pytest.raises(InputError, match="no images"):
@@ -130,18 +132,16 @@ def test_init_tiny_cli_calibrates_on_an_image_folder(tmp_path, shapes_dir, capsy
 
 
 def test_mrope_section_reaches_the_config_and_the_rotary_frequencies(tmp_path):
-    from vlgrpo.models import TinySpec, init_tiny
+    from vlgrpo.tiny import TinySpec, init_tiny
 
-    init_tiny(tmp_path / "m", spec=TinySpec(rope_theta=1000.0, mrope_section=(1, 3, 12)))
+    init_tiny(tmp_path / "m", spec=TinySpec(rope_theta=1000.0))
     model = load_model(str(tmp_path / "m")).model
-    assert model.config.get_text_config().rope_parameters["mrope_section"] == [1, 3, 12]
-    # a text token at position p and an image token at (s, s + row, s + col): with sections (1, 3, 12) the width
-    # axis owns frequency pairs 4..15, at 1000 ** (-i / 16) rad per position (0.178 down to 0.0015)
+    assert model.config.get_text_config().rope_parameters["mrope_section"] == [4, 6, 6]  # Qwen2.5-VL's 1/4, 3/8, 3/8
+    # a text token at position p and an image token at (s, s + row, s + col): with sections (4, 6, 6) the width
+    # axis owns frequency pairs 10..15, at 1000 ** (-i / 16) rad per position (0.013 down to 0.0015)
     rotary = model.model.language_model.rotary_emb
     pos = torch.tensor([[[0]], [[0]], [[1]]])  # (3 axes, batch 1, 1 token): one step along the width only
     cos, _ = rotary(torch.zeros(1, 1, 32), pos)
     moved = [i for i in range(16) if abs(float(cos[0, 0, i]) - 1.0) > 1e-9]
-    assert moved == list(range(4, 16))
-    assert float(cos[0, 0, 4]) == pytest.approx(math.cos(1000.0 ** (-4 / 16)), abs=1e-6)
-    with pytest.raises(ValueError, match=r"mrope_section \[4, 6, 5\].*summing to head_dim / 2 = 16"):
-        init_tiny(tmp_path / "bad", spec=TinySpec(mrope_section=[4, 6, 5]))
+    assert moved == list(range(10, 16))
+    assert float(cos[0, 0, 10]) == pytest.approx(math.cos(1000.0 ** (-10 / 16)), abs=1e-6)

@@ -10,9 +10,19 @@ import pytest
 from vlgrpo.cli import build_parser
 from vlgrpo.config import CHOICES, EVAL_SUITES, load_config
 from vlgrpo.registry import (
-    BACKEND, BOX_FORMAT, BY_KEY, DATA_FORMAT, DATA_PRESET, ENGINE, EVAL_SUITE, MODEL_ARCH, POPE_PARSER, REGISTRIES,
-    Option, Registry,
-)  # fmt: skip
+    BACKEND,
+    BOX_FORMAT,
+    BY_KEY,
+    DATA_FORMAT,
+    DATA_PRESET,
+    ENGINE,
+    EVAL_SUITE,
+    MODEL_ARCH,
+    POPE_PARSER,
+    REGISTRIES,
+    Option,
+    Registry,
+)
 
 
 @pytest.mark.parametrize("registry", REGISTRIES, ids=lambda r: r.key)
@@ -72,7 +82,10 @@ def test_a_former_name_is_accepted_with_a_deprecation_message(capsys):
 
 def test_a_new_option_is_one_line():
     """What adding an engine or a suite takes: a Registry line naming the implementation; loading it imports it."""
-    reg = Registry("rollout.engine", *ENGINE.options.values(),
-                   Option("sglang", "vlgrpo.rollout.hf:HFEngine", "stands in for a new engine module"))  # fmt: skip
+    reg = Registry(
+        "rollout.engine",
+        *ENGINE.options.values(),
+        Option("sglang", "vlgrpo.rollout.hf:HFEngine", "stands in for a new engine module"),
+    )
     assert reg.names == ("hf", "vllm", "sglang") and reg.load("sglang").from_config
     assert DATA_FORMAT.load("jsonl").__module__ == "vlgrpo.data.adapters"

@@ -54,8 +54,18 @@ def test_features_equal_the_pixel_path_and_duplicates_are_encoded_once(tiny_mode
         assert feats[0].deepstack.shape == (maps, 16, 128)
     assert feats[2] is feats[0]
     entry = (1 + maps) * 16 * 128 * 4 + 3 * 8
-    assert cache.stats() == {"hits": 0, "misses": 2, "encoder_calls": 1, "images_encoded": 2, "videos_encoded": 0,
-                             "disk_hits": 0, "corrupt": 0, "write_errors": 0, "adopted": 0, "bytes": 2 * entry}
+    assert cache.stats() == {
+        "hits": 0,
+        "misses": 2,
+        "encoder_calls": 1,
+        "images_encoded": 2,
+        "videos_encoded": 0,
+        "disk_hits": 0,
+        "corrupt": 0,
+        "write_errors": 0,
+        "adopted": 0,
+        "bytes": 2 * entry,
+    }
     # bytes of the same image under another path are the same cache entry
     cache.get([b, c, open(a, "rb").read()])
     s = cache.stats()
@@ -64,8 +74,7 @@ def test_features_equal_the_pixel_path_and_duplicates_are_encoded_once(tiny_mode
     assert cache.stats()["encoder_calls"] == 0 and cache.stats()["bytes"] == 3 * entry
 
 
-def test_a_frozen_towers_features_are_handed_over_to_a_cache_of_the_same_weights(lm, tiny_model_dir, images,
-                                                                                  tmp_path):  # fmt: skip
+def test_a_frozen_towers_features_are_handed_over_to_a_cache_of_the_same_weights(lm, tiny_model_dir, images, tmp_path):
     """A split rollout's worker hands its trainer what it encoded: the trainer's cache serves the same tensors
     without an encoder call, and writes them to its disk store as if it had encoded them."""
     worker = VisionCache(lm.model, lm.processor)
@@ -245,7 +254,8 @@ def test_a_cache_write_that_fails_is_skipped_and_counted(lm, images, tmp_path, m
 
 def _prefill(lm, sample, feats):
     """The HF engine's prefill of one prompt from `feats` -> (last-position logits [1, V], KV cache)."""
-    from vlgrpo.rollout.inputs import build_prompt, prefill
+    from vlgrpo.policy.forward import prefill
+    from vlgrpo.policy.prompt import build_prompt
 
     p = build_prompt(sample, lm.processor)
     ids = torch.tensor([p.input_ids])
@@ -264,8 +274,9 @@ def _pixel_last_logits(lm, sample):
         return lm.model(**inputs).logits[:, -1]
 
 
-def test_a_qwen3_vl_entry_holds_every_deepstack_map_and_a_hit_prefills_bit_for_bit(tiny_model_dir, shapes_dir,
-                                                                                     tmp_path):  # fmt: skip
+def test_a_qwen3_vl_entry_holds_every_deepstack_map_and_a_hit_prefills_bit_for_bit(
+    tiny_model_dir, shapes_dir, tmp_path
+):
     """Fresh encode, memory hit and disk hit (a restarted process) give the same prefill bit for bit, equal to the
     model's own pixel forward; the same features short of their DeepStack maps give other logits, so a cache that
     dropped them fails here."""
@@ -296,8 +307,10 @@ def test_a_qwen3_vl_entry_holds_every_deepstack_map_and_a_hit_prefills_bit_for_b
         for feats in (memory[j], from_disk[j]):
             hit_last, hit_kv = _prefill(lm, s, [feats])
             assert torch.equal(hit_last, last)
-            assert all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
-                       for a, b in zip(hit_kv.layers, kv.layers))  # fmt: skip
+            assert all(
+                torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+                for a, b in zip(hit_kv.layers, kv.layers)
+            )
         own = _pixel_last_logits(lm, s)
         assert (last - own).abs().max() <= 1e-5
         dropped = ImageFeatures(fresh[j].embeds, fresh[j].grid_thw, torch.zeros_like(fresh[j].deepstack))
@@ -330,7 +343,7 @@ def test_a_disk_entry_short_of_its_deepstack_maps_is_refused_and_re_encoded(tiny
 def test_the_key_separates_archs_and_vision_configs(tiny_model_dir, tmp_path):
     """Same weights, other DeepStack layers: other features, so another key. Qwen3-VL's 16 px patches change the
     processor fingerprint too."""
-    from vlgrpo.models import TinySpec, init_tiny
+    from vlgrpo.tiny import TinySpec, init_tiny
 
     q3 = load_model(tiny_model_dir("qwen3_vl"))
     q25 = load_model(tiny_model_dir("qwen2_5_vl"))

@@ -69,21 +69,28 @@ def add_model_command(sub) -> None:
     tiny.add_argument("--arch", choices=ARCHS, default="qwen2_5_vl")
     tiny.add_argument("--out", required=True, help="directory to save the checkpoint and processor into")
     tiny.add_argument("--seed", type=int, default=0)
-    tiny.add_argument("--calibrate-images", metavar="DIR", help="centre and scale the merger's output over the "
-                      "images in DIR (png/jpg/webp/bmp, up to 256; labels unused) so a fresh model learns to read them sooner")
+    tiny.add_argument(
+        "--calibrate-images",
+        metavar="DIR",
+        help="centre and scale the merger's output over the "
+        "images in DIR (png/jpg/webp/bmp, up to 256; labels unused) so a fresh model learns to read them sooner",
+    )
     tiny.set_defaults(handler=_cmd_init_tiny)
 
 
 def _cmd_init_tiny(args) -> int:
     from vlgrpo.data.images import image_files
-    from vlgrpo.models import calibrate_merger, count_parameters, init_tiny, load_model
+    from vlgrpo.models import count_parameters, load_model
+    from vlgrpo.tiny import calibrate_merger, init_tiny
 
     images = image_files(args.calibrate_images) if args.calibrate_images else []  # fails before building anything
     out = init_tiny(args.out, args.arch, seed=args.seed)
     if images:
         stats = calibrate_merger(out, images[:256])
-        print(f"merger calibrated on {min(len(images), 256)} images: feature std {stats['std_before']:.4f} -> "
-              f"{stats['std_after']:.4f}")  # fmt: skip
+        print(
+            f"merger calibrated on {min(len(images), 256)} images: feature std {stats['std_before']:.4f} -> "
+            f"{stats['std_after']:.4f}"
+        )
     counts = count_parameters(load_model(str(out)).model)
     print(f"tiny {args.arch} saved to {out}: {counts['total']:,} parameters ({counts['vision']:,} in the vision tower)")
     return 0
@@ -93,18 +100,32 @@ def add_demo_command(sub) -> None:
     p = sub.add_parser("demo", help="tiny end-to-end run on the shapes task: SFT, GRPO, eval, report (CPU, minutes)")
     p.add_argument("--out", default="runs/demo", help="run directory")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--base", help="base model: a shipped one under data/models/ (default shapes-tiny-qwen2_5_vl, "
-                   "caption-pretrained), a model directory, or init-tiny (random, built here)")
-    p.add_argument("--arch", choices=ARCHS, help="the model family: init-tiny builds this one (default qwen2_5_vl); "
-                   "with another base it must be the base's own")
+    p.add_argument(
+        "--base",
+        help="base model: a shipped one under data/models/ (default shapes-tiny-qwen2_5_vl, "
+        "caption-pretrained), a model directory, or init-tiny (random, built here)",
+    )
+    p.add_argument(
+        "--arch",
+        choices=ARCHS,
+        help="the model family: init-tiny builds this one (default qwen2_5_vl); "
+        "with another base it must be the base's own",
+    )
     p.add_argument("--n", type=int, help="shapes samples to synthesise")
     p.add_argument("--sft-steps", type=int)
     p.add_argument("--grpo-steps", type=int)
     p.add_argument("--eval-samples", type=int, help="test samples per eval suite")
-    p.add_argument("--kinds", help="question kinds, comma-separated, of count,colour,exist,ground (default: all four), "
-                   "compare (two images), motion (a video)")
-    p.add_argument("--from-scratch", action="store_true", help="start from vlgrpo.demo.from_scratch(): a random tiny "
-                   "model, one-shape 56 px colour scenes, 300 SFT + 400 GRPO steps (other flags change them)")
+    p.add_argument(
+        "--kinds",
+        help="question kinds, comma-separated, of count,colour,exist,ground (default: all four), "
+        "compare (two images), motion (a video)",
+    )
+    p.add_argument(
+        "--from-scratch",
+        action="store_true",
+        help="start from vlgrpo.demo.from_scratch(): a random tiny "
+        "model, one-shape 56 px colour scenes, 300 SFT + 400 GRPO steps (other flags change them)",
+    )
     p.add_argument("--max-shapes", type=int, help="shapes per image, 1..N (default 3)")
     p.add_argument("--image-size", type=int, help="image side in px (default 112, the base's pretraining size)")
     p.set_defaults(handler=_cmd_demo)
@@ -115,10 +136,18 @@ def _cmd_demo(args) -> int:
 
     from vlgrpo.demo import DemoSettings, from_scratch, run_demo
 
-    given = {"n_samples": args.n, "sft_steps": args.sft_steps, "grpo_steps": args.grpo_steps,
-             "eval_samples": args.eval_samples, "seed": args.seed, "max_shapes": args.max_shapes,
-             "base": args.base, "arch": args.arch, "image_size": args.image_size,
-             "kinds": tuple(args.kinds.split(",")) if args.kinds else None}  # fmt: skip
+    given = {
+        "n_samples": args.n,
+        "sft_steps": args.sft_steps,
+        "grpo_steps": args.grpo_steps,
+        "eval_samples": args.eval_samples,
+        "seed": args.seed,
+        "max_shapes": args.max_shapes,
+        "base": args.base,
+        "arch": args.arch,
+        "image_size": args.image_size,
+        "kinds": tuple(args.kinds.split(",")) if args.kinds else None,
+    }
     start = from_scratch() if args.from_scratch else DemoSettings()
     run_demo(args.out, dataclasses.replace(start, **{k: v for k, v in given.items() if v is not None}))
     return 0
@@ -126,23 +155,34 @@ def _cmd_demo(args) -> int:
 
 def add_reward_command(sub) -> None:
     p = sub.add_parser(
-        "reward", help="score one completion against one sample (debug a reward recipe)",
+        "reward",
+        help="score one completion against one sample (debug a reward recipe)",
         description="Print each reward component and the weighted total. Exit status 1 when a component failed.",
-    )  # fmt: skip
+    )
     p.add_argument("--sample", required=True, help="a JSON row, or a JSONL file (see --index / --id)")
     p.add_argument("--index", type=int, default=0, help="0-based row of the JSONL file (default 0)")
     p.add_argument("--id", default=None, help="pick the JSONL row with this sample id instead of --index")
     p.add_argument("--completion", required=True, help="completion text; '-' reads stdin, '@path' reads a file")
-    p.add_argument("--recipe", default=None,
-                   help="a reward name (accuracy, format, iou, iou@0.75, giou, module:function or file.py:function "
-                        "for a user fn(completion, **sample_fields) -> float), an answer type, an inline mapping "
-                        "'{accuracy: 1, format: 0.5}', or a YAML file (a recipe mapping or a run config); "
-                        "default: the sample's answer-type recipe")  # fmt: skip
-    p.add_argument("--model", default=None,
-                   help="an exported checkpoint or run directory: its vlgrpo.json (how the model was prompted) and "
-                        "processor give the answer format, box convention and resize geometry")  # fmt: skip
-    p.add_argument("--box-format", choices=BOX_FORMATS, default=None,
-                   help="box convention of the completion (default: --model's, the config's, else qwen2_5)")  # fmt: skip
+    p.add_argument(
+        "--recipe",
+        default=None,
+        help="a reward name (accuracy, format, iou, iou@0.75, giou, module:function or file.py:function "
+        "for a user fn(completion, **sample_fields) -> float), an answer type, an inline mapping "
+        "'{accuracy: 1, format: 0.5}', or a YAML file (a recipe mapping or a run config); "
+        "default: the sample's answer-type recipe",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="an exported checkpoint or run directory: its vlgrpo.json (how the model was prompted) and "
+        "processor give the answer format, box convention and resize geometry",
+    )
+    p.add_argument(
+        "--box-format",
+        choices=BOX_FORMATS,
+        default=None,
+        help="box convention of the completion (default: --model's, the config's, else qwen2_5)",
+    )
     p.add_argument("--answer-format", choices=CHOICES["data.answer_format"], default=None)
     p.add_argument("--gate", action="store_true", help="count accuracy only when the format holds")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -182,66 +222,96 @@ def _context_from_checkpoint(model: str, ctx):
 
     contract = read_contract(model)
     if contract is None:
-        raise ConfigError(f"--model '{model}' holds no {CONTRACT_FILE}: give an export (`vlgrpo export`) or a run "
-                          "directory, or set --box-format / --answer-format yourself")  # fmt: skip
+        raise ConfigError(
+            f"--model '{model}' holds no {CONTRACT_FILE}: give an export (`vlgrpo export`) or a run "
+            "directory, or set --box-format / --answer-format yourself"
+        )
     processor_dir = model  # an export holds its processor; a run directory names its base model
     if (Path(model) / "config.yaml").is_file():
         from vlgrpo.config import load_config
 
         processor_dir = load_config(Path(model) / "config.yaml").model.name_or_path
     geometry, _ = checkpoint_geometry(processor_dir, contract.min_pixels, contract.max_pixels)
-    return dataclasses.replace(ctx, box_format=contract.box_format, answer_format=contract.answer_format,
-                               geometry=geometry)  # fmt: skip
+    return dataclasses.replace(
+        ctx, box_format=contract.box_format, answer_format=contract.answer_format, geometry=geometry
+    )
 
 
 def add_eval_command(sub) -> None:
     from vlgrpo.evals.pope_score import PARSERS
 
     p = sub.add_parser(
-        "eval", help="evaluate a model (POPE, grounding, VQA) or score an existing predictions file",
+        "eval",
+        help="evaluate a model (POPE, grounding, VQA) or score an existing predictions file",
         description="`vlgrpo eval --model PATH_OR_RUN --data FILE --out DIR` decodes greedily and writes metrics.json, "
         "predictions.jsonl and report.md; `vlgrpo eval score ...` scores predictions made elsewhere.",
-    )  # fmt: skip
+    )
     p.add_argument("--model", help="HF checkpoint directory, run directory (config.yaml + checkpoints/) or hub id")
-    p.add_argument("--suite", dest="suites", default="pope,grounding,vqa",
-                   help=f"comma list of {', '.join(EVAL_SUITES)} (default pope,grounding,vqa)")
+    p.add_argument(
+        "--suite",
+        dest="suites",
+        default="pope,grounding,vqa",
+        help=f"comma list of {', '.join(EVAL_SUITES)} (default pope,grounding,vqa)",
+    )
     p.add_argument("--data", help="Sample dataset (or a POPE question file); default for a run: data.test/data.val")
     p.add_argument("--out", dest="eval_out", help="output directory (default: eval_out)")
     p.add_argument("--max-samples", type=int, help="at most N samples per suite (POPE: about N questions per split)")
     p.add_argument("--pope-parser", choices=PARSERS, default="pope")
     p.add_argument("--pope-data", help="POPE question file or saved dataset (default: probes built from --data)")
-    p.add_argument("--pope-splits", help="comma list of random, popular, adversarial (default: random when built, "
-                   "every split of a POPE file)")  # fmt: skip
+    p.add_argument(
+        "--pope-splits",
+        help="comma list of random, popular, adversarial (default: random when built, every split of a POPE file)",
+    )
     p.add_argument("--pope-images", type=int, help="images to build POPE probes from (default: from --max-samples)")
     p.add_argument("--pope-per-image", type=int, default=3, help="yes (and no) questions per image (default 3)")
     p.add_argument("--pope-min-objects", type=int, default=3, help="skip images with fewer objects (default 3)")
-    p.add_argument("--answer-format", choices=CHOICES["data.answer_format"],
-                   help="default: the checkpoint's (run directory, vlgrpo.json), else think_answer")
+    p.add_argument(
+        "--answer-format",
+        choices=CHOICES["data.answer_format"],
+        help="default: the checkpoint's (run directory, vlgrpo.json), else think_answer",
+    )
     p.add_argument("--box-format", choices=BOX_FORMATS, help="default: the checkpoint's, else the model family's")
-    p.add_argument("--max-new-tokens", type=int, help="new tokens per completion (default: the run's "
-                   "rollout.max_new_tokens, or the export's vlgrpo.json; else 128)")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        help="new tokens per completion (default: the run's "
+        "rollout.max_new_tokens, or the export's vlgrpo.json; else 128)",
+    )
     p.add_argument("--batch-prompts", type=int, default=8, help="prompts decoded together (default 8)")
     p.add_argument("--dtype", choices=CHOICES["model.dtype"], default="float32")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     p.add_argument("--vision-cache-dir", help="on-disk vision-feature cache (reused across evals of one model)")
-    p.add_argument("--engine", choices=CHOICES["rollout.engine"], default="hf",
-                   help="greedy decoder: hf (transformers, default) or vllm (needs vllm; same predictions, faster)")
-    p.add_argument("--engine-kwargs", type=json.loads, default=None,
-                   help='JSON keyword arguments of vllm.LLM, e.g. \'{"enforce_eager": true}\'')
+    p.add_argument(
+        "--engine",
+        choices=CHOICES["rollout.engine"],
+        default="hf",
+        help="greedy decoder: hf (transformers, default) or vllm (needs vllm; same predictions, faster)",
+    )
+    p.add_argument(
+        "--engine-kwargs",
+        type=json.loads,
+        default=None,
+        help="JSON keyword arguments of vllm.LLM, e.g. '{\"enforce_eager\": true}'",
+    )
     p.add_argument("--gpu-memory-utilization", type=float, default=0.8, help="vLLM's share of the GPU (default 0.8)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     # Actions are subcommands; without one, the flags above run the model (handler _cmd_eval_run).
     esub = p.add_subparsers(dest="eval_command", required=False, metavar="ACTION")
     p.set_defaults(handler=_cmd_eval_run)
     score = esub.add_parser(
-        "score", help="score predictions produced anywhere (POPE's JSONL: question_id, text, label, split)",
+        "score",
+        help="score predictions produced anywhere (POPE's JSONL: question_id, text, label, split)",
         description="text = the model's answer, label = yes/no, split optional. Prints per-split accuracy, "
         "precision, recall, f1, yes_ratio (of the predictions) and the unknown count.",
-    )  # fmt: skip
+    )
     score.add_argument("--suite", choices=["pope"], required=True)
     score.add_argument("--pred", required=True, help="predictions JSONL")
-    score.add_argument("--parser", choices=PARSERS, default="pope",
-                       help="pope: the original rule (default); vlmevalkit: yes/no/unknown; strict: exactly yes/no")
+    score.add_argument(
+        "--parser",
+        choices=PARSERS,
+        default="pope",
+        help="pope: the original rule (default); vlmevalkit: yes/no/unknown; strict: exactly yes/no",
+    )
     score.add_argument("--split", default="all", help="split name for rows without a 'split' key (default: all)")
     score.add_argument("--json", action="store_true", help="print JSON: per split accuracy, precision, ...")
     score.set_defaults(handler=_cmd_eval_score)
@@ -249,21 +319,39 @@ def add_eval_command(sub) -> None:
 
 def _cmd_eval_run(args) -> int:
     if not args.model:
-        print("error: pass --model to evaluate a model (`vlgrpo eval --model DIR --data FILE --out DIR`) or choose an "
-              "action, e.g. `vlgrpo eval score --suite pope --pred FILE` (see vlgrpo eval --help)", file=sys.stderr)
+        print(
+            "error: pass --model to evaluate a model (`vlgrpo eval --model DIR --data FILE --out DIR`) or choose an "
+            "action, e.g. `vlgrpo eval score --suite pope --pred FILE` (see vlgrpo eval --help)",
+            file=sys.stderr,
+        )
         return 2
     from vlgrpo.evals.offline import run_eval_cli
 
     out = args.eval_out or "eval_out"
     result = run_eval_cli(
-        args.model, args.suites, args.data, out, max_samples=args.max_samples, pope_parser=args.pope_parser,
-        answer_format=args.answer_format, box_format=args.box_format, max_new_tokens=args.max_new_tokens,
-        batch_prompts=args.batch_prompts, pope_data=args.pope_data, pope_images=args.pope_images,
+        args.model,
+        args.suites,
+        args.data,
+        out,
+        max_samples=args.max_samples,
+        pope_parser=args.pope_parser,
+        answer_format=args.answer_format,
+        box_format=args.box_format,
+        max_new_tokens=args.max_new_tokens,
+        batch_prompts=args.batch_prompts,
+        pope_data=args.pope_data,
+        pope_images=args.pope_images,
         pope_splits=tuple(args.pope_splits.split(",")) if args.pope_splits else None,
-        pope_per_image=args.pope_per_image, pope_min_objects=args.pope_min_objects, dtype=args.dtype,
-        device=args.device, cache_dir=args.vision_cache_dir, progress=not args.no_progress, engine=args.engine,
-        engine_kwargs=args.engine_kwargs, gpu_memory_utilization=args.gpu_memory_utilization,
-    )  # fmt: skip
+        pope_per_image=args.pope_per_image,
+        pope_min_objects=args.pope_min_objects,
+        dtype=args.dtype,
+        device=args.device,
+        cache_dir=args.vision_cache_dir,
+        progress=not args.no_progress,
+        engine=args.engine,
+        engine_kwargs=args.engine_kwargs,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+    )
     for key, value in result.metrics.items():
         print(f"{key:<48} {value:.4f}")
     print(f"wrote metrics.json, predictions.jsonl, report.md to {out}")
@@ -273,8 +361,11 @@ def _cmd_eval_run(args) -> int:
 def _cmd_eval_score(args) -> int:
     from vlgrpo.evals.pope_score import format_report, read_predictions, score_predictions
 
-    result = {"suite": args.suite, "pred": args.pred,
-              **score_predictions(read_predictions(args.pred, args.split), args.parser)}  # fmt: skip
+    result = {
+        "suite": args.suite,
+        "pred": args.pred,
+        **score_predictions(read_predictions(args.pred, args.split), args.parser),
+    }
     return _emit(result, args.json, format_report)
 
 
@@ -299,8 +390,14 @@ def _cmd_train(args) -> int:
     history = run_training(cfg, args.out, evaluator=evaluator)
     if history:
         last = history[-1]
-        shown = {k: round(v, 4) for k, v in last.items() if k.startswith(("reward/", "train/loss")) and isinstance(v, float)}
+        shown = {
+            k: round(v, 4) for k, v in last.items() if k.startswith(("reward/", "train/loss")) and isinstance(v, float)
+        }
         print(f"finished step {last['step']}: {shown}")
+    from vlgrpo.trainer.group import exit_rank, launched_as_rank
+
+    if launched_as_rank():  # the run is complete: nothing in the interpreter's teardown may turn it into a failure
+        exit_rank(0)
     return 0
 
 

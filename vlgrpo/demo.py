@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vlgrpo.config import Config, load_config
-from vlgrpo.models import ARCHS, TinySpec, detect_arch
+from vlgrpo.models import ARCHS, detect_arch
+from vlgrpo.tiny import TinySpec
 from vlgrpo.types import InputError
-
 
 BASES = Path(__file__).resolve().parent.parent / "data" / "models"
 """Where the shipped base models live (the repository's top-level data/models/)."""
@@ -47,7 +47,7 @@ class DemoSettings:
     sft_lr: float = 1e-3
     grpo_steps: int = 250
     grpo_prompts: int = 16
-    completions: int = 8
+    completions_per_prompt: int = 8  # G, rollout.completions_per_prompt
     grpo_lr: float = 1.5e-4  # at 3e-4 one seed of five collapsed its existence answers to "no" (docs/demo-seeds.md)
     grpo_beta: float = 0.02
     max_new_tokens: int = 56  # a bbox_2d JSON answer in its tags is 33 tokens, with a think part of 3 names 49
@@ -62,9 +62,19 @@ class DemoSettings:
 def from_scratch(**changes) -> DemoSettings:
     """The demo before the pretrained base (a random 1.1 M-parameter model, colour questions on one-shape 56 px
     scenes, 300 SFT + 400 GRPO steps): what benchmarks/bench_async.py measures, and the from-scratch route."""
-    fields = {"base": INIT_TINY, "n_samples": 3000, "image_size": 56, "kinds": ("colour",), "max_shapes": 1,
-              "answer_format": "answer", "sft_steps": 300, "grpo_steps": 400, "max_new_tokens": 24,
-              "eval_samples": 200, "grpo_lr": 3e-4}  # fmt: skip
+    fields = {
+        "base": INIT_TINY,
+        "n_samples": 3000,
+        "image_size": 56,
+        "kinds": ("colour",),
+        "max_shapes": 1,
+        "answer_format": "answer",
+        "sft_steps": 300,
+        "grpo_steps": 400,
+        "max_new_tokens": 24,
+        "eval_samples": 200,
+        "grpo_lr": 3e-4,
+    }
     return DemoSettings(**{**fields, **changes})
 
 
@@ -76,8 +86,7 @@ def demo_suites(kinds: tuple[str, ...]) -> list[str]:
     """The eval suites of the demo's before/after report: VQA for every kind answered in text (count, colour, exist,
     compare, motion), grounding for ground, POPE when a one-image kind gives it scenes to probe."""
     one_image = set(kinds) & set(ONE_IMAGE_KINDS)
-    return (["vqa"] * bool(set(kinds) - {"ground"}) + ["grounding"] * ("ground" in kinds)
-            + ["pope"] * bool(one_image))  # fmt: skip
+    return ["vqa"] * bool(set(kinds) - {"ground"}) + ["grounding"] * ("ground" in kinds) + ["pope"] * bool(one_image)
 
 
 def video_settings(s: DemoSettings) -> list[str]:
@@ -92,25 +101,52 @@ def stage_config(s: DemoSettings, out: Path, stage: str, model_dir: Path, extra:
     tuning scripts build their variants of the demo with it)."""
     data = out / "data"
     common = [
-        f"model.name_or_path={model_dir}", f"data.train={data / 'train.jsonl'}", f"data.val={data / 'val.jsonl'}",
-        f"data.test={data / 'test.jsonl'}", f"data.answer_format={s.answer_format}", f"train.seed={s.seed}",
-        f"train.output_dir={out / stage}", "train.resume=false", "logging.progress_bar=true", *video_settings(s),
-    ]  # fmt: skip
+        f"model.name_or_path={model_dir}",
+        f"data.train={data / 'train.jsonl'}",
+        f"data.val={data / 'val.jsonl'}",
+        f"data.test={data / 'test.jsonl'}",
+        f"data.answer_format={s.answer_format}",
+        f"train.seed={s.seed}",
+        f"train.output_dir={out / stage}",
+        "train.resume=false",
+        "logging.progress_bar=true",
+        *video_settings(s),
+    ]
     if stage == "sft":  # vision tower and merger frozen: trained at this lr they collapse to one constant output
-        return load_config(None, common + [
-            "train.stage=sft", f"train.steps={s.sft_steps}", f"train.prompts_per_step={s.sft_prompts}",
-            f"train.micro_batch_completions={s.sft_prompts}", f"train.lr={s.sft_lr}", "train.lr_schedule=constant",
-            "train.warmup_steps=50", "model.freeze_vision=true", "model.freeze_merger=true", *extra,
-        ])  # fmt: skip
-    return load_config(None, common + [
-        f"train.steps={s.grpo_steps}", f"train.prompts_per_step={s.grpo_prompts}",
-        f"rollout.completions_per_prompt={s.completions}", f"train.micro_batch_completions={s.grpo_prompts * s.completions}",
-        f"train.lr={s.grpo_lr}", f"rollout.max_new_tokens={s.max_new_tokens}",
-        f"reward.recipe={{accuracy: 1.0, format: 0.1{', iou: 1.0' * ('ground' in s.kinds)}}}",  # iou: box questions
-        f"grpo.beta={s.grpo_beta}",  # small KL to the SFT policy: measured (grpo/kl) and keeps the policy near it
-        f"eval.every_steps={s.val_every}", "eval.max_samples=100",  # the val-split curve of report.md
-        f"eval.suites=[{'vqa' if set(s.kinds) - {'ground'} else 'grounding'}]", *extra,
-    ])  # fmt: skip
+        return load_config(
+            None,
+            common
+            + [
+                "train.stage=sft",
+                f"train.steps={s.sft_steps}",
+                f"train.prompts_per_step={s.sft_prompts}",
+                f"train.micro_batch_completions={s.sft_prompts}",
+                f"train.lr={s.sft_lr}",
+                "train.lr_schedule=constant",
+                "train.warmup_steps=50",
+                "model.freeze_vision=true",
+                "model.freeze_merger=true",
+                *extra,
+            ],
+        )
+    return load_config(
+        None,
+        common
+        + [
+            f"train.steps={s.grpo_steps}",
+            f"train.prompts_per_step={s.grpo_prompts}",
+            f"rollout.completions_per_prompt={s.completions_per_prompt}",
+            f"train.micro_batch_completions={s.grpo_prompts * s.completions_per_prompt}",
+            f"train.lr={s.grpo_lr}",
+            f"rollout.max_new_tokens={s.max_new_tokens}",
+            f"reward.recipe={{accuracy: 1.0, format: 0.1{', iou: 1.0' * ('ground' in s.kinds)}}}",  # iou: box questions
+            f"grpo.beta={s.grpo_beta}",  # small KL to the SFT policy: measured (grpo/kl) and keeps the policy near it
+            f"eval.every_steps={s.val_every}",
+            "eval.max_samples=100",  # the val-split curve of report.md
+            f"eval.suites=[{'vqa' if set(s.kinds) - {'ground'} else 'grounding'}]",
+            *extra,
+        ],
+    )
 
 
 def evaluate_model(model_dir: Path, cfg: Config, test: Path, s: DemoSettings, suites: list[str]):
@@ -126,11 +162,19 @@ def evaluate_model(model_dir: Path, cfg: Config, test: Path, s: DemoSettings, su
     lm = load_model(str(model_dir))
     ctx = context_from_config(cfg, lm.arch, ProcessorGeometry.from_processor(lm.processor))
     probes = min(3, s.max_shapes)  # POPE asks about `probes` present + `probes` absent objects per image
-    data = build_eval_data(str(test), suites, max_samples=s.eval_samples, pope_per_image=probes,
-                           pope_min_objects=probes, ctx=ctx)  # fmt: skip
-    engine = HFEngine(lm.model, lm.processor, VisionCache(lm.model, lm.processor), cfg.data.answer_format,
-                      ctx.box_format, cfg.data.system_prompt, 32,
-                      VideoSampling.from_config(cfg.data.video))  # prompted (and sampled) as the run was trained
+    data = build_eval_data(
+        str(test), suites, max_samples=s.eval_samples, pope_per_image=probes, pope_min_objects=probes, ctx=ctx
+    )
+    engine = HFEngine(
+        lm.model,
+        lm.processor,
+        VisionCache(lm.model, lm.processor),
+        cfg.data.answer_format,
+        ctx.box_format,
+        cfg.data.system_prompt,
+        32,
+        VideoSampling.from_config(cfg.data.video),
+    )  # prompted (and sampled) as the run was trained
     return evaluate(engine, data, ctx, batch_prompts=32, max_new_tokens=s.max_new_tokens, progress=True)
 
 
@@ -144,15 +188,19 @@ def resolve_base(base: str, arch: str = "auto") -> Path | None:
             _check_arch(cand, base, arch)
             return cand
     shipped = sorted(p.name for p in BASES.glob("*") if (p / "config.json").is_file()) if BASES.is_dir() else []
-    raise InputError(f"--base {base!r}: no model directory there (no config.json) nor under {BASES}; accepted: a "
-                     f"model directory, {INIT_TINY!r}, or a shipped base: {', '.join(shipped) or 'none found'}")
+    raise InputError(
+        f"--base {base!r}: no model directory there (no config.json) nor under {BASES}; accepted: a "
+        f"model directory, {INIT_TINY!r}, or a shipped base: {', '.join(shipped) or 'none found'}"
+    )
 
 
 def _check_arch(model_dir: Path, base: str, arch: str) -> None:
     found = detect_arch(str(model_dir))
     if arch not in ("auto", found):
-        raise InputError(f"--arch {arch} with --base {base}: that base is a {found} model; for a {arch} demo use "
-                         f"--base {INIT_TINY} (a random tiny {arch} built here) or a {arch} model directory")
+        raise InputError(
+            f"--arch {arch} with --base {base}: that base is a {found} model; for a {arch} demo use "
+            f"--base {INIT_TINY} (a random tiny {arch} built here) or a {arch} model directory"
+        )
 
 
 def _tiny_arch(s: DemoSettings) -> str:
@@ -172,7 +220,8 @@ def build_model_and_data(s: DemoSettings, out: Path, base: Path | None) -> tuple
     """Stages 1-2: the base model (`base` copied, or with None a random tiny one with its merger calibrated on the
     training images) and the shapes data."""
     from vlgrpo.data.synth import synth_dataset
-    from vlgrpo.models import calibrate_merger, count_parameters, init_tiny, load_model
+    from vlgrpo.models import count_parameters, load_model
+    from vlgrpo.tiny import calibrate_merger, init_tiny
 
     shutil.rmtree(out / "model", ignore_errors=True)
     if base is None:
@@ -188,8 +237,10 @@ def build_model_and_data(s: DemoSettings, out: Path, base: Path | None) -> tuple
         rows = [json.loads(line) for line in paths["train"].read_text().splitlines()]
         images = sorted({p for row in rows for p in row_image_files(row)})
         stats = calibrate_merger(model_dir, [out / "data" / p for p in images[: s.calibration_images]], s.merger_std)
-        print(f"      merger calibrated on {min(len(images), s.calibration_images)} training images (labels unused): "
-              f"feature std {stats['std_before']:.4f} -> {stats['std_after']:.4f}")  # fmt: skip
+        print(
+            f"      merger calibrated on {min(len(images), s.calibration_images)} training images (labels unused): "
+            f"feature std {stats['std_before']:.4f} -> {stats['std_after']:.4f}"
+        )
     return model_dir, paths
 
 
@@ -217,7 +268,7 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None) -> dict:
     before = evaluate_model(out / "sft_model", sft_cfg, paths["test"], s, suites)
     write_outputs(before, out / "eval_sft")
 
-    print(f"[5/6] GRPO: {s.grpo_steps} steps x {s.grpo_prompts} prompts x {s.completions} completions")
+    print(f"[5/6] GRPO: {s.grpo_steps} steps x {s.grpo_prompts} prompts x {s.completions_per_prompt} completions")
     grpo_cfg = stage_config(s, out, "grpo", out / "sft_model")
     grpo_history = run_training(grpo_cfg, evaluator=make_evaluator(grpo_cfg) if s.val_every else None)
     export_run(out / "grpo", out / "grpo_model")
@@ -230,8 +281,10 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None) -> dict:
     from vlgrpo.demo_report import write_report
 
     write_report(out, summary, sft_history, grpo_history, before.metrics, after.metrics)
-    print(f"done in {summary['wall_seconds']:.0f} s: test accuracy {summary['sft_test_accuracy']} (SFT) -> "
-          f"{summary['grpo_test_accuracy']} (GRPO); report: {out / 'report.md'}")  # fmt: skip
+    print(
+        f"done in {summary['wall_seconds']:.0f} s: test accuracy {summary['sft_test_accuracy']} (SFT) -> "
+        f"{summary['grpo_test_accuracy']} (GRPO); report: {out / 'report.md'}"
+    )
     return summary
 
 
@@ -254,14 +307,17 @@ def _summary(s: DemoSettings, arch: str, before: dict, after: dict, grpo_history
         "grpo_pope_f1": after.get("eval/pope/f1"),
         "sft_pope_yes_ratio": before.get("eval/pope/yes_ratio"),
         "grpo_pope_yes_ratio": after.get("eval/pope/yes_ratio"),
-        **{f"{stage}_accuracy_{kind}": metrics.get(f"eval/vqa/accuracy_task_shapes/{kind}")
-           for stage, metrics in (("sft", before), ("grpo", after)) for kind in s.kinds if kind != "ground"},
+        **{
+            f"{stage}_accuracy_{kind}": metrics.get(f"eval/vqa/accuracy_task_shapes/{kind}")
+            for stage, metrics in (("sft", before), ("grpo", after))
+            for kind in s.kinds
+            if kind != "ground"
+        },
         "base": s.base,
         "arch": arch,
         "seed": s.seed,
         "kinds": list(s.kinds),
-        "steps": {"sft": s.sft_steps,
-                  "grpo": s.grpo_steps},
+        "steps": {"sft": s.sft_steps, "grpo": s.grpo_steps},
         "final_grpo_entropy": mean(last, "grpo/entropy"),  # the collapse indicators: last COLLAPSE_WINDOW steps
         "final_grpo_kl": mean(last, "grpo/kl"),
         "final_response_length": mean(last, "grpo/response_length"),

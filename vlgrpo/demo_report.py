@@ -6,7 +6,6 @@ says so and skips the picture.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 
@@ -65,8 +64,11 @@ def _headline(summary: dict, key: str, title: str) -> str:
 
 def _per_kind(summary: dict) -> list[str]:
     """One line: each VQA kind's test accuracy after SFT and after GRPO (compare, motion, count, ...)."""
-    pairs = [(k, summary.get(f"sft_accuracy_{k}"), summary.get(f"grpo_accuracy_{k}"))
-             for k in summary["kinds"] if k != "ground"]
+    pairs = [
+        (k, summary.get(f"sft_accuracy_{k}"), summary.get(f"grpo_accuracy_{k}"))
+        for k in summary["kinds"]
+        if k != "ground"
+    ]
     cells = [f"{k} {b:.3f} → {a:.3f} ({(a - b) * 100:+.1f})" for k, b, a in pairs if b is not None and a is not None]
     return [f"Per kind (VQA, after SFT → after GRPO): {'; '.join(cells)}.", ""] if cells else []
 
@@ -74,8 +76,11 @@ def _per_kind(summary: dict) -> list[str]:
 def _pope_note(summary: dict) -> list[str]:
     if "exist" in summary["kinds"] or summary.get("sft_pope_f1") is None:  # no POPE: no note about it
         return []
-    return ["POPE probes ask yes/no questions the demo never trains (no `exist` among its kinds): they exercise the "
-            "eval path, and the POPE parser reads any answer without 'no' as yes.", ""]  # fmt: skip
+    return [
+        "POPE probes ask yes/no questions the demo never trains (no `exist` among its kinds): they exercise the "
+        "eval path, and the POPE parser reads any answer without 'no' as yes.",
+        "",
+    ]
 
 
 def write_report(out: Path, summary: dict, sft: list[dict], grpo: list[dict], before: dict, after: dict) -> Path:

@@ -1,9 +1,9 @@
-"""Load a Qwen2-VL / Qwen2.5-VL / Qwen3-VL policy and its processor through one function, and build the tiny local
-model.
+"""Load a Qwen2-VL / Qwen2.5-VL / Qwen3-VL policy and its processor through one function.
 
-The tiny model (tests, demo) is a real Qwen-VL architecture with a tokenizer trained here and the real Qwen
-processor classes (its parts: `vlgrpo.tiny`), saved with `save_pretrained` so it loads through the same path as a 7B
-checkpoint. Knows nothing of training, rollout or rewards.
+What a real checkpoint needs: the supported archs (`ArchSpec`, `ARCHS`), telling a checkpoint's arch, loading its
+processor and model, the vision placeholders a policy must never sample, eval mode and parameter counts. The tiny
+local model (tests, demo) is built in `vlgrpo.tiny` and loads through this same path as a 7B checkpoint. Knows
+nothing of training, rollout, rewards or the tiny model.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import torch
 
 from vlgrpo.data.prompts import VISION_PLACEHOLDERS
 from vlgrpo.registry import MODEL_ARCH
-from vlgrpo.tiny import CHAT_TEMPLATE, TinySpec, build_tiny_tokenizer, tiny_config, tiny_processors
 from vlgrpo.types import InputError
 
 ARCHS = tuple(name for name in MODEL_ARCH.names if name != "auto")
@@ -29,7 +28,7 @@ class ArchSpec:
 
     The rest of the pipeline reads what differs from the model itself: the vision tower's DeepStack maps from its
     output (`vision_cache`), the patch size from the processor (`ProcessorGeometry`), `get_rope_index` and the
-    attention's q/k norms from the modules (`rollout.inputs`, `rollout.decode`); the box convention is
+    attention's q/k norms from the modules (`policy.forward`, `policy.text_decoder`); the box convention is
     `rewards.boxes.ARCH_BOX_FORMAT`."""
 
     model_class: str
@@ -72,8 +71,8 @@ def detect_arch(name_or_path: str) -> str:
     )
 
 
-def _classes(arch: str):
-    """(model class, processor class) of a registered arch (vlgrpo.registry.MODEL_ARCH)."""
+def arch_classes(arch: str):
+    """The transformers (model class, processor class) of a registered arch (vlgrpo.registry.MODEL_ARCH)."""
     import transformers as tf
 
     spec = MODEL_ARCH.load(arch)
@@ -83,7 +82,7 @@ def _classes(arch: str):
 def load_processor(name_or_path: str, arch: str = "auto", min_pixels: int | None = None, max_pixels: int | None = None):
     """The checkpoint's processor through the explicit Qwen class (AutoProcessor can silently return a tokenizer)."""
     arch = detect_arch(name_or_path) if arch == "auto" else arch
-    _, processor_cls = _classes(arch)
+    _, processor_cls = arch_classes(arch)
     processor = processor_cls.from_pretrained(name_or_path)
     ip = processor.image_processor
     if min_pixels is not None or max_pixels is not None:
@@ -109,7 +108,7 @@ def load_model(
     arch = detect_arch(name_or_path) if arch == "auto" else arch
     if arch not in ARCHS:
         raise ModelLoadError(f"model.arch '{arch}' is not supported; accepted: auto, {', '.join(ARCHS)}")
-    model_cls, _ = _classes(arch)
+    model_cls, _ = arch_classes(arch)
     model = model_cls.from_pretrained(
         name_or_path, dtype=getattr(torch, dtype), attn_implementation=attn_implementation
     ).to(device)
@@ -122,39 +121,6 @@ def placeholder_token_ids(tokenizer) -> list[int]:
     ids = [tokenizer.convert_tokens_to_ids(t) for t in VISION_PLACEHOLDERS]
     unk = getattr(tokenizer, "unk_token_id", None)
     return sorted({i for i in ids if i is not None and i != unk})
-
-
-# ---------------------------------------------------------------- the tiny local model
-
-
-def init_tiny(
-    out_dir: str | Path, arch: str = "qwen2_5_vl", spec: TinySpec | None = None, seed: int = 0,
-    dtype: str = "float32", device: str = "cpu",
-) -> Path:
-    """Build a randomly initialised tiny Qwen-VL with its processor and save it as a HF checkpoint.
-
-    `spec` can make it large too (scripts/gpu_check.py builds a ~2 B one); `device` is where the random init runs
-    (a GPU initialises billions of weights in seconds) and `dtype` what is saved."""
-    if arch not in ARCHS:
-        raise ModelLoadError(f"--arch '{arch}' is not supported; accepted: {', '.join(ARCHS)}")
-    spec = spec or TinySpec()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tiny_tokenizer(out, spec.vocab_size)
-    image_processor, video_processor = tiny_processors(arch, spec)
-    model_cls, processor_cls = _classes(arch)
-    processor = processor_cls(
-        image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor,
-        chat_template=CHAT_TEMPLATE,
-    )  # fmt: skip
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = model_cls(tiny_config(arch, spec, tokenizer)).to(getattr(torch, dtype))
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(out)
-    processor.save_pretrained(out)
-    return out
 
 
 @contextmanager
@@ -180,38 +146,3 @@ def count_parameters(model: torch.nn.Module) -> dict[str, int]:
     total = sum(p.numel() for p in model.parameters())
     vision = sum(p.numel() for n, p in model.named_parameters() if is_visual(n))
     return {"total": total, "vision": vision, "language": total - vision}
-
-
-def calibrate_merger(model_dir: str | Path, images: list[str | Path], target_std: float = 0.05) -> dict[str, float]:
-    """Data-dependent init of a *random* model's merger output layer (LSUV-style), saved in place.
-
-    Over `images` (no labels), the merger's last Linear is shifted and rescaled so the image features it emits have
-    mean zero and a mean per-dimension std of `target_std`. A random vision tower maps every image close to one common
-    direction (two shapes scenes differ by about a third of the feature norm), so the language model first sees image
-    tokens that barely vary and needs many more steps to start reading them; a pretrained checkpoint's merger is
-    already aligned and never needs this. Returns the feature mean norm and std before and after.
-    """
-    if not images:
-        raise InputError("calibrate_merger: no images given")
-    from vlgrpo.data.images import load_image
-
-    lm = load_model(str(model_dir))
-    last = [m for m in lm.model.model.visual.merger.modules() if isinstance(m, torch.nn.Linear)][-1]
-    outputs: list[torch.Tensor] = []
-    hook = last.register_forward_hook(lambda _m, _i, out: outputs.append(out.detach()))
-    try:
-        with torch.no_grad():
-            for start in range(0, len(images), 32):
-                batch = [load_image(p) for p in images[start : start + 32]]
-                inputs = lm.processor.image_processor(images=batch, return_tensors="pt")
-                lm.model.model.visual(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"])
-    finally:
-        hook.remove()
-    feats = torch.cat(outputs).float()
-    mean, std = feats.mean(0), feats.std(0).mean()
-    scale = target_std / float(std)
-    with torch.no_grad():
-        last.weight.mul_(scale)
-        last.bias.sub_(mean.to(last.bias.dtype)).mul_(scale)
-    lm.model.save_pretrained(str(model_dir))
-    return {"mean_norm_before": float(mean.norm()), "std_before": float(std), "std_after": target_std}

@@ -9,16 +9,24 @@ hands in as a function.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from vlgrpo.config import ConfigError, get_key, load_config
 from vlgrpo.data.doctor import (
-    CORRECTNESS, ERROR, WARNING, DoctorReport, DoctorSettings, Finding, GoldCheck, run_doctor,
-)  # fmt: skip
+    CORRECTNESS,
+    ERROR,
+    WARNING,
+    DoctorReport,
+    DoctorSettings,
+    Finding,
+    GoldCheck,
+    run_doctor,
+)
 from vlgrpo.data.images import checkpoint_geometry
-from vlgrpo.data.video import VideoSampling
 from vlgrpo.data.prompts import check_system_prompt
+from vlgrpo.data.video import VideoSampling
 from vlgrpo.models import detect_arch
 from vlgrpo.rewards import check_recipe, context_from_config, score
 from vlgrpo.rewards.render import render_completion
@@ -36,11 +44,18 @@ def settings_from_config(cfg) -> tuple[DoctorSettings, Any]:
     geometry, source = processor_geometry(m.name_or_path, m.min_pixels, m.max_pixels, arch=arch)
     ctx = context_from_config(cfg, arch, geometry)
     settings = DoctorSettings(
-        geometry=geometry, geometry_source=source, max_prompt_length=cfg.data.max_prompt_length,
-        answer_format=cfg.data.answer_format, box_format=ctx.box_format, system_prompt=cfg.data.system_prompt,
-        data_format=cfg.data.format, preset=cfg.data.preset, columns=dict(cfg.data.columns),
-        video=VideoSampling.from_config(cfg.data.video), video_timestamps=arch == "qwen3_vl",
-    )  # fmt: skip
+        geometry=geometry,
+        geometry_source=source,
+        max_prompt_length=cfg.data.max_prompt_length,
+        answer_format=cfg.data.answer_format,
+        box_format=ctx.box_format,
+        system_prompt=cfg.data.system_prompt,
+        data_format=cfg.data.format,
+        preset=cfg.data.preset,
+        columns=dict(cfg.data.columns),
+        video=VideoSampling.from_config(cfg.data.video),
+        video_timestamps=arch == "qwen3_vl",
+    )
     return settings, ctx
 
 
@@ -56,14 +71,26 @@ def reward_checker(recipe: dict[str, float], ctx) -> GoldCheck:
         text = render_completion(sized, ctx.answer_format, ctx.box_format, ctx.geometry, decimals=6)
         # as training scores it: the declared image_size, else the one read from the image
         batch = score([text], [s if s.image_size is not None else sized], recipe, ctx)
-        out = [(ERROR, "gold_unparseable", f"reward '{name}' cannot score the gold answer: {err}")
-               for _, name, err in batch.failures]  # fmt: skip
-        low = [n for n, v in batch.components.items() if v[0] < 1 - 1e-4 and (n == "accuracy" or (
-            s.answer_type == "box" and (n in CORRECTNESS or n.startswith("iou@"))))]  # fmt: skip
+        out = [
+            (ERROR, "gold_unparseable", f"reward '{name}' cannot score the gold answer: {err}")
+            for _, name, err in batch.failures
+        ]
+        low = [
+            n
+            for n, v in batch.components.items()
+            if v[0] < 1 - 1e-4
+            and (n == "accuracy" or (s.answer_type == "box" and (n in CORRECTNESS or n.startswith("iou@"))))
+        ]
         if low and not out:
             gold = s.boxes if s.answer_type == "box" else s.answer
-            out.append((WARNING, "gold_not_full_marks", f"a completion stating the gold answer {gold!r} earns "
-                        f"{', '.join(f'{n}={batch.components[n][0]:.4g}' for n in low)}, not 1"))  # fmt: skip
+            out.append(
+                (
+                    WARNING,
+                    "gold_not_full_marks",
+                    f"a completion stating the gold answer {gold!r} earns "
+                    f"{', '.join(f'{n}={batch.components[n][0]:.4g}' for n in low)}, not 1",
+                )
+            )
         return out
 
     return check
@@ -73,9 +100,14 @@ CONFIG_SUFFIXES = (".yaml", ".yml")
 SPLIT_KEYS = {"train": "data.train", "val": "data.val", "test": "data.test", "eval": "eval.data"}
 
 
-def diagnose(target: str, overrides: list[str] | None = None, splits: list[str] | None = None,
-             progress: bool = False, workers: int = 8,
-             eval_check: Callable[[Any], str | None] | None = None) -> DoctorReport:  # fmt: skip
+def diagnose(
+    target: str,
+    overrides: list[str] | None = None,
+    splits: list[str] | None = None,
+    progress: bool = False,
+    workers: int = 8,
+    eval_check: Callable[[Any], str | None] | None = None,
+) -> DoctorReport:
     """`vlgrpo data doctor TARGET`: a run config (checks data.train / val / test and eval.data with the run's
     geometry, lengths and reward) or one dataset (checked with the config defaults plus `overrides`).
 
@@ -96,8 +128,10 @@ def diagnose(target: str, overrides: list[str] | None = None, splits: list[str] 
     if splits:
         unknown = [s for s in splits if s not in found]
         if unknown:
-            raise ConfigError(f"--split {unknown}: this target has {', '.join(found)} "
-                              f"({', '.join(SPLIT_KEYS[n] for n in found if n in SPLIT_KEYS) or 'a dataset'})")
+            raise ConfigError(
+                f"--split {unknown}: this target has {', '.join(found)} "
+                f"({', '.join(SPLIT_KEYS[n] for n in found if n in SPLIT_KEYS) or 'a dataset'})"
+            )
         found = {n: found[n] for n in splits}
     settings, ctx = settings_from_config(cfg)
     report = run_doctor(found, settings, reward_checker(dict(cfg.reward.recipe), ctx), progress, workers)
@@ -106,8 +140,9 @@ def diagnose(target: str, overrides: list[str] | None = None, splits: list[str] 
     return report
 
 
-def _eval_findings(cfg, found: dict[str, str], report: DoctorReport,
-                   eval_check: Callable[[Any], str | None]) -> list[Finding]:  # fmt: skip
+def _eval_findings(
+    cfg, found: dict[str, str], report: DoctorReport, eval_check: Callable[[Any], str | None]
+) -> list[Finding]:
     """The `eval_suites` error when `vlgrpo train` would refuse the in-loop eval's data (a suite with nothing to run
     on, or no eval data at all); nothing when --split left that data out, or when its file is already reported
     unreadable or empty."""

@@ -58,45 +58,70 @@ MODEL_ARCH = Registry(
     Option("auto", None, "read from the checkpoint's config.json (model_type)"),
     Option("qwen2_vl", "vlgrpo.models:QWEN2_VL", "Qwen2-VL: boxes (x1,y1),(x2,y2) on 0-1000"),
     Option("qwen2_5_vl", "vlgrpo.models:QWEN2_5_VL", "Qwen2.5-VL: boxes as bbox_2d in pixels of the resized input"),
-    Option("qwen3_vl", "vlgrpo.models:QWEN3_VL", "Qwen3-VL (dense): DeepStack features cached with the image's; "
-           "boxes as bbox_2d on 0-1000"),
-)  # fmt: skip
+    Option(
+        "qwen3_vl",
+        "vlgrpo.models:QWEN3_VL",
+        "Qwen3-VL (dense): DeepStack features cached with the image's; boxes as bbox_2d on 0-1000",
+    ),
+)
 BACKEND = Registry(
     "train.backend",
     Option("plain", "vlgrpo.trainer.backends:PlainBackend", "full fine-tuning, one process or DDP"),
-    Option("lora", "vlgrpo.trainer.lora:LoRABackend",
-           "PEFT LoRA on the language model; the reference policy is the adapter switched off"),
-    Option("zero3", "vlgrpo.trainer.zero3:Zero3Backend", "DeepSpeed ZeRO-3: parameters, gradients and optimiser "
-           "state partitioned over the ranks"),
-)  # fmt: skip
+    Option(
+        "lora",
+        "vlgrpo.trainer.lora:LoRABackend",
+        "PEFT LoRA on the language model; the reference policy is the adapter switched off",
+    ),
+    Option(
+        "zero3",
+        "vlgrpo.trainer.zero3:Zero3Backend",
+        "DeepSpeed ZeRO-3: parameters, gradients and optimiser state partitioned over the ranks",
+    ),
+)
 ENGINE = Registry(
     "rollout.engine",
     Option("hf", "vlgrpo.rollout.hf:HFEngine", "transformers generate on the training model (no weight sync)"),
     Option("vllm", "vlgrpo.rollout.vllm:VLLMEngine", "vLLM with prefix caching; weights synced after each update"),
-)  # fmt: skip
+)
 ADVANTAGE = Registry(
     "grpo.advantage",
     Option("group", "vlgrpo.grpo.advantages:group_advantages", "(r - group mean) / (group std + eps): GRPO"),
     Option("group_mean", "vlgrpo.grpo.advantages:group_mean_advantages", "r - group mean: Dr.GRPO"),
     Option("batch", "vlgrpo.grpo.advantages:batch_advantages", "(r - group mean) / (batch std + eps): REINFORCE++"),
-)  # fmt: skip
+)
 RATIO = Registry(
     "grpo.ratio",
-    Option("token", "vlgrpo.grpo.losses:token_log_ratio", "one importance ratio per token: GRPO, DAPO, Dr.GRPO",
-           aliases=("grpo",)),
-    Option("sequence", "vlgrpo.grpo.losses:sequence_log_ratio",
-           "the length-normalised sequence ratio at every token: GSPO", aliases=("gspo",)),
-    Option("sequence_token", "vlgrpo.grpo.losses:sequence_token_log_ratio",
-           "the sequence ratio's value with per-token gradients: GSPO-token", aliases=("gspo_token",)),
-)  # fmt: skip
+    Option(
+        "token",
+        "vlgrpo.grpo.losses:token_log_ratio",
+        "one importance ratio per token: GRPO, DAPO, Dr.GRPO",
+        aliases=("grpo",),
+    ),
+    Option(
+        "sequence",
+        "vlgrpo.grpo.losses:sequence_log_ratio",
+        "the length-normalised sequence ratio at every token: GSPO",
+        aliases=("gspo",),
+    ),
+    Option(
+        "sequence_token",
+        "vlgrpo.grpo.losses:sequence_token_log_ratio",
+        "the sequence ratio's value with per-token gradients: GSPO-token",
+        aliases=("gspo_token",),
+    ),
+)
 AGGREGATION = Registry(
     "grpo.aggregation",
     Option("token-mean", "vlgrpo.grpo.losses:token_mean", "mean over every token of the batch: DAPO"),
-    Option("seq-mean-token-mean", "vlgrpo.grpo.losses:seq_mean_token_mean",
-           "mean over tokens, then over sequences: GRPO"),
-    Option("seq-mean-token-sum-norm", "vlgrpo.grpo.losses:seq_mean_token_sum_norm",
-           "token sum / max_new_tokens, mean over sequences: Dr.GRPO"),
-)  # fmt: skip
+    Option(
+        "seq-mean-token-mean", "vlgrpo.grpo.losses:seq_mean_token_mean", "mean over tokens, then over sequences: GRPO"
+    ),
+    Option(
+        "seq-mean-token-sum-norm",
+        "vlgrpo.grpo.losses:seq_mean_token_sum_norm",
+        "token sum / max_new_tokens, mean over sequences: Dr.GRPO",
+    ),
+)
 DATA_FORMAT = Registry(
     "data.format",
     Option("auto", None, "from the path: .jsonl, a saved HF dataset, .parquet or an image folder"),
@@ -104,7 +129,7 @@ DATA_FORMAT = Registry(
     Option("hf", "vlgrpo.data.adapters:read_hf", "a dataset saved with save_to_disk, or a Dataset object"),
     Option("parquet", "vlgrpo.data.adapters:read_parquet", "a parquet file (images as bytes or paths)"),
     Option("folder", "vlgrpo.data.adapters:read_folder", "an image folder with labels.jsonl or labels.csv"),
-)  # fmt: skip
+)
 DATA_PRESET = Registry(
     "data.preset",
     Option("none", None, "rows already in vlgrpo's schema (data.columns may rename fields)"),
@@ -112,7 +137,7 @@ DATA_PRESET = Registry(
     Option("messages", "vlgrpo.data.presets:messages", "chat messages with typed content parts (TRL, OpenAI)"),
     Option("r1v", "vlgrpo.data.presets:r1v", "R1-V / VLM-R1 / Visual-RFT: image, problem, solution"),
     Option("easyr1", "vlgrpo.data.presets:easyr1", "EasyR1: images (a list), problem with <image>, answer"),
-)  # fmt: skip
+)
 BOX_FORMAT = Registry(
     "reward.box_format",
     Option("auto", None, "the model family's own convention (model.arch)"),
@@ -120,31 +145,62 @@ BOX_FORMAT = Registry(
     Option("qwen2_5", "vlgrpo.rewards.boxes:QWEN2_5", "bbox_2d in pixels of the processor-resized image (Qwen2.5-VL)"),
     Option("qwen3", "vlgrpo.rewards.boxes:QWEN3", "bbox_2d on 0-1000 (Qwen3-VL)"),
     Option("plain", "vlgrpo.rewards.boxes:PLAIN", "[x1, y1, x2, y2] in original-image pixels"),
-)  # fmt: skip
+)
 EVAL_SUITE = Registry(
     "eval.suites",
-    Option("pope", "vlgrpo.evals.pope_suite:SUITE", "POPE yes/no object probes: accuracy, precision, recall, F1, "
-           "yes-ratio per split"),
+    Option(
+        "pope",
+        "vlgrpo.evals.pope_suite:SUITE",
+        "POPE yes/no object probes: accuracy, precision, recall, F1, yes-ratio per split",
+    ),
     Option("grounding", "vlgrpo.evals.grounding:SUITE", "referring-expression boxes: Acc@0.5, Acc@0.75, mIoU"),
     Option("vqa", "vlgrpo.evals.vqa:SUITE", "verifiable answers (number, choice, yes/no, text, math): accuracy"),
-    Option("mathvista", "vlgrpo.evals.reasoning_suite:MATHVISTA", "MathVista (testmini) by its own normalisation: "
-           "accuracy overall, per task and skill"),
-    Option("geometry3k", "vlgrpo.evals.reasoning_suite:GEOMETRY3K", "Geometry3K (EasyR1's copy) by math_verify "
-           "equivalence: accuracy"),
-    Option("superclevr", "vlgrpo.evals.reasoning_suite:SUPERCLEVR", "SuperCLEVR counting (R1-V's 200-question test "
-           "file) by exact count: accuracy"),
-    Option("mmmu", "vlgrpo.evals.reasoning_suite:MMMU", "MMMU (val) by its option-letter and open-answer parsing: "
-           "accuracy overall, per discipline and subject (single-image rows)"),
-)  # fmt: skip
+    Option(
+        "mathvista",
+        "vlgrpo.evals.reasoning_suite:MATHVISTA",
+        "MathVista (testmini) by its own normalisation: accuracy overall, per task and skill",
+    ),
+    Option(
+        "geometry3k",
+        "vlgrpo.evals.reasoning_suite:GEOMETRY3K",
+        "Geometry3K (EasyR1's copy) by math_verify equivalence: accuracy",
+    ),
+    Option(
+        "superclevr",
+        "vlgrpo.evals.reasoning_suite:SUPERCLEVR",
+        "SuperCLEVR counting (R1-V's 200-question test file) by exact count: accuracy",
+    ),
+    Option(
+        "mmmu",
+        "vlgrpo.evals.reasoning_suite:MMMU",
+        "MMMU (val) by its option-letter and open-answer parsing: "
+        "accuracy overall, per discipline and subject (single-image rows)",
+    ),
+)
 POPE_PARSER = Registry(
     "eval.pope_parser",
-    Option("pope", "vlgrpo.evals.pope_score:parse_pope", "the original POPE rule (no iff No/not/no in the first "
-           "sentence)"),
-    Option("vlmevalkit", "vlgrpo.evals.pope_score:parse_vlmevalkit", "VLMEvalKit's YOrN_Extraction (yes xor no, "
-           "else unknown)"),
+    Option(
+        "pope", "vlgrpo.evals.pope_score:parse_pope", "the original POPE rule (no iff No/not/no in the first sentence)"
+    ),
+    Option(
+        "vlmevalkit",
+        "vlgrpo.evals.pope_score:parse_vlmevalkit",
+        "VLMEvalKit's YOrN_Extraction (yes xor no, else unknown)",
+    ),
     Option("strict", "vlgrpo.evals.pope_score:parse_strict", "exactly yes or no, else unknown"),
-)  # fmt: skip
+)
 
-REGISTRIES = (MODEL_ARCH, BACKEND, ENGINE, ADVANTAGE, RATIO, AGGREGATION, DATA_FORMAT, DATA_PRESET, BOX_FORMAT,
-              EVAL_SUITE, POPE_PARSER)  # fmt: skip
+REGISTRIES = (
+    MODEL_ARCH,
+    BACKEND,
+    ENGINE,
+    ADVANTAGE,
+    RATIO,
+    AGGREGATION,
+    DATA_FORMAT,
+    DATA_PRESET,
+    BOX_FORMAT,
+    EVAL_SUITE,
+    POPE_PARSER,
+)
 BY_KEY = {r.key: r for r in REGISTRIES}

@@ -1,8 +1,11 @@
-"""The tiny local Qwen-VL's parts: a byte-level BPE trained here, the chat template, the sizes (`TinySpec`) and the
-transformers config of each arch, so tests and the demo never download anything.
+"""The tiny local Qwen-VL, so tests and the demo never download anything: its parts (a byte-level BPE trained here,
+the chat template, the sizes (`TinySpec`) and the transformers config and processors of each arch), `init_tiny`,
+which assembles them with the real Qwen model and processor classes and saves a randomly initialised checkpoint
+with `save_pretrained` (so it loads through `vlgrpo.models.load_model`, the same path as a 7B), and
+`calibrate_merger`, the data-dependent init of such a random model's merger.
 
-`models.init_tiny` assembles them with the real Qwen model and processor classes. Knows nothing of loading,
-training or rollout.
+Sits above `vlgrpo.models` (it uses its arch classes and loader); nothing the trainer or the rollout runs on a real
+checkpoint imports it. Knows nothing of training or rollout.
 """
 
 from __future__ import annotations
@@ -10,7 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from vlgrpo.data.prompts import SPECIAL_TOKENS
+from vlgrpo.models import ARCHS, ModelLoadError, arch_classes, load_model
+from vlgrpo.types import InputError
 
 # Qwen2-VL/2.5-VL chat template (images as <|vision_start|><|image_pad|><|vision_end|>, videos as the same with
 # <|video_pad|>, default system prompt). The tiny Qwen3-VL shares it: its markers are the same tokens.
@@ -96,9 +103,6 @@ class TinySpec:
     vision_intermediate: int = 128
     vocab_size: int = 512
     rope_theta: float = 10000.0  # the language model's M-RoPE base (see pretrain_tiny.default_spec for a small one)
-    mrope_section: tuple[int, int, int] | None = None
-    """(temporal, height, width) frequency pairs summing to head_dim / 2; None: about 1/4, 3/8, 3/8 (Qwen2/2.5-VL's
-    16, 24, 24 of 64), or 3/8, 5/16, 5/16 for Qwen3-VL's interleaved M-RoPE (its 24, 20, 20 of 64)."""
     min_pixels: int = 28 * 28 * 4
     max_pixels: int = 28 * 28 * 64
     deepstack_visual_indexes: tuple[int, ...] = (0, 1)
@@ -108,38 +112,48 @@ class TinySpec:
     """The LM head shares the token embedding (Qwen2/2.5-VL 2B-3B and Qwen3-VL 2B-4B do; 7B/8B and up do not)."""
 
 
-def _mrope_section(arch: str, spec: TinySpec, half: int) -> list[int]:
-    if spec.mrope_section is None:
-        part = half // 3 if arch == "qwen3_vl" else half * 3 // 8
-        return [half - 2 * part, part, part]
-    mrope = [int(n) for n in spec.mrope_section]
-    if len(mrope) != 3 or min(mrope) < 1 or sum(mrope) != half:
-        raise ValueError(f"TinySpec.mrope_section {spec.mrope_section}: give 3 positive frequency-pair counts "
-                         f"(temporal, height, width) summing to head_dim / 2 = {half}")  # fmt: skip
-    return mrope
+def _mrope_section(arch: str, half: int) -> list[int]:
+    """(temporal, height, width) M-RoPE frequency pairs summing to head_dim / 2 = `half`: about 1/4, 3/8, 3/8
+    (Qwen2/2.5-VL's 16, 24, 24 of 64), or 3/8, 5/16, 5/16 for Qwen3-VL's interleaved M-RoPE (its 24, 20, 20 of 64)."""
+    part = half // 3 if arch == "qwen3_vl" else half * 3 // 8
+    return [half - 2 * part, part, part]
 
 
 def _vision_config(arch: str, spec: TinySpec) -> dict:
     if arch == "qwen3_vl":
         bad = [i for i in spec.deepstack_visual_indexes if not 0 <= i < spec.vision_depth]
         if bad:
-            raise ValueError(f"TinySpec.deepstack_visual_indexes {list(spec.deepstack_visual_indexes)}: {bad} not "
-                             f"a vision block (0 .. vision_depth - 1 = {spec.vision_depth - 1})")  # fmt: skip
+            raise ValueError(
+                f"TinySpec.deepstack_visual_indexes {list(spec.deepstack_visual_indexes)}: {bad} not "
+                f"a vision block (0 .. vision_depth - 1 = {spec.vision_depth - 1})"
+            )
         return dict(
-            depth=spec.vision_depth, hidden_size=spec.vision_hidden, intermediate_size=spec.vision_intermediate,
-            num_heads=spec.vision_heads, out_hidden_size=spec.hidden_size, patch_size=16,
-            num_position_embeddings=256, deepstack_visual_indexes=list(spec.deepstack_visual_indexes),
-        )  # fmt: skip
+            depth=spec.vision_depth,
+            hidden_size=spec.vision_hidden,
+            intermediate_size=spec.vision_intermediate,
+            num_heads=spec.vision_heads,
+            out_hidden_size=spec.hidden_size,
+            patch_size=16,
+            num_position_embeddings=256,
+            deepstack_visual_indexes=list(spec.deepstack_visual_indexes),
+        )
     if arch == "qwen2_5_vl":
         return dict(
-            depth=spec.vision_depth, hidden_size=spec.vision_hidden, intermediate_size=spec.vision_intermediate,
-            num_heads=spec.vision_heads, out_hidden_size=spec.hidden_size, window_size=112,
+            depth=spec.vision_depth,
+            hidden_size=spec.vision_hidden,
+            intermediate_size=spec.vision_intermediate,
+            num_heads=spec.vision_heads,
+            out_hidden_size=spec.hidden_size,
+            window_size=112,
             fullatt_block_indexes=[spec.vision_depth - 1],
-        )  # fmt: skip
+        )
     return dict(
-        depth=spec.vision_depth, embed_dim=spec.vision_hidden, hidden_size=spec.hidden_size,
-        num_heads=spec.vision_heads, mlp_ratio=spec.vision_intermediate // spec.vision_hidden,
-    )  # fmt: skip
+        depth=spec.vision_depth,
+        embed_dim=spec.vision_hidden,
+        hidden_size=spec.hidden_size,
+        num_heads=spec.vision_heads,
+        mlp_ratio=spec.vision_intermediate // spec.vision_hidden,
+    )
 
 
 def tiny_config(arch: str, spec: TinySpec, tokenizer):
@@ -147,8 +161,7 @@ def tiny_config(arch: str, spec: TinySpec, tokenizer):
     import transformers as tf
 
     head_dim = spec.hidden_size // spec.num_heads
-    rope = {"rope_type": "default", "rope_theta": spec.rope_theta,
-            "mrope_section": _mrope_section(arch, spec, head_dim // 2)}  # fmt: skip
+    rope = {"rope_type": "default", "rope_theta": spec.rope_theta, "mrope_section": _mrope_section(arch, head_dim // 2)}
     if arch == "qwen3_vl":
         rope["mrope_interleaved"] = True  # as the released config.json says; transformers always interleaves
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
@@ -189,3 +202,74 @@ def tiny_processors(arch: str, spec: TinySpec) -> tuple:
         image = tf.Qwen2VLImageProcessor(size=size, patch_size=16, image_mean=[0.5] * 3, image_std=[0.5] * 3)
         return image, tf.Qwen3VLVideoProcessor()
     return tf.Qwen2VLImageProcessor(size=size), tf.Qwen2VLVideoProcessor()
+
+
+def init_tiny(
+    out_dir: str | Path,
+    arch: str = "qwen2_5_vl",
+    spec: TinySpec | None = None,
+    seed: int = 0,
+    dtype: str = "float32",
+    device: str = "cpu",
+) -> Path:
+    """Build a randomly initialised tiny Qwen-VL with its processor and save it as a HF checkpoint.
+
+    `spec` can make it large too (scripts/gpu_check.py builds a ~2 B one); `device` is where the random init runs
+    (a GPU initialises billions of weights in seconds) and `dtype` what is saved."""
+    if arch not in ARCHS:
+        raise ModelLoadError(f"--arch '{arch}' is not supported; accepted: {', '.join(ARCHS)}")
+    spec = spec or TinySpec()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tiny_tokenizer(out, spec.vocab_size)
+    image_processor, video_processor = tiny_processors(arch, spec)
+    model_cls, processor_cls = arch_classes(arch)
+    processor = processor_cls(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=video_processor,
+        chat_template=CHAT_TEMPLATE,
+    )
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = model_cls(tiny_config(arch, spec, tokenizer)).to(getattr(torch, dtype))
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    return out
+
+
+def calibrate_merger(model_dir: str | Path, images: list[str | Path], target_std: float = 0.05) -> dict[str, float]:
+    """Data-dependent init of a *random* model's merger output layer (LSUV-style), saved in place.
+
+    Over `images` (no labels), the merger's last Linear is shifted and rescaled so the image features it emits have
+    mean zero and a mean per-dimension std of `target_std`. A random vision tower maps every image close to one common
+    direction (two shapes scenes differ by about a third of the feature norm), so the language model first sees image
+    tokens that barely vary and needs many more steps to start reading them; a pretrained checkpoint's merger is
+    already aligned and never needs this. Returns the feature mean norm and std before and after.
+    """
+    if not images:
+        raise InputError("calibrate_merger: no images given")
+    from vlgrpo.data.images import load_image
+
+    lm = load_model(str(model_dir))
+    last = [m for m in lm.model.model.visual.merger.modules() if isinstance(m, torch.nn.Linear)][-1]
+    outputs: list[torch.Tensor] = []
+    hook = last.register_forward_hook(lambda _m, _i, out: outputs.append(out.detach()))
+    try:
+        with torch.no_grad():
+            for start in range(0, len(images), 32):
+                batch = [load_image(p) for p in images[start : start + 32]]
+                inputs = lm.processor.image_processor(images=batch, return_tensors="pt")
+                lm.model.model.visual(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"])
+    finally:
+        hook.remove()
+    feats = torch.cat(outputs).float()
+    mean, std = feats.mean(0), feats.std(0).mean()
+    scale = target_std / float(std)
+    with torch.no_grad():
+        last.weight.mul_(scale)
+        last.bias.sub_(mean.to(last.bias.dtype)).mul_(scale)
+    lm.model.save_pretrained(str(model_dir))
+    return {"mean_norm_before": float(mean.norm()), "std_before": float(std), "std_after": target_std}

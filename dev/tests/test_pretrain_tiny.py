@@ -38,8 +38,11 @@ def test_caption_lists_objects_left_to_right_in_resized_pixels(pt):
 
 
 def test_name_lists_ignore_position(pt):
-    shapes = [Shape("circle", "red", (60, 10, 80, 30)), Shape("square", "blue", (5, 50, 25, 70)),
-              Shape("circle", "blue", (30, 30, 50, 50))]
+    shapes = [
+        Shape("circle", "red", (60, 10, 80, 30)),
+        Shape("square", "blue", (5, 50, 25, 70)),
+        Shape("circle", "blue", (30, 30, 50, 50)),
+    ]
     assert pt.names(shapes) == "red circle, blue circle, blue square"  # COLOURS order, then SHAPES order
     assert pt.names(shapes[::-1]) == pt.names(shapes)
 
@@ -77,17 +80,42 @@ def test_training_rows_match_the_processor_and_label_only_the_caption(pt, tiny_m
 
 
 def test_one_command_rebuilds_the_same_weights_and_a_saved_stage_2_gives_the_same_model(pt, tmp_path):
-    args = ["--stage0-steps", "2", "--stage1-steps", "2", "--stage2-steps", "2", "--eval-scenes", "4", "--eval-every", "0",
-            "--zero-shot-questions", "20", "--spec", '{"num_layers": 1, "vision_depth": 1}']
+    args = [
+        "--stage0-steps",
+        "2",
+        "--stage1-steps",
+        "2",
+        "--stage2-steps",
+        "2",
+        "--eval-scenes",
+        "4",
+        "--eval-every",
+        "0",
+        "--zero-shot-questions",
+        "20",
+        "--spec",
+        '{"num_layers": 1, "vision_depth": 1}',
+    ]
     assert pt.main(["--out", str(tmp_path / "a"), *args, "--stage3-steps", "3"]) == 0
     assert pt.main(["--out", str(tmp_path / "s2"), *args, "--stage3-steps", "0"]) == 0  # stages 0-2 only
-    assert pt.main(["--out", str(tmp_path / "c"), *args, "--stage3-steps", "3", "--from-stage2", str(tmp_path / "s2")]) == 0
+    assert (
+        pt.main(["--out", str(tmp_path / "c"), *args, "--stage3-steps", "3", "--from-stage2", str(tmp_path / "s2")])
+        == 0
+    )
     a, s2, c = (json.loads((tmp_path / n / "pretrain.json").read_text()) for n in ("a", "s2", "c"))
     assert a["stage2"]["weights_sha256"] == s2["stage2"]["weights_sha256"] == s2["weights_sha256"]  # rebuilt alike
     assert a["weights_sha256"] == c["weights_sha256"] != a["stage2"]["weights_sha256"]  # stage 3 changed the weights
     assert a["loss_log"] == c["loss_log"] and a["caption_quality"] == c["caption_quality"]
     assert a["instructions"] == c["instructions"] and set(a["instructions"]) == {
-        "list_colour", "list_colour_none", "list_shape", "list_shape_none", "list_name", "list_name_none", "find_name", "find_name_none"}
+        "list_colour",
+        "list_colour_none",
+        "list_shape",
+        "list_shape_none",
+        "list_name",
+        "list_name_none",
+        "find_name",
+        "find_name_none",
+    }
     assert [e["stage3_step"] for e in a["loss_log"] if "stage3_step" in e] == [3]
     card = (tmp_path / "a" / "README.md").read_text()
     assert card.startswith("# a\n") and a["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
@@ -98,23 +126,42 @@ def test_one_command_rebuilds_the_same_weights_and_a_saved_stage_2_gives_the_sam
     assert rope["rope_theta"] == pt.default_spec().rope_theta == 10.0 and rope["mrope_section"] == [4, 6, 6]
     old = json.loads((tmp_path / "s2" / "pretrain.json").read_text())
     del old["settings"]["pad_sentences"]  # a build from before the setting existed (the shipped one): its default
-    del old["settings"]["spec"]["mrope_section"]  # the same for a TinySpec field
+    del old["settings"]["spec"]["tie_word_embeddings"]  # the same for a TinySpec field
     (tmp_path / "s2" / "pretrain.json").write_text(json.dumps(old))
-    assert pt.main(["--out", str(tmp_path / "f"), *args, "--stage3-steps", "3", "--from-stage2", str(tmp_path / "s2")]) == 0
+    assert (
+        pt.main(["--out", str(tmp_path / "f"), *args, "--stage3-steps", "3", "--from-stage2", str(tmp_path / "s2")])
+        == 0
+    )
     assert json.loads((tmp_path / "f" / "pretrain.json").read_text())["weights_sha256"] == a["weights_sha256"]
     with pytest.raises(SystemExit, match="stage 0-2 settings differ from this command's in \\['stage1_steps'\\]"):
-        pt.main(["--out", str(tmp_path / "d"), *args[:2], "--stage1-steps", "3", *args[4:], "--from-stage2",
-                 str(tmp_path / "s2")])
+        pt.main(
+            [
+                "--out",
+                str(tmp_path / "d"),
+                *args[:2],
+                "--stage1-steps",
+                "3",
+                *args[4:],
+                "--from-stage2",
+                str(tmp_path / "s2"),
+            ]
+        )
     with pytest.raises(SystemExit, match="is not the stage-2 model"):  # a holds stage 3
         pt.main(["--out", str(tmp_path / "e"), *args, "--from-stage2", str(tmp_path / "a")])
 
 
 def test_stage_3_lists_and_finds_the_asked_colour_kind_or_name_and_says_none_when_absent(pt):
     geometry = ProcessorGeometry(min_pixels=56 * 56, max_pixels=224 * 224)
-    shapes = [Shape("circle", "red", (60, 10, 80, 30)), Shape("square", "blue", (5, 50, 25, 70)),
-              Shape("circle", "blue", (30, 30, 50, 50))]
-    rows = {pt.instruct_row(task, random.Random(seed), shapes, 112, geometry)
-            for task in (*pt.LIST_TASKS, pt.FIND_TASK) for seed in range(60)}  # fmt: skip
+    shapes = [
+        Shape("circle", "red", (60, 10, 80, 30)),
+        Shape("square", "blue", (5, 50, 25, 70)),
+        Shape("circle", "blue", (30, 30, 50, 50)),
+    ]
+    rows = {
+        pt.instruct_row(task, random.Random(seed), shapes, 112, geometry)
+        for task in (*pt.LIST_TASKS, pt.FIND_TASK)
+        for seed in range(60)
+    }
     assert ("List the blue shapes.", "blue circle, blue square") in rows
     assert ("List each circle.", "red circle, blue circle") in rows  # the singular key, as the demo asks
     assert ("List each triangle.", "none") in rows and ("List the green shapes.", "none") in rows
@@ -135,15 +182,19 @@ def test_varied_stage_3_rows_paraphrase_pad_and_wrap_without_the_demo_templates(
     geometry = ProcessorGeometry(min_pixels=56 * 56, max_pixels=224 * 224)
     shapes = [Shape("circle", "red", (60, 10, 80, 30)), Shape("square", "blue", (5, 50, 25, 70))]
     rng = random.Random(0)
-    rows = [(task, *pt.instruct_row(task, rng, shapes, 112, geometry, vary=True))
-            for task in ("boxes", "names", *pt.LIST_TASKS, pt.FIND_TASK) for _ in range(200)]  # fmt: skip
+    rows = [
+        (task, *pt.instruct_row(task, rng, shapes, 112, geometry, vary=True))
+        for task in ("boxes", "names", *pt.LIST_TASKS, pt.FIND_TASK)
+        for _ in range(200)
+    ]
     demo_templates = ("How many", "What colour", "Is there", "Locate", "<think>", "<answer>")
     assert not any(t in q or t in a for _, q, a in rows for t in demo_templates)
     finds = [(q, a) for task, q, a in rows if task == pt.FIND_TASK]
     red = json.dumps([{"bbox_2d": [60, 10, 80, 30], "label": "red circle"}])
     # every phrase, the plain target, the tagged one and the names-then-target one all occur
     assert {q.split(" red circle")[0] for q, a in finds if "red circle" in q} >= {
-        p.split(" {}")[0] for p in pt.PHRASES["Find each {}."]}
+        p.split(" {}")[0] for p in pt.PHRASES["Find each {}."]
+    }
     plain = {a for q, a in finds if q.startswith("Find each red circle.") and "<" not in q}
     assert plain == {red}
     tagged = [(q, a) for q, a in finds if "red circle" in q and "Write it inside <" in q]
@@ -157,15 +208,20 @@ def test_varied_stage_3_rows_paraphrase_pad_and_wrap_without_the_demo_templates(
     assert set(fillers) == {0, 1, 2, 3}
 
 
-def test_model_card_names_a_chosen_mrope_section_and_keeps_the_base_10_reason_for_the_default_split(pt):
+def test_model_card_keeps_the_base_10_reason_for_the_default_split(pt):
     from pretrain_card import model_card
 
-    shipped = json.loads((Path(pt.__file__).resolve().parents[1] / "data" / "models" / "shapes-tiny-qwen2_5_vl" /
-                          "pretrain.json").read_text())
+    shipped = json.loads(
+        (
+            Path(pt.__file__).resolve().parents[1] / "data" / "models" / "shapes-tiny-qwen2_5_vl" / "pretrain.json"
+        ).read_text()
+    )
     line = next(x for x in model_card("m", shipped).splitlines() if "M-RoPE" in x)
-    assert line.endswith("LM M-RoPE base 10 (not 10,000: at 10,000 the width axis of the 4 x 4 image-token grid gets "
-                         "frequencies under 0.004 rad per token, too low to tell its columns apart; `default_spec` in "
-                         "dev/pretrain_tiny.py).")
-    shipped["settings"]["spec"].update(rope_theta=1000.0, mrope_section=[1, 3, 12])
+    assert line.endswith(
+        "LM M-RoPE base 10 (not 10,000: at 10,000 the width axis of the 4 x 4 image-token grid gets "
+        "frequencies under 0.004 rad per token, too low to tell its columns apart; `default_spec` in "
+        "dev/pretrain_tiny.py)."
+    )
+    shipped["settings"]["spec"].update(rope_theta=10000.0)
     line = next(x for x in model_card("m", shipped).splitlines() if "M-RoPE" in x)
-    assert line.endswith("LM M-RoPE base 1000, mrope_section (1, 3, 12) (temporal, height, width).")
+    assert line.endswith("LM M-RoPE base 10000.")

@@ -21,9 +21,13 @@ def pg():
 
 
 def test_asked_box_takes_the_first_box_or_the_first_with_the_asked_label(pg):
-    text = json.dumps([{"bbox_2d": [1, 2, 3, 4], "label": "red circle"},
-                       {"bbox_2d": [5, 6, 7, 8], "label": "blue square"},
-                       {"bbox_2d": [9, 10, 11, 12], "label": "blue square"}])  # fmt: skip
+    text = json.dumps(
+        [
+            {"bbox_2d": [1, 2, 3, 4], "label": "red circle"},
+            {"bbox_2d": [5, 6, 7, 8], "label": "blue square"},
+            {"bbox_2d": [9, 10, 11, 12], "label": "blue square"},
+        ]
+    )
     assert pg.asked_box(text, None) == (1, 2, 3, 4)
     assert pg.asked_box(text, "blue square") == (5, 6, 7, 8)
     assert pg.asked_box(text, "green circle") is None
@@ -83,4 +87,5 @@ def test_distance_probe_on_the_shipped_base_loses_the_box_digits_when_the_captio
 def test_distance_probe_shifts_past_the_fillers_but_pads_with_at_most_all_of_them(pg, tiny_model_dir):
     rows = pg.distance_probe(tiny_model_dir("qwen2_5_vl"), moves=(0, 11, 96), scenes=2)
     assert [(r["move"], r["k"], r["image"]) for r in rows] == [
-        (m, k, i) for m, ks in (("shift", (0, 11, 96)), ("sentences", (0, 11))) for k in ks for i in ("own", "other")]
+        (m, k, i) for m, ks in (("shift", (0, 11, 96)), ("sentences", (0, 11))) for k in ks for i in ("own", "other")
+    ]

@@ -11,15 +11,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # dev/
 from seeds_table import NOTES_MARK, seed_targets, seeds_markdown, write_seeds_doc  # noqa: E402
 
 
-def _summary(seed: int, vqa: tuple, ground: tuple, kinds: dict, f1: tuple, yes: float, entropy: float,
-             lengths: tuple, wall: float) -> dict:
-    return {"seed": seed, "base": "b", "kinds": ["count", "colour", "exist", "ground"], "steps": {"sft": 1, "grpo": 2},
-            "collapse_window": 50, "sft_test_accuracy": vqa[0], "grpo_test_accuracy": vqa[1],
-            "sft_grounding_acc50": ground[0], "grpo_grounding_acc50": ground[1], "sft_pope_f1": f1[0],
-            "grpo_pope_f1": f1[1], "sft_pope_yes_ratio": 0.9, "grpo_pope_yes_ratio": yes,
-            **{f"{st}_accuracy_{k}": v[i] for k, v in kinds.items() for i, st in enumerate(("sft", "grpo"))},
-            "final_grpo_entropy": entropy, "initial_response_length": lengths[0], "final_response_length": lengths[1],
-            "wall_seconds": wall}  # fmt: skip
+def _summary(
+    seed: int,
+    vqa: tuple,
+    ground: tuple,
+    kinds: dict,
+    f1: tuple,
+    yes: float,
+    entropy: float,
+    lengths: tuple,
+    wall: float,
+) -> dict:
+    return {
+        "seed": seed,
+        "base": "b",
+        "kinds": ["count", "colour", "exist", "ground"],
+        "steps": {"sft": 1, "grpo": 2},
+        "collapse_window": 50,
+        "sft_test_accuracy": vqa[0],
+        "grpo_test_accuracy": vqa[1],
+        "sft_grounding_acc50": ground[0],
+        "grpo_grounding_acc50": ground[1],
+        "sft_pope_f1": f1[0],
+        "grpo_pope_f1": f1[1],
+        "sft_pope_yes_ratio": 0.9,
+        "grpo_pope_yes_ratio": yes,
+        **{f"{st}_accuracy_{k}": v[i] for k, v in kinds.items() for i, st in enumerate(("sft", "grpo"))},
+        "final_grpo_entropy": entropy,
+        "initial_response_length": lengths[0],
+        "final_response_length": lengths[1],
+        "wall_seconds": wall,
+    }
 
 
 def test_seed_targets_are_judged_on_hand_computed_lifts(tmp_path):
@@ -46,8 +68,12 @@ def test_seed_targets_are_judged_on_hand_computed_lifts(tmp_path):
     assert got["VQA accuracy: no kind's mean lift below -2 points"][1].endswith("exist -3.0")
     assert got["grounding Acc@0.5: every seed >= +5 points"] == (False, "+20.0 / +4.0")
     assert got["POPE F1 after GRPO >= after SFT (mean)"] == (False, "0.600 -> 0.550")
-    for target in ("POPE yes-ratio after GRPO in [0.35, 0.65] on every seed", "entropy > 0.05 over the last GRPO "
-                   "steps", "response length within 2x of the SFT policy's", "wall_seconds <= 600"):
+    for target in (
+        "POPE yes-ratio after GRPO in [0.35, 0.65] on every seed",
+        "entropy > 0.05 over the last GRPO steps",
+        "response length within 2x of the SFT policy's",
+        "wall_seconds <= 600",
+    ):
         assert got[target][0] is False, target
     # the document: one row per seed, the means, the targets table
     for seed, s in runs.items():
@@ -59,12 +85,14 @@ def test_seed_targets_are_judged_on_hand_computed_lifts(tmp_path):
     assert ", 1 SFT steps then 2 GRPO steps;" in doc and "box questions alone" not in doc
     with_ground = {seed: {**s, "steps": {"ground_sft": 120, **s["steps"]}} for seed, s in runs.items()}
     assert ", 120 SFT steps on the box questions alone, 1 SFT steps then 2 GRPO steps;" in seeds_markdown(
-        with_ground, "dev/demo_seeds.sh")
+        with_ground, "dev/demo_seeds.sh"
+    )
     # the answered share comes from each stage's eval info: seed 0 read 990 of 1,000 answers after SFT, all after
     for stage, missing in (("sft", 10), ("grpo", 0)):
         (tmp_path / "seed0" / f"eval_{stage}").mkdir()
-        (tmp_path / "seed0" / f"eval_{stage}" / "metrics.json").write_text(json.dumps(
-            {"metrics": {}, "info": {"samples": 1000, "no_answer": missing}}))
+        (tmp_path / "seed0" / f"eval_{stage}" / "metrics.json").write_text(
+            json.dumps({"metrics": {}, "info": {"samples": 1000, "no_answer": missing}})
+        )
     doc = write_seeds_doc(tmp_path, tmp_path / "seeds.md").read_text()
     assert "| 0.900 → 0.500 (-40.0) | 0.990 → 1.000 (+1.0) | 0.300 |" in doc  # yes-ratio, answered, entropy
     assert "| 0.900 → 0.700 (-20.0) | n/a | 0.040 |" in doc  # seed 1 has no eval directories

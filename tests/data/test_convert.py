@@ -24,7 +24,7 @@ def _image(path: Path, size: tuple[int, int], colour=(200, 30, 30)) -> bytes:
 
 def _llava(image: str, question: str, answer: str, **extra) -> dict:
     return {"image": image, "conversations": [{"from": "human", "value": question}, {"from": "gpt", "value": answer}],
-            **extra}  # fmt: skip
+            **extra}
 
 
 def _write(path: Path, rows: list[dict]) -> Path:
@@ -66,10 +66,10 @@ def test_converted_image_paths_are_relative_and_the_folder_moves(tmp_path, capsy
     chat = project / "raw/chat.jsonl"
     chat.write_text(json.dumps({"messages": [
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "Is "
-                                     "it blue?"}]}, {"role": "assistant", "content": "yes"}]}) + "\n")  # fmt: skip
+                                     "it blue?"}]}, {"role": "assistant", "content": "yes"}]}) + "\n")
     train, val = project / "data/train.jsonl", project / "data/val.jsonl"
     assert _convert(capsys, str(llava), "--preset", "llava", "--image-root", str(project / "images"),
-                    "--out", str(train))[0] == 0  # fmt: skip
+                    "--out", str(train))[0] == 0
     assert _convert(capsys, str(chat), "--preset", "messages", "--out", str(val))[0] == 0
     assert _rows(train)[0]["image"] == "../images/a.png"  # relative to the output file's directory
     (written,) = (project / "data/val_images").iterdir()  # the embedded image, written once as a file
@@ -123,6 +123,6 @@ def test_a_missing_image_exits_1_listing_each_row_and_path(tmp_path, capsys):
     assert rc == 1 and summary["invalid"] == [] and summary["samples"] == 1
     missing = summary["missing_images"]
     assert [(m["row"], Path(m["image"]).name) for m in missing] == [
-        *((i, f"gone{i}.png") for i in range(2, 13)), (13, "lost.png")]  # fmt: skip
+        *((i, f"gone{i}.png") for i in range(2, 13)), (13, "lost.png")]
     assert missing[0]["problem"] == f"image file '{tmp_path / 'src/img/gone2.png'}' does not exist"
     assert missing[-1]["problem"].startswith("the row declares no image size and it cannot be read from the image")

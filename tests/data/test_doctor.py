@@ -50,7 +50,7 @@ def broken(tmp_path_factory) -> Path:
         _row("wrong-size", image_size=[100, 80]),                              # 11 the file is 112x112
         {**_row("pad"), "question": "What is <|image_pad|> here?"},            # 12 literal placeholder
         _row("ok-2", **{**box, "boxes": [[10, 20, 60, 90]]}),                  # 13 clean box sample
-    ]  # fmt: skip
+    ]
     with (d / "train.jsonl").open("w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     return d
@@ -156,7 +156,7 @@ def test_cross_split_overlap_skew_and_gold_that_never_scores(tmp_path):
     cfg.write_text(f"data: {{train: {tmp_path / 'train.jsonl'}, test: {tmp_path / 'test.jsonl'}}}\n")
     report = diagnose(str(cfg))
     assert report.errors == 0 and {f.check for f in report.findings} == {
-        "answer_skew", "gold_not_full_marks", "split_overlap"}  # fmt: skip
+        "answer_skew", "gold_not_full_marks", "split_overlap"}
     found = {f.check: f for f in report.findings}
     assert "17 of the 20 'yesno' answers (85%) are 'yes'" in found["answer_skew"].message
     assert found["gold_not_full_marks"].row == 21 and "accuracy=0" in found["gold_not_full_marks"].message
@@ -189,7 +189,7 @@ def test_gold_boxes_round_trip_in_every_convention(shapes_dir, box_format):
     """A gold box written in the model's convention scores 1 on every box reward: no false alarms."""
     report = diagnose(str(shapes_dir / "train.jsonl"), [
         f"reward.box_format={box_format}", "reward.recipe={accuracy: 1, iou: 1, giou: 1, iou@0.9: 1}",
-        "data.answer_format=answer", "model.max_pixels=6272"])  # 112 px -> 84 px: a real rescale  # fmt: skip
+        "data.answer_format=answer", "model.max_pixels=6272"])  # 112 px -> 84 px: a real rescale
     assert report.findings == [] and report.splits["train.jsonl"].answer_types["box"] == 8
 
 
@@ -208,7 +208,7 @@ def test_a_line_that_is_not_utf8_is_an_error_at_its_row_and_the_rest_is_checked(
     _png(tmp_path / "good.png", (112, 112))
     bad = json.dumps(_row("caf\u00e9"), ensure_ascii=False).encode("latin-1")  # 'é' as the single byte 0xe9
     (tmp_path / "d.jsonl").write_bytes(json.dumps(_row("a")).encode() + b"\n" + bad + b"\n"
-                                       + json.dumps(_row("b", "nope.png")).encode() + b"\n")  # fmt: skip
+                                       + json.dumps(_row("b", "nope.png")).encode() + b"\n")
     report = diagnose(str(tmp_path / "d.jsonl"))
     assert _checks(report.findings) == {2: {"row_json"}, 3: {"image_missing"}}
     (found,) = [f for f in report.findings if f.row == 2]
@@ -233,7 +233,7 @@ def test_chat_template_tokens_in_the_question_or_answer_are_errors(tmp_path):
         _row("vision", question="What is in <|vision_start|> the image?"),                        # 2 a vision token
         _row("eot", answer="3<|endoftext|>"),                                                       # 3 in the answer
         _row("ref", question="Where is <|object_ref_start|>the cup<|object_ref_end|>?"),            # 4 Qwen2-VL: fine
-    ]  # fmt: skip
+    ]
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     report = diagnose(str(tmp_path / "d.jsonl"))
     by_row = {f.row: f for f in report.findings}
@@ -254,7 +254,7 @@ def test_a_system_prompt_with_template_tokens_is_a_config_error(tmp_path, capsys
 def test_rows_of_a_preset_shape_checked_without_it_name_the_preset(tmp_path, capsys):
     _png(tmp_path / "a.png", (112, 112))
     rows = [{"image": "a.png", "problem": f"How many cubes are there? ({i})", "solution": "<answer> 3 </answer>"}
-            for i in range(3)]  # fmt: skip
+            for i in range(3)]
     path = tmp_path / "clevr.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     hint = "the row looks like the r1v preset: run with --preset r1v, or set data.preset: r1v in the config"

@@ -71,7 +71,7 @@ def test_schema_reads_images_video_markers_and_boxes(folder):
         (_row(images=["a.png", "b.png"], image_size=[112, 112]), "field 'image_size'"),
         (_row(video="v.mp4", answer_type="box", boxes=[[1, 2, 3, 4]]), "only a video"),
         (_row(), "field 'image': is required and missing or empty"),
-    ]  # fmt: skip
+    ]
     for row, message in refused:
         with pytest.raises(DataError, match=message):
             sample_from_dict(row, src, 5, folder)
@@ -83,9 +83,9 @@ def test_markers_place_the_parts_else_they_go_first():
     first = Sample("a", "Which is wider?", images=["a.png", "b.png"], video=Video(path="v.mp4"))
     assert text(render_messages(first, "answer")[0]["content"]) == ["image", "image", "video", "Which is wider?" + tail]
     placed = Sample("b", "Is <image> wider than <image> in <video>?", images=["a.png", "b.png"],
-                    video=Video(path="v.mp4"))  # fmt: skip
+                    video=Video(path="v.mp4"))
     assert text(render_messages(placed, "answer")[0]["content"]) == [
-        "Is ", "image", " wider than ", "image", " in ", "video", "?" + tail]  # fmt: skip
+        "Is ", "image", " wider than ", "image", " in ", "video", "?" + tail]
     one = Sample("c", "What is <image> this?", image="a.png")  # a marker places the one image too
     assert text(render_messages(one, "answer")[0]["content"]) == ["What is ", "image", " this?" + tail]
 
@@ -97,7 +97,7 @@ def test_rows_with_several_images_or_a_video_have_no_problem_of_their_own(folder
     assert row_problems(two, RowVisuals([inspect_image(p) for p in two.images]), DEFAULT_GEOMETRY) == []
     assert row_problems(clip, RowVisuals([], inspect_video(clip.video, VideoSampling())), DEFAULT_GEOMETRY) == []
     boxes = Sample("boxes", "Where?", None, "box", images=two.images, boxes=[[1, 1, 5, 5], [2, 2, 6, 6]],
-                   box_images=[0, 1])  # fmt: skip
+                   box_images=[0, 1])
     problems = row_problems(boxes, RowVisuals([inspect_image(p) for p in two.images]), DEFAULT_GEOMETRY)
     assert [p[0] for p in problems] == ["boxes_across_images"]  # a box answer names no image
     one = Sample("one", "q", "x", image=str(folder / "a.png"))
@@ -125,7 +125,7 @@ def test_doctor_lists_rows_over_the_budget_and_warns_of_the_rest(folder):
             _row(id="short", video={"frames": ["f0.png", "f1.png"], "max_frames": 2}, question="What happens?"),
             _row(id="box", images=["a.png", "b.png"], answer_type="box", answer=None,
                  boxes=[{"image": 0, "box": [100, 10, 120, 20]}, {"image": 1, "box": [100, 10, 120, 20]}]),
-            _row(id="gone", images=["a.png", "nope.png"])]  # fmt: skip
+            _row(id="gone", images=["a.png", "nope.png"])]
     (folder / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     stats, findings = check_split("d", str(folder / "d.jsonl"), DoctorSettings(max_prompt_length=300))
     by_row: dict[int, list[tuple[str, str]]] = {}
@@ -153,7 +153,7 @@ def test_presets_keep_several_images_and_videos_through_convert(folder, capsys):
              {"id": 2, "video": "../v.mp4", "conversations": hg("<video>\nWhat happens?", "it brightens")},
              {"id": 3, "image": ["../a.png", "../b.png"], "conversations": hg("Where?", "[1, 2, 30, 40]")},
              {"id": 4, "image": "../a.png", "conversations": hg("<image>Q?", "yes"), "more": 1},
-             {"id": 5, "image": "../a.png", "conversations": [*hg("Q?", "yes"), *hg("And?", "no")]}]  # fmt: skip
+             {"id": 5, "image": "../a.png", "conversations": [*hg("Q?", "yes"), *hg("And?", "no")]}]
     (folder / "raw/llava.json").write_text(json.dumps(llava))
     out = folder / "conv/llava.jsonl"
     assert main(["data", "convert", str(folder / "raw/llava.json"), "--preset", "llava", "--out", str(out)]) == 1
@@ -170,7 +170,7 @@ def test_presets_keep_several_images_and_videos_through_convert(folder, capsys):
     messages = [{"messages": [{"role": "user", "content": [
         {"type": "text", "text": "Compare"}, {"type": "image"}, {"type": "text", "text": "and"}, {"type": "image"},
         {"type": "video", "video": ["f0.png", "f1.png", "f2.png"]}, {"type": "text", "text": "Same colour?"}]},
-        {"role": "assistant", "content": "no"}], "images": ["a.png", "b.png"]}]  # fmt: skip
+        {"role": "assistant", "content": "no"}], "images": ["a.png", "b.png"]}]
     (folder / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in messages))
     out = folder / "conv/m.jsonl"
     assert main(["data", "convert", str(folder / "m.jsonl"), "--preset", "messages", "--out", str(out)]) == 0
@@ -184,7 +184,7 @@ def test_presets_keep_several_images_and_videos_through_convert(folder, capsys):
     easyr1 = [{"images": [], "videos": [["f0.png", "f1.png", "gone.png"]], "problem": "<video>Brighter?",
                "answer": "yes"},
               {"images": ["a.png"], "videos": ["v.mp4"], "problem": "<image><video>Same?", "answer": "no"},
-              {"videos": ["v.mp4", "v.mp4"], "problem": "<video><video>Same?", "answer": "yes"}]  # fmt: skip
+              {"videos": ["v.mp4", "v.mp4"], "problem": "<video><video>Same?", "answer": "yes"}]
     (folder / "e.jsonl").write_text("".join(json.dumps(r) + "\n" for r in easyr1))
     out = folder / "conv/e.jsonl"
     assert main(["data", "convert", str(folder / "e.jsonl"), "--preset", "easyr1", "--out", str(out), "--json"]) == 1
@@ -194,7 +194,7 @@ def test_presets_keep_several_images_and_videos_through_convert(folder, capsys):
                                           "problem": f"frame 2 of the video '{folder / 'gone.png'}' does not exist"}]
     (s,) = load_samples(out).samples
     assert (s.images, s.video, s.question) == ([str(folder / "conv/../a.png")], Video(str(folder / "conv/../v.mp4")),
-                                               "Same?")  # fmt: skip
+                                               "Same?")
 
 
 def test_the_doctor_of_a_run_config_samples_video_as_its_data_video_says(folder):

@@ -64,7 +64,7 @@ def test_llava_mix665k_json_array(tmp_path):
         {"id": "000000033472", "image": "coco/train2017/000000033472.jpg", "conversations": _human_gpt(
             "<image>\nDescribe the image concisely.", "A red bus parked by the road.")},
         {"id": "broken", "image": "coco/train2017/x.jpg", "conversations": [{"from": "gpt", "value": "hi"}]},
-    ]  # fmt: skip
+    ]
     path = tmp_path / "llava_v1_5_mix665k.json"
     path.write_text(json.dumps(rows, indent=2))  # pretty-printed, as LLaVA ships it
 
@@ -104,7 +104,7 @@ def test_vlm_r1_jsonl_through_the_llava_preset(tmp_path):
         {"id": 3, "image": "train2014/COCO_train2014_000000581857.jpg", "accu_reward_method": "default",
          "conversations": _human_gpt("<image>Please provide the bounding box coordinate of the region this sentence "
                                      "describes: the lady with the blue shirt.", "[103.93, 299.99, 238.15, 477.41]")},
-    ]  # fmt: skip
+    ]
     path = tmp_path / "annotations" / "rec.jsonl"
     path.parent.mkdir()
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -134,7 +134,7 @@ def test_r1v_and_visual_rft_parquet(tmp_path):
     detect = ("Detect all objects belonging to the category '{c}' in the image, and provide the bounding boxes "
               "(between 0 and 1000, integer) and confidence (between 0 and 1, with two decimal places).\nIf no object "
               "belonging to the category '{c}' in the image, return 'No Objects'.\nOutput the thinking process in "
-              "<think> </think> and final answer in <answer> </answer> tags.")  # fmt: skip
+              "<think> </think> and final answer in <answer> </answer> tags.")
     table = {
         "image": [Image.open(io.BytesIO(_png())) for _ in range(4)],
         "problem": ["How many items are there in the image?", "What is the date on the letter?",
@@ -142,7 +142,7 @@ def test_r1v_and_visual_rft_parquet(tmp_path):
         "solution": ["<answer> 3 </answer>", "<answer> 1/8/93 </answer>",
                      "<answer>[{'Position': [1, 364, 98, 649], 'Confidence': 1}]</answer>",
                      "<answer>No Objects</answer>"],
-    }  # fmt: skip
+    }
     ds = datasets.Dataset.from_dict(table).cast_column("image", datasets.Image())
     ds.to_parquet(str(tmp_path / "train.parquet"))
 
@@ -167,7 +167,7 @@ def test_vlm_r1_rec_json(tmp_path):
            "problem": "Please provide the bounding box coordinate of the region this sentence describes: the lady "
                       "with the blue shirt.",
            "normal_caption": "the lady with the blue shirt", "solution": [103.93, 299.99, 238.15, 477.41],
-           "normalized_solution": [243, 468, 557, 745]}  # fmt: skip
+           "normalized_solution": [243, 468, 557, 745]}
     edge = {**row, "id": 1, "solution": [300.0, 500.0, 427.9, 640.5]}  # x + w + 1 past the right and bottom edges
     path = tmp_path / "refcoco_train.json"
     path.write_text(json.dumps([row, edge], indent=4))
@@ -189,7 +189,7 @@ def test_messages_trl_saved_dataset(tmp_path):
     single = [{"role": "user", "content": [part("text", "How many dogs are in the picture?"), part("image", index=0)]},
               {"role": "assistant", "content": [part("text", "2")]}]
     several = single + [{"role": "user", "content": [part("text", "What breed?")]},
-                        {"role": "assistant", "content": [part("text", "Corgis.")]}]  # fmt: skip
+                        {"role": "assistant", "content": [part("text", "Corgis.")]}]
     image = Image.open(io.BytesIO(_png()))
     ds = datasets.Dataset.from_dict({"messages": [single, several], "images": [[image], [image]]})
     ds = ds.cast_column("images", datasets.Sequence(datasets.Image()))
@@ -198,7 +198,7 @@ def test_messages_trl_saved_dataset(tmp_path):
     result = load_samples(tmp_path / "vsft", errors="skip", preset="messages")
     (s,) = result.samples
     assert (s.id, s.question, s.answer_type, s.answer) == ("vsft-1", "How many dogs are in the picture?", "number",
-                                                           "2")  # fmt: skip
+                                                           "2")
     assert isinstance(s.image, bytes) and _skipped(result) == {2: "several_turns"}
 
 
@@ -220,7 +220,7 @@ def test_messages_openai_jsonl_and_trl_prompt_completion(tmp_path):
          "prompt": [{"role": "user",
                      "content": [{"type": "image"}, {"type": "text", "text": "What color is the sky?"}]}],
          "completion": [{"role": "assistant", "content": [{"type": "text", "text": "It is blue."}]}]},
-    ]  # fmt: skip
+    ]
     path = tmp_path / "train.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
@@ -242,7 +242,7 @@ def test_easyr1_geometry3k_parquet_and_the_cli(tmp_path, capsys):
         "images": [[image], [image], [image, image]],
         "problem": ["<image>Find x.", "<image>Find the length of the altitude.", "<image><image>Which is larger?"],
         "answer": ["3", "2 \\sqrt { 3 }", "A"],
-    }).cast_column("images", datasets.Sequence(datasets.Image()))  # fmt: skip
+    }).cast_column("images", datasets.Sequence(datasets.Image()))
     src = tmp_path / "geometry3k" / "train.parquet"
     src.parent.mkdir()
     ds.to_parquet(str(src))
@@ -329,7 +329,7 @@ def test_infer_answer(answer, question, hint, expected):
 def test_doctor_reads_a_preset_and_column_renames(tmp_path, capsys):
     _image(tmp_path / "a.png", fmt="PNG")
     rows = [{"image": "a.png", "problem": "How many cubes are there?", "solution": "<answer> 3 </answer>"},
-            {"image": ["a.png", "a.png"], "problem": "Same?", "solution": "<answer> yes </answer>"}]  # fmt: skip
+            {"image": ["a.png", "a.png"], "problem": "Same?", "solution": "<answer> yes </answer>"}]
     path = tmp_path / "r1v.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     argv = ["data", "doctor", str(path), "--no-progress", "--json"]

@@ -138,7 +138,7 @@ def test_compare_and_motion_answers_match_the_pixels(tmp_path):
         colour = s.question.split()[2]  # "Does the red circle move left or right?"
         assert s.image is None and s.images == [] and len(s.video.frames) == 4
         xs = [np.nonzero((np.asarray(Image.open(f).convert("RGB")) == RGB[colour]).all(-1))[1].mean()
-              for f in s.video.frames]  # fmt: skip
+              for f in s.video.frames]
         steps = np.diff(xs)
         assert (steps > 0).all() if s.answer == "right" else (steps < 0).all()
         assert abs(xs[-1] - xs[0]) >= 112 - 2 * (112 // 4) - 112 // 6 - 1  # from one quarter to the other

@@ -10,7 +10,7 @@ from PIL import Image
 from vlgrpo.data.images import DEFAULT_GEOMETRY, ProcessorGeometry
 from vlgrpo.data.video import (
     VideoError, VideoSampling, file_indices, inspect_video, list_indices, read_video, smart_nframes,
-)  # fmt: skip
+)
 from vlgrpo.types import InputError, Video
 from video_files import write_gif, write_mp4
 
@@ -81,7 +81,7 @@ def test_video_tokens_by_hand(tmp_path):
 
 def test_unusable_videos_are_named(tmp_path, monkeypatch):
     assert inspect_video(Video(path=str(tmp_path / "nope.mp4")), VideoSampling()).problem == (
-        "video_missing", f"video file '{tmp_path / 'nope.mp4'}' does not exist")  # fmt: skip
+        "video_missing", f"video file '{tmp_path / 'nope.mp4'}' does not exist")
     (tmp_path / "bad.mp4").write_bytes(b"this is not a video")
     check, message = inspect_video(Video(path=str(tmp_path / "bad.mp4")), VideoSampling()).problem
     assert check == "video_corrupt" and "bad.mp4' cannot be decoded" in message and "H.264 MP4" in message
@@ -94,7 +94,7 @@ def test_unusable_videos_are_named(tmp_path, monkeypatch):
     frames = [str(tmp_path / "a.png"), str(tmp_path / "b.png"), str(tmp_path / "c.png")]
     assert inspect_video(Video(frames=frames), VideoSampling()).problem[0] == "video_frame_missing"
     assert inspect_video(Video(frames=frames[:2]), VideoSampling()).problem == (
-        "video_frame_sizes", "the video's frames differ in size (10x20, 20x10): give frames of one size")  # fmt: skip
+        "video_frame_sizes", "the video's frames differ in size (10x20, 20x10): give frames of one size")
     monkeypatch.setitem(sys.modules, "av", None)  # no decoder installed: the extra to install is named
     with pytest.raises(VideoError, match=r"bad.mp4.*pip install av"):
         read_video(Video(path=str(tmp_path / "bad.mp4")), VideoSampling())

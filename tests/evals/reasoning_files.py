@@ -24,27 +24,79 @@ def save_png(path, color=(200, 10, 10)):
 
 
 def _meta(task, *skills):
-    return {"split": "testmini", "language": "english", "source": "hand", "task": task, "context": "table",
-            "grade": "college", "skills": list(skills)}  # fmt: skip
+    return {
+        "split": "testmini",
+        "language": "english",
+        "source": "hand",
+        "task": task,
+        "context": "table",
+        "grade": "college",
+        "skills": list(skills),
+    }
 
 
 MATHVISTA_ROWS = {  # testmini.json's layout: rows keyed by pid, no `query`
-    "1": {"question": "Average of the two bars?", "image": "images/1.jpg", "choices": None, "unit": None,
-          "precision": 2, "answer": "1.45", "question_type": "free_form", "answer_type": "float", "pid": "1",
-          "metadata": _meta("figure question answering", "statistical reasoning", "arithmetic reasoning")},
-    "2": {"question": "Which years?", "image": "images/2.jpg", "choices": None, "unit": None, "precision": None,
-          "answer": "[2014, 2016]", "question_type": "free_form", "answer_type": "list", "pid": "2",
-          "metadata": _meta("figure question answering", "statistical reasoning")},
-    "3": {"question": "Find the angle BOC.", "image": "images/3.jpg", "choices": ["135°", "140°", "145°", "150°"],
-          "unit": None, "precision": None, "answer": "145°", "question_type": "multi_choice", "answer_type": "text",
-          "pid": "3", "metadata": _meta("geometry problem solving", "geometry reasoning", "algebraic reasoning")},
-    "4": {"question": "How many cups?", "image": "images/4.jpg", "choices": None, "unit": "g", "precision": None,
-          "answer": "3", "question_type": "free_form", "answer_type": "integer", "pid": "4",
-          "metadata": _meta("visual question answering", "arithmetic reasoning")},
-    "5": {"question": "What is the slope?", "image": "images/5.jpg", "choices": None, "unit": None, "precision": 1,
-          "answer": "0.8", "question_type": "free_form", "answer_type": "float", "pid": "5",
-          "metadata": _meta("math word problem", "algebraic reasoning")},
-}  # fmt: skip
+    "1": {
+        "question": "Average of the two bars?",
+        "image": "images/1.jpg",
+        "choices": None,
+        "unit": None,
+        "precision": 2,
+        "answer": "1.45",
+        "question_type": "free_form",
+        "answer_type": "float",
+        "pid": "1",
+        "metadata": _meta("figure question answering", "statistical reasoning", "arithmetic reasoning"),
+    },
+    "2": {
+        "question": "Which years?",
+        "image": "images/2.jpg",
+        "choices": None,
+        "unit": None,
+        "precision": None,
+        "answer": "[2014, 2016]",
+        "question_type": "free_form",
+        "answer_type": "list",
+        "pid": "2",
+        "metadata": _meta("figure question answering", "statistical reasoning"),
+    },
+    "3": {
+        "question": "Find the angle BOC.",
+        "image": "images/3.jpg",
+        "choices": ["135°", "140°", "145°", "150°"],
+        "unit": None,
+        "precision": None,
+        "answer": "145°",
+        "question_type": "multi_choice",
+        "answer_type": "text",
+        "pid": "3",
+        "metadata": _meta("geometry problem solving", "geometry reasoning", "algebraic reasoning"),
+    },
+    "4": {
+        "question": "How many cups?",
+        "image": "images/4.jpg",
+        "choices": None,
+        "unit": "g",
+        "precision": None,
+        "answer": "3",
+        "question_type": "free_form",
+        "answer_type": "integer",
+        "pid": "4",
+        "metadata": _meta("visual question answering", "arithmetic reasoning"),
+    },
+    "5": {
+        "question": "What is the slope?",
+        "image": "images/5.jpg",
+        "choices": None,
+        "unit": None,
+        "precision": 1,
+        "answer": "0.8",
+        "question_type": "free_form",
+        "answer_type": "float",
+        "pid": "5",
+        "metadata": _meta("math word problem", "algebraic reasoning"),
+    },
+}
 
 
 def mathvista_file(folder, name="tiny_testmini.json"):
@@ -56,11 +108,11 @@ def mathvista_file(folder, name="tiny_testmini.json"):
 
 
 def geometry3k_file(folder):
-    rows = [{"images": [{"bytes": png(), "path": None}], "problem": "<image>Find x.", "answer": "2\\sqrt{3}"},
-            {"images": [{"bytes": png((0, 0, 200)), "path": None}], "problem": "<image>Find m\\angle 2.",
-             "answer": "60"},
-            {"images": [{"bytes": png((0, 200, 0)), "path": None}], "problem": "<image>Find y.",
-             "answer": "\\frac{40}{3}"}]  # fmt: skip
+    rows = [
+        {"images": [{"bytes": png(), "path": None}], "problem": "<image>Find x.", "answer": "2\\sqrt{3}"},
+        {"images": [{"bytes": png((0, 0, 200)), "path": None}], "problem": "<image>Find m\\angle 2.", "answer": "60"},
+        {"images": [{"bytes": png((0, 200, 0)), "path": None}], "problem": "<image>Find y.", "answer": "\\frac{40}{3}"},
+    ]
     path = folder / "data" / "test-00000-of-00001.parquet"
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows), path)
@@ -68,13 +120,22 @@ def geometry3k_file(folder):
 
 
 SUPERCLEVR_ROWS = [  # R1-V's src/eval/prompts/superclevr_test200_counting_problems.jsonl, first three rows' shape
-    {"image_path": "./images/superCLEVR_new_025000.png", "question": "How many different items are there in the image?",
-     "ground_truth": 4},
-    {"image_path": "./images/superCLEVR_new_025001.png", "question": "How many different items are there in the image?",
-     "ground_truth": 9},
-    {"image_path": "./images/superCLEVR_new_025002.png", "question": "How many different items are there in the image?",
-     "ground_truth": 10},
-]  # fmt: skip
+    {
+        "image_path": "./images/superCLEVR_new_025000.png",
+        "question": "How many different items are there in the image?",
+        "ground_truth": 4,
+    },
+    {
+        "image_path": "./images/superCLEVR_new_025001.png",
+        "question": "How many different items are there in the image?",
+        "ground_truth": 9,
+    },
+    {
+        "image_path": "./images/superCLEVR_new_025002.png",
+        "question": "How many different items are there in the image?",
+        "ground_truth": 10,
+    },
+]
 
 
 def superclevr_file(folder):
@@ -89,18 +150,47 @@ def mmmu_rows():
     image = {"bytes": png(), "path": "validation_Art_Theory_1_1.png"}
     none = {f"image_{k}": None for k in range(2, 8)}
     return [
-        {"id": "validation_Art_Theory_1", "question": "<image 1> Which colour dominates?",
-         "options": "['red', 'blue', 'green']", "explanation": "", "image_1": image, **none,
-         "img_type": "['Paintings']",
-         "answer": "B", "topic_difficulty": "Easy", "question_type": "multiple-choice", "subfield": "Colour"},
-        {"id": "validation_Math_2", "question": "Compare <image 1> and <image 2>.", "options": "['same', 'different']",
-         "explanation": "", "image_1": image, **none, "image_2": {"bytes": png((0, 0, 9)), "path": "b.png"},
-         "img_type": "['Diagrams']", "answer": "A", "topic_difficulty": "Hard", "question_type": "multiple-choice",
-         "subfield": "Geometry"},
-        {"id": "validation_Physics_3", "question": "<image 1> What is the speed in m/s?", "options": "[]",
-         "explanation": "", "image_1": image, **none, "img_type": "['Diagrams']", "answer": "1.5",
-         "topic_difficulty": "Medium", "question_type": "open", "subfield": "Mechanics"},
-    ]  # fmt: skip
+        {
+            "id": "validation_Art_Theory_1",
+            "question": "<image 1> Which colour dominates?",
+            "options": "['red', 'blue', 'green']",
+            "explanation": "",
+            "image_1": image,
+            **none,
+            "img_type": "['Paintings']",
+            "answer": "B",
+            "topic_difficulty": "Easy",
+            "question_type": "multiple-choice",
+            "subfield": "Colour",
+        },
+        {
+            "id": "validation_Math_2",
+            "question": "Compare <image 1> and <image 2>.",
+            "options": "['same', 'different']",
+            "explanation": "",
+            "image_1": image,
+            **none,
+            "image_2": {"bytes": png((0, 0, 9)), "path": "b.png"},
+            "img_type": "['Diagrams']",
+            "answer": "A",
+            "topic_difficulty": "Hard",
+            "question_type": "multiple-choice",
+            "subfield": "Geometry",
+        },
+        {
+            "id": "validation_Physics_3",
+            "question": "<image 1> What is the speed in m/s?",
+            "options": "[]",
+            "explanation": "",
+            "image_1": image,
+            **none,
+            "img_type": "['Diagrams']",
+            "answer": "1.5",
+            "topic_difficulty": "Medium",
+            "question_type": "open",
+            "subfield": "Mechanics",
+        },
+    ]
 
 
 def mmmu_folder(folder):

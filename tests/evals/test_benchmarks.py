@@ -29,13 +29,25 @@ def _lines(path, rows):
 # ---------------------------------------------------------------- POPE
 
 OFFICIAL = [  # the official files' format: JSON lines named .json, no split key
-    {"question_id": 1, "image": "COCO_val2014_000000310196.jpg", "text": "Is there a snowboard in the image?",
-     "label": "yes"},
-    {"question_id": 2, "image": "COCO_val2014_000000310196.jpg", "text": "Is there a backpack in the image?",
-     "label": "no"},
-    {"question_id": 3, "image": "COCO_val2014_000000210789.jpg", "text": "Is there an umbrella in the image?",
-     "label": "yes"},
-]  # fmt: skip
+    {
+        "question_id": 1,
+        "image": "COCO_val2014_000000310196.jpg",
+        "text": "Is there a snowboard in the image?",
+        "label": "yes",
+    },
+    {
+        "question_id": 2,
+        "image": "COCO_val2014_000000310196.jpg",
+        "text": "Is there a backpack in the image?",
+        "label": "no",
+    },
+    {
+        "question_id": 3,
+        "image": "COCO_val2014_000000210789.jpg",
+        "text": "Is there an umbrella in the image?",
+        "label": "yes",
+    },
+]
 
 
 def test_pope_official_question_file_with_image_dir(tmp_path):
@@ -47,7 +59,11 @@ def test_pope_official_question_file_with_image_dir(tmp_path):
     assert [s.id for s in samples] == ["pope-adversarial-1", "pope-adversarial-2", "pope-adversarial-3"]
     s = samples[1]
     assert (s.question, s.answer, s.answer_type, s.task) == (
-        "Is there a backpack in the image?", "no", "yesno", "pope/adversarial")
+        "Is there a backpack in the image?",
+        "no",
+        "yesno",
+        "pope/adversarial",
+    )
     assert s.image == str(images / "COCO_val2014_000000310196.jpg")
     with pytest.raises(DataError, match="splits found: adversarial"):
         load_pope(path, image_dir=images, split="random")
@@ -66,8 +82,17 @@ def test_pope_missing_images_and_bad_labels_are_named(tmp_path):
 
 def test_pope_builder_output_round_trips(tmp_path):
     _image(tmp_path / "imgs" / "a.png")
-    rows = [{"question_id": 1, "image": "../imgs/a.png", "text": "Is there a red circle in the image?", "label": "yes",
-             "split": "popular", "object": "red circle", "sample_id": "shapes-train-000003"}]  # fmt: skip
+    rows = [
+        {
+            "question_id": 1,
+            "image": "../imgs/a.png",
+            "text": "Is there a red circle in the image?",
+            "label": "yes",
+            "split": "popular",
+            "object": "red circle",
+            "sample_id": "shapes-train-000003",
+        }
+    ]
     (tmp_path / "out").mkdir()
     (s,) = load_pope(_lines(tmp_path / "out" / "x.jsonl", rows))
     assert s.task == "pope/popular" and s.meta["sample_id"] == "shapes-train-000003"
@@ -77,40 +102,70 @@ def test_pope_builder_output_round_trips(tmp_path):
 def test_pope_saved_hf_dataset_in_lmms_lab_layout(tmp_path):
     import datasets
 
-    features = datasets.Features({
-        "question_id": datasets.Value("string"), "question": datasets.Value("string"),
-        "answer": datasets.Value("string"), "image": datasets.Image(), "category": datasets.Value("string"),
-    })  # fmt: skip
-    ds = datasets.Dataset.from_dict({
-        "question_id": ["7", "8"], "question": ["Is there a car in the image?", "Is there a dog in the image?"],
-        "answer": ["Yes", "no"], "image": [{"bytes": _png_bytes((20, 10)), "path": None}] * 2,
-        "category": ["popular", "random"],
-    }, features=features)  # fmt: skip
+    features = datasets.Features(
+        {
+            "question_id": datasets.Value("string"),
+            "question": datasets.Value("string"),
+            "answer": datasets.Value("string"),
+            "image": datasets.Image(),
+            "category": datasets.Value("string"),
+        }
+    )
+    ds = datasets.Dataset.from_dict(
+        {
+            "question_id": ["7", "8"],
+            "question": ["Is there a car in the image?", "Is there a dog in the image?"],
+            "answer": ["Yes", "no"],
+            "image": [{"bytes": _png_bytes((20, 10)), "path": None}] * 2,
+            "category": ["popular", "random"],
+        },
+        features=features,
+    )
     datasets.DatasetDict({"test": ds}).save_to_disk(str(tmp_path / "pope_hf"))
     samples = load_pope(tmp_path / "pope_hf")
     assert [(s.id, s.answer, s.task) for s in samples] == [
-        ("pope-popular-7", "yes", "pope/popular"), ("pope-random-8", "no", "pope/random")]
+        ("pope-popular-7", "yes", "pope/popular"),
+        ("pope-random-8", "no", "pope/random"),
+    ]
     assert isinstance(samples[0].image, bytes) and samples[0].image[:4] == b"\x89PNG"
     assert [s.id for s in load_pope(tmp_path / "pope_hf", split="random")] == ["pope-random-8"]
 
 
 # ---------------------------------------------------------------- RefCOCO
 
+
 def test_refcoco_refs_json(tmp_path):
     _image(tmp_path / "train2014" / "COCO_train2014_000000000009.jpg", (640, 480))
     refs = [
-        {"ref_id": 5, "file_name": "COCO_train2014_000000000009.jpg", "bbox": [10, 20, 100, 50.5],
-         "sentences": [{"sent": "man on left", "raw": "Man on left."}, "guy in red"], "split": "val",
-         "width": 640, "height": 480},
-        {"ref_id": 6, "image": "COCO_train2014_000000000009.jpg", "bbox": [600, 400, 40.4, 80.3],
-         "expression": "dog", "split": "testA", "width": 640, "height": 480},
-    ]  # fmt: skip
+        {
+            "ref_id": 5,
+            "file_name": "COCO_train2014_000000000009.jpg",
+            "bbox": [10, 20, 100, 50.5],
+            "sentences": [{"sent": "man on left", "raw": "Man on left."}, "guy in red"],
+            "split": "val",
+            "width": 640,
+            "height": 480,
+        },
+        {
+            "ref_id": 6,
+            "image": "COCO_train2014_000000000009.jpg",
+            "bbox": [600, 400, 40.4, 80.3],
+            "expression": "dog",
+            "split": "testA",
+            "width": 640,
+            "height": 480,
+        },
+    ]
     path = _lines(tmp_path / "refcoco_unc.jsonl", refs)
     samples = load_refcoco(path, image_dir=tmp_path / "train2014")
     assert [s.id for s in samples] == ["refcoco-val-5-0", "refcoco-val-5-1", "refcoco-testA-6-0"]
     s = samples[1]
-    assert (s.answer_type, s.boxes, s.image_size, s.task) == ("box", [[10.0, 20.0, 110.0, 70.5]], (640, 480),
-                                                             "refcoco/val")  # fmt: skip
+    assert (s.answer_type, s.boxes, s.image_size, s.task) == (
+        "box",
+        [[10.0, 20.0, 110.0, 70.5]],
+        (640, 480),
+        "refcoco/val",
+    )
     assert s.question == 'Locate the object described as "guy in red".' and s.meta["expression"] == "guy in red"
     assert samples[2].boxes == [[600.0, 400.0, 640.0, 480.0]]  # 0.4 / 0.3 px of float noise clipped to the border
     assert [s.id for s in load_refcoco(path, image_dir=tmp_path / "train2014", split="testA")] == ["refcoco-testA-6-0"]
@@ -118,12 +173,22 @@ def test_refcoco_refs_json(tmp_path):
 
 def test_refcoco_refer_style_refs_with_instances(tmp_path):
     _image(tmp_path / "COCO_train2014_000000000009.jpg", (320, 240))
-    instances = {"images": [{"id": 9, "file_name": "COCO_train2014_000000000009.jpg", "width": 320, "height": 240}],
-                 "annotations": [{"id": 77, "image_id": 9, "bbox": [1.5, 2.0, 30.0, 40.0], "category_id": 1}]}
+    instances = {
+        "images": [{"id": 9, "file_name": "COCO_train2014_000000000009.jpg", "width": 320, "height": 240}],
+        "annotations": [{"id": 77, "image_id": 9, "bbox": [1.5, 2.0, 30.0, 40.0], "category_id": 1}],
+    }
     (tmp_path / "instances.json").write_text(json.dumps(instances))
     # refs(unc).p dumped to JSON: its file_name has an annotation suffix and is not a real file.
-    refs = [{"ref_id": 1, "ann_id": 77, "image_id": 9, "file_name": "COCO_train2014_000000000009_77.jpg",
-             "split": "testB", "sentences": [{"tokens": ["left", "cup"], "raw": "left cup", "sent": "left cup"}]}]
+    refs = [
+        {
+            "ref_id": 1,
+            "ann_id": 77,
+            "image_id": 9,
+            "file_name": "COCO_train2014_000000000009_77.jpg",
+            "split": "testB",
+            "sentences": [{"tokens": ["left", "cup"], "raw": "left cup", "sent": "left cup"}],
+        }
+    ]
     path = tmp_path / "refs_unc.json"
     path.write_text(json.dumps(refs))  # a JSON array this time
     (s,) = load_refcoco(path, instances=tmp_path / "instances.json", name="refcoco+")
@@ -156,18 +221,26 @@ def test_refcoco_size_read_from_the_image_and_bad_rows(tmp_path):
 def test_refcoco_saved_hf_dataset_in_lmms_lab_layout(tmp_path):
     import datasets
 
-    ds = datasets.Dataset.from_dict({
-        "question_id": ["101", "102"],
-        "question": ["Please carefully observe the area circled in the image and come up with a caption."] * 2,
-        "answer": [["left zebra", "zebra on the left"], ["right zebra"]],
-        "bbox": [[0.0, 4.0, 30.0, 20.0], [40.0, 0.0, 39.5, 59.5]],
-        "image": [{"bytes": _png_bytes((80, 60)), "path": None}] * 2,
-        "file_name": ["COCO_train2014_000000000001.jpg"] * 2,
-    }, features=datasets.Features({
-        "question_id": datasets.Value("string"), "question": datasets.Value("string"),
-        "answer": datasets.Sequence(datasets.Value("string")), "bbox": datasets.Sequence(datasets.Value("float32")),
-        "image": datasets.Image(), "file_name": datasets.Value("string"),
-    }))  # fmt: skip
+    ds = datasets.Dataset.from_dict(
+        {
+            "question_id": ["101", "102"],
+            "question": ["Please carefully observe the area circled in the image and come up with a caption."] * 2,
+            "answer": [["left zebra", "zebra on the left"], ["right zebra"]],
+            "bbox": [[0.0, 4.0, 30.0, 20.0], [40.0, 0.0, 39.5, 59.5]],
+            "image": [{"bytes": _png_bytes((80, 60)), "path": None}] * 2,
+            "file_name": ["COCO_train2014_000000000001.jpg"] * 2,
+        },
+        features=datasets.Features(
+            {
+                "question_id": datasets.Value("string"),
+                "question": datasets.Value("string"),
+                "answer": datasets.Sequence(datasets.Value("string")),
+                "bbox": datasets.Sequence(datasets.Value("float32")),
+                "image": datasets.Image(),
+                "file_name": datasets.Value("string"),
+            }
+        ),
+    )
     datasets.DatasetDict({"val": ds}).save_to_disk(str(tmp_path / "refcoco_hf"))
     samples = load_refcoco(tmp_path / "refcoco_hf", split="val")
     assert [s.id for s in samples] == ["refcoco-val-101-0", "refcoco-val-101-1", "refcoco-val-102-0"]
@@ -177,6 +250,7 @@ def test_refcoco_saved_hf_dataset_in_lmms_lab_layout(tmp_path):
 
 
 # ---------------------------------------------------------------- manifests
+
 
 @pytest.mark.parametrize("name", ["pope_coco", "refcoco"])
 def test_manifests_name_real_loaders_and_splits(name):

@@ -115,11 +115,25 @@ def test_vqa_accuracy_by_answer_type_and_task():
     assert [read for _, read in verdicts[:4]] == ["3", "3 or 4", "two", "(B) red"]
     metrics, counts = vqa_metrics([s for _, s in pairs], [ok for ok, _ in verdicts])
     assert metrics == {
-        "accuracy": 0.75, "accuracy_number": 2 / 3, "accuracy_choice": 1.0, "accuracy_yesno": 0.5,
-        "accuracy_text": 1.0, "accuracy_math": 1.0, "accuracy_task_mc": 2 / 3, "accuracy_task_shapes/count": 2 / 3,
-    }  # fmt: skip
-    assert counts == {"": 8, "number": 3, "choice": 1, "yesno": 2, "text": 1, "math": 1, "task_mc": 3,
-                      "task_shapes/count": 3}  # fmt: skip
+        "accuracy": 0.75,
+        "accuracy_number": 2 / 3,
+        "accuracy_choice": 1.0,
+        "accuracy_yesno": 0.5,
+        "accuracy_text": 1.0,
+        "accuracy_math": 1.0,
+        "accuracy_task_mc": 2 / 3,
+        "accuracy_task_shapes/count": 2 / 3,
+    }
+    assert counts == {
+        "": 8,
+        "number": 3,
+        "choice": 1,
+        "yesno": 2,
+        "text": 1,
+        "math": 1,
+        "task_mc": 3,
+        "task_shapes/count": 3,
+    }
 
 
 def test_vqa_ignores_the_training_format_gate():

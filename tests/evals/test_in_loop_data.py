@@ -19,11 +19,22 @@ ALL_SUITES = "eval.suites=[vqa, grounding, pope]"
 def _val_without_boxes_or_objects(tmp_path, shapes_dir) -> str:
     """Three rows as `vlgrpo data convert --preset llava` writes them: a number or yes/no answer, no boxes, no
     `objects`; the images are the shapes set's own."""
-    rows = [{"id": f"q{i}", "image": str(shapes_dir / "images" / f"shapes-train-{i:06d}.png"), "question": question,
-             "answer": answer, "answer_type": kind}
-            for i, (question, answer, kind) in enumerate([("How many shapes?", "2", "number"),
-                                                          ("Is there a red circle?", "yes", "yesno"),
-                                                          ("How many squares?", "1", "number")])]  # fmt: skip
+    rows = [
+        {
+            "id": f"q{i}",
+            "image": str(shapes_dir / "images" / f"shapes-train-{i:06d}.png"),
+            "question": question,
+            "answer": answer,
+            "answer_type": kind,
+        }
+        for i, (question, answer, kind) in enumerate(
+            [
+                ("How many shapes?", "2", "number"),
+                ("Is there a red circle?", "yes", "yesno"),
+                ("How many squares?", "1", "number"),
+            ]
+        )
+    ]
     path = tmp_path / "val.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)
@@ -31,13 +42,24 @@ def _val_without_boxes_or_objects(tmp_path, shapes_dir) -> str:
 
 def _run_config(tmp_path, model_dir, shapes_dir, *overrides: str):
     """(config path, Config): a one-step tiny run with in-loop eval at every step on the converted val file."""
-    cfg = load_config(None, [
-        f"model.name_or_path={model_dir}", f"data.train={shapes_dir / 'train.jsonl'}",
-        f"data.val={_val_without_boxes_or_objects(tmp_path, shapes_dir)}", "data.answer_format=answer",
-        "rollout.completions_per_prompt=2", "rollout.max_new_tokens=4", "train.prompts_per_step=2",
-        "train.micro_batch_completions=4", "train.steps=1", f"train.output_dir={tmp_path / 'run'}",
-        "logging.progress_bar=false", "eval.every_steps=1", *overrides,
-    ])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            f"model.name_or_path={model_dir}",
+            f"data.train={shapes_dir / 'train.jsonl'}",
+            f"data.val={_val_without_boxes_or_objects(tmp_path, shapes_dir)}",
+            "data.answer_format=answer",
+            "rollout.completions_per_prompt=2",
+            "rollout.max_new_tokens=4",
+            "train.prompts_per_step=2",
+            "train.micro_batch_completions=4",
+            "train.steps=1",
+            f"train.output_dir={tmp_path / 'run'}",
+            "logging.progress_bar=false",
+            "eval.every_steps=1",
+            *overrides,
+        ],
+    )
     path = tmp_path / "my_run.yaml"
     save_config(cfg, path)
     return path, cfg
@@ -52,8 +74,13 @@ def test_train_refuses_suites_without_data_before_step_1(tmp_path, tiny_model_di
     capsys.readouterr()  # the fixtures' progress bars
     assert main(["train", str(path)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: eval.suites [vqa, grounding, pope] cannot all run on the in-loop eval data "
-                          f"(data.val '{cfg.data.val}')") and err.count("\n") == 1  # fmt: skip
+    assert (
+        err.startswith(
+            "error: eval.suites [vqa, grounding, pope] cannot all run on the in-loop eval data "
+            f"(data.val '{cfg.data.val}')"
+        )
+        and err.count("\n") == 1
+    )
     assert "'grounding' has nothing to run on: it needs samples of answer_type box" in err
     assert "'pope' cannot run: POPE: none of the 3 images has >= 3 distinct objects (Sample.objects)" in err
     assert "Drop 'grounding' and 'pope' from eval.suites (eval.suites=[vqa])" in err

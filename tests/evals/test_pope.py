@@ -133,8 +133,10 @@ def _write_rows(path, rows):
 
 
 def _pred_file(tmp_path):
-    rows = [{"question_id": i, "text": text, "label": label, "split": "adversarial"}
-            for i, (label, text) in enumerate(ANSWERS, start=1)]  # fmt: skip
+    rows = [
+        {"question_id": i, "text": text, "label": label, "split": "adversarial"}
+        for i, (label, text) in enumerate(ANSWERS, start=1)
+    ]
     rows += [
         {"question_id": 1, "text": "Yes", "label": "yes", "split": "random"},
         {"question_id": 2, "text": "No", "label": "no", "split": "random"},
@@ -155,8 +157,22 @@ def test_score_per_split_and_mean(tmp_path):
 
 
 def test_cli_eval_score_json(tmp_path, capsys):
-    assert main(["eval", "score", "--suite", "pope", "--pred", str(_pred_file(tmp_path)),
-                 "--parser", "vlmevalkit", "--json"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "eval",
+                "score",
+                "--suite",
+                "pope",
+                "--pred",
+                str(_pred_file(tmp_path)),
+                "--parser",
+                "vlmevalkit",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     adv = out["splits"]["adversarial"]
     assert out["parser"] == "vlmevalkit" and out["suite"] == "pope"
@@ -197,11 +213,14 @@ def test_repeated_question_id_without_split_is_an_error(tmp_path):
 # Designed so every ranking the builder uses is unambiguous for the image T = {cake, fork}:
 # popular (absent from T): person 5 > car 4 > knife 2 = plate 2 > bus 1;
 # co-occurrence: cake -> knife 2 > fork 1; fork -> plate 2 > cake 1; person -> car 4 > bus 1; car -> person only.
-DESIGNED = (
-    [("T", ("cake", "fork")), ("a1", ("cake", "knife")), ("a2", ("cake", "knife")), ("a3", ("fork", "plate")),
-     ("a4", ("fork", "plate")), ("b5", ("person", "bus"))]
-    + [(f"p{i}", ("person", "car")) for i in range(4)]
-)  # fmt: skip
+DESIGNED = [
+    ("T", ("cake", "fork")),
+    ("a1", ("cake", "knife")),
+    ("a2", ("cake", "knife")),
+    ("a3", ("fork", "plate")),
+    ("a4", ("fork", "plate")),
+    ("b5", ("person", "bus")),
+] + [(f"p{i}", ("person", "car")) for i in range(4)]
 
 
 def _designed(seed=0, **kw):
@@ -303,13 +322,18 @@ def test_coco_instances_and_pope_objects_sources(tmp_path):
     coco = {
         "images": [{"id": 1, "file_name": "COCO_val2014_000000000001.jpg"}, {"id": 2, "file_name": "b.jpg"}],
         "categories": [{"id": 1, "name": "person"}, {"id": 3, "name": "car"}],
-        "annotations": [{"image_id": 1, "category_id": 3}, {"image_id": 1, "category_id": 1},
-                        {"image_id": 1, "category_id": 3}],
-    }  # fmt: skip
+        "annotations": [
+            {"image_id": 1, "category_id": 3},
+            {"image_id": 1, "category_id": 1},
+            {"image_id": 1, "category_id": 3},
+        ],
+    }
     (tmp_path / "instances.json").write_text(json.dumps(coco))
     images = read_object_lists(tmp_path / "instances.json")
     assert images == [  # annotation order, duplicates merged; b.jpg has no annotations (skipped by the builder)
-        ImageObjects("COCO_val2014_000000000001.jpg", ("car", "person"), "1"), ImageObjects("b.jpg", (), "2")]
+        ImageObjects("COCO_val2014_000000000001.jpg", ("car", "person"), "1"),
+        ImageObjects("b.jpg", (), "2"),
+    ]
     _write_rows(tmp_path / "seg.json", [{"image": "x.jpg", "objects": ["bowl", "spoon", "bowl"]}])
     assert read_object_lists(tmp_path / "seg.json") == [ImageObjects("x.jpg", ("bowl", "spoon"))]
     coco["annotations"].append({"image_id": 9, "category_id": 1})
@@ -325,8 +349,27 @@ def test_write_and_cli(tmp_path, capsys):
     rows = [json.loads(line) for line in paths["random"].read_text().splitlines()]
     assert set(rows[0]) >= {"question_id", "image", "text", "label"}
     assert rows[0]["image"] == rows[0]["sample_id"] + ".jpg"
-    assert main(["data", "pope", "--source", str(src), "--out", str(tmp_path / "cli"), "--name", "toy",
-                 "--n-images", "0", "--per-image", "2", "--min-objects", "2"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "data",
+                "pope",
+                "--source",
+                str(src),
+                "--out",
+                str(tmp_path / "cli"),
+                "--name",
+                "toy",
+                "--n-images",
+                "0",
+                "--per-image",
+                "2",
+                "--min-objects",
+                "2",
+            ]
+        )
+        == 0
+    )
     assert "popular: 40 questions (20 yes)" in capsys.readouterr().out
     written = json.loads((tmp_path / "cli" / "toy_pope_popular.jsonl").read_text().splitlines()[0])
     assert written["image"].endswith(".jpg") and written["image"].startswith("..")  # relative to the out folder
@@ -334,8 +377,9 @@ def test_write_and_cli(tmp_path, capsys):
 
 def test_cli_eval_score_names_the_line_and_byte_of_a_non_utf8_prediction(tmp_path, capsys):
     good = json.dumps({"question_id": 1, "text": "Yes", "label": "yes"}).encode() + b"\n"
-    bad = json.dumps({"question_id": 2, "text": "Oui, il y a un caf\u00e9", "label": "yes"},
-                     ensure_ascii=False).encode("latin-1")  # fmt: skip
+    bad = json.dumps({"question_id": 2, "text": "Oui, il y a un caf\u00e9", "label": "yes"}, ensure_ascii=False).encode(
+        "latin-1"
+    )
     path = tmp_path / "preds.jsonl"
     path.write_bytes(good + bad + b"\n")
     assert main(["eval", "score", "--suite", "pope", "--pred", str(path)]) == 2
@@ -347,8 +391,10 @@ def test_cli_eval_score_names_the_line_and_byte_of_a_non_utf8_prediction(tmp_pat
 
 def test_a_line_separator_inside_a_prediction_is_not_a_line_break(tmp_path):
     """U+2028 is legal unescaped inside a JSON string (json.dumps(..., ensure_ascii=False) writes it raw)."""
-    rows = [{"question_id": 1, "text": "Yes\u2028there is", "label": "yes"},
-            {"question_id": 2, "text": "No", "label": "no"}]
+    rows = [
+        {"question_id": 1, "text": "Yes\u2028there is", "label": "yes"},
+        {"question_id": 2, "text": "No", "label": "no"},
+    ]
     path = tmp_path / "preds.jsonl"
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     assert [p.text for p in read_predictions(path)] == ["Yes\u2028there is", "No"]

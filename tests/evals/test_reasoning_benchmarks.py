@@ -10,14 +10,31 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from reasoning_files import (MATHVISTA_ROWS, SUPERCLEVR_ROWS, geometry3k_file, mathvista_file, mmmu_folder,
-                             mmmu_rows, png, save_png, superclevr_file)  # fmt: skip
+from reasoning_files import (
+    MATHVISTA_ROWS,
+    SUPERCLEVR_ROWS,
+    geometry3k_file,
+    mathvista_file,
+    mmmu_folder,
+    mmmu_rows,
+    png,
+    save_png,
+    superclevr_file,
+)
 
 from vlgrpo.data.schema import DataError
 from vlgrpo.evals import reasoning
 from vlgrpo.evals.benchmarks import load_manifest
-from vlgrpo.evals.reasoning import (benchmark_of, load_benchmark, load_geometry3k, load_mathvista, load_mmmu,
-                                    load_superclevr, mathvista_query, published_benchmark)  # fmt: skip
+from vlgrpo.evals.reasoning import (
+    benchmark_of,
+    load_benchmark,
+    load_geometry3k,
+    load_mathvista,
+    load_mmmu,
+    load_superclevr,
+    mathvista_query,
+    published_benchmark,
+)
 from vlgrpo.registry import EVAL_SUITE
 from vlgrpo.types import InputError
 
@@ -34,26 +51,39 @@ def test_mathvista_json_keyed_by_pid(tmp_path):
     by_pid = {s.meta["pid"]: s for s in samples}
     # vqa's view of each row: a choice's gold is its letter, integer/float are numbers, a list is text
     assert {p: (s.answer_type, s.answer) for p, s in by_pid.items()} == {
-        "1": ("number", "1.45"), "2": ("text", "[2014, 2016]"), "3": ("choice", "C"), "4": ("number", "3"),
-        "5": ("number", "0.8")}  # fmt: skip
+        "1": ("number", "1.45"),
+        "2": ("text", "[2014, 2016]"),
+        "3": ("choice", "C"),
+        "4": ("number", "3"),
+        "5": ("number", "0.8"),
+    }
     assert by_pid["3"].meta["choices"] == ["135°", "140°", "145°", "150°"] and by_pid["3"].meta["answer"] == "145°"
     assert (by_pid["1"].meta["precision"], by_pid["1"].meta["task"]) == (2, "figure question answering")
     assert by_pid["3"].meta["skills"] == ["geometry reasoning", "algebraic reasoning"]
     assert by_pid["1"].image == str(tmp_path / "images" / "1.jpg")
     # testmini.json has no `query`: it is built as MathVista's data/query.json holds it
-    assert by_pid["4"].question == ("Hint: Please answer the question requiring an integer answer and provide the "
-                                    "final value, e.g., 1, 2, 3, at the end.\nQuestion: How many cups? (Unit: g)\n")
-    assert by_pid["3"].question.endswith("Question: Find the angle BOC.\nChoices:\n(A) 135°\n(B) 140°\n(C) 145°\n"
-                                         "(D) 150°\n")  # fmt: skip
+    assert by_pid["4"].question == (
+        "Hint: Please answer the question requiring an integer answer and provide the "
+        "final value, e.g., 1, 2, 3, at the end.\nQuestion: How many cups? (Unit: g)\n"
+    )
+    assert by_pid["3"].question.endswith(
+        "Question: Find the angle BOC.\nChoices:\n(A) 135°\n(B) 140°\n(C) 145°\n(D) 150°\n"
+    )
     assert "two decimal places" in by_pid["1"].question and "Python list" in by_pid["2"].question
     assert benchmark_of(path) == "mathvista"
 
 
 def test_mathvista_parquet_copy_uses_its_query_and_images(tmp_path):
     """The hub copy's shape: decoded_image bytes, precision a float (NaN / null where there is none), `query`."""
-    rows = [dict(r, decoded_image={"bytes": png(), "path": f"{pid}.jpg"}, query=f"QUERY {pid}",
-                 precision=float(r["precision"]) if r["precision"] else None)
-            for pid, r in MATHVISTA_ROWS.items()]  # fmt: skip
+    rows = [
+        dict(
+            r,
+            decoded_image={"bytes": png(), "path": f"{pid}.jpg"},
+            query=f"QUERY {pid}",
+            precision=float(r["precision"]) if r["precision"] else None,
+        )
+        for pid, r in MATHVISTA_ROWS.items()
+    ]
     path = tmp_path / "data" / "testmini-00000-of-00001.parquet"
     path.parent.mkdir()
     pq.write_table(pa.Table.from_pylist(rows), path)
@@ -77,9 +107,11 @@ def test_mathvista_bad_rows_are_named(tmp_path):
 
 def test_mathvista_query_matches_the_published_hints():
     row = dict(MATHVISTA_ROWS["2"])
-    assert mathvista_query(row) == ("Hint: Please answer the question requiring a Python list as an answer and provide "
-                                    "the final list, e.g., [1, 2, 3], [1.2, 1.3, 1.4], at the end.\nQuestion: Which "
-                                    "years?")  # fmt: skip
+    assert mathvista_query(row) == (
+        "Hint: Please answer the question requiring a Python list as an answer and provide "
+        "the final list, e.g., [1, 2, 3], [1.2, 1.3, 1.4], at the end.\nQuestion: Which "
+        "years?"
+    )
 
 
 # ---------------------------------------------------------------- Geometry3K, SuperCLEVR
@@ -89,12 +121,16 @@ def test_geometry3k_easyr1_parquet(tmp_path):
     path = geometry3k_file(tmp_path)
     samples = load_geometry3k(tmp_path)  # the downloaded folder: data/test-*.parquet
     assert [(s.id, s.question, s.answer, s.answer_type) for s in samples] == [
-        ("geometry3k-1", "Find x.", "2\\sqrt{3}", "math"), ("geometry3k-2", "Find m\\angle 2.", "60", "math"),
-        ("geometry3k-3", "Find y.", "\\frac{40}{3}", "math")]  # fmt: skip
+        ("geometry3k-1", "Find x.", "2\\sqrt{3}", "math"),
+        ("geometry3k-2", "Find m\\angle 2.", "60", "math"),
+        ("geometry3k-3", "Find y.", "\\frac{40}{3}", "math"),
+    ]
     assert isinstance(samples[0].image, bytes) and benchmark_of(path) == "geometry3k"
     two = tmp_path / "two.parquet"
-    pq.write_table(pa.Table.from_pylist([{"images": [{"bytes": png(), "path": None}] * 2, "problem": "<image>x",
-                                          "answer": "1"}]), two)  # fmt: skip
+    pq.write_table(
+        pa.Table.from_pylist([{"images": [{"bytes": png(), "path": None}] * 2, "problem": "<image>x", "answer": "1"}]),
+        two,
+    )
     (both,) = load_geometry3k(two)  # a row with two diagrams keeps both, first in the prompt
     assert len(both.images) == 2 and both.image is None and both.question == "x"
 
@@ -103,7 +139,10 @@ def test_superclevr_r1v_jsonl(tmp_path):
     path = superclevr_file(tmp_path)
     samples = load_superclevr(path)
     assert [(s.id, s.answer, s.answer_type) for s in samples] == [
-        ("superclevr-1", "4", "number"), ("superclevr-2", "9", "number"), ("superclevr-3", "10", "number")]
+        ("superclevr-1", "4", "number"),
+        ("superclevr-2", "9", "number"),
+        ("superclevr-3", "10", "number"),
+    ]
     assert samples[0].image == str(tmp_path / "images" / "superCLEVR_new_025000.png")
     assert samples[0].question == "How many different items are there in the image?"
     assert benchmark_of(path) == "superclevr"
@@ -122,8 +161,12 @@ def test_mmmu_rows_with_one_or_several_images(tmp_path):
     samples = load_mmmu(folder)
     assert [s.id for s in samples] == ["validation_Art_Theory_1", "validation_Math_2", "validation_Physics_3"]
     art, math, physics = samples
-    assert (art.answer_type, art.answer, art.task, art.meta["subject"]) == ("choice", "B", "mmmu/Art_Theory",
-                                                                           "Art_Theory")  # fmt: skip
+    assert (art.answer_type, art.answer, art.task, art.meta["subject"]) == (
+        "choice",
+        "B",
+        "mmmu/Art_Theory",
+        "Art_Theory",
+    )
     assert art.question == "<image> Which colour dominates?\n\n(A) red\n(B) blue\n(C) green\n"
     assert art.meta["options"] == ["red", "blue", "green"] and isinstance(art.image, bytes)
     assert math.question.startswith("Compare <image> and <image>.") and len(math.images) == 2 and math.image is None
@@ -150,8 +193,9 @@ def test_mmmu_json_rows_with_image_paths(tmp_path):
     save_png(tmp_path / "img" / "b.png")
     rows[0]["image_1"] = "img/art.png"
     path = tmp_path / "mmmu_val.jsonl"
-    path.write_text(json.dumps(rows[0]) + "\n" + json.dumps(dict(rows[1], image_1="img/art.png", image_2="img/b.png"))
-                    + "\n")  # fmt: skip
+    path.write_text(
+        json.dumps(rows[0]) + "\n" + json.dumps(dict(rows[1], image_1="img/art.png", image_2="img/b.png")) + "\n"
+    )
     first, second = load_mmmu(path, split=None)
     assert first.image == str(tmp_path / "img" / "art.png")
     assert second.images == [str(tmp_path / "img" / "art.png"), str(tmp_path / "img" / "b.png")]
@@ -175,8 +219,14 @@ def test_the_loader_checks_the_sha256_a_manifest_pins(tmp_path, monkeypatch):
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     evals = tmp_path / "evals"
     evals.mkdir()
-    manifest = {"name": "superclevr", "suite": "superclevr", "loader": "load_superclevr", "splits": ["test"],
-                "prepare": [], "sources": {"questions": {"files": {path.name: {"sha256": "0" * 64}}}}}  # fmt: skip
+    manifest = {
+        "name": "superclevr",
+        "suite": "superclevr",
+        "loader": "load_superclevr",
+        "splits": ["test"],
+        "prepare": [],
+        "sources": {"questions": {"files": {path.name: {"sha256": "0" * 64}}}},
+    }
     (evals / "superclevr.yaml").write_text(json.dumps(manifest))
     monkeypatch.setattr(reasoning, "EVALS_DIR", evals)
     with pytest.raises(InputError, match=f"sha256 {digest} is not the {'0' * 64} that evals/superclevr.yaml pins"):

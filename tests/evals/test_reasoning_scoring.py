@@ -11,8 +11,13 @@ from reasoning_files import geometry3k_file, mathvista_file, mmmu_folder, superc
 
 from vlgrpo.cli import main
 from vlgrpo.evals.reasoning import load_mathvista
-from vlgrpo.evals.reasoning_score import (edit_distance, mathvista_normalize, mmmu_choice, mmmu_open_correct,
-                                          mmmu_open_predictions)  # fmt: skip
+from vlgrpo.evals.reasoning_score import (
+    edit_distance,
+    mathvista_normalize,
+    mmmu_choice,
+    mmmu_open_correct,
+    mmmu_open_predictions,
+)
 from vlgrpo.evals.reasoning_suite import judge_mathvista, judge_superclevr
 from vlgrpo.evals.run import build_eval_data, evaluate, write_outputs
 from vlgrpo.rewards import RewardContext
@@ -26,7 +31,7 @@ class ScriptedEngine:
         self.answers = answers
 
     def generate(self, samples, params):
-        assert params.greedy and params.n == 1
+        assert params.greedy and params.completions_per_prompt == 1
         return [RolloutGroup(s, [], [Completion([], self.answers[s.id], "stop")]) for s in samples]
 
 
@@ -44,23 +49,31 @@ def test_edit_distance_and_normalisation_by_hand():
     assert mathvista_normalize("", choices, "multi_choice", "text", None) is None
 
 
-@pytest.mark.parametrize("pid, completion, normalized, correct", [
-    ("1", "<answer>1.4537</answer>", "1.45", True),  # float, precision 2: str(round(1.4537, 2))
-    ("1", "<answer>1.4</answer>", "1.4", False),
-    ("1", "<think>mean of 1.2 and 1.7</think><answer>about 1.45 m</answer>", "1.45", True),  # one number in the answer
-    ("2", "<answer>[2014,2016]</answer>", "[2014, 2016]", True),  # a list answer, re-printed as Python prints it
-    ("2", "<answer>2014 and 2016</answer>", None, False),  # not a list
-    ("3", "<answer>145°</answer>", "145°", True),  # a choice answered by its text
-    ("3", "<answer>(C) 145°</answer>", "145°", True),  # MathVista's "(C) text" -> C
-    ("3", "<answer>C</answer>", "145°", True),
-    ("3", "<answer>146°</answer>", "140°", False),  # closest choice by edit distance (a tie: the first)
-    ("3", "Let me think.\nAnswer: B", "140°", False),  # no tags: the "Answer:" line
-    ("3", "", None, False),  # no answer is wrong (MathVista would give its empty extraction the shortest choice)
-    ("4", "<answer>3.7</answer>", "3", True),  # integer: str(int(float(x))) truncates, as MathVista does
-    ("4", "<answer>three</answer>", "3", True),
-    ("5", "<answer>\\frac{3}{4}</answer>", "0.8", True),  # float, precision 1: round(0.75, 1) = 0.8
-    ("5", "\\boxed{0.7}", "0.7", False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "pid, completion, normalized, correct",
+    [
+        ("1", "<answer>1.4537</answer>", "1.45", True),  # float, precision 2: str(round(1.4537, 2))
+        ("1", "<answer>1.4</answer>", "1.4", False),
+        (
+            "1",
+            "<think>mean of 1.2 and 1.7</think><answer>about 1.45 m</answer>",
+            "1.45",
+            True,
+        ),  # one number in the answer
+        ("2", "<answer>[2014,2016]</answer>", "[2014, 2016]", True),  # a list answer, re-printed as Python prints it
+        ("2", "<answer>2014 and 2016</answer>", None, False),  # not a list
+        ("3", "<answer>145°</answer>", "145°", True),  # a choice answered by its text
+        ("3", "<answer>(C) 145°</answer>", "145°", True),  # MathVista's "(C) text" -> C
+        ("3", "<answer>C</answer>", "145°", True),
+        ("3", "<answer>146°</answer>", "140°", False),  # closest choice by edit distance (a tie: the first)
+        ("3", "Let me think.\nAnswer: B", "140°", False),  # no tags: the "Answer:" line
+        ("3", "", None, False),  # no answer is wrong (MathVista would give its empty extraction the shortest choice)
+        ("4", "<answer>3.7</answer>", "3", True),  # integer: str(int(float(x))) truncates, as MathVista does
+        ("4", "<answer>three</answer>", "3", True),
+        ("5", "<answer>\\frac{3}{4}</answer>", "0.8", True),  # float, precision 1: round(0.75, 1) = 0.8
+        ("5", "\\boxed{0.7}", "0.7", False),
+    ],
+)
 def test_mathvista_rules(tmp_path, pid, completion, normalized, correct):
     sample = next(s for s in load_mathvista(mathvista_file(tmp_path)) if s.meta["pid"] == pid)
     verdict = judge_mathvista(completion, sample, RewardContext())
@@ -71,22 +84,37 @@ def test_mathvista_suite_per_task_and_skill(tmp_path):
     path = mathvista_file(tmp_path)
     data = build_eval_data(path, "mathvista,vqa", ctx=RewardContext())
     assert len(data.mathvista) == len(data.vqa) == 5  # vqa scores the same rows by its own rules
-    answers = {"mathvista-1": "<answer>1.4537</answer>", "mathvista-2": "<answer>[2014,2016]</answer>",
-               "mathvista-3": "<answer>146°</answer>", "mathvista-4": "<answer>3.7</answer>",
-               "mathvista-5": "<answer>0.75</answer>"}  # fmt: skip
+    answers = {
+        "mathvista-1": "<answer>1.4537</answer>",
+        "mathvista-2": "<answer>[2014,2016]</answer>",
+        "mathvista-3": "<answer>146°</answer>",
+        "mathvista-4": "<answer>3.7</answer>",
+        "mathvista-5": "<answer>0.75</answer>",
+    }
     result = evaluate(ScriptedEngine(answers), data, RewardContext(), progress=False)
-    m = {k[len("eval/mathvista/"):]: v for k, v in result.metrics.items() if k.startswith("eval/mathvista/")}
-    assert m == {"accuracy": 0.8, "accuracy_free_form": 1.0, "accuracy_multi_choice": 0.0,
-                 "accuracy_skill_algebraic_reasoning": 0.5, "accuracy_skill_arithmetic_reasoning": 1.0,
-                 "accuracy_skill_geometry_reasoning": 0.0, "accuracy_skill_statistical_reasoning": 1.0,
-                 "accuracy_task_figure_question_answering": 1.0, "accuracy_task_geometry_problem_solving": 0.0,
-                 "accuracy_task_math_word_problem": 1.0, "accuracy_task_visual_question_answering": 1.0}  # fmt: skip
+    m = {k[len("eval/mathvista/") :]: v for k, v in result.metrics.items() if k.startswith("eval/mathvista/")}
+    assert m == {
+        "accuracy": 0.8,
+        "accuracy_free_form": 1.0,
+        "accuracy_multi_choice": 0.0,
+        "accuracy_skill_algebraic_reasoning": 0.5,
+        "accuracy_skill_arithmetic_reasoning": 1.0,
+        "accuracy_skill_geometry_reasoning": 0.0,
+        "accuracy_skill_statistical_reasoning": 1.0,
+        "accuracy_task_figure_question_answering": 1.0,
+        "accuracy_task_geometry_problem_solving": 0.0,
+        "accuracy_task_math_word_problem": 1.0,
+        "accuracy_task_visual_question_answering": 1.0,
+    }
     assert result.counts["mathvista"] == 5 and result.counts["mathvista/skill_algebraic_reasoning"] == 2
     # vqa's exact number match and option-letter parser accept only the list (its text match drops punctuation)
     assert result.metrics["eval/vqa/accuracy"] == pytest.approx(0.2)
     rows = {r["id"]: r for r in result.predictions if r["suite"] == "mathvista"}
     assert (rows["mathvista-3"]["gold"], rows["mathvista-3"]["normalized"], rows["mathvista-3"]["extracted"]) == (
-        "145°", "140°", "146°")
+        "145°",
+        "140°",
+        "146°",
+    )
     report = (write_outputs(result, tmp_path / "out")["report"]).read_text()
     assert "## MathVista accuracy" in report and "| skill algebraic_reasoning | 2 | 0.5000 |" in report
 
@@ -97,22 +125,27 @@ def test_mathvista_suite_per_task_and_skill(tmp_path):
 def test_geometry3k_by_math_equivalence(tmp_path):
     geometry3k_file(tmp_path)
     data = build_eval_data(tmp_path / "data", "geometry3k", ctx=RewardContext())  # the downloaded folder
-    answers = {"geometry3k-1": "<think>x = 2 sqrt 3</think> so x = \\boxed{\\sqrt{12}}",  # the same number
-               "geometry3k-2": "<answer>60</answer>",
-               "geometry3k-3": "<answer>13.33</answer>"}  # 40/3 = 13.333...: not equal  # fmt: skip
+    answers = {
+        "geometry3k-1": "<think>x = 2 sqrt 3</think> so x = \\boxed{\\sqrt{12}}",  # the same number
+        "geometry3k-2": "<answer>60</answer>",
+        "geometry3k-3": "<answer>13.33</answer>",
+    }  # 40/3 = 13.333...: not equal
     result = evaluate(ScriptedEngine(answers), data, RewardContext(), progress=False)
     assert result.metrics == {"eval/geometry3k/accuracy": pytest.approx(2 / 3)}
     assert [r["correct"] for r in result.predictions] == [True, True, False]
 
 
-@pytest.mark.parametrize("completion, gold, ours, r1v", [
-    ("<think>I count 4</think><answer>4</answer>", 4, True, True),
-    ("<answer>There are 9 objects</answer>", 9, True, False),  # R1-V's regex wants digits only between the tags
-    ("\\boxed{10}", 10, True, False),
-    ("<answer>nine</answer>", 9, True, False),
-    ("<answer>3</answer>", 4, False, False),
-    ("<answer>4.5</answer>", 4, False, False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "completion, gold, ours, r1v",
+    [
+        ("<think>I count 4</think><answer>4</answer>", 4, True, True),
+        ("<answer>There are 9 objects</answer>", 9, True, False),  # R1-V's regex wants digits only between the tags
+        ("\\boxed{10}", 10, True, False),
+        ("<answer>nine</answer>", 9, True, False),
+        ("<answer>3</answer>", 4, False, False),
+        ("<answer>4.5</answer>", 4, False, False),
+    ],
+)
 def test_superclevr_rules(completion, gold, ours, r1v):
     sample = Sample("s", "How many?", str(gold), "number", meta={"benchmark": "superclevr"})
     verdict = judge_superclevr(completion, sample, RewardContext())
@@ -121,47 +154,69 @@ def test_superclevr_rules(completion, gold, ours, r1v):
 
 def test_superclevr_suite_reports_r1vs_rule_too(tmp_path):
     data = build_eval_data(superclevr_file(tmp_path), "superclevr", ctx=RewardContext())
-    answers = {"superclevr-1": "<answer>4</answer>", "superclevr-2": "<answer>9 objects</answer>",
-               "superclevr-3": "<answer>7</answer>"}  # fmt: skip
+    answers = {
+        "superclevr-1": "<answer>4</answer>",
+        "superclevr-2": "<answer>9 objects</answer>",
+        "superclevr-3": "<answer>7</answer>",
+    }
     result = evaluate(ScriptedEngine(answers), data, RewardContext(), progress=False)
-    assert result.metrics == {"eval/superclevr/accuracy": pytest.approx(2 / 3),
-                              "eval/superclevr/accuracy_r1v_rule": pytest.approx(1 / 3)}  # fmt: skip
+    assert result.metrics == {
+        "eval/superclevr/accuracy": pytest.approx(2 / 3),
+        "eval/superclevr/accuracy_r1v_rule": pytest.approx(1 / 3),
+    }
 
 
 # ---------------------------------------------------------------- MMMU
 
 
-@pytest.mark.parametrize("response, letter", [
-    ("(B)", "B"), ("B.", "B"), ("Answer: B", "B"), ("blue", "B"),  # a letter, or an option's text
-    ("(A) is tempting but (B)", "B"),  # several in parentheses: the last
-    ("A and C", "C"),
-    ("The answer is green, not red", "A"),  # several option texts: the one mentioned last
-    ("purple", None), (None, None),  # MMMU would pick a random letter; here it is wrong
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "response, letter",
+    [
+        ("(B)", "B"),
+        ("B.", "B"),
+        ("Answer: B", "B"),
+        ("blue", "B"),  # a letter, or an option's text
+        ("(A) is tempting but (B)", "B"),  # several in parentheses: the last
+        ("A and C", "C"),
+        ("The answer is green, not red", "A"),  # several option texts: the one mentioned last
+        ("purple", None),
+        (None, None),  # MMMU would pick a random letter; here it is wrong
+    ],
+)
 def test_mmmu_multiple_choice_parsing(response, letter):
     assert mmmu_choice(response, ["red", "blue", "green"]) == letter
 
 
-@pytest.mark.parametrize("response, gold, correct", [
-    ("x = 1.50 m", "1.5", True),  # the tail after "=", its number rounded to 2 places
-    ("the capital is paris", "Paris", True),  # the gold text inside the tail after "is "
-    ("2", "1.5", False),
-    ("3.429", "['24/7', '3.429']", True),  # a gold written as a list: any item
-    ("", "1.5", False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "response, gold, correct",
+    [
+        ("x = 1.50 m", "1.5", True),  # the tail after "=", its number rounded to 2 places
+        ("the capital is paris", "Paris", True),  # the gold text inside the tail after "is "
+        ("2", "1.5", False),
+        ("3.429", "['24/7', '3.429']", True),  # a gold written as a list: any item
+        ("", "1.5", False),
+    ],
+)
 def test_mmmu_open_answers(response, gold, correct):
     assert mmmu_open_correct(gold, mmmu_open_predictions(response)) is correct
 
 
 def test_mmmu_suite_per_subject_with_the_two_image_row_scored(tmp_path):
     data = build_eval_data(mmmu_folder(tmp_path / "mmmu"), "mmmu", ctx=RewardContext())
-    answers = {"validation_Art_Theory_1": "<think>mostly blue</think><answer>(B) blue</answer>",
-               "validation_Math_2": "<answer>(A) same</answer>", "validation_Physics_3": "<answer>2 m/s</answer>"}
+    answers = {
+        "validation_Art_Theory_1": "<think>mostly blue</think><answer>(B) blue</answer>",
+        "validation_Math_2": "<answer>(A) same</answer>",
+        "validation_Physics_3": "<answer>2 m/s</answer>",
+    }
     result = evaluate(ScriptedEngine(answers), data, RewardContext(), progress=False)
     assert {k: v for k, v in result.metrics.items()} == {
-        "eval/mmmu/accuracy": 2 / 3, "eval/mmmu/accuracy_discipline_art_and_design": 1.0,
-        "eval/mmmu/accuracy_discipline_science": 0.5, "eval/mmmu/accuracy_subject_Art_Theory": 1.0,
-        "eval/mmmu/accuracy_subject_Math": 1.0, "eval/mmmu/accuracy_subject_Physics": 0.0}  # fmt: skip
+        "eval/mmmu/accuracy": 2 / 3,
+        "eval/mmmu/accuracy_discipline_art_and_design": 1.0,
+        "eval/mmmu/accuracy_discipline_science": 0.5,
+        "eval/mmmu/accuracy_subject_Art_Theory": 1.0,
+        "eval/mmmu/accuracy_subject_Math": 1.0,
+        "eval/mmmu/accuracy_subject_Physics": 0.0,
+    }
     assert result.counts["mmmu"] == 3 and "mmmu/several_images_skipped" not in result.counts
     assert "several images" not in write_outputs(result, tmp_path / "out")["report"].read_text()
 
@@ -172,8 +227,20 @@ def test_mmmu_suite_per_subject_with_the_two_image_row_scored(tmp_path):
 def test_cli_eval_suite_mathvista_on_the_tiny_model(tiny_model_dir, tmp_path, capsys):
     path = mathvista_file(tmp_path, "testmini_5.json")
     out = tmp_path / "eval"
-    argv = ["eval", "--model", tiny_model_dir("qwen2_5_vl"), "--suite", "mathvista", "--data", str(path),
-            "--out", str(out), "--max-new-tokens", "4", "--no-progress"]  # fmt: skip
+    argv = [
+        "eval",
+        "--model",
+        tiny_model_dir("qwen2_5_vl"),
+        "--suite",
+        "mathvista",
+        "--data",
+        str(path),
+        "--out",
+        str(out),
+        "--max-new-tokens",
+        "4",
+        "--no-progress",
+    ]
     assert main(argv) == 0
     doc = json.loads((out / "metrics.json").read_text())
     assert doc["counts"]["mathvista"] == 5 and doc["counts"]["mathvista/task_figure_question_answering"] == 2
@@ -186,4 +253,5 @@ def test_cli_eval_suite_mathvista_on_the_tiny_model(tiny_model_dir, tmp_path, ca
     argv[argv.index("mathvista")] = "superclevr"  # a MathVista file holds nothing for another benchmark's suite
     assert main(argv) == 2
     assert "eval suite 'superclevr' has nothing to run on: it needs R1-V's SuperCLEVR test file" in (
-        capsys.readouterr().err)
+        capsys.readouterr().err
+    )

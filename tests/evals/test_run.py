@@ -28,26 +28,37 @@ class ScriptedEngine:
         self.answers, self.calls = answers, []
 
     def generate(self, samples, params):
-        assert params.greedy and params.n == 1
+        assert params.greedy and params.completions_per_prompt == 1
         self.calls.append(len(samples))
         return [RolloutGroup(s, [], [Completion([], self.answers[s.question], "stop")]) for s in samples]
 
 
 def _pope(split: str, qid: int, label: str, question: str) -> Sample:
-    return Sample(f"pope-{split}-{qid}", question, label, "yesno", task=f"pope/{split}",
-                  meta={"split": split, "question_id": qid})  # fmt: skip
+    return Sample(
+        f"pope-{split}-{qid}", question, label, "yesno", task=f"pope/{split}", meta={"split": split, "question_id": qid}
+    )
 
 
 def _scripted_set():
     data = EvalData(
         vqa=[Sample("n", "How many?", "3", "number", task="count"), Sample("t", "Colour?", "red", "text")],
         grounding=[Sample("g", "Where?", answer_type="box", boxes=[[0, 0, 100, 100]], image_size=(200, 100))],
-        pope=[_pope("random", 1, "yes", "R1"), _pope("random", 2, "no", "R2"),
-              _pope("popular", 1, "yes", "P1"), _pope("popular", 2, "no", "P2")],
-    )  # fmt: skip
-    answers = {"How many?": "<answer>3</answer>", "Colour?": "<answer>blue</answer>",
-               "Where?": "<answer>(0,0),(500,500)</answer>",  # qwen2 0-1000 -> (0,0,100,50): IoU 0.5
-               "R1": "Yes", "R2": "Yes, there is", "P1": "No", "P2": "No, there is not."}  # fmt: skip
+        pope=[
+            _pope("random", 1, "yes", "R1"),
+            _pope("random", 2, "no", "R2"),
+            _pope("popular", 1, "yes", "P1"),
+            _pope("popular", 2, "no", "P2"),
+        ],
+    )
+    answers = {
+        "How many?": "<answer>3</answer>",
+        "Colour?": "<answer>blue</answer>",
+        "Where?": "<answer>(0,0),(500,500)</answer>",  # qwen2 0-1000 -> (0,0,100,50): IoU 0.5
+        "R1": "Yes",
+        "R2": "Yes, there is",
+        "P1": "No",
+        "P2": "No, there is not.",
+    }
     return data, ScriptedEngine(answers)
 
 
@@ -58,22 +69,43 @@ def test_scripted_answers_give_hand_computed_metrics(tmp_path):
     m = result.metrics
     # random: yes/yes vs yes/no -> TP 1 FP 1; popular: no/no vs yes/no -> TN 1 FN 1; headline = mean of splits
     assert {k: m[f"eval/pope/random/{k}"] for k in ("accuracy", "precision", "recall", "f1", "yes_ratio")} == {
-        "accuracy": 0.5, "precision": 0.5, "recall": 1.0, "f1": pytest.approx(2 / 3), "yes_ratio": 1.0}
+        "accuracy": 0.5,
+        "precision": 0.5,
+        "recall": 1.0,
+        "f1": pytest.approx(2 / 3),
+        "yes_ratio": 1.0,
+    }
     assert (m["eval/pope/popular/precision"], m["eval/pope/popular/recall"], m["eval/pope/popular/f1"]) == (0, 0, 0)
     assert (m["eval/pope/accuracy"], m["eval/pope/precision"], m["eval/pope/recall"]) == (0.5, 0.25, 0.5)
     assert (m["eval/pope/f1"], m["eval/pope/yes_ratio"], m["eval/pope/unknown"]) == (pytest.approx(1 / 3), 0.5, 0)
     assert {k: m[f"eval/grounding/{k}"] for k in ("acc50", "acc75", "miou", "parse_fail")} == {
-        "acc50": 1.0, "acc75": 0.0, "miou": 0.5, "parse_fail": 0.0}
+        "acc50": 1.0,
+        "acc75": 0.0,
+        "miou": 0.5,
+        "parse_fail": 0.0,
+    }
     assert (m["eval/vqa/accuracy"], m["eval/vqa/accuracy_number"], m["eval/vqa/accuracy_text"]) == (0.5, 1.0, 0.0)
     assert m["eval/vqa/accuracy_task_count"] == 1.0 and "eval/vqa/accuracy_task_" not in m
-    assert result.counts == {"pope": 4, "pope/random": 2, "pope/popular": 2, "grounding": 1, "vqa": 2,
-                             "vqa/number": 1, "vqa/text": 1, "vqa/task_count": 1}  # fmt: skip
+    assert result.counts == {
+        "pope": 4,
+        "pope/random": 2,
+        "pope/popular": 2,
+        "grounding": 1,
+        "vqa": 2,
+        "vqa/number": 1,
+        "vqa/text": 1,
+        "vqa/task_count": 1,
+    }
     rows = {p["id"]: p for p in result.predictions}
     assert len(result.predictions) == 7 and rows["g"]["pred_box"] == [0.0, 0.0, 100.0, 50.0]
     assert (rows["pope-random-2"]["parsed"], rows["pope-random-2"]["correct"], rows["t"]["extracted"]) == (
-        "yes", False, "blue")
-    strict = evaluate(_scripted_set()[1], data, RewardContext(box_format="qwen2"), pope_parser="strict",
-                      progress=False).metrics  # fmt: skip
+        "yes",
+        False,
+        "blue",
+    )
+    strict = evaluate(
+        _scripted_set()[1], data, RewardContext(box_format="qwen2"), pope_parser="strict", progress=False
+    ).metrics
     assert strict["eval/pope/unknown"] == 0.5 and strict["eval/pope/random/accuracy"] == 0.5
 
     paths = write_outputs(result, tmp_path / "out")
@@ -139,8 +171,18 @@ def test_evaluate_tiny_model_end_to_end(tiny, shapes_dir):
     samples = data.vqa + data.grounding + data.pope
     result, stats = _run_tiny(tiny, data, batch_prompts=8)
     assert len(result.predictions) == len(samples) == result.info["samples"]
-    for key in ("pope/accuracy", "pope/f1", "pope/yes_ratio", "pope/unknown", "grounding/acc50", "grounding/miou",
-                "grounding/parse_fail", "vqa/accuracy", "vqa/accuracy_number", "vqa/accuracy_task_shapes/count"):
+    for key in (
+        "pope/accuracy",
+        "pope/f1",
+        "pope/yes_ratio",
+        "pope/unknown",
+        "grounding/acc50",
+        "grounding/miou",
+        "grounding/parse_fail",
+        "vqa/accuracy",
+        "vqa/accuracy_number",
+        "vqa/accuracy_task_shapes/count",
+    ):
         assert f"eval/{key}" in result.metrics
     assert all(0.0 <= v <= 1.0 for v in result.metrics.values())
     unique = len({s.image for s in samples})
@@ -153,14 +195,27 @@ def test_evaluate_tiny_model_end_to_end(tiny, shapes_dir):
 
 def test_cli_eval_on_a_checkpoint_directory(tiny_model_dir, shapes_dir, tmp_path, capsys):
     out = tmp_path / "eval"
-    argv = ["eval", "--model", tiny_model_dir("qwen2_5_vl"), "--suite", "pope,grounding,vqa",
-            "--data", str(shapes_dir / "test.jsonl"), "--out", str(out), "--max-new-tokens", "4", "--no-progress"]
+    argv = [
+        "eval",
+        "--model",
+        tiny_model_dir("qwen2_5_vl"),
+        "--suite",
+        "pope,grounding,vqa",
+        "--data",
+        str(shapes_dir / "test.jsonl"),
+        "--out",
+        str(out),
+        "--max-new-tokens",
+        "4",
+        "--no-progress",
+    ]
     assert main(argv) == 0
     assert sorted(p.name for p in out.iterdir()) == sorted([*OUTPUTS, "pope_vlmevalkit.tsv"])
     doc = json.loads((out / "metrics.json").read_text())
     assert doc["info"]["answer_format"] == "think_answer" and doc["info"]["box_format"] == "qwen2_5"
     assert doc["counts"]["vqa"] + doc["counts"]["grounding"] + doc["counts"]["pope"] == len(
-        (out / "predictions.jsonl").read_text().splitlines())
+        (out / "predictions.jsonl").read_text().splitlines()
+    )
     assert "eval/pope/accuracy" in capsys.readouterr().out
     assert main(["eval"]) == 2 and "pass --model" in capsys.readouterr().err
     assert main(["eval", "--model", tiny_model_dir("qwen2_5_vl")]) == 2  # no data
@@ -174,15 +229,28 @@ def test_cli_eval_on_a_run_directory(tiny_model_dir, shapes_dir, tmp_path):
     from vlgrpo.trainer import run_training
 
     run = tmp_path / "run"
-    cfg = load_config(None, [f"model.name_or_path={tiny_model_dir('qwen2_5_vl')}",
-                             f"data.train={shapes_dir / 'train.jsonl'}", f"data.test={shapes_dir / 'test.jsonl'}",
-                             "data.answer_format=answer", "rollout.completions_per_prompt=2",
-                             "rollout.max_new_tokens=3", "train.prompts_per_step=2", "train.micro_batch_completions=4",
-                             "train.steps=1", f"train.output_dir={run}", "logging.progress_bar=false"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            f"model.name_or_path={tiny_model_dir('qwen2_5_vl')}",
+            f"data.train={shapes_dir / 'train.jsonl'}",
+            f"data.test={shapes_dir / 'test.jsonl'}",
+            "data.answer_format=answer",
+            "rollout.completions_per_prompt=2",
+            "rollout.max_new_tokens=3",
+            "train.prompts_per_step=2",
+            "train.micro_batch_completions=4",
+            "train.steps=1",
+            f"train.output_dir={run}",
+            "logging.progress_bar=false",
+        ],
+    )
     run_training(cfg, progress=False)
     out = tmp_path / "eval"
-    assert main(["eval", "--model", str(run), "--suite", "vqa", "--out", str(out), "--max-samples", "4",
-                 "--no-progress"]) == 0  # fmt: skip
+    assert (
+        main(["eval", "--model", str(run), "--suite", "vqa", "--out", str(out), "--max-samples", "4", "--no-progress"])
+        == 0
+    )
     info = json.loads((out / "metrics.json").read_text())["info"]
     assert (info["answer_format"], info["data"]) == ("answer", str(shapes_dir / "test.jsonl"))  # the run's settings
     assert info["max_new_tokens"] == 3
@@ -190,8 +258,26 @@ def test_cli_eval_on_a_run_directory(tiny_model_dir, shapes_dir, tmp_path):
     assert main(["export", str(run), "--out", str(export)]) == 0
     assert read_contract(export).max_new_tokens == 3
     for extra, budget in (([], 3), (["--max-new-tokens", "5"], 5)):
-        assert main(["eval", "--model", str(export), "--suite", "vqa", "--data", str(shapes_dir / "test.jsonl"),
-                     "--out", str(out), "--max-samples", "4", "--no-progress", *extra]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    "eval",
+                    "--model",
+                    str(export),
+                    "--suite",
+                    "vqa",
+                    "--data",
+                    str(shapes_dir / "test.jsonl"),
+                    "--out",
+                    str(out),
+                    "--max-samples",
+                    "4",
+                    "--no-progress",
+                    *extra,
+                ]
+            )
+            == 0
+        )
         assert json.loads((out / "metrics.json").read_text())["info"]["max_new_tokens"] == budget
 
 
@@ -205,8 +291,12 @@ def test_in_loop_evaluator_leaves_training_undisturbed(tiny, shapes_dir, tmp_pat
     cfg.eval.data, cfg.eval.suites, cfg.eval.max_samples, cfg.eval.batch_prompts = str(val), ["pope", "vqa"], 6, 4
     cfg.rollout.max_new_tokens, cfg.data.answer_format = 4, "answer"
     ctx = RewardContext(box_format="qwen2_5", geometry=ProcessorGeometry.from_processor(tiny.processor))
-    state = SimpleNamespace(backend=SimpleNamespace(model=tiny.model), lm=tiny,
-                            cache=VisionCache(tiny.model, tiny.processor), reward_ctx=ctx)  # fmt: skip
+    state = SimpleNamespace(
+        backend=SimpleNamespace(model=tiny.model),
+        lm=tiny,
+        cache=VisionCache(tiny.model, tiny.processor),
+        reward_ctx=ctx,
+    )
     evaluator = make_evaluator(cfg)
     val.unlink()  # the samples were selected when the evaluator was made (before step 1): no call reads the file
     for training in (True, False):
@@ -236,14 +326,25 @@ def test_more_than_half_without_an_answer_is_a_loud_warning(tmp_path):
     """The issue's case: an `answer`-trained model prompted with think_answer wrote "<answer>" and nothing else; VQA
     accuracy read 0.000 with no word of why. Now the result, report.md and the CLI say so."""
     data, engine = _scripted_set()
-    half_empty = {**engine.answers, "How many?": "<answer>", "Colour?": "<answer></answer>", "Where?": "<answer>",
-                  "R1": "<answer>"}  # 4 of 7 without an answer  # fmt: skip
+    half_empty = {
+        **engine.answers,
+        "How many?": "<answer>",
+        "Colour?": "<answer></answer>",
+        "Where?": "<answer>",
+        "R1": "<answer>",
+    }  # 4 of 7 without an answer
     result = evaluate(ScriptedEngine(half_empty), data, RewardContext(box_format="qwen2"), progress=False)
     assert result.info["no_answer"] == 4
     assert "4 of 7 completions (57%) hold no answer" in result.info["warning"]
     assert {p["id"]: p["answered"] for p in result.predictions} == {
-        "n": False, "t": False, "g": False, "pope-random-1": False, "pope-random-2": True, "pope-popular-1": True,
-        "pope-popular-2": True}  # fmt: skip
+        "n": False,
+        "t": False,
+        "g": False,
+        "pope-random-1": False,
+        "pope-random-2": True,
+        "pope-popular-1": True,
+        "pope-popular-2": True,
+    }
     write_outputs(result, tmp_path)
     assert "4 of 7 completions" in (tmp_path / "report.md").read_text()
     three = {**engine.answers, "How many?": "<answer>", "Colour?": "", "Where?": "nothing"}  # 3 of 7: no warning

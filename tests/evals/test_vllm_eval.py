@@ -14,8 +14,9 @@ pytest.importorskip("vllm", reason="vLLM runs in its own environment: make test-
 
 
 @pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
-def test_vllm_eval_writes_the_hf_engines_predictions_and_metrics(arch, tiny_model_dir, shapes_dir, tmp_path,
-                                                                 monkeypatch, spread, spread_deepstack):  # fmt: skip
+def test_vllm_eval_writes_the_hf_engines_predictions_and_metrics(
+    arch, tiny_model_dir, shapes_dir, tmp_path, monkeypatch, spread, spread_deepstack
+):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     lm = load_model(tiny_model_dir(arch))
     spread(lm.model, 0.5, seed=3)  # varied answers make "the same predictions" a real check
@@ -23,12 +24,38 @@ def test_vllm_eval_writes_the_hf_engines_predictions_and_metrics(arch, tiny_mode
     model = tmp_path / "model"
     lm.model.save_pretrained(model)
     lm.processor.save_pretrained(model)
-    common = ["eval", "--model", str(model), "--suite", "pope,grounding,vqa", "--data", str(shapes_dir / "train.jsonl"),
-              "--max-samples", "12", "--max-new-tokens", "12", "--no-progress"]  # fmt: skip
+    common = [
+        "eval",
+        "--model",
+        str(model),
+        "--suite",
+        "pope,grounding,vqa",
+        "--data",
+        str(shapes_dir / "train.jsonl"),
+        "--max-samples",
+        "12",
+        "--max-new-tokens",
+        "12",
+        "--no-progress",
+    ]
     assert main([*common, "--out", str(tmp_path / "hf")]) == 0
-    assert main([*common, "--out", str(tmp_path / "vllm"), "--engine", "vllm",
-                 "--engine-kwargs", '{"enforce_eager": true, "block_size": 32}']) == 0  # fmt: skip
-    hf, vl = ([json.loads(x) for x in (tmp_path / d / "predictions.jsonl").read_text().splitlines()] for d in ("hf", "vllm"))
+    assert (
+        main(
+            [
+                *common,
+                "--out",
+                str(tmp_path / "vllm"),
+                "--engine",
+                "vllm",
+                "--engine-kwargs",
+                '{"enforce_eager": true, "block_size": 32}',
+            ]
+        )
+        == 0
+    )
+    hf, vl = (
+        [json.loads(x) for x in (tmp_path / d / "predictions.jsonl").read_text().splitlines()] for d in ("hf", "vllm")
+    )
     assert len(hf) >= 20 and [p["completion"] for p in vl] == [p["completion"] for p in hf]
     assert len({p["completion"] for p in hf}) > 5
     m_hf, m_vl = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("hf", "vllm"))

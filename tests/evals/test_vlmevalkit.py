@@ -21,7 +21,7 @@ from vlgrpo.rewards import RewardContext
 from vlgrpo.types import Completion, RolloutGroup, Sample
 
 VLMEVALKIT = ("ms-vlmeval==0.0.20", "validators==0.36.0", "sty==1.0.6")
-SCORE = textwrap.dedent('''
+SCORE = textwrap.dedent("""
     import sys, types
     from types import SimpleNamespace
     root, tsv = sys.argv[1], sys.argv[2]
@@ -35,14 +35,22 @@ SCORE = textwrap.dedent('''
     from vlmeval.dataset.image_yorn import ImageYORNDataset
     score = ImageYORNDataset.evaluate(SimpleNamespace(dataset_name="POPE"), tsv)  # exact matching
     print(score.to_json(orient="records"))
-''')
+""")
 ANSWERS = [  # (split, gold, completion): tags, hedges, punctuation, case, a long answer
-    ("random", "yes", "<think>I see one.</think><answer>Yes</answer>"), ("random", "no", "Yes, there is a dog."),
-    ("random", "yes", "yes and no"), ("random", "no", "No."), ("random", "yes", "NO"),
-    ("popular", "yes", "Yes."), ("popular", "no", "<answer>No, there is not.</answer>"), ("popular", "yes", "Maybe"),
-    ("popular", "no", "no"), ("adversarial", "yes", "Yes"), ("adversarial", "no", "Yes!"),
-    ("adversarial", "no", "There is no cat; yes, I am sure"), ("adversarial", "yes", "(yes)"),
-]  # fmt: skip
+    ("random", "yes", "<think>I see one.</think><answer>Yes</answer>"),
+    ("random", "no", "Yes, there is a dog."),
+    ("random", "yes", "yes and no"),
+    ("random", "no", "No."),
+    ("random", "yes", "NO"),
+    ("popular", "yes", "Yes."),
+    ("popular", "no", "<answer>No, there is not.</answer>"),
+    ("popular", "yes", "Maybe"),
+    ("popular", "no", "no"),
+    ("adversarial", "yes", "Yes"),
+    ("adversarial", "no", "Yes!"),
+    ("adversarial", "no", "There is no cat; yes, I am sure"),
+    ("adversarial", "yes", "(yes)"),
+]
 
 
 class _Scripted:
@@ -56,20 +64,38 @@ class _Scripted:
 @pytest.fixture(scope="module")
 def vlmevalkit(tmp_path_factory):
     target = tmp_path_factory.mktemp("vlmevalkit")
-    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
-                          *VLMEVALKIT], capture_output=True, text=True, timeout=600)  # fmt: skip
+    pip = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), *VLMEVALKIT],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert pip.returncode == 0, f"could not install VLMEvalKit from the package registry: {pip.stderr[-2000:]}"
     return target
 
 
 def test_vlmevalkit_scores_our_pope_file_as_our_vlmevalkit_parser_does(vlmevalkit, tmp_path):
-    samples = [Sample(f"q{i}", f"Is there a thing {i}?", gold, "yesno", task=f"pope/{split}",
-                      meta={"split": split, "question_id": i}) for i, (split, gold, _) in enumerate(ANSWERS)]  # fmt: skip
+    samples = [
+        Sample(
+            f"q{i}",
+            f"Is there a thing {i}?",
+            gold,
+            "yesno",
+            task=f"pope/{split}",
+            meta={"split": split, "question_id": i},
+        )
+        for i, (split, gold, _) in enumerate(ANSWERS)
+    ]
     engine = _Scripted({f"q{i}": text for i, (_, _, text) in enumerate(ANSWERS)})
     result = evaluate(engine, EvalData(pope=samples), RewardContext(), pope_parser="vlmevalkit", progress=False)
     paths = write_outputs(result, tmp_path)
-    run = subprocess.run([sys.executable, "-c", SCORE, str(vlmevalkit), str(paths["vlmevalkit"])],
-                         capture_output=True, text=True, timeout=300, env={"PRED_FORMAT": "tsv", "PATH": ""})  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-c", SCORE, str(vlmevalkit), str(paths["vlmevalkit"])],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PRED_FORMAT": "tsv", "PATH": ""},
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     theirs = {row["split"]: row for row in json.loads(run.stdout.strip().splitlines()[-1])}
     assert set(theirs) == {"Overall", "random", "popular", "adversarial"}

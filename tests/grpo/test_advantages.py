@@ -26,8 +26,9 @@ def test_two_right_two_wrong_sample_std():
 
 
 def test_population_std_gives_plus_minus_one():
-    adv, _ = group_advantages(torch.tensor([0.0, 0.0, 1.0, 1.0]), torch.zeros(4, dtype=torch.long), eps=0.0,
-                              unbiased=False)
+    adv, _ = group_advantages(
+        torch.tensor([0.0, 0.0, 1.0, 1.0]), torch.zeros(4, dtype=torch.long), eps=0.0, unbiased=False
+    )
     assert adv.tolist() == [-1.0, -1.0, 1.0, 1.0]
 
 
@@ -71,7 +72,9 @@ def _loop_oracle(rewards, ids, mode, eps=1e-4):
         if len(r) < 2 or bool((r == r[0]).all()):
             continue  # no baseline / no signal -> 0
         centred = r - r.mean()
-        out[idx] = {"group": centred / (r.std() + eps), "group_mean": centred, "batch": centred / (batch_std + eps)}[mode]
+        out[idx] = {"group": centred / (r.std() + eps), "group_mean": centred, "batch": centred / (batch_std + eps)}[
+            mode
+        ]
     return out
 
 

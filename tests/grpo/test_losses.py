@@ -26,8 +26,9 @@ E = math.e
 def _one_token(log_ratio: float, adv: float, **kw):
     """Loss and d loss / d logp for a single token with logp - old = log_ratio."""
     logp = torch.tensor([[log_ratio]], dtype=torch.float64, requires_grad=True)
-    loss, stats = policy_loss(logp, torch.zeros(1, 1, dtype=torch.float64), torch.tensor([adv], dtype=torch.float64),
-                              torch.ones(1, 1), **kw)
+    loss, stats = policy_loss(
+        logp, torch.zeros(1, 1, dtype=torch.float64), torch.tensor([adv], dtype=torch.float64), torch.ones(1, 1), **kw
+    )
     loss.backward()
     return loss.item(), float(logp.grad), stats
 
@@ -82,8 +83,16 @@ def test_kl_added_after_clipping():
     # clipped term -1.2 (ratio e, A = 1), plus beta * k3 with ref - logp = -1: 0.1 * e^-1
     logp = torch.tensor([[1.0]], dtype=torch.float64, requires_grad=True)
     ref = torch.tensor([[0.0]], dtype=torch.float64)
-    loss, stats = policy_loss(logp, torch.zeros(1, 1, dtype=torch.float64), torch.ones(1, dtype=torch.float64),
-                              torch.ones(1, 1), clip_low=0.2, clip_high=0.2, beta=0.1, ref_logp=ref)
+    loss, stats = policy_loss(
+        logp,
+        torch.zeros(1, 1, dtype=torch.float64),
+        torch.ones(1, dtype=torch.float64),
+        torch.ones(1, 1),
+        clip_low=0.2,
+        clip_high=0.2,
+        beta=0.1,
+        ref_logp=ref,
+    )
     loss.backward()
     assert loss.item() == pytest.approx(-1.2 + 0.1 / E)
     # the clipped part has no gradient; d k3 / d logp = -e^(ref-logp) + 1 = 1 - 1/e
@@ -121,8 +130,13 @@ def test_micro_batches_with_global_normaliser_sum_to_full_batch(aggregation, lev
     old = logp + 0.2 * torch.randn(n, t, generator=g, dtype=torch.float64)
     adv = torch.randn(n, generator=g, dtype=torch.float64)
     mask = (torch.arange(t) < torch.randint(1, t + 1, (n, 1), generator=g)).long()
-    kw = dict(log_ratio=RATIO.load(level), aggregate=AGGREGATION.load(aggregation), max_completion_length=10,
-              beta=0.05, ref_logp=logp.detach() + 0.1)
+    kw = dict(
+        log_ratio=RATIO.load(level),
+        aggregate=AGGREGATION.load(aggregation),
+        max_completion_length=10,
+        beta=0.05,
+        ref_logp=logp.detach() + 0.1,
+    )
     full_p = logp.clone().requires_grad_(True)
     full, _ = policy_loss(full_p, old, adv, mask, **kw)
     full.backward()
@@ -130,8 +144,9 @@ def test_micro_batches_with_global_normaliser_sum_to_full_batch(aggregation, lev
     total = 0.0
     for rows in (slice(0, 3), slice(3, 8)):  # uneven micro-batches
         kw["ref_logp"] = logp.detach()[rows] + 0.1
-        loss, _ = policy_loss(micro_p[rows], old[rows], adv[rows], mask[rows], num_tokens=mask.sum(),
-                              num_sequences=n, **kw)
+        loss, _ = policy_loss(
+            micro_p[rows], old[rows], adv[rows], mask[rows], num_tokens=mask.sum(), num_sequences=n, **kw
+        )
         loss.backward()
         total += loss.item()
     assert total == pytest.approx(full.item(), abs=1e-12)
@@ -144,14 +159,30 @@ def test_gspo_sequence_ratio_hand_computed():
     old = torch.zeros(1, 3)
     mask = torch.tensor([[1, 1, 0]])
     assert sequence_log_ratio(logp, old, mask).item() == pytest.approx(0.2)
-    loss, stats = policy_loss(logp, old, torch.tensor([2.0]), mask, log_ratio=RATIO.load("sequence"),
-                              aggregate=AGGREGATION.load("seq-mean-token-mean"), clip_low=3e-4, clip_high=4e-4)
+    loss, stats = policy_loss(
+        logp,
+        old,
+        torch.tensor([2.0]),
+        mask,
+        log_ratio=RATIO.load("sequence"),
+        aggregate=AGGREGATION.load("seq-mean-token-mean"),
+        clip_low=3e-4,
+        clip_high=4e-4,
+    )
     assert loss.item() == pytest.approx(-2 * 1.0004)
     assert float(stats["clip_frac_high"]) == 1.0 and float(stats["ratio_mean"]) == pytest.approx(math.exp(0.2))
     # inside the range: loss -A s, d/d logp_t = -A s / |y| on real tokens, 0 on padding
     logp2 = torch.tensor([[1e-4, -1e-4, 5.0]], requires_grad=True)
-    loss2, _ = policy_loss(logp2, old, torch.tensor([2.0]), mask, log_ratio=RATIO.load("sequence"),
-                           aggregate=AGGREGATION.load("seq-mean-token-mean"), clip_low=3e-4, clip_high=4e-4)
+    loss2, _ = policy_loss(
+        logp2,
+        old,
+        torch.tensor([2.0]),
+        mask,
+        log_ratio=RATIO.load("sequence"),
+        aggregate=AGGREGATION.load("seq-mean-token-mean"),
+        clip_low=3e-4,
+        clip_high=4e-4,
+    )
     loss2.backward()
     assert loss2.item() == pytest.approx(-2.0, abs=1e-7)
     torch.testing.assert_close(logp2.grad, torch.tensor([[-1.0, -1.0, 0.0]]), atol=1e-6, rtol=0)
@@ -167,8 +198,16 @@ def test_gspo_token_equals_gspo_with_sequence_advantages():
     results = []
     for level in ("sequence", "sequence_token"):
         p = logp.clone().requires_grad_(True)
-        loss, stats = policy_loss(p, old, adv, mask, log_ratio=RATIO.load(level),
-                                  aggregate=AGGREGATION.load("seq-mean-token-mean"), clip_low=3e-4, clip_high=4e-4)
+        loss, stats = policy_loss(
+            p,
+            old,
+            adv,
+            mask,
+            log_ratio=RATIO.load(level),
+            aggregate=AGGREGATION.load("seq-mean-token-mean"),
+            clip_low=3e-4,
+            clip_high=4e-4,
+        )
         loss.backward()
         results.append((loss.item(), p.grad, stats))
     assert results[0][0] == pytest.approx(results[1][0], abs=1e-12)

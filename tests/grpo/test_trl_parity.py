@@ -55,18 +55,32 @@ def _trl_loss(b, loss_type, level, beta, eps_low, eps_high, num_items=None, accu
     identity = lambda x, *a, **k: x  # noqa: E731  (single process: gather / reduce are identities)
     fake = SimpleNamespace(
         _get_per_token_logps_and_entropies=lambda *a, **k: (logp, b["entropy"], None),
-        top_entropy_quantile=1.0, off_policy_mask_threshold=None, importance_sampling_level=level,
-        beta=beta, loss_type=loss_type, epsilon_low=eps_low, epsilon_high=eps_high, use_vllm=False,
-        vllm_importance_sampling_correction=False, model=SimpleNamespace(training=True),
-        current_gradient_accumulation_steps=accum, max_completion_length=L_MAX, _entropy_bonus_enabled=False,
-        aux_loss_enabled=False, _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
+        top_entropy_quantile=1.0,
+        off_policy_mask_threshold=None,
+        importance_sampling_level=level,
+        beta=beta,
+        loss_type=loss_type,
+        epsilon_low=eps_low,
+        epsilon_high=eps_high,
+        use_vllm=False,
+        vllm_importance_sampling_correction=False,
+        model=SimpleNamespace(training=True),
+        current_gradient_accumulation_steps=accum,
+        max_completion_length=L_MAX,
+        _entropy_bonus_enabled=False,
+        aux_loss_enabled=False,
+        _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
         args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=accum),
         accelerator=SimpleNamespace(num_processes=1, gather=identity, reduce=identity, gather_for_metrics=identity),
     )
     inputs = {
-        "prompt_ids": torch.zeros(n, 2, dtype=torch.long), "prompt_mask": torch.ones(n, 2, dtype=torch.long),
-        "completion_ids": torch.zeros(n, t, dtype=torch.long), "completion_mask": b["mask"],
-        "advantages": b["adv"], "old_per_token_logps": b["old"], "ref_per_token_logps": b["ref"],
+        "prompt_ids": torch.zeros(n, 2, dtype=torch.long),
+        "prompt_mask": torch.ones(n, 2, dtype=torch.long),
+        "completion_ids": torch.zeros(n, t, dtype=torch.long),
+        "completion_mask": b["mask"],
+        "advantages": b["adv"],
+        "old_per_token_logps": b["old"],
+        "ref_per_token_logps": b["ref"],
         "num_items_in_batch": torch.tensor(float(b["mask"].sum() if num_items is None else num_items)),
     }
     loss = grpo_trainer.GRPOTrainer._compute_loss(fake, None, inputs)
@@ -79,9 +93,19 @@ def _our_loss(b, loss_type, level, beta, eps_low, eps_high, **norm):
     if loss_type == "dapo":
         norm.setdefault("num_tokens", b["mask"].sum())
     loss, stats = policy_loss(
-        logp, b["old"], b["adv"], b["mask"], log_ratio=RATIO.load(LEVEL[level]), aggregate=AGGREGATION.load(AGG[loss_type]),
-        clip_low=eps_low, clip_high=eps_high, beta=beta, ref_logp=b["ref"], entropy=b["entropy"],
-        max_completion_length=L_MAX, **norm,
+        logp,
+        b["old"],
+        b["adv"],
+        b["mask"],
+        log_ratio=RATIO.load(LEVEL[level]),
+        aggregate=AGGREGATION.load(AGG[loss_type]),
+        clip_low=eps_low,
+        clip_high=eps_high,
+        beta=beta,
+        ref_logp=b["ref"],
+        entropy=b["entropy"],
+        max_completion_length=L_MAX,
+        **norm,
     )
     loss.backward()
     return loss.detach(), logp.grad, stats

@@ -67,17 +67,40 @@ def test_three_models_from_the_command_line(capsys):
 def test_flags_override_the_config(tmp_path, capsys):
     path = tmp_path / "c.yaml"
     path.write_text(LORA_8XA100)
-    r = run_json(capsys, str(path), "--gpus", "4", "--lora-rank", "8", "--zero", "3", "--offload", "optimizer",
-                 "--image-size", "640x480", "--set", "rollout.engine=hf")
+    r = run_json(
+        capsys,
+        str(path),
+        "--gpus",
+        "4",
+        "--lora-rank",
+        "8",
+        "--zero",
+        "3",
+        "--offload",
+        "optimizer",
+        "--image-size",
+        "640x480",
+        "--set",
+        "rollout.engine=hf",
+    )
     i = r["inputs"]
     assert (i["num_gpus"], i["lora_rank"], i["zero_stage"], i["offload"], i["engine"]) == (4, 8, 3, ["optimizer"], "hf")
     assert i["image_tokens"] == 391  # 640x480 -> smart_resize 644x476 -> 46x34 patches / 4
 
 
 def test_local_model_directory(tmp_path, capsys):
-    raw = {"model_type": "qwen2_5_vl", "text_config": {"hidden_size": 64, "intermediate_size": 96,
-           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300},
-           "vision_config": {"depth": 2, "hidden_size": 32, "intermediate_size": 48, "out_hidden_size": 64}}
+    raw = {
+        "model_type": "qwen2_5_vl",
+        "text_config": {
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "vocab_size": 300,
+        },
+        "vision_config": {"depth": 2, "hidden_size": 32, "intermediate_size": 48, "out_hidden_size": 64},
+    }
     (tmp_path / "config.json").write_text(json.dumps(raw))
     r = run_json(capsys, "--model", str(tmp_path))
     assert r["inputs"]["spec"]["name"] == str(tmp_path) and r["inputs"]["spec"]["hidden"] == 64
@@ -95,16 +118,26 @@ def test_errors_are_one_line(capsys):
 
 
 def test_config_mapping_backends_and_freezing():
-    cfg = load_config(None, ["model.name_or_path=qwen2-vl-2b", "train.backend=zero3", "train.zero3.offload_param=true",
-                             "train.zero3.offload_optimizer=true", "model.freeze_vision=false", "grpo.beta=0.1",
-                             "train.num_gpus=16"])
+    cfg = load_config(
+        None,
+        [
+            "model.name_or_path=qwen2-vl-2b",
+            "train.backend=zero3",
+            "train.zero3.offload_param=true",
+            "train.zero3.offload_optimizer=true",
+            "model.freeze_vision=false",
+            "grpo.beta=0.1",
+            "train.num_gpus=16",
+        ],
+    )
     inp = plan_input_from_config(cfg)
     assert (inp.zero_stage, inp.offload) == (3, frozenset({"optimizer", "param"}))
     assert inp.trainable == ("vision", "language")
     assert (inp.beta, inp.num_gpus, inp.lora_rank, inp.dtype_bytes) == (0.1, 16, None, 4)  # config default float32
     assert inp.spec is MODEL_TABLE["Qwen/Qwen2-VL-2B-Instruct"]
-    plain = plan_input_from_config(load_config(None, ["model.name_or_path=qwen2-vl-2b",
-                                                      "train.zero3.offload_optimizer=true"]))
+    plain = plan_input_from_config(
+        load_config(None, ["model.name_or_path=qwen2-vl-2b", "train.zero3.offload_optimizer=true"])
+    )
     assert plain.zero_stage == 0 and plain.offload == frozenset()  # zero3 keys only count with backend zero3
 
 
@@ -119,8 +152,13 @@ def test_image_tokens_follow_smart_resize_and_the_checkpoints_processor(tmp_path
     assert image_tokens_for(448, 448, hub, replace(Q7, min_pixels=3136, max_pixels=28 * 28 * 16)) == 16  # spec's
 
 
-@pytest.mark.parametrize("argv", [["--params", "7e9", "--critic"], ["--model", "qwen2.5-vl-3b", "--convention",
-                                                                   "18-byte", "--zero", "3", "--gpus", "8"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--params", "7e9", "--critic"],
+        ["--model", "qwen2.5-vl-3b", "--convention", "18-byte", "--zero", "3", "--gpus", "8"],
+    ],
+)
 def test_table_renders_for_other_modes(capsys, argv):
     assert main(["plan", *argv]) == 0
     out = capsys.readouterr().out
@@ -137,13 +175,17 @@ train: {backend: lora, num_gpus: 8, prompts_per_step: 4, lora: {rank: 64, alpha:
 """
 ZERO3_ONE_GPU = LORA_RECIPE.replace("0.35", "0.4").replace(
     "train: {backend: lora, num_gpus: 8, prompts_per_step: 4, lora: {rank: 64, alpha: 128}}",
-    "train: {backend: zero3, num_gpus: 1, prompts_per_step: 4}\ngrpo: {beta: 0.04}")
+    "train: {backend: zero3, num_gpus: 1, prompts_per_step: 4}\ngrpo: {beta: 0.04}",
+)
 
 
 def verdict_rows(capsys, *argv) -> dict[str, str]:
     assert main(["plan", *argv]) == 0
-    return {line.split()[0]: line for line in capsys.readouterr().out.splitlines()
-            if line.split()[:1] and line.split()[0] in {"A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB"}}
+    return {
+        line.split()[0]: line
+        for line in capsys.readouterr().out.splitlines()
+        if line.split()[:1] and line.split()[0] in {"A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB"}
+    }
 
 
 def test_each_verdict_row_gives_its_reason(tmp_path, capsys):
@@ -153,10 +195,13 @@ def test_each_verdict_row_gives_its_reason(tmp_path, capsys):
     # A100-40GB: the peak would leave 5.09 GB, but vLLM's 16.58 GB of bf16 weights do not fit the 0.35 x 42.95 GB it
     # may take, so the engine cannot start: the row says that, not only "does NOT fit" next to a positive headroom
     assert Q7.total_params() * 2 == 16_584_333_312 and int(0.35 * 40960 * 2**20) == 15_032_385_536
-    assert rows["A100-40GB"] == ("A100-40GB        42.95     37.86      5.09  does NOT fit: vLLM weights 16.58 GB > "
-                                 "its budget 15.03 GB (gpu_memory_utilization 0.35 x 42.95 GB): the engine cannot start")
-    assert rows["A100-80GB"] == ("A100-80GB        85.90     52.89     33.01  fits: rollout peak 52.89 GB <= 85.90 GB "
-                                 "capacity")
+    assert rows["A100-40GB"] == (
+        "A100-40GB        42.95     37.86      5.09  does NOT fit: vLLM weights 16.58 GB > "
+        "its budget 15.03 GB (gpu_memory_utilization 0.35 x 42.95 GB): the engine cannot start"
+    )
+    assert rows["A100-80GB"] == (
+        "A100-80GB        85.90     52.89     33.01  fits: rollout peak 52.89 GB <= 85.90 GB capacity"
+    )
     r = run_json(capsys, str(path))["verdicts"]
     assert (r["A100-80GB"]["peak_phase"], r["A100-80GB"]["fits"]) == ("rollout", True)
     assert r["A100-40GB"]["headroom_bytes"] > 5e9 and not r["A100-40GB"]["fits"]
@@ -170,8 +215,9 @@ def test_a_peak_over_the_capacity_names_its_phase(tmp_path, capsys):
     # so on A100-40GB the update peaks higher, on the larger cards the rollout does. Checkpointing forwards whole rows:
     # 154.05 GB + the prompt's lm_head output, 8 rows x 320 tokens x 152,064 x 2 B = 0.78 GB
     assert rows["A100-40GB"].endswith("does NOT fit: update peak 154.83 GB > 42.95 GB capacity")
-    assert rows["A100-80GB"] == ("A100-80GB        85.90    163.22    -77.32  does NOT fit: rollout peak 163.22 GB > "
-                                 "85.90 GB capacity")
+    assert rows["A100-80GB"] == (
+        "A100-80GB        85.90    163.22    -77.32  does NOT fit: rollout peak 163.22 GB > 85.90 GB capacity"
+    )
 
 
 def test_bare_plan_plans_the_config_defaults(tmp_path, monkeypatch, capsys):
@@ -181,8 +227,10 @@ def test_bare_plan_plans_the_config_defaults(tmp_path, monkeypatch, capsys):
     assert main(["plan"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("model: runs/tiny-qwen2_5_vl  (1.11 M params, 0.9 M trainable)")
-    assert ("note: model.name_or_path=runs/tiny-qwen2_5_vl (the config default) is not built yet: planned the tiny "
-            "qwen2_5_vl that `vlgrpo model init-tiny --out runs/tiny-qwen2_5_vl` builds there") in out
+    assert (
+        "note: model.name_or_path=runs/tiny-qwen2_5_vl (the config default) is not built yet: planned the tiny "
+        "qwen2_5_vl that `vlgrpo model init-tiny --out runs/tiny-qwen2_5_vl` builds there"
+    ) in out
     assert "A100-80GB        85.90      4.35     81.55  fits: update peak 4.35 GB <= 85.90 GB capacity" in out
     r = run_json(capsys)
     # init-tiny's sizes with its BPE's target vocabulary of 512 (tied embeddings)
@@ -191,8 +239,9 @@ def test_bare_plan_plans_the_config_defaults(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("arch,tokens", [("qwen2_5_vl", 64), ("qwen2_vl", 64), ("qwen3_vl", 49)])
-def test_the_default_model_is_planned_as_init_tiny_builds_it(arch, tokens, tiny_model_dir, tmp_path, monkeypatch,
-                                                             capsys):
+def test_the_default_model_is_planned_as_init_tiny_builds_it(
+    arch, tokens, tiny_model_dir, tmp_path, monkeypatch, capsys
+):
     """Before and after `vlgrpo model init-tiny --out runs/tiny-qwen2_5_vl`: the same architecture, image tokens from
     the same processor bounds, the parameter count apart from the tokenizer's exact size. The tiny Qwen3-VL has 16 px
     patches (448 px capped at 28 x 28 x 64 px: 224 x 224 -> 7 x 7 tokens), learned positions and DeepStack mergers."""
@@ -218,12 +267,13 @@ def test_the_default_model_is_planned_as_init_tiny_builds_it(arch, tokens, tiny_
 def test_the_default_model_of_an_arch_the_planner_cannot_count_is_named():
     from vlgrpo.config import Config
     from vlgrpo.memory.report import init_tiny_spec
-    from vlgrpo.models import TinySpec
+    from vlgrpo.tiny import TinySpec
 
     cfg = Config()
     cfg.model.arch = "llava"  # not an accepted model.arch: only a hand-built config reaches the planner with it
-    with pytest.raises(PlanError, match="model.arch=llava: the planner counts the parameters of qwen2_vl, qwen2_5_vl, "
-                                       "qwen3_vl models"):
+    with pytest.raises(
+        PlanError, match="model.arch=llava: the planner counts the parameters of qwen2_vl, qwen2_5_vl, qwen3_vl models"
+    ):
         init_tiny_spec(TinySpec(), cfg)
 
 
@@ -244,23 +294,40 @@ def test_qwen3_vl_8b_lora_and_zero3_on_8_gpus(capsys):
     assert zero3["per_gpu"]["zero3_gather"] == 151936 * 4096 * 2  # the embedding, gathered in bf16
     assert zero3["per_gpu"]["total"] == zero3["per_gpu"]["train_phase"] == 41_713_149_756
     rows = verdict_rows(capsys, "--model", "qwen3-vl-8b", "--gpus", "8", "--lora-rank", "64")
-    assert rows["A100-80GB"] == ("A100-80GB        85.90     44.27     41.63  fits: update peak 44.27 GB <= 85.90 GB "
-                                 "capacity")
+    assert rows["A100-80GB"] == (
+        "A100-80GB        85.90     44.27     41.63  fits: update peak 44.27 GB <= 85.90 GB capacity"
+    )
     assert rows["A100-40GB"].endswith("does NOT fit: update peak 44.27 GB > 42.95 GB capacity")
     rows = verdict_rows(capsys, "--model", "qwen3-vl-8b", "--gpus", "8", "--zero", "3")
-    assert rows["A100-80GB"] == ("A100-80GB        85.90     41.71     44.19  fits: update peak 41.71 GB <= 85.90 GB "
-                                 "capacity")
+    assert rows["A100-80GB"] == (
+        "A100-80GB        85.90     41.71     44.19  fits: update peak 41.71 GB <= 85.90 GB capacity"
+    )
 
 
 def test_qwen3_vl_local_directory_is_planned_like_the_table(tmp_path, capsys):
     """A Qwen3-VL checkpoint directory: counts from its config.json, image tokens from its processor file, else the
     released Qwen3-VL processor's 16 px geometry (not Qwen2.5-VL's 14 px: 448 px would give 256 tokens)."""
-    released = {"model_type": "qwen3_vl", "tie_word_embeddings": False,  # Qwen3-VL-8B-Instruct's config.json
-                "text_config": {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
-                                "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-                                "vocab_size": 151936},
-                "vision_config": {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "patch_size": 16,
-                                  "num_position_embeddings": 2304, "deepstack_visual_indexes": [8, 16, 24]}}
+    released = {
+        "model_type": "qwen3_vl",
+        "tie_word_embeddings": False,  # Qwen3-VL-8B-Instruct's config.json
+        "text_config": {
+            "hidden_size": 4096,
+            "intermediate_size": 12288,
+            "num_hidden_layers": 36,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "vocab_size": 151936,
+        },
+        "vision_config": {
+            "depth": 27,
+            "hidden_size": 1152,
+            "intermediate_size": 4304,
+            "patch_size": 16,
+            "num_position_embeddings": 2304,
+            "deepstack_visual_indexes": [8, 16, 24],
+        },
+    }
     (tmp_path / "config.json").write_text(json.dumps(released))
     r = run_json(capsys, "--model", str(tmp_path), "--gpus", "8", "--lora-rank", "64")
     table = run_json(capsys, "--model", "qwen3-vl-8b", "--gpus", "8", "--lora-rank", "64")

@@ -35,8 +35,9 @@ def test_fp32_weights_also_make_16_bytes_without_a_master_copy():
 
 
 def test_three_models_grpo_estimate():
-    inp = PlanInput(params=7_000_000_000, dtype_bytes=2, optimizer_states="bf16", beta=0.04,
-                    reward_model_params=7_000_000_000)
+    inp = PlanInput(
+        params=7_000_000_000, dtype_bytes=2, optimizer_states="bf16", beta=0.04, reward_model_params=7_000_000_000
+    )
     g = plan(inp)["per_gpu"]
     assert g["weights"] + g["reference"] + g["reward_model"] == 42 * GB  # actor + reference + reward, bf16
     assert g["optimizer"] == 28 * GB  # two bf16 moments
@@ -90,10 +91,16 @@ def test_matches_deepspeed_estimators(name, gpus):
     inp = PlanInput(spec=spec, trainable=ALL_PARTS, dtype_bytes=2, convention="18-byte", num_gpus=gpus)
     cases = [
         (3, frozenset(), ds3(total, largest, per_node, nodes, cpu_offload=False)[1]),
-        (3, frozenset({"optimizer"}), ds3(total, largest, per_node, nodes, cpu_offload=True,
-                                          cpu_offload_params=False)[1]),
-        (3, frozenset({"optimizer", "param"}), ds3(total, largest, per_node, nodes, cpu_offload=True,
-                                                   cpu_offload_params=True)[1]),
+        (
+            3,
+            frozenset({"optimizer"}),
+            ds3(total, largest, per_node, nodes, cpu_offload=True, cpu_offload_params=False)[1],
+        ),
+        (
+            3,
+            frozenset({"optimizer", "param"}),
+            ds3(total, largest, per_node, nodes, cpu_offload=True, cpu_offload_params=True)[1],
+        ),
         (2, frozenset(), ds2(total, per_node, nodes, cpu_offload=False)[1]),
         (2, frozenset({"optimizer"}), ds2(total, per_node, nodes, cpu_offload=True)[1]),
     ]
@@ -106,8 +113,16 @@ def test_matches_deepspeed_estimators(name, gpus):
 
 
 def test_eighteen_byte_zero3_by_hand():
-    g = plan(PlanInput(params=8_000_000_000, largest_layer=500_000_000, dtype_bytes=2, convention="18-byte",
-                       zero_stage=3, num_gpus=8))["per_gpu"]
+    g = plan(
+        PlanInput(
+            params=8_000_000_000,
+            largest_layer=500_000_000,
+            dtype_bytes=2,
+            convention="18-byte",
+            zero_stage=3,
+            num_gpus=8,
+        )
+    )["per_gpu"]
     assert g["model_states"] == 18 * GB and g["zero3_gather"] == 2 * GB  # 18 * 8e9 / 8, 4 * 5e8
 
 
@@ -133,8 +148,15 @@ def test_trainable_vit_adds_its_activations():
 
 
 def test_rollout_kv_cache_hf_and_vllm_prefix_sharing():
-    inp = PlanInput(spec=Q7, prompts_per_step=1, completions_per_prompt=8, text_tokens=3840, image_tokens=0,
-                    completion_tokens=256, max_prompt_length=4096)
+    inp = PlanInput(
+        spec=Q7,
+        prompts_per_step=1,
+        completions_per_prompt=8,
+        text_tokens=3840,
+        image_tokens=0,
+        completion_tokens=256,
+        max_prompt_length=4096,
+    )
     per_token = 2 * 28 * 4 * 128 * 2
     hf = plan(inp)["per_gpu"]
     assert hf["kv_cache"] == per_token * (3840 + 8 * 256)  # the shared-prefix decode: one prompt KV per group
@@ -166,8 +188,9 @@ def test_zero3_rollout_gathers_weights_on_training_gpus():
     g = plan(inp)["per_gpu"]
     vision = (Q7.vision_params() + Q7.merger_params()) * 2  # bf16 tower + merger: all vLLM needs the trainer for
     assert g["zero3_rollout_gather"] == vision * 7 // 8  # minus the 1/8 shard already resident
-    resident = sum(g[k] for k in ("weights", "optimizer", "reference", "reward_model", "critic", "vision_cache",
-                                  "overhead"))
+    resident = sum(
+        g[k] for k in ("weights", "optimizer", "reference", "reward_model", "critic", "vision_cache", "overhead")
+    )
     assert g["rollout_phase"] == resident + g["zero3_rollout_gather"] + g["rollout_weights"] + g["kv_cache"]
     peak, _, _ = peak_on(inp, g, GPU_TYPES["A100-80GB"])
     assert peak >= resident + g["zero3_rollout_gather"] + int(0.4 * GPU_TYPES["A100-80GB"])
@@ -183,9 +206,15 @@ def test_verdicts_and_headroom():
     v = verdicts(inp, plan(inp)["per_gpu"])
     # rollout phase peaks: 1.75 GB weight shard + 10.5 GB optimiser + 1 GB overhead + 12.25 GB (the other 7/8 of the
     # 14 GB bf16 policy, gathered for HF decoding) = 25.5 GB; training peaks at 14 + 1 = 15 GB
-    assert v["A100-40GB"] == {"fits": True, "headroom_bytes": GPU_TYPES["A100-40GB"] - int(25.5 * GB),
-                              "capacity_bytes": 40960 * 2**20, "peak_bytes": int(25.5 * GB), "peak_phase": "rollout",
-                              "reason": "rollout peak 25.50 GB <= 42.95 GB capacity", "warnings": []}
+    assert v["A100-40GB"] == {
+        "fits": True,
+        "headroom_bytes": GPU_TYPES["A100-40GB"] - int(25.5 * GB),
+        "capacity_bytes": 40960 * 2**20,
+        "peak_bytes": int(25.5 * GB),
+        "peak_phase": "rollout",
+        "reason": "rollout peak 25.50 GB <= 42.95 GB capacity",
+        "warnings": [],
+    }
     big = replace(inp, zero_stage=0)  # 112 GB of model states + 1 GB overhead
     v = verdicts(big, plan(big)["per_gpu"])
     assert [k for k, x in v.items() if x["fits"]] == ["H200-141GB"]
@@ -201,8 +230,9 @@ def test_verdict_reasons_name_the_phase_and_vllms_budget():
     g = plan(inp)["per_gpu"]
     v = verdicts(inp, g)
     assert not v["A100-40GB"]["fits"] and v["A100-40GB"]["headroom_bytes"] > 0
-    assert v["A100-40GB"]["reason"] == ("vLLM weights 16.58 GB > its budget 8.59 GB (gpu_memory_utilization 0.2 x "
-                                        "42.95 GB): the engine cannot start")
+    assert v["A100-40GB"]["reason"] == (
+        "vLLM weights 16.58 GB > its budget 8.59 GB (gpu_memory_utilization 0.2 x 42.95 GB): the engine cannot start"
+    )
     assert v["A100-80GB"]["fits"] and v["A100-80GB"]["peak_phase"] == "update"  # the update outweighs 17.18 GB
     # without sleep mode vLLM keeps its budget through the update: the update peaks higher by exactly that budget
     awake = verdicts(replace(inp, vllm_sleep=False), g)["A100-80GB"]
@@ -216,9 +246,13 @@ def test_suggestions_when_it_does_not_fit():
     out = suggestions(inp, "A100-80GB")
     changes = {s["change"]: s for s in out}
     # only what the trainer runs: no ZeRO-1/2, no offloading outside ZeRO-3, no reference offload
-    assert {"model.gradient_checkpointing=true", "train.micro_batch_completions=4",
-            "train.backend=lora train.lora.rank=16", "train.backend=zero3",
-            "train.backend=zero3 train.zero3.offload_optimizer=true"} == set(changes)
+    assert {
+        "model.gradient_checkpointing=true",
+        "train.micro_batch_completions=4",
+        "train.backend=lora train.lora.rank=16",
+        "train.backend=zero3",
+        "train.backend=zero3 train.zero3.offload_optimizer=true",
+    } == set(changes)
     assert changes["train.backend=lora train.lora.rank=16"]["peak_bytes"] < plan(inp)["per_gpu"]["total"]
     assert any(s["fits"] for s in out)
     assert suggestions(replace(inp, lora_rank=16, gradient_checkpointing=True), "A100-80GB") == []
@@ -228,15 +262,23 @@ def test_suggestions_when_it_does_not_fit():
 
 def test_greedy_combination_when_no_single_change_fits():
     # vLLM over 8-way tensor parallelism: with the HF engine ZeRO-3 would gather all 147 GB of bf16 weights to decode
-    inp = PlanInput(spec=MODEL_TABLE["Qwen/Qwen2.5-VL-72B-Instruct"], num_gpus=8, completion_tokens=512, engine="vllm",
-                    tensor_parallel=8)
+    inp = PlanInput(
+        spec=MODEL_TABLE["Qwen/Qwen2.5-VL-72B-Instruct"],
+        num_gpus=8,
+        completion_tokens=512,
+        engine="vllm",
+        tensor_parallel=8,
+    )
     out = suggestions(inp, "A100-80GB")
     assert not any(s["fits"] for s in out[:-1])
     combo = out[-1]
     assert combo["fits"] and combo["peak_bytes"] <= GPU_TYPES["A100-80GB"]
     # ZeRO-3 shards the 147 GB of bf16 weights; the optimiser goes to the CPU; checkpointing cuts activations
-    assert set(combo["overrides"]) == {"train.backend=zero3", "model.gradient_checkpointing=true",
-                                       "train.zero3.offload_optimizer=true"}
+    assert set(combo["overrides"]) == {
+        "train.backend=zero3",
+        "model.gradient_checkpointing=true",
+        "train.zero3.offload_optimizer=true",
+    }
     assert combo["change"] == " ".join(combo["overrides"])
 
 

@@ -54,29 +54,77 @@ def test_qwen2_vl_vision_uses_layernorm_and_gelu_mlp():
 TINY_25 = {
     "model_type": "qwen2_5_vl",
     "tie_word_embeddings": False,
-    "text_config": {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
-                    "num_key_value_heads": 2, "vocab_size": 300},
-    "vision_config": {"depth": 2, "hidden_size": 32, "intermediate_size": 48, "num_heads": 2, "out_hidden_size": 64,
-                      "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3},
+    "text_config": {
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 300,
+    },
+    "vision_config": {
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 48,
+        "num_heads": 2,
+        "out_hidden_size": 64,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "in_channels": 3,
+    },
 }
 TINY_2 = {  # older layout: text keys at the top level, Qwen2-VL vision keys (embed_dim, mlp_ratio)
-    "model_type": "qwen2_vl", "hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 3,
-    "num_attention_heads": 4, "num_key_value_heads": 1, "vocab_size": 257, "tie_word_embeddings": True,
-    "vision_config": {"depth": 2, "embed_dim": 32, "mlp_ratio": 2, "num_heads": 2, "hidden_size": 48,
-                      "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "in_chans": 3},
+    "model_type": "qwen2_vl",
+    "hidden_size": 48,
+    "intermediate_size": 80,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "vocab_size": 257,
+    "tie_word_embeddings": True,
+    "vision_config": {
+        "depth": 2,
+        "embed_dim": 32,
+        "mlp_ratio": 2,
+        "num_heads": 2,
+        "hidden_size": 48,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "in_chans": 3,
+    },
 }
 
 
 TINY_3 = {  # Qwen3-VL: explicit head_dim, q/k norms, learned positions, two DeepStack mergers, tied at the top level
-    "model_type": "qwen3_vl", "tie_word_embeddings": True,
-    "text_config": {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
-                    "num_key_value_heads": 2, "head_dim": 24, "vocab_size": 300},
-    "vision_config": {"depth": 3, "hidden_size": 32, "intermediate_size": 48, "num_heads": 2, "out_hidden_size": 64,
-                      "patch_size": 16, "num_position_embeddings": 16, "deepstack_visual_indexes": [0, 2]},
+    "model_type": "qwen3_vl",
+    "tie_word_embeddings": True,
+    "text_config": {
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 24,
+        "vocab_size": 300,
+    },
+    "vision_config": {
+        "depth": 3,
+        "hidden_size": 32,
+        "intermediate_size": 48,
+        "num_heads": 2,
+        "out_hidden_size": 64,
+        "patch_size": 16,
+        "num_position_embeddings": 16,
+        "deepstack_visual_indexes": [0, 2],
+    },
 }
-CLASSES = {"qwen2_5_vl": ("Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLConfig"),
-           "qwen2_vl": ("Qwen2VLForConditionalGeneration", "Qwen2VLConfig"),
-           "qwen3_vl": ("Qwen3VLForConditionalGeneration", "Qwen3VLConfig")}
+CLASSES = {
+    "qwen2_5_vl": ("Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLConfig"),
+    "qwen2_vl": ("Qwen2VLForConditionalGeneration", "Qwen2VLConfig"),
+    "qwen3_vl": ("Qwen3VLForConditionalGeneration", "Qwen3VLConfig"),
+}
 
 
 def _torch_counts(raw: dict, parts: bool = False):
@@ -98,8 +146,11 @@ def _torch_counts(raw: dict, parts: bool = False):
     return {"total": total, "largest": largest, "vision": sum(visual.values()) - merger, "merger": merger}
 
 
-@pytest.mark.parametrize("raw", [TINY_25, TINY_2, TINY_3, dict(TINY_3, tie_word_embeddings=False)],
-                         ids=["qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen3_vl_untied"])
+@pytest.mark.parametrize(
+    "raw",
+    [TINY_25, TINY_2, TINY_3, dict(TINY_3, tie_word_embeddings=False)],
+    ids=["qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen3_vl_untied"],
+)
 def test_config_json_counts_equal_transformers(tmp_path, raw):
     (tmp_path / "config.json").write_text(json.dumps(raw))
     spec = resolve_model(str(tmp_path))
@@ -134,8 +185,9 @@ def test_config_json_errors_name_the_file_and_key(tmp_path):
         spec_from_config_json(_write(tmp_path / "b", {"model_type": "llama"}))
 
 
-@pytest.mark.parametrize("name", ["Qwen/Qwen2.5-VL-7B-Instruct", "qwen2.5-vl-7b", "QWEN2.5-VL-7B-INSTRUCT",
-                                  "Qwen2.5-VL-7B"])
+@pytest.mark.parametrize(
+    "name", ["Qwen/Qwen2.5-VL-7B-Instruct", "qwen2.5-vl-7b", "QWEN2.5-VL-7B-INSTRUCT", "Qwen2.5-VL-7B"]
+)
 def test_name_variants(name):
     assert resolve_model(name) is MODEL_TABLE["Qwen/Qwen2.5-VL-7B-Instruct"]
 
@@ -168,14 +220,32 @@ def test_kv_cache_qwen2_5_vl_7b_8_by_4096():
 # as config.json writes them, so that the table, the config.json reader and transformers are checked against each
 # other. Every size: head_dim 128, vocab 151936, 16 px patches, 2,304 learned positions, 16 vision heads.
 def _qwen3_released(hidden, inter, layers, heads, tie, depth, hv, iv, deepstack) -> dict:
-    return {"model_type": "qwen3_vl", "tie_word_embeddings": tie,
-            "text_config": {"hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
-                            "num_attention_heads": heads, "num_key_value_heads": 8, "head_dim": 128,
-                            "vocab_size": 151936, "tie_word_embeddings": tie},
-            "vision_config": {"depth": depth, "hidden_size": hv, "intermediate_size": iv, "num_heads": 16,
-                              "out_hidden_size": hidden, "patch_size": 16, "spatial_merge_size": 2,
-                              "temporal_patch_size": 2, "num_position_embeddings": 2304,
-                              "deepstack_visual_indexes": deepstack}}
+    return {
+        "model_type": "qwen3_vl",
+        "tie_word_embeddings": tie,
+        "text_config": {
+            "hidden_size": hidden,
+            "intermediate_size": inter,
+            "num_hidden_layers": layers,
+            "num_attention_heads": heads,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "vocab_size": 151936,
+            "tie_word_embeddings": tie,
+        },
+        "vision_config": {
+            "depth": depth,
+            "hidden_size": hv,
+            "intermediate_size": iv,
+            "num_heads": 16,
+            "out_hidden_size": hidden,
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "num_position_embeddings": 2304,
+            "deepstack_visual_indexes": deepstack,
+        },
+    }
 
 
 QWEN3_RELEASED = {
@@ -210,8 +280,12 @@ def test_qwen3_vl_counts_equal_transformers(name):
     largest module, from transformers' modeling file itself."""
     counts = _torch_counts(QWEN3_RELEASED[name], parts=True)
     spec = MODEL_TABLE[name]
-    assert counts == {"total": QWEN3_PARAMS[name], "largest": spec.largest_layer_params(),
-                      "vision": spec.vision_params(), "merger": spec.merger_params()}
+    assert counts == {
+        "total": QWEN3_PARAMS[name],
+        "largest": spec.largest_layer_params(),
+        "vision": spec.vision_params(),
+        "merger": spec.merger_params(),
+    }
 
 
 def test_qwen3_vl_8b_exact_breakdown():
@@ -250,8 +324,9 @@ def test_qwen3_vl_name_variants(name):
     assert resolve_model(name) is MODEL_TABLE["Qwen/Qwen3-VL-8B-Instruct"]
 
 
-@pytest.mark.parametrize("name", ["qwen3-vl-30b-a3b", "Qwen/Qwen3-VL-30B-A3B-Instruct",
-                                  "Qwen/Qwen3-VL-235B-A22B-Thinking"])
+@pytest.mark.parametrize(
+    "name", ["qwen3-vl-30b-a3b", "Qwen/Qwen3-VL-30B-A3B-Instruct", "Qwen/Qwen3-VL-235B-A22B-Thinking"]
+)
 def test_qwen3_vl_moe_is_refused_by_name(name, tmp_path):
     with pytest.raises(PlanError) as e:
         resolve_model(name)

@@ -25,15 +25,24 @@ BIG = "Qwen/Qwen2.5-VL-72B-Instruct"
 
 
 def _grid():
-    axes = itertools.product(["plain", "lora", "zero3"], ["hf", "vllm"], [1, 8], [0.0, 0.04], [False, True], [6, 3],
-                             [False, True])
+    axes = itertools.product(
+        ["plain", "lora", "zero3"], ["hf", "vllm"], [1, 8], [0.0, 0.04], [False, True], [6, 3], [False, True]
+    )
     for backend, engine, gpus, beta, checkpointing, micro, offload in axes:
         if offload and backend != "zero3":
             continue
-        yield [f"model.name_or_path={MODEL}", "model.dtype=bfloat16", f"train.backend={backend}",
-               f"rollout.engine={engine}", f"train.num_gpus={gpus}", f"grpo.beta={beta}",
-               f"model.gradient_checkpointing={checkpointing}", f"train.micro_batch_completions={micro}",
-               "rollout.completions_per_prompt=6", f"train.zero3.offload_optimizer={offload}"]
+        yield [
+            f"model.name_or_path={MODEL}",
+            "model.dtype=bfloat16",
+            f"train.backend={backend}",
+            f"rollout.engine={engine}",
+            f"train.num_gpus={gpus}",
+            f"grpo.beta={beta}",
+            f"model.gradient_checkpointing={checkpointing}",
+            f"train.micro_batch_completions={micro}",
+            "rollout.completions_per_prompt=6",
+            f"train.zero3.offload_optimizer={offload}",
+        ]
 
 
 def _check_runs(base: list[str], overrides: tuple[str, ...] | list[str], priced: PlanInput) -> None:
@@ -61,16 +70,29 @@ def test_every_single_change_runs():
             seen.add(tuple(o.split("=")[0] for o in overrides))
             _check_runs(base, overrides, alt)
     # the grid reached every kind of suggestion the planner has
-    assert seen == {("model.gradient_checkpointing",), ("train.micro_batch_completions",), ("train.backend",),
-                    ("train.backend", "train.zero3.offload_optimizer"), ("train.backend", "train.lora.rank"),
-                    ("train.zero3.offload_optimizer",), ("train.zero3.offload_param",),
-                    ("rollout.placement", "rollout.vllm.rollout_gpus")}
+    assert seen == {
+        ("model.gradient_checkpointing",),
+        ("train.micro_batch_completions",),
+        ("train.backend",),
+        ("train.backend", "train.zero3.offload_optimizer"),
+        ("train.backend", "train.lora.rank"),
+        ("train.zero3.offload_optimizer",),
+        ("train.zero3.offload_param",),
+        ("rollout.placement", "rollout.vllm.rollout_gpus"),
+    }
 
 
 @pytest.mark.parametrize("backend", ["plain", "zero3"])
 def test_printed_suggestions_and_the_greedy_combination_run(backend):
-    base = [f"model.name_or_path={BIG}", "model.dtype=bfloat16", f"train.backend={backend}", "train.num_gpus=8",
-            "rollout.engine=vllm", "rollout.vllm.tensor_parallel_size=8", "rollout.max_new_tokens=512"]
+    base = [
+        f"model.name_or_path={BIG}",
+        "model.dtype=bfloat16",
+        f"train.backend={backend}",
+        "train.num_gpus=8",
+        "rollout.engine=vllm",
+        "rollout.vllm.tensor_parallel_size=8",
+        "rollout.max_new_tokens=512",
+    ]
     inp = plan_input_from_config(load_config(None, base))
     out = suggestions(inp, "A100-80GB")
     assert not any(s["fits"] for s in out[:-1]) and out[-1]["fits"]  # the last entry: a combination that fits
@@ -92,13 +114,34 @@ def test_split_placement_is_suggested_as_the_trainer_runs_it(capsys):
 
 
 def test_a_split_the_trainer_does_not_run_is_labelled(capsys):
-    argv = ["plan", "--model", MODEL, "--gpus", "8", "--set", "rollout.engine=vllm", "--set",
-            "rollout.placement=split", "--set", "rollout.vllm.rollout_gpus=2"]
+    argv = [
+        "plan",
+        "--model",
+        MODEL,
+        "--gpus",
+        "8",
+        "--set",
+        "rollout.engine=vllm",
+        "--set",
+        "rollout.placement=split",
+        "--set",
+        "rollout.vllm.rollout_gpus=2",
+    ]
     assert main(argv) == 0
-    assert ("note: rollout.placement=split with 2 vLLM GPU(s) for 6 training GPU(s) is planned for comparison"
-            in capsys.readouterr().out)
-    runs = load_config(None, [f"model.name_or_path={MODEL}", "train.num_gpus=8", "rollout.engine=vllm",
-                              "rollout.placement=split", "rollout.vllm.rollout_gpus=4"])
+    assert (
+        "note: rollout.placement=split with 2 vLLM GPU(s) for 6 training GPU(s) is planned for comparison"
+        in capsys.readouterr().out
+    )
+    runs = load_config(
+        None,
+        [
+            f"model.name_or_path={MODEL}",
+            "train.num_gpus=8",
+            "rollout.engine=vllm",
+            "rollout.placement=split",
+            "rollout.vllm.rollout_gpus=4",
+        ],
+    )
     assert not_run_by_trainer(plan_input_from_config(runs)) == []
 
 
@@ -110,17 +153,25 @@ def test_comparison_only_inputs_are_labelled(capsys):
 
 
 def test_merging_overrides_keeps_the_last_backend_and_its_section():
-    steps = [("train.backend=zero3", "train.zero3.offload_optimizer=true"), ("model.gradient_checkpointing=true",),
-             ("train.backend=lora", "train.lora.rank=16")]
+    steps = [
+        ("train.backend=zero3", "train.zero3.offload_optimizer=true"),
+        ("model.gradient_checkpointing=true",),
+        ("train.backend=lora", "train.lora.rank=16"),
+    ]
     assert merge_overrides(steps) == ("model.gradient_checkpointing=true", "train.backend=lora", "train.lora.rank=16")
     assert merge_overrides([("train.micro_batch_completions=4",), ("train.micro_batch_completions=2",)]) == (
-        "train.micro_batch_completions=2",)
+        "train.micro_batch_completions=2",
+    )
     # an edit of the DeepSpeed JSON goes with the zero3 backend: a later switch to LoRA drops it
     offload = f"{DEEPSPEED_JSON}zero_optimization.offload_optimizer.device=cpu"
     assert merge_overrides([(offload,), ("train.backend=lora", "train.lora.rank=16")]) == (
-        "train.backend=lora", "train.lora.rank=16")
+        "train.backend=lora",
+        "train.lora.rank=16",
+    )
     assert merge_overrides([(offload,), ("model.gradient_checkpointing=true",)]) == (
-        offload, "model.gradient_checkpointing=true")
+        offload,
+        "model.gradient_checkpointing=true",
+    )
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -182,11 +233,14 @@ def test_printed_suggestions_change_what_the_trainer_runs(gpus, tmp_path, monkey
             device = f"zero_optimization.offload_{target}.device"
             if target in inp.offload:  # planned as offloaded: DeepSpeed must be told so
                 assert _get(before, device) != "cpu" and _get(after, device) == "cpu", (
-                    f"{s['change']} does not change what DeepSpeed runs")
+                    f"{s['change']} does not change what DeepSpeed runs"
+                )
     # in the JSON's terms, never as train.zero3.offload_* keys the trainer would ignore
     assert not any(o.startswith("train.zero3.") for s in out for o in s["overrides"])
     assert [s["deepspeed_json"]["set"] for s in out if s["deepspeed_json"]] == [
-        {"zero_optimization.offload_optimizer.device": "cpu"}, {"zero_optimization.offload_param.device": "cpu"}]
+        {"zero_optimization.offload_optimizer.device": "cpu"},
+        {"zero_optimization.offload_param.device": "cpu"},
+    ]
     assert 'fits   in configs/ds_zero3_bf16.json set zero_optimization.offload_optimizer.device to "cpu"' in table
 
 
@@ -194,16 +248,47 @@ def test_the_plan_takes_offload_from_the_deepspeed_json(tmp_path, capsys):
     """With train.zero3.deepspeed_config set, the trainer reads offload from the file: so does the plan, and a
     train.zero3.offload_* key beside the file is refused (it would do nothing)."""
     ds = tmp_path / "ds.json"
-    ds.write_text(json.dumps({"bf16": {"enabled": True}, "zero_optimization": {
-        "stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "none"}}}))
-    base = [f"model.name_or_path={MODEL}", "model.dtype=bfloat16", "train.backend=zero3", "train.num_gpus=8",
-            f"train.zero3.deepspeed_config={ds}"]
+    ds.write_text(
+        json.dumps(
+            {
+                "bf16": {"enabled": True},
+                "zero_optimization": {
+                    "stage": 3,
+                    "offload_optimizer": {"device": "cpu"},
+                    "offload_param": {"device": "none"},
+                },
+            }
+        )
+    )
+    base = [
+        f"model.name_or_path={MODEL}",
+        "model.dtype=bfloat16",
+        "train.backend=zero3",
+        "train.num_gpus=8",
+        f"train.zero3.deepspeed_config={ds}",
+    ]
     inp = plan_input_from_config(load_config(None, base))
     assert inp.offload == frozenset({"optimizer"}) and inp.deepspeed_config == str(ds)
     assert main(["plan", "--set", base[0], "--set", base[2], "--set", base[3], "--set", base[4]]) == 0
     assert f"offload: optimizer (from {ds})" in capsys.readouterr().out
-    assert main(["plan", "--set", base[0], "--set", base[2], "--set", base[3], "--set", base[4], "--set",
-                 "train.zero3.offload_param=true"]) == 2
+    assert (
+        main(
+            [
+                "plan",
+                "--set",
+                base[0],
+                "--set",
+                base[2],
+                "--set",
+                base[3],
+                "--set",
+                base[4],
+                "--set",
+                "train.zero3.offload_param=true",
+            ]
+        )
+        == 2
+    )
     assert "zero_optimization.offload_param.device: cpu" in capsys.readouterr().err
     # each offload change, applied to a copy of the JSON, gives back exactly the input that was priced
     for changes, alt in candidates(inp):
@@ -223,11 +308,25 @@ def test_the_plan_takes_offload_from_the_deepspeed_json(tmp_path, capsys):
 def test_deepspeed_json_settings_the_plan_does_not_follow_are_named(tmp_path, capsys):
     ds = tmp_path / "ds.json"
     ds.write_text(json.dumps({"fp16": {"enabled": True}, "zero_optimization": {"stage": 2}}))
-    assert main(["plan", "--model", MODEL, "--set", "train.backend=zero3", "--set",
-                 f"train.zero3.deepspeed_config={ds}"]) == 0
+    assert (
+        main(["plan", "--model", MODEL, "--set", "train.backend=zero3", "--set", f"train.zero3.deepspeed_config={ds}"])
+        == 0
+    )
     table = capsys.readouterr().out
     assert f"note: {ds} sets zero_optimization.stage=2: the zero3 backend is built for stage 3" in table
     assert f"note: {ds} enables float16 but model.dtype=bfloat16" in table
-    assert main(["plan", "--model", MODEL, "--set", "train.backend=zero3", "--set",
-                 f"train.zero3.deepspeed_config={tmp_path / 'missing.json'}"]) == 2
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                MODEL,
+                "--set",
+                "train.backend=zero3",
+                "--set",
+                f"train.zero3.deepspeed_config={tmp_path / 'missing.json'}",
+            ]
+        )
+        == 2
+    )
     assert "train.zero3.deepspeed_config: cannot read" in capsys.readouterr().err

@@ -25,8 +25,16 @@ def run_json(capsys, *argv) -> dict:
 
 
 def test_two_images_give_twice_the_image_tokens_everywhere():
-    one = PlanInput(spec=Q7, micro_batch=4, prompts_per_step=2, completions_per_prompt=8, text_tokens=64,
-                    image_tokens=256, completion_tokens=128, vision_cache_bytes=0)
+    one = PlanInput(
+        spec=Q7,
+        micro_batch=4,
+        prompts_per_step=2,
+        completions_per_prompt=8,
+        text_tokens=64,
+        image_tokens=256,
+        completion_tokens=128,
+        vision_cache_bytes=0,
+    )
     two = replace(one, images_per_sample=2)
     p1, p2 = plan(one), plan(two)
     assert p1["counts"]["prompt_parts"]["images"] == 256 and p2["counts"]["prompt_parts"]["images"] == 2 * 256
@@ -41,9 +49,19 @@ def test_two_images_give_twice_the_image_tokens_everywhere():
 
 def test_a_16_frame_video_is_8_temporal_patches_of_its_frame_tokens():
     n = 768  # qwen-vl-utils' default bound: 768 merged tokens a frame
-    inp = PlanInput(spec=Q7, micro_batch=4, prompts_per_step=2, completions_per_prompt=8, text_tokens=64,
-                    image_tokens=256, images_per_sample=1, video_frames=16, video_frame_tokens=n,
-                    completion_tokens=128, vision_cache_bytes=0)
+    inp = PlanInput(
+        spec=Q7,
+        micro_batch=4,
+        prompts_per_step=2,
+        completions_per_prompt=8,
+        text_tokens=64,
+        image_tokens=256,
+        images_per_sample=1,
+        video_frames=16,
+        video_frame_tokens=n,
+        completion_tokens=128,
+        vision_cache_bytes=0,
+    )
     p = plan(inp)
     assert p["counts"]["prompt_parts"] == {"text": 64, "images": 256, "video": 8 * n, "video_timestamps": 0}
     prompt = 64 + 256 + 8 * n  # 6464
@@ -60,8 +78,17 @@ def test_a_16_frame_video_is_8_temporal_patches_of_its_frame_tokens():
 
 def test_the_trainable_tower_sees_every_image_and_every_frame():
     s = MODEL_TABLE["Qwen/Qwen2-VL-2B-Instruct"]
-    inp = PlanInput(spec=s, trainable=("vision", "merger", "language"), micro_batch=1, text_tokens=0, image_tokens=4,
-                    images_per_sample=2, video_frames=4, video_frame_tokens=3, completion_tokens=4)
+    inp = PlanInput(
+        spec=s,
+        trainable=("vision", "merger", "language"),
+        micro_batch=1,
+        text_tokens=0,
+        image_tokens=4,
+        images_per_sample=2,
+        video_frames=4,
+        video_frame_tokens=3,
+        completion_tokens=4,
+    )
     visual = 2 * 4 + 2 * 3  # two images of 4 tokens, 4 frames = 2 temporal patches of 3 tokens
     lm = 2 * (6 * 1536 + 2 * 256 + 4 * 8960) * (visual + 4) * 28
     vit = 2 * (8 * 1280 + 2 * 5120) * (visual * 4) * 32  # 4 patches per merged token, GELU MLP
@@ -69,8 +96,17 @@ def test_the_trainable_tower_sees_every_image_and_every_frame():
 
 
 def test_checkpointed_whole_rows_put_the_visual_tokens_in_the_logits():
-    inp = PlanInput(spec=Q7, micro_batch=4, text_tokens=64, image_tokens=256, images_per_sample=2, video_frames=16,
-                    video_frame_tokens=768, completion_tokens=512, gradient_checkpointing=True)
+    inp = PlanInput(
+        spec=Q7,
+        micro_batch=4,
+        text_tokens=64,
+        image_tokens=256,
+        images_per_sample=2,
+        video_frames=16,
+        video_frame_tokens=768,
+        completion_tokens=512,
+        gradient_checkpointing=True,
+    )
     prompt = 64 + 512 + 6144
     assert plan(inp)["per_gpu"]["logits"] == 4 * 512 * 152064 * 10 + 4 * prompt * 152064 * 2
     # the shared-prefix pass (no checkpointing) asks for the completion's logits only
@@ -78,8 +114,9 @@ def test_checkpointed_whole_rows_put_the_visual_tokens_in_the_logits():
 
 
 def test_qwen3_vl_video_adds_its_timestamps():
-    inp = PlanInput(spec=Q3_8B, text_tokens=64, image_tokens=196, images_per_sample=0, video_frames=16,
-                    video_frame_tokens=768)
+    inp = PlanInput(
+        spec=Q3_8B, text_tokens=64, image_tokens=196, images_per_sample=0, video_frames=16, video_frame_tokens=768
+    )
     parts = plan(inp)["counts"]["prompt_parts"]
     assert parts == {"text": 64, "images": 0, "video": 8 * 768, "video_timestamps": 8 * 8}  # `<t seconds>` + wrap
 
@@ -114,8 +151,10 @@ def test_frame_size_prices_like_the_data_layer():
         assert plan(inp)["counts"]["prompt_parts"]["video"] == info.num_tokens(DEFAULT_GEOMETRY)
     # 640 x 360 -> 644 x 364: 23 x 13 = 299 tokens; 896 x 672 is the bound itself (32 x 24 = 768); 64 x 64 is raised
     # above the 128-token minimum (100,352 px): 64 x sqrt(100352 / 4096) = 316.8 px, up to 336 = 12 x 28: 144 tokens
-    tokens = [plan_input_from_config(cfg, video_frames=2, video_size=s).video_frame_tokens
-              for s in ((640, 360), (896, 672), (64, 64))]
+    tokens = [
+        plan_input_from_config(cfg, video_frames=2, video_size=s).video_frame_tokens
+        for s in ((640, 360), (896, 672), (64, 64))
+    ]
     assert tokens == [299, 768, 144]
 
 

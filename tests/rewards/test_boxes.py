@@ -75,7 +75,9 @@ def test_qwen3_json_normalised_0_1000_and_plain_pixels():
 
 def test_parse_boxes_forms():
     assert parse_boxes('[{"bbox_2d": [1, 2, 3, 4]}, {"bbox_2d":[5.5,6,7,8], "label": "a"}]', "qwen2_5") == [
-        (1.0, 2.0, 3.0, 4.0), (5.5, 6.0, 7.0, 8.0)]  # fmt: skip
+        (1.0, 2.0, 3.0, 4.0),
+        (5.5, 6.0, 7.0, 8.0),
+    ]
     assert parse_boxes('{"bbox": [1, 2, 3, 4]}', "qwen3") == [(1.0, 2.0, 3.0, 4.0)]
     assert parse_boxes("[1, 2, 3, 4] and [5, 6, 7, 8]", "qwen2_5") == [(1.0, 2.0, 3.0, 4.0), (5.0, 6.0, 7.0, 8.0)]
     assert parse_boxes('[{"bbox_2d": [1, 2, 3, 4], "label": "tru', "qwen2_5") == [(1.0, 2.0, 3.0, 4.0)]  # truncated
@@ -132,7 +134,9 @@ def test_qwen2_5_box_on_full_hd_restating_the_gold_scores_1_by_default():
 
     sample = _box_sample([[480, 270, 1440, 810]], size=(1920, 1080))
     text = '<answer>[{"bbox_2d": [483, 273, 1449, 819], "label": "car"}]</answer>'
-    for ctx in (RewardContext(box_format="qwen2_5"),
-                context_from_config(load_config(overrides=["model.arch=qwen2_5_vl"]))):  # fmt: skip
+    for ctx in (
+        RewardContext(box_format="qwen2_5"),
+        context_from_config(load_config(overrides=["model.arch=qwen2_5_vl"])),
+    ):
         assert predicted_boxes(text, sample, ctx) == [pytest.approx((480.0, 270.0, 1440.0, 810.0))]
         assert iou(text, sample, ctx) == pytest.approx(1.0)

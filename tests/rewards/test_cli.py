@@ -24,8 +24,9 @@ def _run(capsys, *argv):
 def test_count_sample_default_recipe(shapes_dir, capsys):
     row = _first(shapes_dir, "number")
     completion = f"<think>I count them.</think><answer>{row['answer']}</answer>"
-    code, out, _ = _run(capsys, "--sample", str(shapes_dir / "train.jsonl"), "--id", row["id"],
-                        "--completion", completion, "--json")  # fmt: skip
+    code, out, _ = _run(
+        capsys, "--sample", str(shapes_dir / "train.jsonl"), "--id", row["id"], "--completion", completion, "--json"
+    )
     report = json.loads(out)
     assert code == 0
     assert report["components"] == {"accuracy": 1.0, "format": 1.0}
@@ -46,8 +47,20 @@ def test_grounding_sample_box_conventions(shapes_dir, capsys):
     assert report["predicted_boxes"] == [[float(v) for v in row["boxes"][0]]]
     norm = [round(v * 1000 / 112, 3) for v in (x1, y1, x2, y2)]
     qwen2 = f"<think>t</think><answer><|box_start|>({norm[0]},{norm[1]}),({norm[2]},{norm[3]})<|box_end|></answer>"
-    code, out, _ = _run(capsys, "--sample", jsonl, "--id", row["id"], "--completion", qwen2, "--box-format", "qwen2",
-                        "--recipe", "{iou@0.9: 2.0}", "--json")  # fmt: skip
+    code, out, _ = _run(
+        capsys,
+        "--sample",
+        jsonl,
+        "--id",
+        row["id"],
+        "--completion",
+        qwen2,
+        "--box-format",
+        "qwen2",
+        "--recipe",
+        "{iou@0.9: 2.0}",
+        "--json",
+    )
     report = json.loads(out)
     assert report["components"] == {"iou@0.9": 1.0} and report["total"] == 2.0
 
@@ -62,10 +75,14 @@ def test_text_report_and_recipe_forms(shapes_dir, capsys, tmp_path):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("accuracy: 2.0\nformat: 1.0\n")
     completion = f"<answer>{row['answer'].upper()}</answer>"
-    code, out, _ = _run(capsys, "--sample", sample, "--completion", completion, "--recipe", str(recipe),
-                        "--answer-format", "answer")  # fmt: skip
+    code, out, _ = _run(
+        capsys, "--sample", sample, "--completion", completion, "--recipe", str(recipe), "--answer-format", "answer"
+    )
     assert [line.split() for line in out.splitlines()[-3:]] == [
-        ["accuracy", "1.0000", "2", "2.0000"], ["format", "1.0000", "1", "1.0000"], ["total", "3.0000"]]  # fmt: skip
+        ["accuracy", "1.0000", "2", "2.0000"],
+        ["format", "1.0000", "1", "1.0000"],
+        ["total", "3.0000"],
+    ]
     config = tmp_path / "run.yaml"
     config.write_text("reward:\n  recipe: {accuracy: 1.0}\n  gate_accuracy_on_format: true\n")
     code, out, _ = _run(capsys, "--sample", sample, "--completion", row["answer"], "--recipe", str(config), "--json")
@@ -98,8 +115,14 @@ def test_without_a_config_boxes_use_the_released_processor_geometry(capsys):
     """A 1920 x 1080 image is resized to 1932 x 1092 by the released Qwen2.5-VL processors (round(1920/28) = 69,
     round(1080/28) = 39 patches of 28): the gold [480, 270, 1440, 810] written in that space is
     [483, 273, 1449, 819]."""
-    row = {"id": "hd", "question": "Where is the car?", "answer_type": "box", "boxes": [[480, 270, 1440, 810]],
-           "image": "car.png", "image_size": [1920, 1080]}  # fmt: skip
+    row = {
+        "id": "hd",
+        "question": "Where is the car?",
+        "answer_type": "box",
+        "boxes": [[480, 270, 1440, 810]],
+        "image": "car.png",
+        "image_size": [1920, 1080],
+    }
     completion = '<think>t</think><answer>[{"bbox_2d": [483, 273, 1449, 819], "label": "car"}]</answer>'
     code, out, _ = _run(capsys, "--sample", json.dumps(row), "--completion", completion, "--json")
     report = json.loads(out)

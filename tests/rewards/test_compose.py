@@ -26,8 +26,9 @@ COLOUR = Sample(id="t1", question="What colour is the square?", answer="red", an
 EXIST = Sample(id="y1", question="Is there a blue circle in the image?", answer="no", answer_type="yesno")
 CHOICE = Sample(id="m1", question="Which? (A) red (B) blue", answer="B", answer_type="choice")
 MATH = Sample(id="x1", question="1/2 as a decimal?", answer="0.5", answer_type="math")
-GROUND = Sample(id="b1", question="Locate the red circle.", answer_type="box", boxes=[[10, 10, 50, 50]],
-                image_size=(112, 112))  # fmt: skip
+GROUND = Sample(
+    id="b1", question="Locate the red circle.", answer_type="box", boxes=[[10, 10, 50, 50]], image_size=(112, 112)
+)
 
 
 def _ta(answer: str) -> str:
@@ -57,8 +58,12 @@ def test_weighted_total_components_and_metrics():
     assert batch.components == {"accuracy": [1.0, 1.0, 0.0], "format": [1.0, 0.0, 1.0]}
     assert batch.total == [1.5, 1.0, 0.5]
     assert batch.failures == []
-    assert batch.metrics() == {"reward/accuracy": 2 / 3, "reward/format": 2 / 3, "reward/total": 1.0,
-                               "reward/failures": 0.0}  # fmt: skip
+    assert batch.metrics() == {
+        "reward/accuracy": 2 / 3,
+        "reward/format": 2 / 3,
+        "reward/total": 1.0,
+        "reward/failures": 0.0,
+    }
 
 
 def test_gating_closes_the_format_hack():
@@ -78,8 +83,9 @@ def test_box_rewards_and_iou_at_tau():
     batch = score([half], [GROUND], recipe, CTX)
     got = {k: v[0] for k, v in batch.components.items()}
     # enclosing box 40x60 = 2400 = union, so GIoU = IoU
-    assert got == pytest.approx({"iou": 1 / 3, "iou@0.3": 1.0, "iou@0.5": 0.0, "iou_threshold": 0.0,
-                                 "giou": 1 / 3, "accuracy": 0.0})  # fmt: skip
+    assert got == pytest.approx(
+        {"iou": 1 / 3, "iou@0.3": 1.0, "iou@0.5": 0.0, "iou_threshold": 0.0, "giou": 1 / 3, "accuracy": 0.0}
+    )
     assert batch.total[0] == pytest.approx(1 / 3 + 1 + 1 / 3)
     # box rewards score 0 on non-box samples, so a mixed dataset shares one recipe without failures
     batch = score([_ta("3")], [COUNT], {"iou": 1.0, "giou": 1.0}, CTX)
@@ -88,22 +94,31 @@ def test_box_rewards_and_iou_at_tau():
 
 def test_exceptions_nan_and_inf_become_counted_zeros(tmp_path):
     path = tmp_path / "bad_rewards.py"
-    path.write_text(textwrap.dedent("""
+    path.write_text(
+        textwrap.dedent("""
         def boom(completion, **fields):
             raise RuntimeError("broken reward on " + fields["id"])
         def nan(completion, **fields):
             return float("nan")
         def inf(completion, **fields):
             return float("inf")
-    """))
+    """)
+    )
     recipe = {"accuracy": 1.0, f"{path}:boom": 1.0, f"{path}:nan": 1.0, f"{path}:inf": 1.0}
     no_size = Sample(id="b2", question="q", answer_type="box", boxes=[[0, 0, 5, 5]])  # qwen2_5 needs the size
     batch = score([_ta("3"), _ta("[0, 0, 5, 5]")], [COUNT, no_size], recipe, CTX)
     assert batch.total == [1.0, 0.0]
     assert all(v == 0.0 for name, values in batch.components.items() if name != "accuracy" for v in values)
     failed = [(sid, name.rsplit(":", 1)[-1] if ":" in name else name) for sid, name, _ in batch.failures]
-    assert failed == [("c1", "boom"), ("c1", "nan"), ("c1", "inf"), ("b2", "accuracy"), ("b2", "boom"),
-                      ("b2", "nan"), ("b2", "inf")]  # fmt: skip
+    assert failed == [
+        ("c1", "boom"),
+        ("c1", "nan"),
+        ("c1", "inf"),
+        ("b2", "accuracy"),
+        ("b2", "boom"),
+        ("b2", "nan"),
+        ("b2", "inf"),
+    ]
     assert "broken reward on c1" in batch.failures[0][2] and "non-finite value nan" in batch.failures[1][2]
     assert "sample 'b2' has no image_size" in batch.failures[3][2]
     assert batch.metrics()["reward/failures"] == 7.0
@@ -113,7 +128,8 @@ def test_exceptions_nan_and_inf_become_counted_zeros(tmp_path):
 
 
 def test_user_function_gets_completion_and_named_fields(tmp_path, monkeypatch):
-    (tmp_path / "my_rewards.py").write_text(textwrap.dedent("""
+    (tmp_path / "my_rewards.py").write_text(
+        textwrap.dedent("""
         def length_bonus(completion, answer, image_size, task="none"):
             return len(completion) / 100 + image_size[0] / 1000 + (answer == "3")
         def everything(completion, **fields):
@@ -123,13 +139,17 @@ def test_user_function_gets_completion_and_named_fields(tmp_path, monkeypatch):
             return float(sample.id == "c1" and ctx.box_format == "qwen2_5")
         def needs_unknown(completion, colour):
             return 1.0
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     sample = Sample(id="c1", question="q", answer="3", answer_type="number", image_size=(200, 100))
     recipe = {"my_rewards:length_bonus": 2.0, "my_rewards:everything": 1.0, "my_rewards:with_ctx": 1.0}
     batch = score(["x" * 50], [sample], recipe, CTX)
-    assert batch.components == {"my_rewards:length_bonus": [pytest.approx(1.7)], "my_rewards:everything": [1.0],
-                                "my_rewards:with_ctx": [1.0]}  # fmt: skip
+    assert batch.components == {
+        "my_rewards:length_bonus": [pytest.approx(1.7)],
+        "my_rewards:everything": [1.0],
+        "my_rewards:with_ctx": [1.0],
+    }
     assert batch.total == [pytest.approx(2 * 1.7 + 2)] and batch.failures == []
     with pytest.raises(RewardError, match=r"parameter\(s\) \['colour'\] are not sample fields"):
         resolve_reward("my_rewards:needs_unknown")
@@ -169,11 +189,22 @@ def test_importing_rewards_needs_no_torch():
 
 
 def test_context_from_config_resolves_auto_box_format():
-    cfg = load_config(overrides=["reward.number_atol=0.5", "reward.iou_threshold=0.7", "data.answer_format=answer",
-                                 "reward.gate_accuracy_on_format=true"])  # fmt: skip
+    cfg = load_config(
+        overrides=[
+            "reward.number_atol=0.5",
+            "reward.iou_threshold=0.7",
+            "data.answer_format=answer",
+            "reward.gate_accuracy_on_format=true",
+        ]
+    )
     ctx = context_from_config(cfg, arch="qwen2_vl")
     assert (ctx.box_format, ctx.answer_format, ctx.number_atol, ctx.iou_threshold, ctx.gate_accuracy_on_format) == (
-        "qwen2", "answer", 0.5, 0.7, True)  # fmt: skip
+        "qwen2",
+        "answer",
+        0.5,
+        0.7,
+        True,
+    )
     ctx = context_from_config(load_config(overrides=["model.arch=qwen2_5_vl", "model.max_pixels=200000"]))
     assert ctx.box_format == "qwen2_5" and ctx.geometry.max_pixels == 200_000
     assert context_from_config(load_config(overrides=["reward.box_format=qwen3"])).box_format == "qwen3"

@@ -23,7 +23,7 @@ def test_answer_block(text, expected):
 
 
 def test_answer_region_uses_block_or_whole_text():
-    assert answer_region('<answer>[1, 2, 3, 4]</answer>') == "[1, 2, 3, 4]"
+    assert answer_region("<answer>[1, 2, 3, 4]</answer>") == "[1, 2, 3, 4]"
     assert answer_region('[{"bbox_2d": [1, 2, 3, 4]}]') == '[{"bbox_2d": [1, 2, 3, 4]}]'
     assert answer_region("<answer>a</answer><answer>b</answer>") is None
 

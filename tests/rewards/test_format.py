@@ -66,8 +66,14 @@ ROWS = {
     "box": Sample("b", "Where?", None, "box", boxes=[[10, 10, 50, 50]], image_size=(112, 112)),
     "text": Sample("t", "Colour?", "red", "text"),
 }
-PARSABLE = {"number": "−7", "choice": "(D)", "yesno": "No.", "math": r"\frac{3}{4}", "box": "[1, 2, 3, 4]",
-            "text": "banana"}  # wrong answers, but answers of the right kind  # fmt: skip
+PARSABLE = {
+    "number": "−7",
+    "choice": "(D)",
+    "yesno": "No.",
+    "math": r"\frac{3}{4}",
+    "box": "[1, 2, 3, 4]",
+    "text": "banana",
+}  # wrong answers, but answers of the right kind
 
 
 @pytest.mark.parametrize("kind", list(ROWS))
@@ -75,8 +81,12 @@ def test_format_needs_an_answer_of_the_rows_type(kind):
     """`<answer>banana</answer>` farmed the full format reward on every row type; now only text accepts it."""
     ctx = RewardContext(box_format="qwen2_5")
     think = "<think>looked</think><answer>{}</answer>"
-    batch = score([think.format("banana"), think.format(PARSABLE[kind]), think.format("3 or 4")], [ROWS[kind]] * 3,
-                  {"format": 1.0}, ctx)  # fmt: skip
+    batch = score(
+        [think.format("banana"), think.format(PARSABLE[kind]), think.format("3 or 4")],
+        [ROWS[kind]] * 3,
+        {"format": 1.0},
+        ctx,
+    )
     hedge_parses = kind in ("text", "math")  # for math_verify "3 or 4" is the set {3, 4}
     assert batch.components["format"] == [1.0 if kind == "text" else 0.0, 1.0, 1.0 if hedge_parses else 0.0]
     assert batch.failures == []

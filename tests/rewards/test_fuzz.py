@@ -18,11 +18,62 @@ from vlgrpo.rewards.verifiable import parse_choice, parse_number, parse_yesno, t
 from vlgrpo.types import Sample
 
 FRAGMENTS = [
-    "<answer>", "</answer>", "<think>", "</think>", "\\boxed{", "\\fbox{", "{", "}", "[", "]", "(", ")", ",", ".",
-    "1", "0.5", "-", "+", "e", "99999", "1000", " ", "\n", "\t", "Answer:", "answer", ":", "yes", "no", "not", "A",
-    "B", "(C)", "I", "a", "or", "and", "/", "three", "none", "<|box_start|>", "<|box_end|>", "<|object_ref_start|>",
-    '"bbox_2d"', '"bbox"', '"', "'", "label", "é", "漢", "\u2028", "\x00", "\r", "*", "$",
-]  # fmt: skip
+    "<answer>",
+    "</answer>",
+    "<think>",
+    "</think>",
+    "\\boxed{",
+    "\\fbox{",
+    "{",
+    "}",
+    "[",
+    "]",
+    "(",
+    ")",
+    ",",
+    ".",
+    "1",
+    "0.5",
+    "-",
+    "+",
+    "e",
+    "99999",
+    "1000",
+    " ",
+    "\n",
+    "\t",
+    "Answer:",
+    "answer",
+    ":",
+    "yes",
+    "no",
+    "not",
+    "A",
+    "B",
+    "(C)",
+    "I",
+    "a",
+    "or",
+    "and",
+    "/",
+    "three",
+    "none",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|object_ref_start|>",
+    '"bbox_2d"',
+    '"bbox"',
+    '"',
+    "'",
+    "label",
+    "é",
+    "漢",
+    "\u2028",
+    "\x00",
+    "\r",
+    "*",
+    "$",
+]
 TEXTS = st.one_of(st.text(max_size=300), st.lists(st.sampled_from(FRAGMENTS), max_size=80).map("".join))
 FUZZ = settings(max_examples=2500, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 
@@ -99,23 +150,37 @@ def _adversarial(size: int = 100_000) -> dict[str, str]:
     return {
         "50,000 <answer>": "<answer>" * 50_000,
         "50,000 [1,": "[1," * 50_000,
-        "(1,": rep("(1,"), '"bbox_2d": [1,': rep('"bbox_2d": [1,'), "\\boxed{": rep("\\boxed{"),
-        "{ after a boxed": "\\boxed{" + rep("{"), "digits": rep("1"), "1,000,": rep("1,000,"), "1.": rep("1."),
-        "spaces then x": rep(" ") + "x", "A or B": rep("A or B "), "answer": rep("answer "),
-        "answer then spaces": "answer" + rep(" "), "yes/no/": rep("yes/no/"), "think": rep("<think></think>"),
+        "(1,": rep("(1,"),
+        '"bbox_2d": [1,': rep('"bbox_2d": [1,'),
+        "\\boxed{": rep("\\boxed{"),
+        "{ after a boxed": "\\boxed{" + rep("{"),
+        "digits": rep("1"),
+        "1,000,": rep("1,000,"),
+        "1.": rep("1."),
+        "spaces then x": rep(" ") + "x",
+        "A or B": rep("A or B "),
+        "answer": rep("answer "),
+        "answer then spaces": "answer" + rep(" "),
+        "yes/no/": rep("yes/no/"),
+        "think": rep("<think></think>"),
         "(1,2) spaces": "(1,2)" + rep(" ") + "x",
-    }  # fmt: skip
+    }
 
 
 def test_100kB_adversarial_completions_parse_in_linear_time():
     """The benchmark shows < 5 ms per parser; this asserts a generous 50 ms so a loaded CI box does not flake,
     which still catches any quadratic scan (those take seconds at this size)."""
     parsers = {
-        "answer_block": answer_block, "extract_answer": extract_answer, "think_answer_ok": think_answer_ok,
-        "answer_only_ok": answer_only_ok, "parse_number": parse_number, "parse_choice": parse_choice,
-        "parse_yesno": parse_yesno, "text_match": lambda t: text_match(t, "red"),
+        "answer_block": answer_block,
+        "extract_answer": extract_answer,
+        "think_answer_ok": think_answer_ok,
+        "answer_only_ok": answer_only_ok,
+        "parse_number": parse_number,
+        "parse_choice": parse_choice,
+        "parse_yesno": parse_yesno,
+        "text_match": lambda t: text_match(t, "red"),
         **{f"parse_boxes[{f}]": (lambda t, f=f: parse_boxes(t, f)) for f in BOX_FORMATS},
-    }  # fmt: skip
+    }
     slow = {}
     for label, text in _adversarial().items():
         for name, fn in parsers.items():

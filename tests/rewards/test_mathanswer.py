@@ -30,7 +30,7 @@ def test_math_verify_gold_first_and_equivalent_forms():
         (r"2^{10}", "1024", True),
         ("−3", "-3", True),  # U+2212 in LaTeX
     ],
-)  # fmt: skip
+)
 def test_bare_latex_is_parsed_as_latex_first(pred, gold, expected):
     assert math_match(pred, gold) is expected
 
@@ -50,7 +50,7 @@ def test_bare_latex_is_parsed_as_latex_first(pred, gold, expected):
         ("10 cm", "10", True),  # README "10 cm -> 10"
         (r"\frac13", r"\frac{1}{3}", True),  # README "frac13 -> 1/3" (malformed operators)
     ],
-)  # fmt: skip
+)
 def test_math_verify_documented_examples(pred, gold, expected):
     """The examples of math_verify's README and `parse` docstring, through our LaTeX-first reading."""
     assert math_match(pred, gold) is expected
@@ -70,8 +70,17 @@ def test_gold_is_parsed_once():
     assert parse_gold.cache_info().misses == 1
 
 
-@pytest.mark.parametrize("pred", [r"$9^{9^{9^{9}}}$", r"$2^{2^{30}}$", r"$\binom{10^{9}}{10^{5}}$", r"$(10^{10})!$",
-                                  r"$(x+1)^{10^{9}}$", r"$\sum_{i=1}^{10^{9}} i$"])  # fmt: skip
+@pytest.mark.parametrize(
+    "pred",
+    [
+        r"$9^{9^{9^{9}}}$",
+        r"$2^{2^{30}}$",
+        r"$\binom{10^{9}}{10^{5}}$",
+        r"$(10^{10})!$",
+        r"$(x+1)^{10^{9}}$",
+        r"$\sum_{i=1}^{10^{9}} i$",
+    ],
+)
 def test_numbers_too_large_to_compare_are_no_answer(pred):
     """sympy would evaluate these for hours (9^(9^(9^9))) in `verify`: the size guard refuses them up front."""
     t0 = time.perf_counter()
@@ -130,8 +139,13 @@ def test_math_verify_from_a_worker_thread():
 
     def work():
         try:
-            results.append((math_match(r"\boxed{\frac{1}{2}}", "0.5"), math_match(r"\boxed{2}", "3"),
-                            math_match(r"$9^{9^{9^{9}}}$", "3")))  # fmt: skip
+            results.append(
+                (
+                    math_match(r"\boxed{\frac{1}{2}}", "0.5"),
+                    math_match(r"\boxed{2}", "3"),
+                    math_match(r"$9^{9^{9^{9}}}$", "3"),
+                )
+            )
         except Exception as e:  # noqa: BLE001 - surfaced by the assertion below
             results.append(e)
 
@@ -142,13 +156,50 @@ def test_math_verify_from_a_worker_thread():
 
 
 TWO_STAGE_CORPUS = [
-    r"\frac{1}{2}", "0.5", "3.14", "-3", "1,000", r"2\sqrt{2}", r"\sqrt[3]{2}", "2^{10}", r"\frac{\pi}{4}", r"\frac13",
-    "x^3", "x^2 - 1", "2x^3 + 3x^2 - x + 7", r"\pi r^2", r"\pi^2", "a^2+b^2=c^2", "xy^2", r"x^3_1", r"\alpha^2",
-    r"\left(\frac{1}{2}, \frac{\sqrt{3}}{2}\right)", "(1,2)", "[0, 1)", r"\{1, 2, 3\}", r"{1,3} \cup {2,4}",
-    "1 < x < 2", "x = 5", "y = 2x + 1", "a+2z = 2z + a = 101", r"e^{i\pi}", "i", r"\sin^2 x + \cos^2 x",
-    r"\log_2 8", r"\frac{a+b}{c-d}", r"10\%", r"5\text{ cm}", r"\begin{pmatrix}1 & 2\\3 & 4\end{pmatrix}",
-    r"\dfrac{3}{4}", r"x \in [0, \infty)", r"\binom{5}{2}", "3!", r"\infty", r"-\frac{\sqrt{2}}{2}", r"\ln(x^2)",
-]  # fmt: skip
+    r"\frac{1}{2}",
+    "0.5",
+    "3.14",
+    "-3",
+    "1,000",
+    r"2\sqrt{2}",
+    r"\sqrt[3]{2}",
+    "2^{10}",
+    r"\frac{\pi}{4}",
+    r"\frac13",
+    "x^3",
+    "x^2 - 1",
+    "2x^3 + 3x^2 - x + 7",
+    r"\pi r^2",
+    r"\pi^2",
+    "a^2+b^2=c^2",
+    "xy^2",
+    r"x^3_1",
+    r"\alpha^2",
+    r"\left(\frac{1}{2}, \frac{\sqrt{3}}{2}\right)",
+    "(1,2)",
+    "[0, 1)",
+    r"\{1, 2, 3\}",
+    r"{1,3} \cup {2,4}",
+    "1 < x < 2",
+    "x = 5",
+    "y = 2x + 1",
+    "a+2z = 2z + a = 101",
+    r"e^{i\pi}",
+    "i",
+    r"\sin^2 x + \cos^2 x",
+    r"\log_2 8",
+    r"\frac{a+b}{c-d}",
+    r"10\%",
+    r"5\text{ cm}",
+    r"\begin{pmatrix}1 & 2\\3 & 4\end{pmatrix}",
+    r"\dfrac{3}{4}",
+    r"x \in [0, \infty)",
+    r"\binom{5}{2}",
+    "3!",
+    r"\infty",
+    r"-\frac{\sqrt{2}}{2}",
+    r"\ln(x^2)",
+]
 """Answer shapes of every kind: numbers, radicals, powers of letters (SLL reports an error there: LL finishes),
 intervals, sets, equations, chains, functions, matrices and math_verify's documented examples."""
 

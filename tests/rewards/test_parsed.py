@@ -34,8 +34,9 @@ def test_box_rewards_parse_the_boxes_once_per_completion(monkeypatch):
 
 def test_math_accuracy_and_format_share_one_math_verify_parse(monkeypatch):
     calls = _counting(monkeypatch, "parse_math")
-    batch = score([r"<think>t</think><answer>\frac{1}{2}</answer>"], [MATH], {"accuracy": 1.0, "format": 0.5},
-                  RewardContext())  # fmt: skip
+    batch = score(
+        [r"<think>t</think><answer>\frac{1}{2}</answer>"], [MATH], {"accuracy": 1.0, "format": 0.5}, RewardContext()
+    )
     assert batch.components == {"accuracy": [1.0], "format": [1.0]} and len(calls) == 1
 
 

@@ -13,7 +13,8 @@ GOLD = [100, 60, 400, 300]  # original pixels: 0-1000 grid [100, 100, 400, 500];
 
 
 def _answer(box) -> str:
-    return '<answer>[{"bbox_2d": [%s], "label": "green square"}]</answer>' % ", ".join(str(v) for v in box)
+    values = ", ".join(str(v) for v in box)
+    return f'<answer>[{{"bbox_2d": [{values}], "label": "green square"}}]</answer>'
 
 
 def test_qwen3_vl_reads_its_boxes_on_0_1000_and_a_qwen2_5_pixel_box_scores_differently():

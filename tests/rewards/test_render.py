@@ -7,26 +7,38 @@ from vlgrpo.types import Sample
 
 
 def _sample(**kw) -> Sample:
-    fields = {"id": "s", "image": "x.png", "question": "Is there a red circle in the image?", "answer": "no",
-              "answer_type": "yesno", "image_size": (112, 112)}  # fmt: skip
+    fields = {
+        "id": "s",
+        "image": "x.png",
+        "question": "Is there a red circle in the image?",
+        "answer": "no",
+        "answer_type": "yesno",
+        "image_size": (112, 112),
+    }
     return Sample(**{**fields, **kw})
 
 
 def test_think_answer_thinks_with_the_samples_own_reasoning_when_it_has_one():
     plain = _sample()
     assert render_completion(plain, "think_answer", "qwen2_5") == (
-        "<think>I check whether the object is in the image.</think><answer>no</answer>")
+        "<think>I check whether the object is in the image.</think><answer>no</answer>"
+    )
     reasoned = _sample(meta={"reasoning": "blue square, orange triangle"})
     assert render_completion(reasoned, "think_answer", "qwen2_5") == (
-        "<think>blue square, orange triangle</think><answer>no</answer>")
+        "<think>blue square, orange triangle</think><answer>no</answer>"
+    )
     assert render_completion(reasoned, "answer", "qwen2_5") == "<answer>no</answer>"  # no think part to fill
     assert render_target(reasoned, "think_answer", "qwen2_5") == render_completion(reasoned, "think_answer", "qwen2_5")
 
 
 def test_scene_names_order_colour_then_shape_and_keep_duplicates():
-    shapes = [Shape("square", "orange", (0, 0, 1, 1)), Shape("circle", "blue", (0, 0, 1, 1)),
-              Shape("triangle", "red", (0, 0, 1, 1)), Shape("circle", "red", (0, 0, 1, 1)),
-              Shape("circle", "blue", (0, 0, 1, 1))]  # fmt: skip
+    shapes = [
+        Shape("square", "orange", (0, 0, 1, 1)),
+        Shape("circle", "blue", (0, 0, 1, 1)),
+        Shape("triangle", "red", (0, 0, 1, 1)),
+        Shape("circle", "red", (0, 0, 1, 1)),
+        Shape("circle", "blue", (0, 0, 1, 1)),
+    ]
     # COLOURS order red, green, blue, yellow, purple, orange; SHAPES order circle, square, triangle
     assert scene_names(shapes) == "red circle, red triangle, blue circle, blue circle, orange square"
 
@@ -52,7 +64,13 @@ def test_a_synthetic_samples_reasoning_lists_the_shapes_its_question_is_about(tm
         sample = make_sample(rng, i, 112, ("count", "colour", "exist", "ground"), tmp_path, "train", 3)
         assert sample.meta["reasoning"] == _about(sample), sample.question
         seen.add((sample.task, sample.meta["reasoning"] == "none"))
-    assert {("shapes/count", True), ("shapes/count", False), ("shapes/exist", True), ("shapes/exist", False),
-            ("shapes/colour", False), ("shapes/ground", False)} <= seen  # every kind, and "none" where it can be
+    assert {
+        ("shapes/count", True),
+        ("shapes/count", False),
+        ("shapes/exist", True),
+        ("shapes/exist", False),
+        ("shapes/colour", False),
+        ("shapes/ground", False),
+    } <= seen  # every kind, and "none" where it can be
     target = render_target(sample, "think_answer", "qwen2_5")  # the last one is a box question
-    assert target.startswith(f"<think>{_about(sample)}</think><answer>[{{\"bbox_2d\": ")
+    assert target.startswith(f'<think>{_about(sample)}</think><answer>[{{"bbox_2d": ')

@@ -1,4 +1,5 @@
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -6,10 +7,11 @@ import torch
 from vlgrpo.data.images import load_image
 from vlgrpo.data.prompts import render_messages
 from vlgrpo.models import placeholder_token_ids
+from vlgrpo.policy.forward import collate_groups, completion_logprobs
+from vlgrpo.policy.prompt import forbidden_mask
 from vlgrpo.rollout.base import SamplingParams
 from vlgrpo.rollout.decode import SharedPrefixDecoder
-from vlgrpo.rollout.hf import HFEngine, sample_next
-from vlgrpo.rollout.inputs import collate_groups, completion_logprobs, forbidden_mask
+from vlgrpo.rollout.hf import HFEngine, decode_shared, sample_next
 from vlgrpo.types import Sample
 from vlgrpo.vision_cache import VisionCache
 
@@ -21,8 +23,10 @@ class ForcedLogits:
 
     def __init__(self, model, seq=None, always=None, bonus=100.0):
         self.seq, self.always, self.bonus, self.calls = seq or [], always or [], bonus, []
-        self.handles = [model.get_input_embeddings().register_forward_hook(self.count),
-                        model.get_output_embeddings().register_forward_hook(self)]  # fmt: skip
+        self.handles = [
+            model.get_input_embeddings().register_forward_hook(self.count),
+            model.get_output_embeddings().register_forward_hook(self),
+        ]
 
     def count(self, module, args, out):
         ids = args[0]
@@ -50,14 +54,20 @@ def test_greedy_equals_transformers_generate_on_pixels(load, samples, arch):
     model, processor = load(arch, spread_by=0.1)
     engine = _engine(model, processor, batch_prompts=3)  # three prompts of different lengths in one left-padded batch
     batch = [samples[0], samples[5], samples[2]]
-    groups = engine.generate(batch, SamplingParams(n=2, temperature=0, max_new_tokens=10))
+    groups = engine.generate(batch, SamplingParams(completions_per_prompt=2, temperature=0, max_new_tokens=10))
     bad = placeholder_token_ids(processor.tokenizer)
     for s, g in zip(batch, groups):
         text = processor.apply_chat_template(render_messages(s), add_generation_prompt=True, tokenize=False)
         inputs = processor(text=[text], images=[load_image(s.image)], return_tensors="pt")
         assert g.prompt_ids == inputs["input_ids"][0].tolist()
-        out = model.generate(**inputs, max_new_tokens=10, do_sample=False, suppress_tokens=bad,
-                             output_scores=True, return_dict_in_generate=True)  # fmt: skip
+        out = model.generate(
+            **inputs,
+            max_new_tokens=10,
+            do_sample=False,
+            suppress_tokens=bad,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
         ref = out.sequences[0, inputs["input_ids"].shape[1] :].tolist()
         assert len(set(ref)) > 3  # a varied sequence, not one repeated token
         for c in g.completions:
@@ -78,7 +88,7 @@ def test_prefill_once_per_prompt_and_one_encoder_call_per_unique_image(load, sam
     batch = [samples[0], samples[1], same_image]  # 3 prompts, 2 unique images, chunks of 2 + 1
     hook = ForcedLogits(model)
     try:
-        groups = engine.generate(batch, SamplingParams(n=4, max_new_tokens=5, seed=3))
+        groups = engine.generate(batch, SamplingParams(completions_per_prompt=4, max_new_tokens=5, seed=3))
     finally:
         hook.remove()
     prompt_lens = [len(g.prompt_ids) for g in groups]
@@ -91,14 +101,14 @@ def test_prefill_once_per_prompt_and_one_encoder_call_per_unique_image(load, sam
     assert s["rollout/completions"] == 12 and s["rollout/generated_tokens"] == 60
     assert s["rollout/decode_tokens"] == 2 * 4 * 4 + 1 * 4 * 4  # 4 decode forwards per chunk (5th token not fed)
     engine.reset_stats()
-    engine.generate(batch[:2], SamplingParams(n=2, max_new_tokens=2))
+    engine.generate(batch[:2], SamplingParams(completions_per_prompt=2, max_new_tokens=2))
     assert engine.stats()["rollout/encoder_calls"] == 0  # cached across steps
 
 
 def test_sampling_logprobs_equal_the_trainers_pass(load, samples):
     model, processor = load("qwen2_5_vl", spread_by=0.1)
     engine = _engine(model, processor, batch_prompts=2)
-    params = SamplingParams(n=3, temperature=0.7, top_p=0.9, top_k=50, max_new_tokens=8, seed=0)
+    params = SamplingParams(completions_per_prompt=3, temperature=0.7, top_p=0.9, top_k=50, max_new_tokens=8, seed=0)
     groups = engine.generate(samples[:3], params)
     feats = engine.cache.get([g.sample.image for g in groups])
     tok = processor.tokenizer
@@ -112,7 +122,9 @@ def test_sampling_logprobs_equal_the_trainers_pass(load, samples):
         assert torch.allclose(logp[r, : len(c.token_ids)], torch.tensor(c.logprobs), atol=1e-5, rtol=0)
     again = engine.generate(samples[:3], params)
     assert [c.token_ids for g in again for c in g.completions] == [c.token_ids for c in rows]  # seeded
-    other = engine.generate(samples[:3], SamplingParams(n=3, temperature=0.7, max_new_tokens=8, seed=1))
+    other = engine.generate(
+        samples[:3], SamplingParams(completions_per_prompt=3, temperature=0.7, max_new_tokens=8, seed=1)
+    )
     assert [c.token_ids for g in other for c in g.completions] != [c.token_ids for c in rows]
 
 
@@ -126,7 +138,7 @@ def test_shared_prefix_decode_samples_what_the_transformers_forward_samples(load
     engine = _engine(model, processor, batch_prompts=3)
     eos = processor.tokenizer.eos_token_id
     batch = [samples[0], samples[5], samples[2]]  # different prompt lengths: a left-padded chunk
-    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=12, seed=5)
+    params = SamplingParams(completions_per_prompt=4, temperature=1.0, max_new_tokens=12, seed=5)
     hook = ForcedLogits(model, always=[eos], bonus=5.0)  # eos likely enough that rows stop at different steps
     try:
         shared = engine.generate(batch, params)
@@ -144,7 +156,7 @@ def test_shared_prefix_decode_samples_what_the_transformers_forward_samples(load
     assert len(shared_calls) == 1 + max(len(c.token_ids) for c in rows) - 1  # prefill, then one step per new token
     # step k runs after the k-th token: a prompt stays in the decoder (all G rows) while one of its rows goes on
     lengths = [max(len(c.token_ids) for c in g.completions) for g in shared]
-    held = [params.n * sum(n > k for n in lengths) for k in range(1, max(lengths))]
+    held = [params.completions_per_prompt * sum(n > k for n in lengths) for k in range(1, max(lengths))]
     assert [rows for rows, _ in shared_calls[1:]] == held
     assert held[-1] < held[0]  # a prompt left while another's rows went on
 
@@ -158,7 +170,7 @@ def test_engine_logprobs_equal_the_models_own_forward_on_pixels(load, samples, a
     assert SharedPrefixDecoder.supports(model)
     engine = _engine(model, processor, batch_prompts=3)
     batch = [samples[0], samples[5], samples[2]]  # different prompt lengths: a left-padded chunk
-    params = SamplingParams(n=3, temperature=0.8, max_new_tokens=10, seed=2)
+    params = SamplingParams(completions_per_prompt=3, temperature=0.8, max_new_tokens=10, seed=2)
     forbidden = forbidden_mask(processor.tokenizer, model.config.get_text_config().vocab_size)
     hook = ForcedLogits(model, always=[processor.tokenizer.eos_token_id], bonus=3.0)  # on the reference's too
     try:
@@ -174,8 +186,9 @@ def test_engine_logprobs_equal_the_models_own_forward_on_pixels(load, samples, a
                 inputs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(comp)], 1)
                 with torch.no_grad():
                     logits = model(**inputs).logits[0, -comp.shape[1] - 1 : -1]  # [C, V]: predicting each token
-                ref = torch.log_softmax(logits.masked_fill(forbidden, -torch.inf) / 0.8, -1)[range(comp.shape[1]),
-                                                                                              c.token_ids]  # fmt: skip
+                ref = torch.log_softmax(logits.masked_fill(forbidden, -torch.inf) / 0.8, -1)[
+                    range(comp.shape[1]), c.token_ids
+                ]
                 diffs.append(float((ref - torch.tensor(c.logprobs)).abs().max()))
     finally:
         hook.remove()
@@ -184,22 +197,22 @@ def test_engine_logprobs_equal_the_models_own_forward_on_pixels(load, samples, a
     assert max(diffs) <= 1e-5
 
 
-def test_dropping_finished_prompts_changes_no_token_or_logprob(load, samples, monkeypatch):
+def test_dropping_finished_prompts_changes_no_token_or_logprob(load, samples):
     """The decoder without its finished prompts gives the rows still sampling the same logits as a decoder that steps
     every row to the end: the same tokens, and the same log-probs up to the matrix kernels' rounding of a smaller
     batch (bit for bit on an AMD EPYC's kernels; up to 3e-6 on an Intel AVX-512 machine's, measured 2026-12-03). A
     row mapped to another row's KV or bias would differ by far more."""
     model, processor = load("qwen2_5_vl", spread_by=0.1)
     engine = _engine(model, processor, batch_prompts=4)
+    keep_all = _engine(model, processor, batch_prompts=4, decode=partial(decode_shared, drop_finished=False))
     batch = [samples[0], samples[5], samples[2], samples[3]]
-    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=12, seed=3)
+    params = SamplingParams(completions_per_prompt=4, temperature=1.0, max_new_tokens=12, seed=3)
     hook = ForcedLogits(model, always=[processor.tokenizer.eos_token_id], bonus=5.0)
     try:
         dropped = engine.generate(batch, params)
         dropped_rows = [rows for rows, _ in hook.calls[1:]]
-        monkeypatch.setattr(SharedPrefixDecoder, "drop_finished", False)
         del hook.calls[:]
-        kept = engine.generate(batch, params)
+        kept = keep_all.generate(batch, params)
         kept_rows = [rows for rows, _ in hook.calls[1:]]
     finally:
         hook.remove()
@@ -218,8 +231,9 @@ def test_a_runs_engine_decodes_the_steps_prompts_as_one_batch(load):
 
     model, processor = load("qwen2_5_vl")
     cfg = load_config(None, ["train.prompts_per_step=12", "data.answer_format=answer"])
-    engine = HFEngine.from_config(cfg, SimpleNamespace(model=model, processor=processor),
-                                  VisionCache(model, processor), "qwen2_5")  # fmt: skip
+    engine = HFEngine.from_config(
+        cfg, SimpleNamespace(model=model, processor=processor), VisionCache(model, processor), "qwen2_5"
+    )
     assert engine.batch_prompts == 12 and engine.prompt_kw["answer_format"] == "answer"
 
 
@@ -229,7 +243,7 @@ def test_placeholder_tokens_are_never_sampled_even_when_favoured(load, samples):
     engine = _engine(model, processor)
     hook = ForcedLogits(model, always=bad, bonus=30.0)  # a policy that would pick a placeholder ~always
     try:
-        groups = engine.generate(samples[:2], SamplingParams(n=8, max_new_tokens=6, seed=0))
+        groups = engine.generate(samples[:2], SamplingParams(completions_per_prompt=8, max_new_tokens=6, seed=0))
     finally:
         hook.remove()
     ids = {t for g in groups for c in g.completions for t in c.token_ids}
@@ -245,7 +259,7 @@ def test_eos_is_kept_in_token_ids_and_stop_strings_cut_the_text(load, samples):
     engine = _engine(model, processor)
     hook = ForcedLogits(model, seq=answer[:4] + [eos])
     try:
-        (g,) = engine.generate(samples[:1], SamplingParams(n=2, temperature=0, max_new_tokens=10))
+        (g,) = engine.generate(samples[:1], SamplingParams(completions_per_prompt=2, temperature=0, max_new_tokens=10))
     finally:
         hook.remove()
     for c in g.completions:
@@ -284,6 +298,8 @@ def test_sample_next_top_k_top_p_and_reported_logprobs():
     assert ids.tolist() == [2] and math.isclose(logp.item(), math.log(0.3 / 0.6), abs_tol=1e-6)
     with pytest.raises(ValueError, match="top_p must be in"):
         SamplingParams(top_p=0)
+    with pytest.raises(ValueError, match="SamplingParams.completions_per_prompt must be >= 1"):
+        SamplingParams(completions_per_prompt=0)
 
 
 def test_update_weights_bumps_the_version_and_restores_train_mode(load, samples):
@@ -291,6 +307,6 @@ def test_update_weights_bumps_the_version_and_restores_train_mode(load, samples)
     engine = _engine(model, processor)
     engine.update_weights(None, version=7)
     model.train()
-    (g,) = engine.generate(samples[:1], SamplingParams(n=2, max_new_tokens=2))
+    (g,) = engine.generate(samples[:1], SamplingParams(completions_per_prompt=2, max_new_tokens=2))
     assert g.policy_version == 7 and model.training
     model.eval()

@@ -13,11 +13,19 @@ from vlgrpo.rollout.split import pack_weights, unpack_weights, worker_gpu
 
 
 def test_weights_travel_as_one_buffer_per_dtype_and_come_back_equal():
-    weights = {"a": torch.randn(3, 4), "b": torch.randn(5, 6).t(), "c": torch.arange(7, dtype=torch.int64),
-               "d": torch.randn(2, 2).to(torch.bfloat16), "e": torch.randn(4)}  # fmt: skip
+    weights = {
+        "a": torch.randn(3, 4),
+        "b": torch.randn(5, 6).t(),
+        "c": torch.arange(7, dtype=torch.int64),
+        "d": torch.randn(2, 2).to(torch.bfloat16),
+        "e": torch.randn(4),
+    }
     layout, flats = pack_weights(weights.items())
-    assert {dtype: t.numel() for dtype, t in flats.items()} == {torch.float32: 12 + 30 + 4, torch.int64: 7,
-                                                               torch.bfloat16: 4}  # fmt: skip
+    assert {dtype: t.numel() for dtype, t in flats.items()} == {
+        torch.float32: 12 + 30 + 4,
+        torch.int64: 7,
+        torch.bfloat16: 4,
+    }
     buffer = io.BytesIO()
     ForkingPickler(buffer).dump((layout, flats))  # what the queue does: one shared-memory segment per buffer
     back = unpack_weights(*ForkingPickler.loads(buffer.getvalue()))
@@ -40,11 +48,18 @@ def test_the_choice_indexes_the_gpus_the_trainer_sees():
     assert worker_gpu(0, 2, 2, ["GPU-a", "GPU-b", "GPU-c", "GPU-d", "GPU-e"]) == "GPU-c"  # UUIDs; GPU-e idles
 
 
-@pytest.mark.parametrize("rollout_gpus, visible, message", [
-    (2, [str(i) for i in range(8)], r"4 training rank\(s\) on this node need rollout.vllm.rollout_gpus=4 \(got 2\)"),
-    (6, [str(i) for i in range(10)], r"need rollout.vllm.rollout_gpus=4 \(got 6\)"),  # two would idle
-    (4, [str(i) for i in range(7)], "need 8 GPUs on this node, 7 are visible"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "rollout_gpus, visible, message",
+    [
+        (
+            2,
+            [str(i) for i in range(8)],
+            r"4 training rank\(s\) on this node need rollout.vllm.rollout_gpus=4 \(got 2\)",
+        ),
+        (6, [str(i) for i in range(10)], r"need rollout.vllm.rollout_gpus=4 \(got 6\)"),  # two would idle
+        (4, [str(i) for i in range(7)], "need 8 GPUs on this node, 7 are visible"),
+    ],
+)
 def test_other_layouts_and_too_few_gpus_are_refused(rollout_gpus, visible, message):
     with pytest.raises(ConfigError, match=message):
         worker_gpu(0, 4, rollout_gpus, visible)

@@ -10,9 +10,9 @@ from types import SimpleNamespace as NS
 import pytest
 from PIL import Image
 
-from vlgrpo.rollout.base import SamplingParams
-from vlgrpo.rollout.inputs import build_prompt
 from vlgrpo.models import is_visual
+from vlgrpo.policy.prompt import build_prompt
+from vlgrpo.rollout.base import SamplingParams
 from vlgrpo.rollout.vllm import (
     PLACEHOLDER_BIAS,
     VLLMEngine,
@@ -28,19 +28,19 @@ from vlgrpo.vision_cache import VisionCache
 
 def test_weight_names_map_to_checkpoint_names():
     cases = {
-        "model.language_model.layers.0.self_attn.q_proj.weight":
-            "model.language_model.layers.0.self_attn.q_proj.weight",
+        "model.language_model.layers.0.self_attn.q_proj.weight": "model.language_model.layers.0.self_attn.q_proj.weight",  # noqa: E501
         "module.model.visual.blocks.0.attn.qkv.weight": "model.visual.blocks.0.attn.qkv.weight",
-        "base_model.model.model.language_model.layers.1.mlp.up_proj.base_layer.weight":
-            "model.language_model.layers.1.mlp.up_proj.weight",
+        "base_model.model.model.language_model.layers.1.mlp.up_proj.base_layer.weight": "model.language_model.layers.1.mlp.up_proj.weight",  # noqa: E501
         "base_model.model.lm_head.modules_to_save.default.weight": "lm_head.weight",
         "model.layers.0._checkpoint_wrapped_module.mlp.down_proj.weight": "model.layers.0.mlp.down_proj.weight",
         "_orig_mod.model.visual.merger.mlp.0.bias": "model.visual.merger.mlp.0.bias",
-    }  # fmt: skip
+    }
     for hf, expected in cases.items():
         assert vllm_param_name(hf) == expected
-    for skipped in ("base_model.model.model.language_model.layers.1.mlp.up_proj.lora_A.default.weight",
-                    "base_model.model.lm_head.original_module.weight"):  # fmt: skip
+    for skipped in (
+        "base_model.model.model.language_model.layers.1.mlp.up_proj.lora_A.default.weight",
+        "base_model.model.lm_head.original_module.weight",
+    ):
         assert vllm_param_name(skipped) is None
     assert is_visual("model.visual.merger.mlp.0.bias") and is_visual("visual.blocks.0.norm1.weight")
     assert not is_visual("model.language_model.layers.0.mlp.up_proj.weight")
@@ -48,11 +48,12 @@ def test_weight_names_map_to_checkpoint_names():
 
 def test_sampling_kwargs_seeds_and_requests(load, samples):
     model, processor = load("qwen2_5_vl")
-    kw = sampling_kwargs(SamplingParams(n=8, temperature=0.9, top_k=0, max_new_tokens=16, stop=["</answer>"]),
-                         [9, 12], seed=3)  # fmt: skip
+    params = SamplingParams(completions_per_prompt=8, temperature=0.9, top_k=0, max_new_tokens=16, stop=["</answer>"])
+    kw = sampling_kwargs(params, [9, 12], seed=3)
     assert kw["n"] == 8 and kw["top_k"] == -1 and kw["max_tokens"] == 16 and kw["stop"] == ["</answer>"]
     assert kw["logit_bias"] == {9: PLACEHOLDER_BIAS, 12: PLACEHOLDER_BIAS} and kw["logprobs"] == 0 and kw["seed"] == 3
-    assert sampling_kwargs(SamplingParams(n=4, temperature=0), [])["n"] == 1  # vLLM greedy needs n=1
+    greedy = SamplingParams(completions_per_prompt=4, temperature=0)
+    assert sampling_kwargs(greedy, [])["n"] == 1  # vLLM greedy needs n=1
     seeds = request_seeds(5, 4)
     assert len(set(seeds)) == 4 and seeds == request_seeds(5, 4) and request_seeds(None, 2) == [None, None]
 
@@ -80,13 +81,14 @@ def _out(ids, logps=None, finish="stop", text="t"):
 
 def test_outputs_become_completions_and_placeholders_are_cut():
     output = NS(outputs=[_out([5, 6, 2], [-0.1, -0.2, -0.3]), _out([7, 12, 8], [-1.0, -2.0, -3.0], "length")])
-    comps, bad = to_completions(output, SamplingParams(n=2), {12}, decode=lambda ids: f"dec{ids}")
+    comps, bad = to_completions(output, SamplingParams(completions_per_prompt=2), {12}, decode=lambda ids: f"dec{ids}")
     assert bad == 1
     fields = [(c.token_ids, c.logprobs, c.finish_reason, c.text) for c in comps]
     assert fields == [([5, 6, 2], [-0.1, -0.2, -0.3], "stop", "dec[5, 6, 2]"), ([7], [-1.0], "placeholder", "dec[7]")]
     cut, _ = to_completions(NS(outputs=[_out([1, 2])]), SamplingParams(stop=["</a>"]), set(), lambda ids: "x</a>y")
     assert cut[0].text == "x"  # decoded by our tokenizer and cut at the stop string, as the HF engine does
-    greedy, _ = to_completions(NS(outputs=[_out([4])]), SamplingParams(n=3, temperature=0), set(), str)
+    three = SamplingParams(completions_per_prompt=3, temperature=0)
+    greedy, _ = to_completions(NS(outputs=[_out([4])]), three, set(), str)
     assert [c.token_ids for c in greedy] == [[4], [4], [4]]
 
 
@@ -101,8 +103,10 @@ class StrictLLM:
         self.kwargs, self.completions, self.prompt_len = kwargs, list(completions), prompt_len
         self.image_token_id = None  # the tests set it: vLLM reads it from the model config
         self.asleep, self.calls, self.requests, self.loaded, self.params = set(), [], [], [], []
-        self.llm_engine = NS(reset_encoder_cache=lambda: self.calls.append("reset_encoder_cache"),
-                             model_config=NS(hf_config=NS(tie_word_embeddings=True), hf_text_config=NS()))  # fmt: skip
+        self.llm_engine = NS(
+            reset_encoder_cache=lambda: self.calls.append("reset_encoder_cache"),
+            model_config=NS(hf_config=NS(tie_word_embeddings=True), hf_text_config=NS()),
+        )
 
     def _rule(self, ok: bool, why: str):
         if not ok:
@@ -114,8 +118,9 @@ class StrictLLM:
         self.calls.append("generate")
         self.requests += requests
         self.params += params
-        return [NS(outputs=[_out(c) for c in self.completions], prompt_token_ids=[0] * self._expanded(r))
-                for r in requests]  # fmt: skip
+        return [
+            NS(outputs=[_out(c) for c in self.completions], prompt_token_ids=[0] * self._expanded(r)) for r in requests
+        ]
 
     def _expanded(self, request) -> int:
         """Prompt length after vLLM's placeholder expansion: every image pad becomes the image's N tokens."""
@@ -147,8 +152,10 @@ class StrictLLM:
     def wake_up(self, tags=None):
         tags = list(tags) if tags else ["weights", "kv_cache"]
         self._rule(all(t in self.asleep for t in tags), f"wake {tags} but only {sorted(self.asleep)} sleep")
-        self._rule(not ("kv_cache" in tags and "weights" in self.asleep and "weights" not in tags),
-                   "the KV cache woken before the weights")  # fmt: skip
+        self._rule(
+            not ("kv_cache" in tags and "weights" in self.asleep and "weights" not in tags),
+            "the KV cache woken before the weights",
+        )
         self.asleep -= set(tags)
         self.calls.append(("wake_up", tags))
 
@@ -173,13 +180,19 @@ def test_engine_follows_vllm_sleep_and_reload_rules_across_steps(load, samples, 
     llm.completions, llm.image_token_id = [[30, 31], [32]], model.config.image_token_id
     weights = list(model.state_dict().items())
     for step in range(1, 4):  # generate -> sleep -> (update) -> generate ... as the trainer does
-        groups = engine.generate(samples[:2], SamplingParams(n=2, max_new_tokens=4, seed=step))
+        groups = engine.generate(samples[:2], SamplingParams(completions_per_prompt=2, max_new_tokens=4, seed=step))
         assert llm.asleep == {"weights", "kv_cache"} and groups[0].policy_version == step - 1
         language = [(n, p) for n, p in weights if ".visual." not in n] if step == 1 else weights
         engine.update_weights(language, version=step)
     assert llm.calls[:8] == [
-        "generate", ("sleep", 1), ("wake_up", ["weights"]), "reload_weights", "_refresh_tied_lm_head",
-        "reset_prefix_cache", "reset_encoder_cache", ("wake_up", ["kv_cache"]),
+        "generate",
+        ("sleep", 1),
+        ("wake_up", ["weights"]),
+        "reload_weights",
+        "_refresh_tied_lm_head",
+        "reset_prefix_cache",
+        "reset_encoder_cache",
+        ("wake_up", ["kv_cache"]),
     ]
     assert llm.loaded and any(is_visual(n) for n in llm.loaded) and engine.stats()["rollout/weight_syncs"] == 3
     seeds = [p.kw["seed"] for p in llm.params]
@@ -199,7 +212,7 @@ def test_engine_refuses_a_prompt_length_that_differs_from_the_trainers(load, sam
     engine = VLLMEngine.launch("ckpt", processor, VisionCache(model, processor))
     engine.llm.completions, engine.llm.prompt_len = [[30]], 67  # an image expanded twice, as before the fix
     with pytest.raises(RuntimeError, match="prompt tokens, the trainer has"):
-        engine.generate(samples[:1], SamplingParams(n=1, max_new_tokens=2))
+        engine.generate(samples[:1], SamplingParams(completions_per_prompt=1, max_new_tokens=2))
 
 
 def test_engine_from_a_run_config(load, fake_vllm):
@@ -207,9 +220,17 @@ def test_engine_from_a_run_config(load, fake_vllm):
     from vlgrpo.models import LoadedModel
 
     model, processor = load("qwen2_5_vl")
-    cfg = load_config(None, ["rollout.engine=vllm", "rollout.vllm.mm_input=pixels", "model.freeze_merger=false",
-                             "data.max_prompt_length=300", "rollout.max_new_tokens=20",
-                             "rollout.vllm.engine_kwargs={'enforce_eager': True, 'block_size': 16}"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            "rollout.engine=vllm",
+            "rollout.vllm.mm_input=pixels",
+            "model.freeze_merger=false",
+            "data.max_prompt_length=300",
+            "rollout.max_new_tokens=20",
+            "rollout.vllm.engine_kwargs={'enforce_eager': True, 'block_size': 16}",
+        ],
+    )
     lm = LoadedModel(model, processor, "qwen2_5_vl", "ckpt")
     engine = VLLMEngine.from_config(cfg, lm, VisionCache(model, processor), "qwen2_5")
     kw = engine.llm.kwargs

@@ -19,9 +19,10 @@ from vlgrpo.data.video import VideoSampling, visual_sources
 from vlgrpo.grpo.logprobs import token_logprobs, truncated_token_logprobs
 from vlgrpo.grpo.rollout_is import logprob_gap
 from vlgrpo.models import load_model, placeholder_token_ids
+from vlgrpo.policy.forward import completion_logits
+from vlgrpo.policy.prompt import build_prompt, forbidden_mask
 from vlgrpo.rollout.base import SamplingParams
 from vlgrpo.rollout.hf import HFEngine
-from vlgrpo.rollout.inputs import build_prompt, completion_logits, forbidden_mask
 from vlgrpo.rollout.vllm import build_request
 from vlgrpo.trainer.batch import make_batch
 from vlgrpo.vision_cache import ImageFeatures, VisionCache
@@ -63,9 +64,17 @@ def _launch(path, mm_input):
 
     lm = load_model(path)
     cache = VisionCache(lm.model.eval(), lm.processor, trainable=True)  # the tests change vision weights
-    engine = VLLMEngine.launch(path, lm.processor, cache, mm_input=mm_input, max_model_len=512,
-                               gpu_memory_utilization=0.5, llm_kwargs=ENGINE_KWARGS, limit_mm_per_prompt=LIMITS,
-                               video_sampling=VIDEO)  # fmt: skip
+    engine = VLLMEngine.launch(
+        path,
+        lm.processor,
+        cache,
+        mm_input=mm_input,
+        max_model_len=512,
+        gpu_memory_utilization=0.5,
+        llm_kwargs=ENGINE_KWARGS,
+        limit_mm_per_prompt=LIMITS,
+        video_sampling=VIDEO,
+    )
     return lm, cache, engine
 
 
@@ -97,14 +106,21 @@ def _trainer_logps(model, processor, cache, groups, top_k=0, top_p=1.0, temperat
     mix of images and a video per prompt)."""
     tok = processor.tokenizer
     feats = cache.get_rows([visual_sources(g.sample, VIDEO) for g in groups])
-    b = make_batch(groups, feats, tok.pad_token_id, model.config.image_token_id, placeholder_token_ids(tok),
-                   video_token_id=model.config.video_token_id)  # fmt: skip
+    b = make_batch(
+        groups,
+        feats,
+        tok.pad_token_id,
+        model.config.image_token_id,
+        placeholder_token_ids(tok),
+        video_token_id=model.config.video_token_id,
+    )
     forbidden = forbidden_mask(tok, model.config.get_text_config().vocab_size)
     with torch.no_grad():
         logits = completion_logits(model, b.batch, b.features)
     ids = b.batch.completion_ids
-    replay = truncated_token_logprobs(logits, ids, temperature=temperature, forbidden=forbidden, top_k=top_k,
-                                      top_p=top_p)  # fmt: skip
+    replay = truncated_token_logprobs(
+        logits, ids, temperature=temperature, forbidden=forbidden, top_k=top_k, top_p=top_p
+    )
     full = token_logprobs(logits, ids, temperature=temperature, forbidden=forbidden)[0]
     return replay, full, b
 
@@ -116,7 +132,8 @@ def test_prefix_cache_hits_and_one_encoder_call_per_unique_image(embeds_engine, 
     cache.set_step(engine.policy_version)
     engine.reset_stats()
     images = [samples[5], samples[6], samples[5]]  # two unique images, one asked twice
-    groups = engine.generate(images, SamplingParams(n=4, temperature=1.0, max_new_tokens=8, seed=6))
+    params = SamplingParams(completions_per_prompt=4, temperature=1.0, max_new_tokens=8, seed=6)
+    groups = engine.generate(images, params)
     stats = engine.stats()
     print(f"prefix-cache hit tokens for 3 prompts x G=4: {stats['rollout/prefix_cache_hit_tokens']}")
     assert stats["rollout/encoder_calls"] == 1 and stats["rollout/images_encoded"] == 2
@@ -135,7 +152,7 @@ def _request(engine, sample):
 @pytest.mark.parametrize("mode", MODES)
 def test_greedy_tokens_and_prompt_lengths_equal_the_hf_engine(arch, mode, engines, samples):
     lm, cache, engine = engines(arch, mode)
-    greedy = SamplingParams(n=1, temperature=0, max_new_tokens=12)
+    greedy = SamplingParams(completions_per_prompt=1, temperature=0, max_new_tokens=12)
     want = [g.completions[0].token_ids for g in HFEngine(lm.model, lm.processor, cache).generate(samples[:8], greedy)]
     assert [g.completions[0].token_ids for g in engine.generate(samples[:8], greedy)] == want
     assert len({tuple(w) for w in want}) == 8  # varied sequences: agreement is not one token repeated
@@ -172,7 +189,7 @@ def test_two_image_and_video_prompts_decode_like_the_hf_engine(arch, mode, engin
     trainer's (the first token's and every token's) within 1e-3."""
     lm, cache, engine = engines(arch, mode)
     two, videos = mixed
-    greedy = SamplingParams(n=1, temperature=0, max_new_tokens=12)
+    greedy = SamplingParams(completions_per_prompt=1, temperature=0, max_new_tokens=12)
     hf = HFEngine(lm.model, lm.processor, cache, video_sampling=VIDEO)
     want = [g.completions[0].token_ids for g in hf.generate(two + videos, greedy)]
     got = [g.completions[0].token_ids for g in engine.generate(two + videos, greedy)]
@@ -187,12 +204,15 @@ def test_two_image_and_video_prompts_decode_like_the_hf_engine(arch, mode, engin
         assert len(request["prompt_token_ids"]) < len(prompt.input_ids)  # it was sent unexpanded
     assert all(p.image_grid_thw.shape[0] == 2 for p, _ in pairs[:4])
     assert all(p.video_grid_thw[0, 0].item() == 2 and p.mm_token_type_ids.count(2) > 0 for p, _ in pairs[4:])
-    groups = engine.generate(two + videos, SamplingParams(n=2, temperature=1.0, max_new_tokens=12, seed=11))
+    params = SamplingParams(completions_per_prompt=2, temperature=1.0, max_new_tokens=12, seed=11)
+    groups = engine.generate(two + videos, params)
     replay, _, b = _trainer_logps(lm.model, lm.processor, cache, groups)
     first = (replay[:, 0] - b.engine_logp[:, 0]).abs().max().item()
     worst = logprob_gap(replay, b.engine_logp, b.loss_mask)[1]
-    print(f"[{arch} {mode}] |vLLM - trainer| log-prob max: first token {first:.2e}, every token {worst:.2e}; "
-          f"prompt ids equal on {len(pairs)}/{len(pairs)}")
+    print(
+        f"[{arch} {mode}] |vLLM - trainer| log-prob max: first token {first:.2e}, every token {worst:.2e}; "
+        f"prompt ids equal on {len(pairs)}/{len(pairs)}"
+    )
     assert first < 1e-3 and worst < 1e-3
 
 
@@ -214,8 +234,10 @@ def test_qwen2_5_vl_video_embeddings_carry_their_seconds_per_temporal_patch(engi
     # the same ids and embeddings hash alike: clear the prefix and multimodal caches, else their KV blocks are reused
     engine.llm.reset_prefix_cache()
     engine.llm.reset_mm_cache()
-    dropped = [list(o.outputs[0].token_ids) for o in
-               engine.llm.generate([without_seconds(r) for r in requests], params, use_tqdm=False)]  # fmt: skip
+    dropped = [
+        list(o.outputs[0].token_ids)
+        for o in engine.llm.generate([without_seconds(r) for r in requests], params, use_tqdm=False)
+    ]
     engine.llm.reset_prefix_cache()
     engine.llm.reset_mm_cache()
     assert sent[:2] == dropped[:2] and sent[2:] != dropped[2:]
@@ -233,7 +255,7 @@ def test_a_prompt_above_the_limit_is_refused_naming_the_sample_and_the_key(engin
     limits, engine.limits = engine.limits, {"image": 1, "video": 0}
     try:
         with pytest.raises(InputError, match="rollout.vllm.limit_mm_per_prompt"):
-            engine.generate([two], SamplingParams(n=1, temperature=0, max_new_tokens=2))
+            engine.generate([two], SamplingParams(completions_per_prompt=1, temperature=0, max_new_tokens=2))
     finally:
         engine.limits = limits
 
@@ -266,13 +288,19 @@ def test_qwen3_vl_images_carry_every_deepstack_map_and_the_tokens_depend_on_them
     zeroed = decode(lambda e: torch.cat([e[:, main], torch.zeros_like(e[:, maps])], 1))
     swapped = decode(lambda e: torch.cat([e[:, main], e[:, 2 * hidden :], e[:, hidden : 2 * hidden]], 1))
     changed = [sum(a != b for a, b in zip(tokens, other)) for other in (zeroed, swapped)]
-    print(f"[qwen3_vl] greedy sequences of 8 changed with the DeepStack maps zeroed: {changed[0]}, "
-          f"swapped: {changed[1]}")
+    print(
+        f"[qwen3_vl] greedy sequences of 8 changed with the DeepStack maps zeroed: {changed[0]}, swapped: {changed[1]}"
+    )
     assert min(changed) >= 2
     # features short of their maps (another model's, or a cache entry without them) are refused before vLLM sees them
     with pytest.raises(ValueError, match="takes the merged embeddings and 2 maps"):
-        build_request(build_prompt(samples[0], lm.processor), engine.image_token_id,
-                      ImageFeatures(feats[0].embeds, feats[0].grid_thw), "embeds", engine.deepstack_maps)  # fmt: skip
+        build_request(
+            build_prompt(samples[0], lm.processor),
+            engine.image_token_id,
+            ImageFeatures(feats[0].embeds, feats[0].grid_thw),
+            "embeds",
+            engine.deepstack_maps,
+        )
 
 
 def _perturb(model, scale=1.01):
@@ -288,7 +316,7 @@ def test_logprobs_match_the_trainer_after_syncing_changed_weights(arch, mode, en
     """`pixels`: vLLM's own tower (Qwen3-VL's DeepStack mergers included) runs on the synced vision weights."""
     lm, cache, engine = engines(arch, mode)
     assert engine.tied_embeddings and lm.model.config.tie_word_embeddings
-    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=12, seed=3)
+    params = SamplingParams(completions_per_prompt=4, temperature=1.0, max_new_tokens=12, seed=3)
     replay, _, b = _trainer_logps(lm.model, lm.processor, cache, engine.generate(samples[:4], params))
     before = logprob_gap(replay, b.engine_logp, b.loss_mask)[1]
     assert before < 1e-3  # before any sync
@@ -301,8 +329,10 @@ def test_logprobs_match_the_trainer_after_syncing_changed_weights(arch, mode, en
     groups = engine.generate(samples[:4], params)
     replay, _, b = _trainer_logps(lm.model, lm.processor, cache, groups)
     mean, worst = logprob_gap(replay, b.engine_logp, b.loss_mask)
-    print(f"[{arch} {mode}] |vLLM - trainer| log-prob max {before:.2e} before any sync; after the sync mean "
-          f"{mean:.2e}, max {worst:.2e}")
+    print(
+        f"[{arch} {mode}] |vLLM - trainer| log-prob max {before:.2e} before any sync; after the sync mean "
+        f"{mean:.2e}, max {worst:.2e}"
+    )
     assert worst < 1e-3 and groups[0].policy_version == version
     assert engine.stats()["rollout/params_pushed"] > 0
 
@@ -319,7 +349,8 @@ def test_merged_lora_weights_sync_through_the_lora_backend(embeds_engine, sample
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
     engine.update_weights(backend.named_weights(), engine.policy_version + 1)
-    groups = engine.generate(samples[:4], SamplingParams(n=4, temperature=1.0, max_new_tokens=12, seed=4))
+    params = SamplingParams(completions_per_prompt=4, temperature=1.0, max_new_tokens=12, seed=4)
+    groups = engine.generate(samples[:4], params)
     replay, _, b = _trainer_logps(backend.model.eval(), lm.processor, cache, groups)
     mean, worst = logprob_gap(replay, b.engine_logp, b.loss_mask)
     print(f"[lora] after sync: |vLLM - trainer| log-prob mean {mean:.2e}, max {worst:.2e}")
@@ -331,7 +362,7 @@ def test_merged_lora_weights_sync_through_the_lora_backend(embeds_engine, sample
 
 def test_truncated_sampling_is_compared_on_the_engines_support(pixels_engine, samples):
     lm, cache, engine = pixels_engine
-    params = SamplingParams(n=4, temperature=0.8, top_k=5, top_p=0.9, max_new_tokens=12, seed=5)
+    params = SamplingParams(completions_per_prompt=4, temperature=0.8, top_k=5, top_p=0.9, max_new_tokens=12, seed=5)
     groups = engine.generate(samples[:4], params)
     replay, full, b = _trainer_logps(lm.model, lm.processor, cache, groups, top_k=5, top_p=0.9, temperature=0.8)
     assert logprob_gap(replay, b.engine_logp, b.loss_mask)[1] < 1e-3  # like with like
@@ -365,19 +396,24 @@ def _with_mrope_section(config: dict, section: list[int]) -> int:
 
 
 def test_a_chosen_mrope_section_decodes_like_the_hf_engine(tmp_path, spread, samples):
-    """A base with its own M-RoPE split (the slow-width bases of docs/demo-seeds.md: base 1000, (1, 3, 12)) decodes in
-    vLLM exactly as in the HF engine, and the split matters: the same weights with the default split decode otherwise."""
+    """A checkpoint with its own M-RoPE split in its config.json (the slow-width bases of docs/demo-seeds.md: base
+    1000, (1, 3, 12)) decodes in vLLM exactly as in the HF engine, and the split matters: the same weights with the
+    default split decode otherwise."""
     import json
     import shutil
 
-    from vlgrpo.models import TinySpec, init_tiny
+    from vlgrpo.tiny import TinySpec, init_tiny
 
-    path = init_tiny(tmp_path / "slow", spec=TinySpec(rope_theta=1000.0, mrope_section=(1, 3, 12)), seed=0)
+    path = init_tiny(tmp_path / "slow", spec=TinySpec(rope_theta=1000.0), seed=0)
+    config = json.loads((path / "config.json").read_text())
+    assert _with_mrope_section(config, [1, 3, 12]) >= 1
+    (path / "config.json").write_text(json.dumps(config))
     lm = load_model(path)
+    assert lm.model.config.get_text_config().rope_parameters["mrope_section"] == [1, 3, 12]
     spread(lm.model, 0.5)
     lm.model.save_pretrained(path)
     lm, cache, engine = _launch(str(path), "embeds")
-    greedy = SamplingParams(n=1, temperature=0, max_new_tokens=12)
+    greedy = SamplingParams(completions_per_prompt=1, temperature=0, max_new_tokens=12)
     want = [g.completions[0].token_ids for g in HFEngine(lm.model, lm.processor, cache).generate(samples[:8], greedy)]
     assert [g.completions[0].token_ids for g in engine.generate(samples[:8], greedy)] == want
     assert len({tuple(w) for w in want}) == 8

@@ -9,6 +9,7 @@ import sys
 import torch
 
 from vlgrpo.config import load_config
+from vlgrpo.trainer.group import exit_rank, leave_group
 from vlgrpo.trainer.loop import Trainer
 from vlgrpo.trainer.state import build_state
 
@@ -22,10 +23,12 @@ def main(config_path: str, out_dir: str, *overrides: str) -> None:
 
     def step_and_record() -> dict:
         metrics = run_step()
-        progress.append({
-            "optimizer_steps": state.backend.scheduler.last_epoch,  # LambdaLR: stepped once per optimiser step
-            "fingerprint": [float(w.double().sum()) for _, w in state.backend.named_weights()],  # collective
-        })  # fmt: skip
+        progress.append(
+            {
+                "optimizer_steps": state.backend.scheduler.last_epoch,  # LambdaLR: stepped once per optimiser step
+                "fingerprint": [float(w.double().sum()) for _, w in state.backend.named_weights()],  # collective
+            }
+        )
         return metrics
 
     trainer.step_fn = step_and_record
@@ -38,9 +41,9 @@ def main(config_path: str, out_dir: str, *overrides: str) -> None:
     if state.backend.name == "zero3" or rank == 0:  # the ZeRO-3 export is collective
         state.backend.export(f"{out_dir}/export", state.lm.processor)
     state.close()
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    leave_group()
 
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
+    exit_rank(0)  # as `vlgrpo train` ends a rank

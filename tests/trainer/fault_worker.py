@@ -3,7 +3,8 @@
 VLGRPO_TEST_FAULT="rank:step:phase:kind": on that rank, in that step, the phase (batch: sampling and rewards, reward,
 update, save) raises (kind "raise"), blocks (kind "block"), is SIGKILLed (kind "kill", in torchrun's first attempt
 only, so a restarted group runs clean) or, in save, finds the disk full (kind "enospc": this rank's checkpoint files
-cannot be written); the moment is written to fault_at.txt beside the config, so the test can
+cannot be written). Kind "abort_at_exit" (any phase and step) makes the interpreter's teardown abort the rank, as a
+library object freed in that teardown can; the moment is written to fault_at.txt beside the config, so the test can
 measure how long the other rank took to stop. Used by test_faults.py."""
 
 import errno
@@ -22,6 +23,11 @@ METHODS = {"batch": "_sample_round", "reward": "_rewards", "update": "_update", 
 def inject(spec: str, out: Path) -> None:
     rank, step, phase, kind = spec.split(":")
     if int(rank) != int(os.environ["RANK"]):
+        return
+    if kind == "abort_at_exit":
+        import atexit
+
+        atexit.register(os.abort)
         return
     if kind == "enospc":
         from vlgrpo.trainer import checkpoint

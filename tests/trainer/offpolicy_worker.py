@@ -22,8 +22,9 @@ class OwnWeightsEngine:
     def __init__(self, model, state):
         d = state.cfg.data
         self.model = model.eval()
-        self.inner = HFEngine(self.model, state.lm.processor, state.cache, d.answer_format,
-                              state.reward_ctx.box_format, d.system_prompt)  # fmt: skip
+        self.inner = HFEngine(
+            self.model, state.lm.processor, state.cache, d.answer_format, state.reward_ctx.box_format, d.system_prompt
+        )
         self.policy_version, self.synced = 0, 0
 
     def generate(self, samples, params):

@@ -3,17 +3,16 @@ prompt, the packed completion pass or whole rows under gradient checkpointing) a
 
 import pytest
 import torch
+from trainer_helpers import tiny_config, write_reward_module
 
 from vlgrpo.data.images import load_image
 from vlgrpo.data.prompts import render_messages
 from vlgrpo.grpo.logprobs import token_logprobs
-from vlgrpo.models import TinySpec, init_tiny
-from vlgrpo.rollout.inputs import completion_logprobs_and_entropy
+from vlgrpo.policy.forward import completion_logprobs_and_entropy
+from vlgrpo.tiny import TinySpec, init_tiny
 from vlgrpo.trainer.loop import Trainer
 from vlgrpo.trainer.state import build_state
 from vlgrpo.types import Completion, RolloutGroup
-
-from trainer_helpers import tiny_config, write_reward_module
 
 
 def _own_forward_logprobs(model, processor, groups, forbidden, prompt_kw):
@@ -46,9 +45,10 @@ def test_trainer_logprobs_over_a_qwen3_vl_batch_equal_the_models_own_forward(tmp
         samples = _samples(shapes_dir)
         tok = processor.tokenizer
         texts = [["<answer>3</answer>", "<answer>no", "two"], ["<answer>red square</answer>", "yes"], ["[12, 40"]]
-        groups = [RolloutGroup(s, p.input_ids, [Completion(tok(t)["input_ids"] + [tok.eos_token_id], t, "stop")
-                                                for t in ts])
-                  for s, p, ts in zip(samples, state.engine.build_prompts(samples), texts)]  # fmt: skip
+        groups = [
+            RolloutGroup(s, p.input_ids, [Completion(tok(t)["input_ids"] + [tok.eos_token_id], t, "stop") for t in ts])
+            for s, p, ts in zip(samples, state.engine.build_prompts(samples), texts)
+        ]
         assert len({len(g.prompt_ids) for g in groups}) > 1  # left-padded prompts, right-padded completions
         batch = trainer._collate(groups, state.cache.get_rows([[g.sample.image] for g in groups]))
         assert batch.features[0][0].deepstack.shape[0] == 2  # the maps reach the trainer's batch
@@ -79,8 +79,16 @@ def _samples(shapes_dir):
 def test_a_qwen3_vl_step_with_a_trainable_tower_moves_its_deepstack_mergers(tmp_path, shapes_dir, tiny_model_dir):
     """The update pass re-encodes with autograd, DeepStack maps included: their mergers get gradients and move."""
     spec = write_reward_module(tmp_path)
-    cfg = tiny_config(tiny_model_dir("qwen3_vl"), shapes_dir, tmp_path / "run", f"reward.recipe={{'{spec}': 1.0}}",
-                      "model.freeze_vision=false", "model.freeze_merger=false", "grpo.beta=0.04", "train.steps=1")
+    cfg = tiny_config(
+        tiny_model_dir("qwen3_vl"),
+        shapes_dir,
+        tmp_path / "run",
+        f"reward.recipe={{'{spec}': 1.0}}",
+        "model.freeze_vision=false",
+        "model.freeze_merger=false",
+        "grpo.beta=0.04",
+        "train.steps=1",
+    )
     state = build_state(cfg, progress=False)
     before = {n: p.detach().clone() for n, p in state.backend.model.named_parameters()}
     (row,) = Trainer(state).train()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from trainer_helpers import tiny_config, write_reward_module
 
 from vlgrpo.cli import main
 from vlgrpo.config import Config
@@ -24,8 +25,6 @@ from vlgrpo.trainer.metrics import read_metrics
 from vlgrpo.trainer.rundir import RunDirError
 from vlgrpo.trainer.safe_state import CheckpointError
 from vlgrpo.trainer.state import build_state
-
-from trainer_helpers import tiny_config, write_reward_module
 
 
 class Payload:
@@ -40,8 +39,9 @@ class Payload:
 
 def _config(tmp_path, model_dir, shapes_dir, *extra: str):
     spec = write_reward_module(tmp_path)
-    return tiny_config(model_dir, shapes_dir, tmp_path / "run", f"reward.recipe={{'{spec}': 1.0}}",
-                       "train.save_every=1", *extra)  # fmt: skip
+    return tiny_config(
+        model_dir, shapes_dir, tmp_path / "run", f"reward.recipe={{'{spec}': 1.0}}", "train.save_every=1", *extra
+    )
 
 
 def _trained(tmp_path, tiny_model_dir, shapes_dir, steps: int = 2):
@@ -79,7 +79,13 @@ def test_run_state_is_json_and_weights_only_tensors(tmp_path, tiny_model_dir, sh
     _, run = _trained(tmp_path, tiny_model_dir, shapes_dir)
     newest = run / "checkpoints" / "step_2"
     assert sorted(p.name for p in newest.iterdir()) == [
-        "backend.pt", "config.json", "data_rank0.json", "manifest.json", "meta.json", "rng_rank0.json"]  # fmt: skip
+        "backend.pt",
+        "config.json",
+        "data_rank0.json",
+        "manifest.json",
+        "meta.json",
+        "rng_rank0.json",
+    ]
     assert json.loads((newest / "data_rank0.json").read_text())["index"] == 4  # 2 steps x 2 prompts
     assert len(json.loads((newest / "rng_rank0.json").read_text())["torch"]) == torch.get_rng_state().numel()
     assert torch.serialization.get_unsafe_globals_in_checkpoint(str(newest / "backend.pt")) == []
@@ -87,8 +93,7 @@ def test_run_state_is_json_and_weights_only_tensors(tmp_path, tiny_model_dir, sh
 
 
 @pytest.mark.parametrize("damage", ["truncated", "missing", "no manifest"])
-def test_resume_falls_back_to_the_newest_checkpoint_that_verifies(damage, tmp_path, tiny_model_dir, shapes_dir,
-                                                                   capsys):  # fmt: skip
+def test_resume_falls_back_to_the_newest_checkpoint_that_verifies(damage, tmp_path, tiny_model_dir, shapes_dir, capsys):
     cfg, run = _trained(tmp_path, tiny_model_dir, shapes_dir, steps=3)
     newest = run / "checkpoints" / "step_3"
     if damage == "truncated":
@@ -140,13 +145,17 @@ def test_a_run_killed_before_its_first_checkpoint_never_duplicates_metric_rows(t
     assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1, 2]
 
 
-@pytest.mark.parametrize("failure", [
-    OSError(errno.ENOSPC, "No space left on device"),
-    OSError(errno.EROFS, "Read-only file system"),
-    RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 64 vs 0"),
-])  # fmt: skip
-def test_a_checkpoint_write_that_fails_names_the_path_and_what_was_kept(failure, tmp_path, tiny_model_dir,
-                                                                        shapes_dir, monkeypatch):  # fmt: skip
+@pytest.mark.parametrize(
+    "failure",
+    [
+        OSError(errno.ENOSPC, "No space left on device"),
+        OSError(errno.EROFS, "Read-only file system"),
+        RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 64 vs 0"),
+    ],
+)
+def test_a_checkpoint_write_that_fails_names_the_path_and_what_was_kept(
+    failure, tmp_path, tiny_model_dir, shapes_dir, monkeypatch
+):
     cfg = _config(tmp_path, tiny_model_dir(), shapes_dir, "train.steps=3")
     real_save, calls = torch.save, []
 

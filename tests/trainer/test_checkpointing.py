@@ -8,14 +8,13 @@ import re
 
 import pytest
 import torch
+from trainer_helpers import tiny_config, write_reward_module
 
 from vlgrpo.data.adapters import load_samples
-from vlgrpo.rollout.inputs import completion_logprobs
+from vlgrpo.policy.forward import completion_logprobs
 from vlgrpo.trainer.backends import no_dropout
 from vlgrpo.trainer.loop import Trainer
 from vlgrpo.trainer.state import build_state
-
-from trainer_helpers import tiny_config, write_reward_module
 
 STAGES = {  # 2 micro-batches per step in both: GRPO 2 prompts x 4 completions by 4, SFT 4 gold answers by 2
     "grpo": ["train.micro_batch_completions=4"],
@@ -27,9 +26,15 @@ def _one_step(tmp_path, model_dir, shapes_dir, stage: str, checkpointing: bool) 
     """One trainer step; counts the decoder layers' train-mode forwards outside and inside backward and keeps the
     gradients the optimiser stepped with (the backend's own backward/step, observed, not replaced)."""
     spec = write_reward_module(tmp_path)
-    cfg = tiny_config(model_dir, shapes_dir, tmp_path / f"run_{stage}_{checkpointing}", "train.steps=1",
-                      f"reward.recipe={{'{spec}': 1.0}}", f"model.gradient_checkpointing={checkpointing}",
-                      *STAGES[stage])  # fmt: skip
+    cfg = tiny_config(
+        model_dir,
+        shapes_dir,
+        tmp_path / f"run_{stage}_{checkpointing}",
+        "train.steps=1",
+        f"reward.recipe={{'{spec}': 1.0}}",
+        f"model.gradient_checkpointing={checkpointing}",
+        *STAGES[stage],
+    )
     state = build_state(cfg, progress=False)
     backend, model = state.backend, state.backend.model
     counts, phase, grads = {"forward": 0, "backward": 0}, ["forward"], {}
@@ -84,13 +89,18 @@ def test_no_dropout_gives_the_eval_log_probs_in_train_mode(tmp_path, tiny_model_
     for m in attention:
         m.attention_dropout = 0.3  # as a checkpoint's config could set it
     samples = load_samples(shapes_dir / "train.jsonl").samples[:2]
-    batch = trainer._collate(state.engine.generate(samples, state.sampling_for(0)), state.cache.get(
-        [x.image for x in samples]))  # fmt: skip
+    batch = trainer._collate(
+        state.engine.generate(samples, state.sampling_for(0)), state.cache.get([x.image for x in samples])
+    )
 
     def logprobs():
         with torch.no_grad():
-            return torch.cat([completion_logprobs(model, part, feats, state.forbidden, state.temperature)
-                              for _, part, feats in trainer.micro_batches(batch)])  # fmt: skip
+            return torch.cat(
+                [
+                    completion_logprobs(model, part, feats, state.forbidden, state.temperature)
+                    for _, part, feats in trainer.micro_batches(batch)
+                ]
+            )
 
     eval_logp = trainer._logprobs(model, batch)
     model.eval()

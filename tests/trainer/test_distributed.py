@@ -6,14 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from trainer_helpers import tiny_config, write_reward_module
 
 from vlgrpo.config import save_config
 from vlgrpo.models import load_model
 from vlgrpo.trainer.loop import Trainer
 from vlgrpo.trainer.metrics import read_metrics
 from vlgrpo.trainer.state import build_state
-
-from trainer_helpers import tiny_config, write_reward_module
 
 WORKER = Path(__file__).with_name("dist_worker.py")
 MODEL_CLASS = {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration", "qwen3_vl": "Qwen3VLForConditionalGeneration"}
@@ -23,8 +22,19 @@ def _torchrun(tmp_path, port: int, *overrides: str, timeout: int = 600) -> list[
     """Train on 2 ranks; returns each rank's {"history", "progress"} (see dist_worker.py). A run that outlives
     `timeout` (a deadlock) fails the test and is stopped, torchrun and both ranks."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-           str(WORKER), str(tmp_path / "cfg.yaml"), str(tmp_path), *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(port),
+        str(WORKER),
+        str(tmp_path / "cfg.yaml"),
+        str(tmp_path),
+        *overrides,
+    ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _, stderr = proc.communicate(timeout=timeout)
@@ -38,21 +48,30 @@ def _torchrun(tmp_path, port: int, *overrides: str, timeout: int = 600) -> list[
 
 def _config(tmp_path, tiny_model_dir, shapes_dir, *extra, arch: str = "qwen2_5_vl"):
     spec = write_reward_module(tmp_path)
-    cfg = tiny_config(tiny_model_dir(arch), shapes_dir, tmp_path / "run", f"reward.recipe={{'{spec}': 1.0}}",
-                      "train.save_every=1", *extra)
+    cfg = tiny_config(
+        tiny_model_dir(arch),
+        shapes_dir,
+        tmp_path / "run",
+        f"reward.recipe={{'{spec}': 1.0}}",
+        "train.save_every=1",
+        *extra,
+    )
     save_config(cfg, tmp_path / "cfg.yaml")
 
 
 # Qwen3-VL: the DeepStack maps are encoded under the gathered tower and injected in every pass over the shards
 # (untied: the head is a tensor of its own, gathered and exported as itself)
-@pytest.mark.parametrize("arch, port, tied", [("qwen2_5_vl", 29517, True), ("qwen3_vl", 29522, True),
-                                              ("qwen3_vl", 29523, False)],
-                         ids=["qwen2_5_vl", "qwen3_vl", "qwen3_vl-untied"])  # fmt: skip
-def test_zero3_two_ranks_on_cpu_trains_and_exports_the_gathered_weights(tmp_path, tiny_model_dir, shapes_dir, arch,
-                                                                        port, tied):  # fmt: skip
+@pytest.mark.parametrize(
+    "arch, port, tied",
+    [("qwen2_5_vl", 29517, True), ("qwen3_vl", 29522, True), ("qwen3_vl", 29523, False)],
+    ids=["qwen2_5_vl", "qwen3_vl", "qwen3_vl-untied"],
+)
+def test_zero3_two_ranks_on_cpu_trains_and_exports_the_gathered_weights(
+    tmp_path, tiny_model_dir, shapes_dir, arch, port, tied
+):
     pytest.importorskip("deepspeed")
     if not tied:
-        from vlgrpo.models import TinySpec, init_tiny
+        from vlgrpo.tiny import TinySpec, init_tiny
 
         untied = str(init_tiny(tmp_path / "untied", arch, spec=TinySpec(tie_word_embeddings=False)))
         tiny_model_dir = lambda _arch=None: untied  # noqa: E731
@@ -74,8 +93,9 @@ def test_zero3_two_ranks_on_cpu_trains_and_exports_the_gathered_weights(tmp_path
     moved = [n for n in exported if not torch.equal(exported[n], base[n])]
     assert moved and all(".visual." not in f".{n}" for n in moved)  # trained, vision tower frozen
     if not tied:  # the head trained on its own, apart from the embeddings
-        assert "lm_head.weight" in moved and not torch.equal(exported["lm_head.weight"],
-                                                             exported["model.language_model.embed_tokens.weight"])
+        assert "lm_head.weight" in moved and not torch.equal(
+            exported["lm_head.weight"], exported["model.language_model.embed_tokens.weight"]
+        )
     # `vlgrpo export` in ONE process consolidates the 2-rank ZeRO-3 checkpoint to the same weights
     from vlgrpo.cli import main
 
@@ -98,8 +118,16 @@ def test_lora_data_parallel_keeps_the_ranks_identical(tmp_path, tiny_model_dir, 
 def test_zero3_sft_steps_the_optimiser_every_step_and_learns_a_fixed_batch(tmp_path, tiny_model_dir, shapes_dir):
     pytest.importorskip("deepspeed")
     # 4 samples over 2 ranks and 2 prompts per step: each rank trains on the same 2 gold answers every step
-    _config(tmp_path, tiny_model_dir, shapes_dir, "train.backend=zero3", "train.stage=sft", "train.steps=5",
-            "data.max_samples=4", "train.save_every=0")  # fmt: skip
+    _config(
+        tmp_path,
+        tiny_model_dir,
+        shapes_dir,
+        "train.backend=zero3",
+        "train.stage=sft",
+        "train.steps=5",
+        "data.max_samples=4",
+        "train.save_every=0",
+    )
     ranks = _torchrun(tmp_path, 29519)
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5] and rows[0]["vision/images_encoded"] >= 1
@@ -119,8 +147,10 @@ def test_zero3_steps_once_per_pass_over_the_batch_like_the_plain_backend(tmp_pat
     _config(tmp_path, tiny_model_dir, shapes_dir, "train.backend=zero3", *extra)
     ranks = _torchrun(tmp_path, 29520)
     spec = write_reward_module(tmp_path)
-    plain = build_state(tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "plain", *extra,
-                                    f"reward.recipe={{'{spec}': 1.0}}"), progress=False)  # fmt: skip
+    plain = build_state(
+        tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "plain", *extra, f"reward.recipe={{'{spec}': 1.0}}"),
+        progress=False,
+    )
     plain_history = Trainer(plain).train()
     plain.close()
     assert plain.backend.scheduler.last_epoch == 4  # 2 steps x 2 passes
@@ -144,9 +174,16 @@ def test_zero3_dynamic_sampling_ranks_agree_on_the_top_up_rounds(tmp_path, tiny_
     pytest.importorskip("deepspeed")
     (tmp_path / "rank_reward.py").write_text(RANK_REWARD)
     # the ZeRO-3 7B recipe: dynamic sampling and gradient checkpointing on
-    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", "train.backend=zero3",
-                      f"reward.recipe={{'{tmp_path}/rank_reward.py:rank_one_constant': 1.0}}",
-                      "grpo.dynamic_sampling=true", "grpo.max_topup_rounds=2", "model.gradient_checkpointing=true")
+    cfg = tiny_config(
+        tiny_model_dir(),
+        shapes_dir,
+        tmp_path / "run",
+        "train.backend=zero3",
+        f"reward.recipe={{'{tmp_path}/rank_reward.py:rank_one_constant': 1.0}}",
+        "grpo.dynamic_sampling=true",
+        "grpo.max_topup_rounds=2",
+        "model.gradient_checkpointing=true",
+    )
     save_config(cfg, tmp_path / "cfg.yaml")
     rank0, rank1 = _torchrun(tmp_path, 29521, timeout=300)
     assert [h["step"] for h in rank0["history"]] == [h["step"] for h in rank1["history"]] == [1, 2]

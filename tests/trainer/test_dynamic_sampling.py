@@ -4,11 +4,10 @@ prompts for what is missing, and once the top-up rounds are spent the last round
 from __future__ import annotations
 
 import pytest
+from trainer_helpers import tiny_config
 
 from vlgrpo.trainer.loop import Trainer
 from vlgrpo.trainer.state import build_state
-
-from trainer_helpers import tiny_config
 
 REWARD = '''
 import zlib
@@ -28,9 +27,16 @@ def _odd(sample_id: str) -> bool:
 
 def test_dynamic_sampling_tops_up_the_batch_through_the_trainer(tmp_path, tiny_model_dir, shapes_dir):
     (tmp_path / "reward.py").write_text(REWARD)
-    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", f"reward.recipe={{'{tmp_path}/reward.py:"
-                      "odd_ids_constant': 1.0}", "grpo.dynamic_sampling=true", "grpo.max_topup_rounds=2",
-                      "train.prompts_per_step=3", "train.steps=4")  # fmt: skip
+    cfg = tiny_config(
+        tiny_model_dir(),
+        shapes_dir,
+        tmp_path / "run",
+        f"reward.recipe={{'{tmp_path}/reward.py:odd_ids_constant': 1.0}}",
+        "grpo.dynamic_sampling=true",
+        "grpo.max_topup_rounds=2",
+        "train.prompts_per_step=3",
+        "train.steps=4",
+    )
     state = build_state(cfg, progress=False)
     trainer = Trainer(state)
     asked, trained = [], []  # per step: the sample ids of each round; the ids of the groups the update trained on

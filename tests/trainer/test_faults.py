@@ -11,32 +11,51 @@ import time
 from pathlib import Path
 
 import pytest
+from trainer_helpers import tiny_config, write_reward_module
 
 from vlgrpo.config import save_config
-
-from trainer_helpers import tiny_config, write_reward_module
 
 WORKER = Path(__file__).with_name("fault_worker.py")
 
 
-def _launch(tmp_path, port: int, fault: str, *overrides: str, timeout: int = 180,
-            restarts: int = 0) -> tuple[int, str, float | None]:  # fmt: skip
+def _launch(
+    tmp_path, port: int, fault: str, *overrides: str, timeout: int = 180, restarts: int = 0
+) -> tuple[int, str, float | None]:
     """(exit status, stderr, seconds from the injected fault to the end of torchrun; None without a fault)."""
     spec = write_reward_module(tmp_path)
-    cfg = tiny_config(str(tmp_path / "model"), tmp_path, tmp_path / "run", f"reward.recipe={{'{spec}': 1.0}}",
-                      "train.steps=4", "train.save_every=1", *overrides)  # fmt: skip
+    cfg = tiny_config(
+        str(tmp_path / "model"),
+        tmp_path,
+        tmp_path / "run",
+        f"reward.recipe={{'{spec}': 1.0}}",
+        "train.steps=4",
+        "train.save_every=1",
+        *overrides,
+    )
     save_config(cfg, tmp_path / "cfg.yaml")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "VLGRPO_TEST_FAULT": fault}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-           "--max-restarts", str(restarts), str(WORKER), str(tmp_path / "cfg.yaml")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(port),
+        "--max-restarts",
+        str(restarts),
+        str(WORKER),
+        str(tmp_path / "cfg.yaml"),
+    ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.terminate()
         _, stderr = proc.communicate(timeout=60)
-        pytest.fail(f"still running {timeout} s after launch: a rank waits for one that will never come\n"
-                    f"{stderr[-3000:]}")  # fmt: skip
+        pytest.fail(
+            f"still running {timeout} s after launch: a rank waits for one that will never come\n{stderr[-3000:]}"
+        )
     end = time.time()
     fault_file = tmp_path / "fault_at.txt"
     fault_at = float(fault_file.read_text()) if fault_file.is_file() else None
@@ -86,8 +105,9 @@ def test_a_killed_rank_restarts_the_group_from_the_last_checkpoint_with_the_same
     assert status == 0, err[-3000:]
     assert "connectFullMesh" not in err and (run_dir / "fault_at.txt").is_file()
     keys = ("train/loss", "reward/total", "grpo/response_length", "train/grad_norm")
-    rows = [[json.loads(line) for line in (d / "run" / "metrics.jsonl").read_text().splitlines()]
-            for d in (clean, run_dir)]  # fmt: skip
+    rows = [
+        [json.loads(line) for line in (d / "run" / "metrics.jsonl").read_text().splitlines()] for d in (clean, run_dir)
+    ]
     assert [r["step"] for r in rows[1]] == [1, 2, 3, 4]  # step 3's row of the killed attempt was never written
     for a, b in zip(*rows, strict=True):
         assert {k: a[k] for k in keys} == {k: b[k] for k in keys}, a["step"]
@@ -133,6 +153,19 @@ def test_a_checkpoint_one_rank_cannot_write_is_never_the_newest(run_dir):
     assert "rank 1 could not write its part" in err  # rank 0's line
     ckpts = sorted(p.name for p in (run_dir / "run" / "checkpoints").iterdir())
     assert ckpts == ["step_1"]
+
+
+def test_a_finished_run_is_not_failed_by_the_interpreters_teardown(run_dir):
+    """A rank's interpreter teardown aborts (as freeing DeepSpeed's gloo groups at exit now and then did: SIGABRT,
+    "terminate called without an active exception", after a run that completed): the ranks leave before it, the
+    run succeeds and its metrics and checkpoints are all there."""
+    import json
+
+    status, err, _ = _launch(run_dir, 29563, "1:1:update:abort_at_exit", "train.steps=2")
+    assert status == 0, err[-2000:]
+    rows = [json.loads(line) for line in (run_dir / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert sorted(p.name for p in (run_dir / "run" / "checkpoints").iterdir()) == ["step_1", "step_2"]
 
 
 def test_a_killed_rank_without_restarts_ends_the_run_at_once(run_dir):

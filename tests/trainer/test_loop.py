@@ -1,11 +1,10 @@
 import torch
+from trainer_helpers import tiny_config, write_reward_module
 
 from vlgrpo.trainer import run_training
+from vlgrpo.trainer.loop import Trainer
 from vlgrpo.trainer.metrics import read_metrics
 from vlgrpo.trainer.state import build_state
-from vlgrpo.trainer.loop import Trainer
-
-from trainer_helpers import tiny_config, write_reward_module
 
 
 def _snapshot(model):
@@ -27,8 +26,17 @@ def test_two_grpo_steps_change_only_trainable_parameters(tmp_path, tiny_model_di
     assert [h["step"] for h in history] == [1, 2]
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2]
-    for key in ("reward/total", "grpo/entropy", "grpo/clip_frac_high", "timing/rollout", "timing/update",
-                "timing/step", "vision/hit_rate", "rollout/prefill_tokens", "memory/peak_rss_gb"):
+    for key in (
+        "reward/total",
+        "grpo/entropy",
+        "grpo/clip_frac_high",
+        "timing/rollout",
+        "timing/update",
+        "timing/step",
+        "vision/hit_rate",
+        "rollout/prefill_tokens",
+        "memory/peak_rss_gb",
+    ):
         assert key in rows[-1], key
     assert rows[0]["grpo/zero_adv_frac"] < 1.0  # the length reward gives the groups variance
     saved = (tmp_path / "run" / "config.yaml").read_text()
@@ -37,8 +45,15 @@ def test_two_grpo_steps_change_only_trainable_parameters(tmp_path, tiny_model_di
 
 def test_encoder_runs_once_per_unique_image_per_step(tmp_path, tiny_model_dir, shapes_dir):
     spec = write_reward_module(tmp_path)
-    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", f"reward.recipe={{'{spec}': 1.0}}",
-                      "grpo.num_iterations=2", "grpo.beta=0.04", "train.steps=1")
+    cfg = tiny_config(
+        tiny_model_dir(),
+        shapes_dir,
+        tmp_path / "run",
+        f"reward.recipe={{'{spec}': 1.0}}",
+        "grpo.num_iterations=2",
+        "grpo.beta=0.04",
+        "train.steps=1",
+    )
     state = build_state(cfg, progress=False)
     (row,) = Trainer(state).train()
     state.close()
@@ -49,8 +64,16 @@ def test_encoder_runs_once_per_unique_image_per_step(tmp_path, tiny_model_dir, s
 
 
 def test_sft_lowers_the_loss_on_gold_answers(tmp_path, tiny_model_dir, shapes_dir):
-    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", "train.stage=sft", "train.steps=12",
-                      "train.prompts_per_step=8", "train.micro_batch_completions=8", "train.lr=3e-3")
+    cfg = tiny_config(
+        tiny_model_dir(),
+        shapes_dir,
+        tmp_path / "run",
+        "train.stage=sft",
+        "train.steps=12",
+        "train.prompts_per_step=8",
+        "train.micro_batch_completions=8",
+        "train.lr=3e-3",
+    )
     history = run_training(cfg, progress=False)
     losses = [h["train/loss"] for h in history]
     assert losses[-1] < 0.6 * losses[0]
@@ -59,8 +82,15 @@ def test_sft_lowers_the_loss_on_gold_answers(tmp_path, tiny_model_dir, shapes_di
 
 def test_trainable_vision_tower_is_updated_through_re_encoded_features(tmp_path, tiny_model_dir, shapes_dir):
     spec = write_reward_module(tmp_path)
-    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", f"reward.recipe={{'{spec}': 1.0}}",
-                      "model.freeze_vision=false", "model.freeze_merger=false", "grpo.beta=0.04")
+    cfg = tiny_config(
+        tiny_model_dir(),
+        shapes_dir,
+        tmp_path / "run",
+        f"reward.recipe={{'{spec}': 1.0}}",
+        "model.freeze_vision=false",
+        "model.freeze_merger=false",
+        "grpo.beta=0.04",
+    )
     state = build_state(cfg, progress=False)
     before = _snapshot(state.backend.model)
     history = Trainer(state).train()
@@ -74,8 +104,9 @@ def test_trainable_vision_tower_is_updated_through_re_encoded_features(tmp_path,
 
 
 def test_a_fresh_run_refuses_to_mix_with_an_earlier_runs_checkpoints(tmp_path, tiny_model_dir, shapes_dir):
-    from vlgrpo.config import ConfigError
     import pytest
+
+    from vlgrpo.config import ConfigError
 
     cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", "train.steps=1")
     run_training(cfg, progress=False)
@@ -87,8 +118,15 @@ def test_a_fresh_run_refuses_to_mix_with_an_earlier_runs_checkpoints(tmp_path, t
 
 def _eval_run(tmp_path, tiny_model_dir, shapes_dir, evaluator, *overrides):
     """A 3-step run with in-loop eval at every step and a checkpoint every 2 steps (and at the last one)."""
-    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", "train.steps=3", "train.save_every=2",
-                      "eval.every_steps=1", *overrides)  # fmt: skip
+    cfg = tiny_config(
+        tiny_model_dir(),
+        shapes_dir,
+        tmp_path / "run",
+        "train.steps=3",
+        "train.save_every=2",
+        "eval.every_steps=1",
+        *overrides,
+    )
     return run_training(cfg, progress=False, evaluator=evaluator)
 
 
@@ -119,8 +157,10 @@ def test_an_eval_that_raises_is_counted_and_the_run_goes_on(tmp_path, tiny_model
     assert rows[1]["timing/eval"] >= 0 and "train/loss" in rows[1]  # the step's own metrics are all there
     assert (tmp_path / "run" / "checkpoints" / "step_2").is_dir()
     err = capsys.readouterr().err
-    assert ("warning: in-loop eval at step 2 failed, training goes on (eval/failures = 1): RuntimeError: CUDA out "
-            "of memory while decoding") in err  # fmt: skip
+    assert (
+        "warning: in-loop eval at step 2 failed, training goes on (eval/failures = 1): RuntimeError: CUDA out "
+        "of memory while decoding"
+    ) in err
 
 
 def test_an_interrupted_eval_still_stops_the_run(tmp_path, tiny_model_dir, shapes_dir):
@@ -145,4 +185,8 @@ def test_eval_failures_carry_over_a_resume(tmp_path, tiny_model_dir, shapes_dir)
     _eval_run(tmp_path, tiny_model_dir, shapes_dir, evaluator)
     _eval_run(tmp_path, tiny_model_dir, shapes_dir, evaluator, "train.steps=4", "train.resume=true")
     assert [(r["step"], r["eval/failures"]) for r in read_metrics(tmp_path / "run")] == [
-        (1, 1.0), (2, 1.0), (3, 1.0), (4, 1.0)]  # fmt: skip
+        (1, 1.0),
+        (2, 1.0),
+        (3, 1.0),
+        (4, 1.0),
+    ]

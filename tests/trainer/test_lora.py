@@ -1,19 +1,26 @@
 import pytest
 import torch
+from trainer_helpers import tiny_config, write_reward_module
 
 from vlgrpo.data.adapters import load_samples
-from vlgrpo.models import TinySpec, init_tiny, load_model
+from vlgrpo.models import load_model
+from vlgrpo.tiny import TinySpec, init_tiny
 from vlgrpo.trainer.loop import Trainer
 from vlgrpo.trainer.lora import target_regex
 from vlgrpo.trainer.state import build_state
 
-from trainer_helpers import tiny_config, write_reward_module
-
 
 def _lora_state(tmp_path, tiny_model_dir, shapes_dir, *extra):
     spec = write_reward_module(tmp_path)
-    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", "train.backend=lora", "train.lora.rank=4",
-                      f"reward.recipe={{'{spec}': 1.0}}", *extra)
+    cfg = tiny_config(
+        tiny_model_dir(),
+        shapes_dir,
+        tmp_path / "run",
+        "train.backend=lora",
+        "train.lora.rank=4",
+        f"reward.recipe={{'{spec}': 1.0}}",
+        *extra,
+    )
     return build_state(cfg, progress=False)
 
 
@@ -77,11 +84,22 @@ def test_qwen3_vl_lora_trains_the_language_model_and_vlgrpo_export_merges_it(tmp
 
     model_dir = init_tiny(tmp_path / "m", "qwen3_vl", spec=TinySpec(tie_word_embeddings=tied))
     spec = write_reward_module(tmp_path)
-    cfg = tiny_config(str(model_dir), shapes_dir, tmp_path / "run", "train.backend=lora", "train.lora.rank=4",
-                      f"reward.recipe={{'{spec}': 1.0}}", "train.lr=1e-2", "grpo.beta=0.04")
+    cfg = tiny_config(
+        str(model_dir),
+        shapes_dir,
+        tmp_path / "run",
+        "train.backend=lora",
+        "train.lora.rank=4",
+        f"reward.recipe={{'{spec}': 1.0}}",
+        "train.lr=1e-2",
+        "grpo.beta=0.04",
+    )
     state = build_state(cfg, progress=False)
-    adapted = {n.split(".lora_A.")[0].removeprefix("base_model.model.")
-               for n, p in state.backend.model.named_parameters() if ".lora_A." in n}
+    adapted = {
+        n.split(".lora_A.")[0].removeprefix("base_model.model.")
+        for n, p in state.backend.model.named_parameters()
+        if ".lora_A." in n
+    }
     assert all(p.requires_grad == ("lora_" in n) for n, p in state.backend.model.named_parameters())
     assert len(adapted) == 7 * 4 and all(".language_model.layers." in n for n in adapted)
     Trainer(state).train()

@@ -4,18 +4,17 @@ Qwen2.5-VL (seconds per temporal patch) and Qwen3-VL (timestamps in the text, De
 
 import pytest
 import torch
+from trainer_helpers import tiny_config
 
 from vlgrpo.data.adapters import load_samples
 from vlgrpo.data.images import load_image
 from vlgrpo.data.synth import synth_dataset
 from vlgrpo.grpo.logprobs import token_logprobs
-from vlgrpo.models import init_tiny
-from vlgrpo.rollout.inputs import completion_logprobs_and_entropy
+from vlgrpo.policy.forward import completion_logprobs_and_entropy
+from vlgrpo.tiny import init_tiny
 from vlgrpo.trainer.loop import Trainer
 from vlgrpo.trainer.state import build_state
 from vlgrpo.types import Completion, RolloutGroup
-
-from trainer_helpers import tiny_config
 
 ARCHS = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
 
@@ -31,16 +30,20 @@ def mixed_dir(tmp_path_factory):
 def pixel_inputs(processor, prompt, geometry, seconds_scale: float = 1.0) -> dict:
     """The model's own inputs for one prompt: our ids, pixels from the processors (frames at the model's size)."""
     ids = torch.tensor([prompt.input_ids])
-    out = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "mm_token_type_ids": torch.tensor([
-        prompt.mm_token_type_ids])}  # fmt: skip
+    out = {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "mm_token_type_ids": torch.tensor([prompt.mm_token_type_ids]),
+    }
     images = [s for s in prompt.sources if isinstance(s, (str, bytes))]
     if images:
         pix = processor.image_processor(images=[load_image(s) for s in images], return_tensors="pt")
         out.update(pixel_values=pix["pixel_values"], image_grid_thw=pix["image_grid_thw"])
     if prompt.video_grid_thw is not None:
         clip = prompt.sources[-1]
-        pix = processor.video_processor(videos=[clip.resized_frames(geometry)], do_resize=False,
-                                        do_sample_frames=False, return_tensors="pt")  # fmt: skip
+        pix = processor.video_processor(
+            videos=[clip.resized_frames(geometry)], do_resize=False, do_sample_frames=False, return_tensors="pt"
+        )
         out.update(pixel_values_videos=pix["pixel_values_videos"], video_grid_thw=pix["video_grid_thw"])
         if type(processor).__name__.startswith("Qwen2_5"):
             out["second_per_grid_ts"] = torch.tensor([2 / clip.info().sample_fps * seconds_scale])
@@ -61,8 +64,14 @@ def own_logprobs(model, inputs: dict, completion: list[int], forbidden) -> torch
 @pytest.mark.parametrize("arch", ARCHS)
 def test_trainer_logprobs_over_mixed_rows_equal_the_models_own_forward(tmp_path, mixed_dir, spread, arch):
     model_dir = init_tiny(tmp_path / "m", arch)
-    cfg = tiny_config(str(model_dir), mixed_dir, tmp_path / "run", "model.gradient_checkpointing=true",
-                      "data.video.max_pixels=50176", "data.video.fps=4.0")  # fmt: skip
+    cfg = tiny_config(
+        str(model_dir),
+        mixed_dir,
+        tmp_path / "run",
+        "model.gradient_checkpointing=true",
+        "data.video.max_pixels=50176",
+        "data.video.fps=4.0",
+    )
     state = build_state(cfg, progress=False)
     try:
         trainer, model, processor = Trainer(state), state.backend.model, state.lm.processor
@@ -71,15 +80,20 @@ def test_trainer_logprobs_over_mixed_rows_equal_the_models_own_forward(tmp_path,
         assert [len(s.images) for s in samples] == [1, 2, 0] and samples[2].video is not None
         tok = processor.tokenizer
         texts = [["<answer>3</answer>", "two"], ["<answer>first</answer>", "second"], ["<answer>left", "right"]]
-        prompts = [state.prompt(s) for s in samples]
-        groups = [RolloutGroup(s, p.input_ids, [Completion(tok(t)["input_ids"] + [tok.eos_token_id], t, "stop")
-                                                for t in ts]) for s, p, ts in zip(samples, prompts, texts)]  # fmt: skip
+        prompts = [state.rows.prompt(s) for s in samples]
+        groups = [
+            RolloutGroup(s, p.input_ids, [Completion(tok(t)["input_ids"] + [tok.eos_token_id], t, "stop") for t in ts])
+            for s, p, ts in zip(samples, prompts, texts)
+        ]
         feats = state.cache.get_rows([p.sources for p in prompts])
         stats = state.cache.stats()
         assert (stats["encoder_calls"], stats["images_encoded"], stats["videos_encoded"]) == (2, 3, 1)
         batch = trainer._collate(groups, feats)
-        own = [own_logprobs(model, pixel_inputs(processor, p, state.geometry), c.token_ids, state.forbidden)
-               for p, g in zip(prompts, groups) for c in g.completions]  # fmt: skip
+        own = [
+            own_logprobs(model, pixel_inputs(processor, p, state.geometry), c.token_ids, state.forbidden)
+            for p, g in zip(prompts, groups)
+            for c in g.completions
+        ]
         old = trainer._logprobs(model, batch)  # eval mode: one prefill per prompt, the packed completion pass
         model.train()  # the update pass: gradient checkpointing -> whole rows through policy_logits
         for rows, part, fs in trainer.micro_batches(batch):
@@ -89,8 +103,12 @@ def test_trainer_logprobs_over_mixed_rows_equal_the_models_own_forward(tmp_path,
         for r, ref in enumerate(own):
             assert (old[r, : len(ref)] - ref).abs().max() <= 1e-5
         if arch == "qwen2_5_vl":  # the video's seconds per temporal patch place its positions: a wrong one shows
-            wrong = own_logprobs(model, pixel_inputs(processor, prompts[2], state.geometry, 2.0),
-                                 groups[2].completions[0].token_ids, state.forbidden)  # fmt: skip
+            wrong = own_logprobs(
+                model,
+                pixel_inputs(processor, prompts[2], state.geometry, 2.0),
+                groups[2].completions[0].token_ids,
+                state.forbidden,
+            )
             assert (wrong - own[4]).abs().max() > 1e-4
     finally:
         state.close()
@@ -142,14 +160,15 @@ def test_prompt_ids_of_two_images_and_a_video_are_the_processors(mixed_dir, tiny
     from vlgrpo.data.prompts import render_messages
     from vlgrpo.data.video import VideoSampling
     from vlgrpo.models import load_model
-    from vlgrpo.rollout.inputs import build_prompt
+    from vlgrpo.policy.prompt import build_prompt
     from vlgrpo.types import Sample
 
     lm = load_model(str(tiny_model_dir(arch)))
     p, rows = lm.processor, load_samples(mixed_dir / "train.jsonl").samples
     compare, motion = rows[1], rows[2]
-    s = Sample("x", "Is <image> like <image>, and what moves in <video>?", "no", images=compare.images,
-               video=motion.video)  # fmt: skip
+    s = Sample(
+        "x", "Is <image> like <image>, and what moves in <video>?", "no", images=compare.images, video=motion.video
+    )
     sampling = VideoSampling(fps=2.0, max_pixels=50176)
     prompt = build_prompt(s, p, None, "answer", "qwen2_5", "", sampling)
     text = p.apply_chat_template(render_messages(s, "answer"), add_generation_prompt=True, tokenize=False)
@@ -157,8 +176,13 @@ def test_prompt_ids_of_two_images_and_a_video_are_the_processors(mixed_dir, tiny
     t, gh, gw = prompt.video_grid_thw[0].tolist()
     assert (t, len(frames)) == (2, 4)  # 4 frames taken at 2 fps: 2 temporal patches
     if arch != "qwen3_vl":
-        ref = p(text=[text], images=[load_image(i) for i in s.images], videos=[frames], return_tensors="pt",
-                videos_kwargs={"do_resize": False, "do_sample_frames": False})  # fmt: skip
+        ref = p(
+            text=[text],
+            images=[load_image(i) for i in s.images],
+            videos=[frames],
+            return_tensors="pt",
+            videos_kwargs={"do_resize": False, "do_sample_frames": False},
+        )
         assert prompt.input_ids == ref["input_ids"][0].tolist()
         assert prompt.mm_token_type_ids == ref["mm_token_type_ids"][0].tolist()
         assert prompt.image_grid_thw.tolist() == ref["image_grid_thw"].tolist()
@@ -185,7 +209,7 @@ def test_three_grpo_steps_on_a_mixed_file_from_the_command_line(tmp_path, mixed_
     from vlgrpo.config import save_config
     from vlgrpo.data.video import VideoSampling
     from vlgrpo.models import load_model
-    from vlgrpo.rollout.inputs import build_prompt
+    from vlgrpo.policy.prompt import build_prompt
     from vlgrpo.types import Sample
 
     rows = [json.loads(line) for line in (mixed_dir / "train.jsonl").read_text().splitlines()][:9]
@@ -197,19 +221,41 @@ def test_three_grpo_steps_on_a_mixed_file_from_the_command_line(tmp_path, mixed_
     long = {**video, "id": "long", "video": video["video"] * 3}  # 12 frames: 6 temporal patches, not 2
     model = tiny_model_dir("qwen2_5_vl")
     processor, sampling = load_model(model).processor, VideoSampling(min_pixels=50176, max_pixels=50176)
-    lengths = {r["id"]: len(build_prompt(Sample(**{k: v for k, v in r.items() if k != "video"},
-                                                video=None) if not r.get("video") else _with_video(r), processor,
-                                         None, "answer", "qwen2_5", "", sampling).input_ids)
-               for r in [*rows, long]}  # fmt: skip
+    lengths = {
+        r["id"]: len(
+            build_prompt(
+                Sample(**{k: v for k, v in r.items() if k != "video"}, video=None)
+                if not r.get("video")
+                else _with_video(r),
+                processor,
+                None,
+                "answer",
+                "qwen2_5",
+                "",
+                sampling,
+            ).input_ids
+        )
+        for r in [*rows, long]
+    }
     limit = max(n for sid, n in lengths.items() if sid != "long")
     assert lengths["long"] - lengths[video["id"]] == 4 * 16 * 16 // 4  # 4 more temporal patches of 64 tokens
     data = tmp_path / "mixed.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in [long, *rows]))
-    cfg = tiny_config(model, mixed_dir, tmp_path / "run", f"data.train={data}", "reward.recipe={accuracy: 1.0}",
-                      "train.steps=3", "train.prompts_per_step=3", "rollout.completions_per_prompt=2",
-                      "train.micro_batch_completions=2",
-                      "data.video.min_pixels=50176", "data.video.max_pixels=50176", "data.shuffle=false",
-                      f"data.max_prompt_length={limit}")  # fmt: skip
+    cfg = tiny_config(
+        model,
+        mixed_dir,
+        tmp_path / "run",
+        f"data.train={data}",
+        "reward.recipe={accuracy: 1.0}",
+        "train.steps=3",
+        "train.prompts_per_step=3",
+        "rollout.completions_per_prompt=2",
+        "train.micro_batch_completions=2",
+        "data.video.min_pixels=50176",
+        "data.video.max_pixels=50176",
+        "data.shuffle=false",
+        f"data.max_prompt_length={limit}",
+    )
     save_config(cfg, tmp_path / "cfg.yaml")
     assert main(["train", str(tmp_path / "cfg.yaml")]) == 0
     err = capsys.readouterr().err
@@ -235,8 +281,16 @@ def test_a_split_rollout_on_mixed_rows_reproduces_the_colocated_run(tmp_path, mi
     from vlgrpo.trainer.state import build_state
 
     def run(name, *extra):
-        cfg = tiny_config(tiny_model_dir("qwen2_5_vl"), mixed_dir, tmp_path / name, "reward.recipe={accuracy: 1.0}",
-                          "train.steps=2", "train.seed=0", "data.video.max_pixels=50176", *extra)  # fmt: skip
+        cfg = tiny_config(
+            tiny_model_dir("qwen2_5_vl"),
+            mixed_dir,
+            tmp_path / name,
+            "reward.recipe={accuracy: 1.0}",
+            "train.steps=2",
+            "train.seed=0",
+            "data.video.max_pixels=50176",
+            *extra,
+        )
         state = build_state(cfg, progress=False)
         try:
             return Trainer(state).train()
@@ -260,9 +314,27 @@ def test_the_vqa_suite_scores_two_image_and_video_rows(tmp_path, mixed_dir, tiny
 
     test = [json.loads(line) for line in (mixed_dir / "train.jsonl").read_text().splitlines()][:6]
     out = tmp_path / "eval"
-    assert main(["eval", "--model", tiny_model_dir("qwen3_vl"), "--suite", "vqa", "--data",
-                 str(mixed_dir / "train.jsonl"), "--max-samples", "6", "--max-new-tokens", "3", "--out", str(out),
-                 "--no-progress"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                tiny_model_dir("qwen3_vl"),
+                "--suite",
+                "vqa",
+                "--data",
+                str(mixed_dir / "train.jsonl"),
+                "--max-samples",
+                "6",
+                "--max-new-tokens",
+                "3",
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     doc = json.loads((out / "metrics.json").read_text())
     preds = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert doc["counts"]["vqa"] == 6 and [p["id"] for p in preds] == [r["id"] for r in test]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_distributed import _torchrun
+from trainer_helpers import tiny_config
 
 from vlgrpo.cli import main
 from vlgrpo.config import save_config
@@ -14,9 +16,6 @@ from vlgrpo.models import load_model
 from vlgrpo.trainer import run_training
 from vlgrpo.trainer.checkpoint import checkpoint_dirs
 from vlgrpo.trainer.metrics import read_metrics
-
-from test_distributed import _torchrun
-from trainer_helpers import tiny_config
 
 REWARDS = '''
 import os
@@ -54,8 +53,9 @@ def _config(tmp_path, model_dir, shapes_dir, reward: str, *extra: str):
     return tiny_config(model_dir, shapes_dir, tmp_path / "run", recipe, "train.save_every=1", *extra)
 
 
-def test_non_finite_steps_in_a_row_stop_the_run_with_the_weights_untouched(tmp_path, tiny_model_dir, shapes_dir,
-                                                                           capsys):  # fmt: skip
+def test_non_finite_steps_in_a_row_stop_the_run_with_the_weights_untouched(
+    tmp_path, tiny_model_dir, shapes_dir, capsys
+):
     cfg = _config(tmp_path, tiny_model_dir(), shapes_dir, "huge", "train.steps=4", "train.max_nonfinite_steps=2")
     save_config(cfg, tmp_path / "cfg.yaml")
     assert main(["train", str(tmp_path / "cfg.yaml")]) == 2
@@ -83,8 +83,9 @@ def test_a_non_finite_step_is_skipped_and_the_run_goes_on(tmp_path, tiny_model_d
 
 
 @pytest.mark.parametrize("backend, port", [("lora", 29531), ("zero3", 29532)])
-def test_ranks_agree_to_skip_a_step_only_one_of_them_saw_non_finite(backend, port, tmp_path, tiny_model_dir,
-                                                                   shapes_dir):  # fmt: skip
+def test_ranks_agree_to_skip_a_step_only_one_of_them_saw_non_finite(
+    backend, port, tmp_path, tiny_model_dir, shapes_dir
+):
     if backend == "zero3":
         pytest.importorskip("deepspeed")
     extra = ["train.backend=lora", "train.lora.rank=4"] if backend == "lora" else ["train.backend=zero3"]
@@ -107,8 +108,9 @@ def test_zero3_counts_fp16_loss_scaler_skips_apart_from_non_finite_losses():
 
     from vlgrpo.trainer.zero3 import Zero3Backend
 
-    engine = SimpleNamespace(global_steps=0, fp16_enabled=lambda: True, was_step_applied=lambda: False,
-                             get_global_grad_norm=lambda: None)  # fmt: skip
+    engine = SimpleNamespace(
+        global_steps=0, fp16_enabled=lambda: True, was_step_applied=lambda: False, get_global_grad_norm=lambda: None
+    )
     backend = Zero3Backend.__new__(Zero3Backend)
     backend.engine, backend.skipped_steps, backend.loss_scale_skips = engine, 0, 0
     backend._backwards, backend._lr = 1, 1e-5

@@ -10,10 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from trainer_helpers import tiny_config, write_reward_module
 
 from vlgrpo.config import save_config
-
-from trainer_helpers import tiny_config, write_reward_module
 
 WORKER = Path(__file__).with_name("offpolicy_worker.py")
 
@@ -21,12 +20,29 @@ WORKER = Path(__file__).with_name("offpolicy_worker.py")
 def test_zero3_checks_an_off_policy_engine_after_every_sync(tmp_path, tiny_model_dir, shapes_dir):
     pytest.importorskip("deepspeed")
     spec = write_reward_module(tmp_path)
-    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", f"reward.recipe={{'{spec}': 1.0}}",
-                      "train.backend=zero3", "train.steps=3", "train.lr=1e-2")
+    cfg = tiny_config(
+        tiny_model_dir(),
+        shapes_dir,
+        tmp_path / "run",
+        f"reward.recipe={{'{spec}': 1.0}}",
+        "train.backend=zero3",
+        "train.steps=3",
+        "train.lr=1e-2",
+    )
     save_config(cfg, tmp_path / "cfg.yaml")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
-           str(WORKER), str(tmp_path / "cfg.yaml"), str(tmp_path)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        "29531",
+        str(WORKER),
+        str(tmp_path / "cfg.yaml"),
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for rank in (0, 1):

@@ -5,11 +5,10 @@ When a change is meant to move these numbers, re-pin them in the same commit and
 import math
 
 import pytest
+from trainer_helpers import tiny_config, write_reward_module
 
 from vlgrpo.trainer.loop import Trainer
 from vlgrpo.trainer.state import build_state
-
-from trainer_helpers import tiny_config, write_reward_module
 
 # arch -> step -> (train/loss, reward/total, grpo/kl), measured on the CPU in fp32 with one thread
 PINNED = {
@@ -32,8 +31,16 @@ def _close(got: float, want: float) -> bool:
 
 def _run(tmp_path, model_dir: str, shapes_dir) -> dict[int, tuple[float, float, float]]:
     spec = write_reward_module(tmp_path)
-    cfg = tiny_config(model_dir, shapes_dir, tmp_path / "run", f"reward.recipe={{'{spec}': 1.0}}",
-                      "train.steps=3", "grpo.beta=0.04", "train.lr=1e-2", "train.seed=0")
+    cfg = tiny_config(
+        model_dir,
+        shapes_dir,
+        tmp_path / "run",
+        f"reward.recipe={{'{spec}': 1.0}}",
+        "train.steps=3",
+        "grpo.beta=0.04",
+        "train.lr=1e-2",
+        "train.seed=0",
+    )
     state = build_state(cfg, progress=False)
     history = Trainer(state).train()
     state.close()

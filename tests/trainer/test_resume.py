@@ -14,15 +14,14 @@ import time
 from pathlib import Path
 
 import pytest
+from trainer_helpers import tiny_config
 
 from vlgrpo.config import save_config
 from vlgrpo.trainer.checkpoint import checkpoint_dirs
 
-from trainer_helpers import tiny_config
-
 # The trainer tests' length reward, plus a hold: with VLGRPO_TEST_HOLD=<metrics.jsonl>:<K> in the environment it
 # sleeps once K steps are logged, i.e. inside step K + 1, after checkpoint K is complete.
-HELD_REWARD = '''
+HELD_REWARD = """
 import os
 import time
 from pathlib import Path
@@ -35,25 +34,40 @@ def length(completion, **fields):
         while Path(path).exists() and len(Path(path).read_text().splitlines()) >= int(k):
             time.sleep(0.5)
     return len(completion) / 10.0
-'''
+"""
 
 # backend -> (overrides, ranks, optimiser steps). Few steps keep the 2-rank ZeRO-3 case (3 launches) near a minute.
 BACKENDS = {
     "plain": (["train.lr_schedule=cosine", "train.warmup_steps=2"], 1, 6),
-    "lora": (["train.backend=lora", "train.lora.rank=4", "train.lr=1e-2", "train.lr_schedule=cosine",
-              "train.warmup_steps=1"], 1, 5),
+    "lora": (
+        [
+            "train.backend=lora",
+            "train.lora.rank=4",
+            "train.lr=1e-2",
+            "train.lr_schedule=cosine",
+            "train.warmup_steps=1",
+        ],
+        1,
+        5,
+    ),
     "zero3": (["train.backend=zero3", "train.lr_schedule=cosine", "train.warmup_steps=1"], 2, 4),
 }
 
 
 def _launch(cfg_path, ranks: int, **extra_env: str) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "DS_ACCELERATOR": "cpu",
-           **extra_env}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "DS_ACCELERATOR": "cpu",
+        **extra_env,
+    }
     cli = ["-m", "vlgrpo.cli", "train", str(cfg_path)]
     if ranks > 1:  # --standalone: a free rendezvous port per launch (the killed run's port may still be held)
         cli = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks), *cli]
-    return subprocess.Popen([sys.executable, *cli], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)  # its own process group: killpg reaches every rank
+    return subprocess.Popen(
+        [sys.executable, *cli], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )  # its own process group: killpg reaches every rank
 
 
 def _finish(proc: subprocess.Popen) -> str:
@@ -127,8 +141,16 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(backend, tmp_p
     spec = f"{tmp_path / 'held_reward.py'}:length"
     configs = {}
     for name in ("straight", "killed"):
-        cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / name, f"reward.recipe={{'{spec}': 1.0}}",
-                          f"train.steps={steps}", "train.save_every=1", "grpo.beta=0.04", *overrides)
+        cfg = tiny_config(
+            tiny_model_dir(),
+            shapes_dir,
+            tmp_path / name,
+            f"reward.recipe={{'{spec}': 1.0}}",
+            f"train.steps={steps}",
+            "train.save_every=1",
+            "grpo.beta=0.04",
+            *overrides,
+        )
         configs[name] = tmp_path / f"{name}.yaml"
         save_config(cfg, configs[name])
 

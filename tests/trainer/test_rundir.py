@@ -8,6 +8,8 @@ import signal
 import time
 
 import pytest
+from test_resume import HELD_REWARD, _launch
+from trainer_helpers import tiny_config
 
 from vlgrpo.config import save_config
 from vlgrpo.trainer.checkpoint import checkpoint_dirs
@@ -15,14 +17,17 @@ from vlgrpo.trainer.metrics import read_metrics
 from vlgrpo.trainer.rundir import RunDirError
 from vlgrpo.trainer.state import build_state
 
-from test_resume import HELD_REWARD, _launch
-from trainer_helpers import tiny_config
-
 
 def test_a_second_run_on_a_locked_directory_is_refused_until_the_first_dies(tmp_path, tiny_model_dir, shapes_dir):
     (tmp_path / "held_reward.py").write_text(HELD_REWARD)
-    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", "train.steps=3", "train.save_every=1",
-                      f"reward.recipe={{'{tmp_path / 'held_reward.py'}:length': 1.0}}")  # fmt: skip
+    cfg = tiny_config(
+        tiny_model_dir(),
+        shapes_dir,
+        tmp_path / "run",
+        "train.steps=3",
+        "train.save_every=1",
+        f"reward.recipe={{'{tmp_path / 'held_reward.py'}:length': 1.0}}",
+    )
     save_config(cfg, tmp_path / "cfg.yaml")
     metrics = tmp_path / "run" / "metrics.jsonl"
     first = _launch(tmp_path / "cfg.yaml", 1, VLGRPO_TEST_HOLD=f"{metrics}:1")  # held inside step 2

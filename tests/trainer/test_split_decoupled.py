@@ -4,11 +4,10 @@ trainer's current (proximal) policy and the behaviour policy enters as capped IS
 from __future__ import annotations
 
 import pytest
-
-from vlgrpo.config import ConfigError
-
 from test_split_rollout import _run as _split_run
 from trainer_helpers import tiny_config
+
+from vlgrpo.config import ConfigError
 
 DECOUPLED = ("train.steps=3", "rollout.placement=split", "rollout.max_staleness=1", "grpo.decoupled=true")
 

@@ -15,14 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_distributed import RANK_REWARD, _config, _torchrun
+from test_dynamic_sampling import REWARD as ODD_IDS_REWARD
+from trainer_helpers import tiny_config, write_reward_module
 
 from vlgrpo.config import ConfigError, save_config
 from vlgrpo.trainer.loop import Trainer
 from vlgrpo.trainer.state import _rollout_gpu, build_state
-
-from test_distributed import RANK_REWARD, _config, _torchrun
-from test_dynamic_sampling import REWARD as ODD_IDS_REWARD
-from trainer_helpers import tiny_config, write_reward_module
 
 VLLM_SPLIT = ("rollout.placement=split", "rollout.engine=vllm", "train.num_gpus=2", "rollout.vllm.rollout_gpus=1")
 KEYS = ("train/loss", "reward/total", "grpo/kl", "grpo/entropy", "train/grad_norm", "grpo/response_length")
@@ -31,8 +30,16 @@ KEYS = ("train/loss", "reward/total", "grpo/kl", "grpo/entropy", "train/grad_nor
 def _run(tmp_path, tiny_model_dir, shapes_dir, name: str, *overrides: str, reward: str | None = None) -> list[dict]:
     """Train a tiny run; `reward`: a recipe spec (default: the length reward of trainer_helpers)."""
     spec = reward or write_reward_module(tmp_path)
-    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / name, f"reward.recipe={{'{spec}': 1.0}}",
-                      "grpo.beta=0.04", "train.lr=1e-2", "train.seed=0", *overrides)  # fmt: skip
+    cfg = tiny_config(
+        tiny_model_dir(),
+        shapes_dir,
+        tmp_path / name,
+        f"reward.recipe={{'{spec}': 1.0}}",
+        "grpo.beta=0.04",
+        "train.lr=1e-2",
+        "train.seed=0",
+        *overrides,
+    )
     state = build_state(cfg, progress=False)
     try:
         return Trainer(state).train()
@@ -42,8 +49,15 @@ def _run(tmp_path, tiny_model_dir, shapes_dir, name: str, *overrides: str, rewar
 
 def test_split_with_staleness_0_reproduces_the_colocated_run(tmp_path, tiny_model_dir, shapes_dir):
     colocated = _run(tmp_path, tiny_model_dir, shapes_dir, "colocated", "train.steps=3")
-    split = _run(tmp_path, tiny_model_dir, shapes_dir, "split", "train.steps=3", "rollout.placement=split",
-                 "rollout.max_staleness=0")  # fmt: skip
+    split = _run(
+        tmp_path,
+        tiny_model_dir,
+        shapes_dir,
+        "split",
+        "train.steps=3",
+        "rollout.placement=split",
+        "rollout.max_staleness=0",
+    )
     for a, b in zip(colocated, split, strict=True):
         assert {k: a[k] for k in KEYS} == {k: b[k] for k in KEYS}, a["step"]  # exactly: same weights, seeds, tokens
         assert b["rollout/staleness"] == 0.0
@@ -95,8 +109,9 @@ def test_the_rollout_worker_exits_when_its_trainer_is_killed(tmp_path, tiny_mode
     worker notices and exits, rather than hold its model copy until the machine is rebooted."""
     cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", "rollout.placement=split")
     save_config(cfg, tmp_path / "cfg.yaml")
-    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(tmp_path / "cfg.yaml")], stdout=subprocess.PIPE,
-                               text=True)  # fmt: skip
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER, str(tmp_path / "cfg.yaml")], stdout=subprocess.PIPE, text=True
+    )
     worker = int(trainer.stdout.readline())
     trainer.kill()
     trainer.wait()
@@ -117,16 +132,24 @@ DYNAMIC_KEYS = (*KEYS, "grpo/sampling_rounds", "grpo/dropped_groups", "grpo/zero
 def _dynamic_run(tmp_path, tiny_model_dir, shapes_dir, name: str, *overrides: str) -> list[dict]:
     """Dynamic sampling on a reward that is constant on odd sample ids: their groups are dropped and topped up."""
     (tmp_path / "odd.py").write_text(ODD_IDS_REWARD)
-    return _run(tmp_path, tiny_model_dir, shapes_dir, name, *DYNAMIC, *overrides,
-                reward=f"{tmp_path}/odd.py:odd_ids_constant")  # fmt: skip
+    return _run(
+        tmp_path, tiny_model_dir, shapes_dir, name, *DYNAMIC, *overrides, reward=f"{tmp_path}/odd.py:odd_ids_constant"
+    )
 
 
 def test_split_dynamic_sampling_with_staleness_0_reproduces_the_colocated_run(tmp_path, tiny_model_dir, shapes_dir):
     """The top-up rounds go to the worker when the trainer finds its batch short: the same prompts, in the same
     order, with the same seeds as a colocated run's rounds (the 7B ZeRO-3 recipe runs dynamic sampling)."""
     colocated = _dynamic_run(tmp_path, tiny_model_dir, shapes_dir, "colocated", "train.steps=3")
-    split = _dynamic_run(tmp_path, tiny_model_dir, shapes_dir, "split", "train.steps=3", "rollout.placement=split",
-                         "rollout.max_staleness=0")  # fmt: skip
+    split = _dynamic_run(
+        tmp_path,
+        tiny_model_dir,
+        shapes_dir,
+        "split",
+        "train.steps=3",
+        "rollout.placement=split",
+        "rollout.max_staleness=0",
+    )
     for a, b in zip(colocated, split, strict=True):
         assert {k: a[k] for k in DYNAMIC_KEYS} == {k: b[k] for k in DYNAMIC_KEYS}, a["step"]
     assert max(h["grpo/sampling_rounds"] for h in split) > 1  # top-up rounds ran through the worker
@@ -143,25 +166,30 @@ def test_split_dynamic_sampling_with_staleness_1_bounds_staleness(tmp_path, tiny
     assert all(h["train/loss"] == h["train/loss"] for h in history)  # finite
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["rollout.max_staleness=1"], "needs rollout.placement=split"),
-    (["rollout.placement=split", "grpo.num_iterations=2"], "does not run with grpo.num_iterations > 1"),
-    (["rollout.placement=split", "train.stage=sft"], "does not run with train.stage=sft"),
-    (["rollout.placement=split", "rollout.max_staleness=-1"], "must be >= 0"),
-    ([*VLLM_SPLIT, "rollout.vllm.tensor_parallel_size=2"], "does not run with rollout.vllm.tensor_parallel_size=2"),
-    ([*VLLM_SPLIT, "rollout.top_p=0.9"], "renormalised over the kept tokens"),  # max_staleness: 1 by default
-    ([*VLLM_SPLIT, "rollout.vllm.rollout_gpus=0"], "needs rollout.vllm.rollout_gpus >= 1"),
-    ([*VLLM_SPLIT, "rollout.vllm.rollout_gpus=2"], "must leave training GPUs out of train.num_gpus"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["rollout.max_staleness=1"], "needs rollout.placement=split"),
+        (["rollout.placement=split", "grpo.num_iterations=2"], "does not run with grpo.num_iterations > 1"),
+        (["rollout.placement=split", "train.stage=sft"], "does not run with train.stage=sft"),
+        (["rollout.placement=split", "rollout.max_staleness=-1"], "must be >= 0"),
+        ([*VLLM_SPLIT, "rollout.vllm.tensor_parallel_size=2"], "does not run with rollout.vllm.tensor_parallel_size=2"),
+        ([*VLLM_SPLIT, "rollout.top_p=0.9"], "renormalised over the kept tokens"),  # max_staleness: 1 by default
+        ([*VLLM_SPLIT, "rollout.vllm.rollout_gpus=0"], "needs rollout.vllm.rollout_gpus >= 1"),
+        ([*VLLM_SPLIT, "rollout.vllm.rollout_gpus=2"], "must leave training GPUs out of train.num_gpus"),
+    ],
+)
 def test_split_configs_that_cannot_run_are_named(tmp_path, tiny_model_dir, shapes_dir, overrides, message):
     with pytest.raises(ConfigError, match=message):
         tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", *overrides)
 
 
-@pytest.mark.parametrize("engine, visible, expected", [("vllm", "6,7,2,3", "3"), ("vllm", None, "3"),
-                                                       ("hf", None, None)])  # fmt: skip
-def test_each_ranks_vllm_worker_gets_its_own_gpu(tmp_path, tiny_model_dir, shapes_dir, monkeypatch, engine, visible,
-                                                 expected):  # fmt: skip
+@pytest.mark.parametrize(
+    "engine, visible, expected", [("vllm", "6,7,2,3", "3"), ("vllm", None, "3"), ("hf", None, None)]
+)
+def test_each_ranks_vllm_worker_gets_its_own_gpu(
+    tmp_path, tiny_model_dir, shapes_dir, monkeypatch, engine, visible, expected
+):
     """Rank 1 of 2 on a 4-GPU node: it trains on cuda:1, its worker runs vLLM on the 4th GPU the trainer sees (the
     hf engine's worker stays on the CPU)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -172,19 +200,48 @@ def test_each_ranks_vllm_worker_gets_its_own_gpu(tmp_path, tiny_model_dir, shape
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     else:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path, "rollout.placement=split", f"rollout.engine={engine}",
-                      "train.num_gpus=4", "rollout.vllm.rollout_gpus=2")  # fmt: skip
+    cfg = tiny_config(
+        tiny_model_dir(),
+        shapes_dir,
+        tmp_path,
+        "rollout.placement=split",
+        f"rollout.engine={engine}",
+        "train.num_gpus=4",
+        "rollout.vllm.rollout_gpus=2",
+    )
     assert _rollout_gpu(cfg) == expected
 
 
 def test_a_resumed_split_run_with_staleness_0_equals_an_uninterrupted_one(tmp_path, tiny_model_dir, shapes_dir):
     """The worker starts afresh on resume and gets the checkpoint's weights before any prompt."""
-    whole = _run(tmp_path, tiny_model_dir, shapes_dir, "whole", "train.steps=3", "rollout.placement=split",
-                 "rollout.max_staleness=0")  # fmt: skip
-    _run(tmp_path, tiny_model_dir, shapes_dir, "cut", "train.steps=2", "rollout.placement=split",
-         "rollout.max_staleness=0")  # fmt: skip
-    resumed = _run(tmp_path, tiny_model_dir, shapes_dir, "cut", "train.steps=3", "rollout.placement=split",
-                   "rollout.max_staleness=0", "train.resume=true")  # fmt: skip
+    whole = _run(
+        tmp_path,
+        tiny_model_dir,
+        shapes_dir,
+        "whole",
+        "train.steps=3",
+        "rollout.placement=split",
+        "rollout.max_staleness=0",
+    )
+    _run(
+        tmp_path,
+        tiny_model_dir,
+        shapes_dir,
+        "cut",
+        "train.steps=2",
+        "rollout.placement=split",
+        "rollout.max_staleness=0",
+    )
+    resumed = _run(
+        tmp_path,
+        tiny_model_dir,
+        shapes_dir,
+        "cut",
+        "train.steps=3",
+        "rollout.placement=split",
+        "rollout.max_staleness=0",
+        "train.resume=true",
+    )
     assert [h["step"] for h in resumed] == [3]
     assert {k: resumed[0][k] for k in KEYS} == {k: whole[2][k] for k in KEYS}
 
@@ -193,8 +250,16 @@ def test_split_runs_the_lora_backend_with_merged_weights(tmp_path, tiny_model_di
     """The worker gets LoRA's merged weights under the base names (W + s·BA, not the adapter's x·W + s·(x·A)·B): with
     staleness 0 the run equals the colocated one up to the rounding of that merge."""
     colocated = _run(tmp_path, tiny_model_dir, shapes_dir, "lora", "train.steps=2", "train.backend=lora")
-    split = _run(tmp_path, tiny_model_dir, shapes_dir, "lora_split", "train.steps=2", "train.backend=lora",
-                 "rollout.placement=split", "rollout.max_staleness=0")  # fmt: skip
+    split = _run(
+        tmp_path,
+        tiny_model_dir,
+        shapes_dir,
+        "lora_split",
+        "train.steps=2",
+        "train.backend=lora",
+        "rollout.placement=split",
+        "rollout.max_staleness=0",
+    )
     for a, b in zip(colocated, split, strict=True):
         assert all(b[k] == pytest.approx(a[k], rel=1e-5, abs=1e-7) for k in KEYS), (a["step"], a, b)
 
@@ -206,8 +271,9 @@ def test_zero3_split_on_two_ranks_with_staleness_0_reproduces_the_colocated_run(
     """One worker per rank: it samples that rank's prompts with that rank's seeds, and receives the full weights
     that every rank gathers after each ZeRO-3 step (and after loading a checkpoint)."""
     pytest.importorskip("deepspeed")
-    _config(tmp_path, tiny_model_dir, shapes_dir, "train.backend=zero3", "train.steps=3", "grpo.beta=0.04",
-            "train.lr=1e-2")  # fmt: skip
+    _config(
+        tmp_path, tiny_model_dir, shapes_dir, "train.backend=zero3", "train.steps=3", "grpo.beta=0.04", "train.lr=1e-2"
+    )
     split = ("rollout.placement=split", "rollout.max_staleness=0")
     colocated = _torchrun(tmp_path, 29541, f"train.output_dir={tmp_path / 'colocated'}", "train.save_every=0")
     whole = _torchrun(tmp_path, 29541, f"train.output_dir={tmp_path / 'split'}", *split)
@@ -230,8 +296,15 @@ def test_zero3_split_on_two_ranks_with_staleness_0_reproduces_the_colocated_run(
 def test_split_on_two_ranks_with_staleness_1_bounds_staleness(tmp_path, tiny_model_dir, shapes_dir, backend, port):
     if backend == "zero3":
         pytest.importorskip("deepspeed")
-    _config(tmp_path, tiny_model_dir, shapes_dir, f"train.backend={backend}", "train.steps=5", "train.save_every=0",
-            "rollout.placement=split")  # fmt: skip
+    _config(
+        tmp_path,
+        tiny_model_dir,
+        shapes_dir,
+        f"train.backend={backend}",
+        "train.steps=5",
+        "train.save_every=0",
+        "rollout.placement=split",
+    )
     ranks = _torchrun(tmp_path, port)
     for rank in ranks:
         history = rank["history"]
@@ -246,9 +319,17 @@ def test_zero3_split_dynamic_sampling_ranks_agree_on_the_top_up_rounds(tmp_path,
     with nothing to sample, still joins each round's vision gather (a ZeRO-3 collective; skipping it hangs)."""
     pytest.importorskip("deepspeed")
     (tmp_path / "rank_reward.py").write_text(RANK_REWARD)
-    cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", "train.backend=zero3", "train.save_every=0",
-                      f"reward.recipe={{'{tmp_path}/rank_reward.py:rank_one_constant': 1.0}}",
-                      "grpo.dynamic_sampling=true", "grpo.max_topup_rounds=2", "rollout.placement=split")  # fmt: skip
+    cfg = tiny_config(
+        tiny_model_dir(),
+        shapes_dir,
+        tmp_path / "run",
+        "train.backend=zero3",
+        "train.save_every=0",
+        f"reward.recipe={{'{tmp_path}/rank_reward.py:rank_one_constant': 1.0}}",
+        "grpo.dynamic_sampling=true",
+        "grpo.max_topup_rounds=2",
+        "rollout.placement=split",
+    )
     save_config(cfg, tmp_path / "cfg.yaml")
     rank0, rank1 = _torchrun(tmp_path, 29544, timeout=300)
     assert [h["step"] for h in rank0["history"]] == [h["step"] for h in rank1["history"]] == [1, 2]

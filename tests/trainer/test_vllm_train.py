@@ -11,17 +11,20 @@ import sys
 from pathlib import Path
 
 import pytest
+from trainer_helpers import tiny_config, write_reward_module
 
 from vlgrpo.config import save_config
 from vlgrpo.trainer.metrics import read_metrics
 
-from trainer_helpers import tiny_config, write_reward_module
-
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm", reason="vLLM runs in its own environment: make test-vllm")
 
-VLLM = ["rollout.engine=vllm", "rollout.vllm.enable_sleep_mode=false", "data.max_prompt_length=256",
-        "rollout.vllm.engine_kwargs={'enforce_eager': True, 'block_size': 32}"]  # fmt: skip
+VLLM = [
+    "rollout.engine=vllm",
+    "rollout.vllm.enable_sleep_mode=false",
+    "data.max_prompt_length=256",
+    "rollout.vllm.engine_kwargs={'enforce_eager': True, 'block_size': 32}",
+]
 PLAIN = ["train.backend=plain", "train.lr=1e-2"]
 SPLIT = ["rollout.placement=split", "train.num_gpus=2", "rollout.vllm.rollout_gpus=1"]
 KEYS = ("train/loss", "reward/total", "grpo/entropy", "train/grad_norm", "grpo/response_length")
@@ -31,12 +34,25 @@ def _train(out: Path, tiny_model_dir, shapes_dir, *overrides: str, arch: str = "
     """`vlgrpo train` for 3 steps in a process of its own (vLLM runs in it, or in its rollout worker) -> metrics."""
     out.mkdir(exist_ok=True)
     spec = write_reward_module(out)
-    cfg = tiny_config(tiny_model_dir(arch), shapes_dir, out / "run", f"reward.recipe={{'{spec}': 1.0}}",
-                      "train.steps=3", "model.freeze_merger=false", *VLLM, *overrides)  # fmt: skip
+    cfg = tiny_config(
+        tiny_model_dir(arch),
+        shapes_dir,
+        out / "run",
+        f"reward.recipe={{'{spec}': 1.0}}",
+        "train.steps=3",
+        "model.freeze_merger=false",
+        *VLLM,
+        *overrides,
+    )
     save_config(cfg, out / "cfg.yaml")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, "-m", "vlgrpo.cli", "train", str(out / "cfg.yaml")], env=env,
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "vlgrpo.cli", "train", str(out / "cfg.yaml")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = read_metrics(out / "run")
     assert [r["step"] for r in rows] == [1, 2, 3]
@@ -47,16 +63,19 @@ CASES = [("plain", "qwen2_5_vl"), ("lora", "qwen2_5_vl"), ("plain", "qwen3_vl")]
 
 
 @pytest.mark.parametrize("backend, arch", CASES)
-def test_three_grpo_steps_on_vllm_keep_the_engine_on_the_trainers_policy(backend, arch, tmp_path, tiny_model_dir,
-                                                                         shapes_dir):  # fmt: skip
+def test_three_grpo_steps_on_vllm_keep_the_engine_on_the_trainers_policy(
+    backend, arch, tmp_path, tiny_model_dir, shapes_dir
+):
     """Qwen3-VL runs with mm_input=pixels: the merger and DeepStack mergers train (model.freeze_merger=false), so each
     step's sync must reach vLLM's own tower for its log-probs to stay on the trainer's."""
     lora = ["train.backend=lora", "train.lora.rank=4", "train.lr=5e-2"]
     pixels = ["rollout.vllm.mm_input=pixels"] if arch == "qwen3_vl" else []
     rows = _train(tmp_path, tiny_model_dir, shapes_dir, *(PLAIN if backend == "plain" else lora), *pixels, arch=arch)
     for r in rows:
-        print(f"[{backend} {arch}] step {r['step']}: logprob_abs_diff max {r['rollout/logprob_abs_diff_max']:.2e}, "
-              f"is_mean {r['grpo/is_mean']:.6f}, loss {r['train/loss']:.4f}")
+        print(
+            f"[{backend} {arch}] step {r['step']}: logprob_abs_diff max {r['rollout/logprob_abs_diff_max']:.2e}, "
+            f"is_mean {r['grpo/is_mean']:.6f}, loss {r['train/loss']:.4f}"
+        )
         assert r["rollout/logprob_abs_diff_max"] < 1e-3
         assert r["rollout/weight_syncs"] == 1 and r["rollout/params_pushed"] > 0
         assert abs(r["grpo/is_mean"] - 1.0) < 1e-3 and r["grpo/is_clipped_frac"] == 0.0  # sequence_mask, cap 3
@@ -66,8 +85,13 @@ def test_three_grpo_steps_on_vllm_keep_the_engine_on_the_trainers_policy(backend
 
 # Every step draws one one-image, one two-image and one video row (the file cycles through them); the frame lists were
 # taken at 4 fps, so Qwen2.5-VL's second_per_grid_ts is 0.5 and Qwen3-VL writes <0.1 seconds> and <0.6 seconds>.
-MIXED = ["data.shuffle=false", "train.prompts_per_step=3", "data.video.max_pixels=50176", "data.video.fps=4.0",
-         "rollout.vllm.limit_mm_per_prompt={'image': 2, 'video': 1}"]  # fmt: skip
+MIXED = [
+    "data.shuffle=false",
+    "train.prompts_per_step=3",
+    "data.video.max_pixels=50176",
+    "data.video.fps=4.0",
+    "rollout.vllm.limit_mm_per_prompt={'image': 2, 'video': 1}",
+]
 
 
 @pytest.mark.parametrize("arch, mode", [("qwen2_5_vl", "embeds"), ("qwen3_vl", "pixels")])
@@ -81,8 +105,10 @@ def test_three_grpo_steps_on_vllm_over_one_image_two_image_and_video_rows(arch, 
     assert [(len(s.images), s.video is not None) for s in rows[:9]] == [(1, False), (2, False), (0, True)] * 3
     out = _train(tmp_path, tiny_model_dir, data, *PLAIN, *MIXED, f"rollout.vllm.mm_input={mode}", arch=arch)
     for r in out:
-        print(f"[mixed {arch} {mode}] step {r['step']}: logprob_abs_diff max {r['rollout/logprob_abs_diff_max']:.2e}, "
-              f"loss {r['train/loss']:.4f}, completions {r['rollout/completions']:.0f}")
+        print(
+            f"[mixed {arch} {mode}] step {r['step']}: logprob_abs_diff max {r['rollout/logprob_abs_diff_max']:.2e}, "
+            f"loss {r['train/loss']:.4f}, completions {r['rollout/completions']:.0f}"
+        )
         assert r["rollout/logprob_abs_diff_max"] < 1e-3
         assert r["rollout/completions"] == 12 and r["rollout/weight_syncs"] == 1 and r["rollout/params_pushed"] > 0
     assert out[0]["train/grad_norm"] > 0

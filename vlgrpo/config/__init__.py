@@ -25,7 +25,26 @@ from vlgrpo.config.schema import (
 )
 
 __all__ = [
-    "CHOICES", "EVAL_SUITES", "Config", "ConfigError", "DataConfig", "EvalConfig", "GRPOConfig", "LoggingConfig",
-    "LoRAConfig", "ModelConfig", "OverlongConfig", "RewardConfig", "RolloutConfig", "TrainConfig", "VLLMConfig",
-    "Zero3Config", "field_docs", "get_key", "load_config", "save_config", "to_dict", "validate",
-]  # fmt: skip
+    "CHOICES",
+    "EVAL_SUITES",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "EvalConfig",
+    "GRPOConfig",
+    "LoggingConfig",
+    "LoRAConfig",
+    "ModelConfig",
+    "OverlongConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "TrainConfig",
+    "VLLMConfig",
+    "Zero3Config",
+    "field_docs",
+    "get_key",
+    "load_config",
+    "save_config",
+    "to_dict",
+    "validate",
+]

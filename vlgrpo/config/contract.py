@@ -20,9 +20,13 @@ CONTRACT_FILE = "vlgrpo.json"
 FORMAT = "vlgrpo-prompt-contract"
 VERSION = 1
 CONFIG_KEYS = {
-    "arch": "model.arch", "answer_format": "data.answer_format", "box_format": "reward.box_format",
-    "system_prompt": "data.system_prompt", "min_pixels": "model.min_pixels", "max_pixels": "model.max_pixels",
-}  # fmt: skip
+    "arch": "model.arch",
+    "answer_format": "data.answer_format",
+    "box_format": "reward.box_format",
+    "system_prompt": "data.system_prompt",
+    "min_pixels": "model.min_pixels",
+    "max_pixels": "model.max_pixels",
+}
 """Each contract field and the config key it is the default of."""
 
 
@@ -47,9 +51,11 @@ class PromptContract:
     was recorded (eval then uses data.video's defaults)."""
 
     def __post_init__(self) -> None:
-        accepted = {"arch": [a for a in CHOICES["model.arch"] if a != "auto"],
-                    "answer_format": CHOICES["data.answer_format"],
-                    "box_format": [b for b in CHOICES["reward.box_format"] if b != "auto"]}  # fmt: skip
+        accepted = {
+            "arch": [a for a in CHOICES["model.arch"] if a != "auto"],
+            "answer_format": CHOICES["data.answer_format"],
+            "box_format": [b for b in CHOICES["reward.box_format"] if b != "auto"],
+        }
         for key, values in accepted.items():
             if getattr(self, key) not in values:
                 raise ValueError(f"{key} = {getattr(self, key)!r} is not accepted; use one of: {', '.join(values)}")
@@ -61,16 +67,24 @@ class PromptContract:
             raise ValueError(f"system_prompt = {self.system_prompt!r} is not accepted; use a string")
         video_keys = {"fps", "max_frames", "min_pixels", "max_pixels"}
         if self.video is not None and (not isinstance(self.video, dict) or set(self.video) != video_keys):
-            raise ValueError(f"video = {self.video!r} is not accepted; use null or a mapping of "
-                             f"{', '.join(sorted(video_keys))}")  # fmt: skip
+            raise ValueError(
+                f"video = {self.video!r} is not accepted; use null or a mapping of {', '.join(sorted(video_keys))}"
+            )
 
     @classmethod
     def from_config(cls, cfg: Any, arch: str, box_format: str) -> PromptContract:
         """The contract of a run of `cfg` on a model of family `arch` writing boxes as `box_format`."""
         video = {k: getattr(cfg.data.video, k) for k in ("fps", "max_frames", "min_pixels", "max_pixels")}
-        return cls(arch=arch, answer_format=cfg.data.answer_format, box_format=box_format,
-                   system_prompt=cfg.data.system_prompt, min_pixels=cfg.model.min_pixels,
-                   max_pixels=cfg.model.max_pixels, max_new_tokens=cfg.rollout.max_new_tokens, video=video)
+        return cls(
+            arch=arch,
+            answer_format=cfg.data.answer_format,
+            box_format=box_format,
+            system_prompt=cfg.data.system_prompt,
+            min_pixels=cfg.model.min_pixels,
+            max_pixels=cfg.model.max_pixels,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            video=video,
+        )
 
     def write(self, directory: str | Path) -> Path:
         """Write `directory/vlgrpo.json` atomically (a reader sees the old file or the new one, never half)."""
@@ -91,19 +105,24 @@ def read_contract(location: str | Path) -> PromptContract | None:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"prompt contract '{path}' is not valid UTF-8 JSON ({e}); delete it or write it again "
-                          "with `vlgrpo export`") from None  # fmt: skip
+        raise ConfigError(
+            f"prompt contract '{path}' is not valid UTF-8 JSON ({e}); delete it or write it again with `vlgrpo export`"
+        ) from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ConfigError(f"'{path}' is not a vlgrpo prompt contract (expected \"format\": \"{FORMAT}\")")
+        raise ConfigError(f'\'{path}\' is not a vlgrpo prompt contract (expected "format": "{FORMAT}")')
     if doc.get("version") != VERSION:
-        raise ConfigError(f"prompt contract '{path}' has version {doc.get('version')!r}; this vlgrpo reads "
-                          f"version {VERSION}: upgrade vlgrpo")  # fmt: skip
+        raise ConfigError(
+            f"prompt contract '{path}' has version {doc.get('version')!r}; this vlgrpo reads "
+            f"version {VERSION}: upgrade vlgrpo"
+        )
     names = [f.name for f in fields(PromptContract)]
     unknown = sorted(set(doc) - set(names) - {"format", "version"})
     missing = [n for n in ("arch", "answer_format", "box_format") if n not in doc]
     if unknown or missing:
-        raise ConfigError(f"prompt contract '{path}': unknown keys {unknown}, missing keys {missing}; "
-                          f"accepted keys: {', '.join(names)}")  # fmt: skip
+        raise ConfigError(
+            f"prompt contract '{path}': unknown keys {unknown}, missing keys {missing}; "
+            f"accepted keys: {', '.join(names)}"
+        )
     try:
         return PromptContract(**{n: doc[n] for n in names if n in doc})
     except (TypeError, ValueError) as e:

@@ -246,10 +246,16 @@ def _range_checks(cfg: Config) -> list[tuple[bool, str, str]]:
         (cfg.data.max_prompt_length >= 1, "data.max_prompt_length", "must be >= 1"),
         (v.fps > 0, "data.video.fps", "must be > 0"),
         (v.max_frames >= 2, "data.video.max_frames", "must be >= 2 (two frames make one temporal patch)"),
-        ((v.min_pixels or 0) >= 0 and (v.max_pixels or 0) >= 0, "data.video.min_pixels/max_pixels",
-         "must be >= 1 (or null: Qwen's bounds)"),
-        (not (v.min_pixels and v.max_pixels) or v.min_pixels <= v.max_pixels, "data.video.min_pixels",
-         "must not exceed data.video.max_pixels"),
+        (
+            (v.min_pixels or 0) >= 0 and (v.max_pixels or 0) >= 0,
+            "data.video.min_pixels/max_pixels",
+            "must be >= 1 (or null: Qwen's bounds)",
+        ),
+        (
+            not (v.min_pixels and v.max_pixels) or v.min_pixels <= v.max_pixels,
+            "data.video.min_pixels",
+            "must not exceed data.video.max_pixels",
+        ),
     ]
 
 
@@ -277,8 +283,10 @@ def validate(cfg: Config) -> None:
             f"divisible by train.micro_batch_completions ({t.micro_batch_completions}), so every micro-batch is full"
         )
     if g.decoupled and r.placement != "split":
-        raise ConfigError("grpo.decoupled corrects groups sampled by an older policy version: it needs "
-                          "rollout.placement=split (a colocated engine samples with the current weights)")
+        raise ConfigError(
+            "grpo.decoupled corrects groups sampled by an older policy version: it needs "
+            "rollout.placement=split (a colocated engine samples with the current weights)"
+        )
     if r.engine == "hf" and g.rollout_is not in ("auto", "none") and not g.decoupled:
         raise ConfigError(
             f"grpo.rollout_is={g.rollout_is} corrects for a rollout engine with its own copy of the weights "
@@ -315,27 +323,38 @@ def _check_placement(cfg: Config) -> None:
     if r.max_staleness is not None and r.max_staleness < 0:
         raise ConfigError(f"rollout.max_staleness must be >= 0 (got {r.max_staleness})")
     if r.placement == "colocate" and r.max_staleness:
-        raise ConfigError(f"rollout.max_staleness={r.max_staleness} needs rollout.placement=split: a colocated "
-                          "engine samples with the trainer's current weights, so its groups are never stale")  # fmt: skip
+        raise ConfigError(
+            f"rollout.max_staleness={r.max_staleness} needs rollout.placement=split: a colocated "
+            "engine samples with the trainer's current weights, so its groups are never stale"
+        )
     if r.placement != "split":
         return
     tp = r.vllm.tensor_parallel_size
-    why = [(t.stage == "sft", "train.stage=sft samples nothing"),
-           (g.num_iterations > 1, "grpo.num_iterations > 1 (the stale behaviour log-probs are the ratio's base)"),
-           (r.engine == "vllm" and tp != 1, f"rollout.vllm.tensor_parallel_size={tp} (each training rank's worker "
-            "runs one vLLM engine on one GPU; a daemon process, it cannot start tensor-parallel workers)"),
-           (r.engine == "vllm" and (r.top_p < 1 or r.top_k > 0) and r.max_staleness != 0 and not g.decoupled,
+    why = [
+        (t.stage == "sft", "train.stage=sft samples nothing"),
+        (g.num_iterations > 1, "grpo.num_iterations > 1 (the stale behaviour log-probs are the ratio's base)"),
+        (
+            r.engine == "vllm" and tp != 1,
+            f"rollout.vllm.tensor_parallel_size={tp} (each training rank's worker "
+            "runs one vLLM engine on one GPU; a daemon process, it cannot start tensor-parallel workers)",
+        ),
+        (
+            r.engine == "vllm" and (r.top_p < 1 or r.top_k > 0) and r.max_staleness != 0 and not g.decoupled,
             "rollout.top_p < 1 or rollout.top_k > 0 and stale vLLM groups: vLLM's log-probs are renormalised "
             "over the kept tokens, so they cannot be the ratio's base; set grpo.decoupled=true or "
-            "rollout.max_staleness=0")]  # fmt: skip
+            "rollout.max_staleness=0",
+        ),
+    ]
     for bad, reason in why:
         if bad:
             raise ConfigError(f"rollout.placement=split does not run with {reason}")
     if r.engine == "vllm" and r.vllm.rollout_gpus < 1:
         raise ConfigError("rollout.placement=split needs rollout.vllm.rollout_gpus >= 1 (GPUs reserved for vLLM)")
     if r.engine == "vllm" and r.vllm.rollout_gpus >= t.num_gpus:
-        raise ConfigError(f"rollout.vllm.rollout_gpus ({r.vllm.rollout_gpus}) must leave training GPUs out of "
-                          f"train.num_gpus ({t.num_gpus})")  # fmt: skip
+        raise ConfigError(
+            f"rollout.vllm.rollout_gpus ({r.vllm.rollout_gpus}) must leave training GPUs out of "
+            f"train.num_gpus ({t.num_gpus})"
+        )
 
 
 def field_docs(cls: type) -> dict[str, str]:

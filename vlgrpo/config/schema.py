@@ -356,8 +356,10 @@ def check_mm_limits(value) -> dict[str, int]:
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ConfigError(f"config key '{MM_LIMIT_KEY}.{m}' must be an integer >= 0, got {n!r}")
     if limits["video"] > 1:
-        raise ConfigError(f"config key '{MM_LIMIT_KEY}.video' must be 0 or 1 (a vlgrpo prompt holds at most one "
-                          f"video), got {limits['video']}")  # fmt: skip
+        raise ConfigError(
+            f"config key '{MM_LIMIT_KEY}.video' must be 0 or 1 (a vlgrpo prompt holds at most one "
+            f"video), got {limits['video']}"
+        )
     if limits["image"] + limits["video"] == 0:
         raise ConfigError(f"config key '{MM_LIMIT_KEY}' allows no image and no video: every vlgrpo prompt has one")
     return limits

@@ -56,7 +56,7 @@ def detect_format(path: str | Path) -> str:
         str(path), None, None,
         "cannot tell the format: expected a .jsonl/.parquet file, a directory saved with datasets' save_to_disk, "
         f"or an image folder with {' or '.join(LABEL_FILES)}; set data.format to one of {', '.join(FORMATS[1:])}",
-    )  # fmt: skip
+    )
 
 
 def _load_hf(path: Path | Any, split: str) -> tuple[Any, bool]:
@@ -154,7 +154,7 @@ def load_samples(
     source: str | Path | Any, format: str = "auto", errors: str = "raise", split: str = "train",
     max_samples: int | None = None, preset: str = "none", columns: dict[str, str] | None = None,
     image_root: str | Path | None = None,
-) -> LoadResult:  # fmt: skip
+) -> LoadResult:
     """Read a dataset into Samples. errors="raise" fails on the first bad row; "skip" reports and skips it.
     `preset` / `columns` read rows in another project's shape (vlgrpo.data.presets); `image_root` is the directory
     relative image paths resolve against (default: the file's directory)."""
@@ -204,7 +204,7 @@ def no_usable_row(source: str, skipped: list[tuple[str, int | None]], scope: str
     """The error when every row of a training set was skipped: how many, for which reasons, at which rows."""
     which = f"all {len(skipped)} rows were" if len(skipped) > 1 else "its only row was"
     return DataError(source, None, None, f"no usable row{scope}: {which} skipped: {skip_summary(skipped)}; "
-                     "`vlgrpo data doctor` on the file lists every problem")  # fmt: skip
+                     "`vlgrpo data doctor` on the file lists every problem")
 
 
 def write_jsonl(samples: list[Sample], path: str | Path) -> None:
@@ -233,7 +233,7 @@ def write_jsonl(samples: list[Sample], path: str | Path) -> None:
             video = row.get("video")
             if isinstance(video, dict):
                 video.update({k: relative(v) if k == "path" else [relative(p) for p in v]
-                              for k, v in video.items() if k in ("path", "frames")})  # fmt: skip
+                              for k, v in video.items() if k in ("path", "frames")})
             elif video is not None:
                 row["video"] = relative(video) if isinstance(video, str) else [relative(p) for p in video]
             f.write(json.dumps(row) + "\n")

@@ -23,12 +23,12 @@ SHOWN_ROWS = 10
 def convert_dataset(
     source: str | Path, out: str | Path, preset: str = "none", columns: dict[str, str] | None = None,
     image_root: str | Path | None = None, split: str = "train", fmt: str = "auto",
-) -> LoadResult:  # fmt: skip
+) -> LoadResult:
     """Convert every row it can, skip (and keep in `errors`) the rest, write `out` (JSONL) and return the result.
     A row with a missing image, video or frame file is left out too (an ImageUnusable error), as training could
     not use it."""
     result = load_samples(source, fmt, errors="skip", split=split, preset=preset, columns=columns,
-                          image_root=image_root)  # fmt: skip
+                          image_root=image_root)
     is_file: dict[str, bool] = {}  # path -> whether it is a file (rows often share an image: one stat each)
     kept = []
     for s in result.samples:
@@ -132,7 +132,7 @@ def format_summary(summary: dict[str, Any], source: str, out: str) -> str:
     ]
     if s["answer_type_not_inferred_rows"]:
         lines.append("  answer_type not inferred (kept as text; the answer is no number, option letter, yes/no, math "
-                     f"or box): rows {_rows(s['answer_type_not_inferred_rows'])}")  # fmt: skip
+                     f"or box): rows {_rows(s['answer_type_not_inferred_rows'])}")
     lines += [f"  boxes read as {k}: {v} rows" for k, v in s["box_conventions"].items()]
     lines += [f"  {k}: {v} rows" for k, v in s["notes"].items()]
     lines += [f"  skipped, {reason}: rows {_rows(rows)}" for reason, rows in s["skipped"].items()]
@@ -144,5 +144,5 @@ def format_summary(summary: dict[str, Any], source: str, out: str) -> str:
         lines.append(f"  … {len(missing) - SHOWN_ROWS} more rows with a missing image (--json lists them all)")
     if missing:
         lines.append(f"  {len(missing)} rows not written (exit status 1): their image file is missing or unreadable; "
-                     "fix the paths (or --image-root) and convert again")  # fmt: skip
+                     "fix the paths (or --image-root) and convert again")
     return "\n".join(lines)

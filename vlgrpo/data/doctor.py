@@ -25,7 +25,7 @@ from vlgrpo.data.prompts import instruction
 from vlgrpo.data.rowcheck import (
     DEFAULT_SYSTEM_TOKENS, TEMPLATE_TOKENS, VISION_WRAP, PromptBudget, RowVisuals, prompt_budget,
     row_problems,
-)  # fmt: skip
+)
 from vlgrpo.data.schema import DataError
 from vlgrpo.data.video import VideoInfo, VideoSampling, inspect_video
 from vlgrpo.types import Sample, Video
@@ -107,7 +107,7 @@ class SplitStats:
             "prompt_tokens_max_estimate": self.prompt_tokens_max, "answer_types": dict(self.answer_types),
             "tasks": dict(self.tasks),
             "top_answers": {kind: dict(c.most_common(5)) for kind, c in self.answers.items()},
-        }  # fmt: skip
+        }
 
 
 @dataclass
@@ -140,7 +140,7 @@ class DoctorReport:
             "splits": {name: st.to_dict() for name, st in self.splits.items()},
             "checks": {c: {"severity": fs[0].severity, "count": len(fs)} for c, fs in checks.items()},
             "findings": [dataclasses.asdict(f) for fs in checks.values() for f in fs[:max_per_check]],
-        }  # fmt: skip
+        }
 
 
 # ---------------------------------------------------------------- reading rows with their row numbers
@@ -187,17 +187,17 @@ def sample_findings(
     out = [(ERROR, check, msg) for check, msg in problems]
     text = f"{s.question} {instruction(s.answer_type, settings.answer_format, settings.box_format)}"
     budget = prompt_budget(s, visuals, settings.geometry, text_estimate(text, settings.system_prompt),
-                           settings.system_prompt, settings.video_timestamps)  # fmt: skip
+                           settings.system_prompt, settings.video_timestamps)
     if not all(budget.images) or (s.video is not None and not budget.video):
         return out, 0, 0
     limit = settings.max_prompt_length
     if budget.certain > limit:
         out.append((ERROR, "prompt_too_long", f"{_parts(s, visuals, budget)}, {budget.certain} with the chat template, "
                     f"over data.max_prompt_length={limit}: lower model.max_pixels (data.video.max_pixels or "
-                    "max_frames for a video) or raise data.max_prompt_length"))  # fmt: skip
+                    "max_frames for a video) or raise data.max_prompt_length"))
     elif budget.total > limit:
         out.append((WARNING, "prompt_maybe_too_long", f"about {budget.total} prompt tokens ({budget.visual} visual + ~"
-                    f"{budget.total - budget.visual} text) may exceed data.max_prompt_length={limit}"))  # fmt: skip
+                    f"{budget.total - budget.visual} text) may exceed data.max_prompt_length={limit}"))
     return out, budget.visual, budget.total
 
 
@@ -224,7 +224,7 @@ def inspect_images(images: list, workers: int = 8, progress: bool = False, desc:
         unique.setdefault(image_key(image), image)
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         infos = list(tqdm(pool.map(inspect_image, unique.values()), total=len(unique), desc=desc, unit="image",
-                          disable=not progress, leave=False))  # fmt: skip
+                          disable=not progress, leave=False))
     return dict(zip(unique, infos))
 
 
@@ -249,7 +249,7 @@ def inspect_videos(videos: list[Video], sampling: VideoSampling) -> dict[str, Vi
 def check_split(
     name: str, source: str, settings: DoctorSettings, gold_check: GoldCheck | None = None, progress: bool = False,
     workers: int = 8,
-) -> tuple[SplitStats, list[Finding]]:  # fmt: skip
+) -> tuple[SplitStats, list[Finding]]:
     """Every row of one dataset: schema, image, per-sample checks, gold answers, duplicate ids, answer skew."""
     stats, findings = SplitStats(name, source), []
     try:
@@ -274,12 +274,12 @@ def check_split(
             continue
         if s.id in stats.ids:
             add(ERROR, "duplicate_id", no, s.id, f"id {s.id!r} was already used at row {stats.ids[s.id]}: ids must "
-                "be unique (prompts, predictions and reward failures are keyed by them)")  # fmt: skip
+                "be unique (prompts, predictions and reward failures are keyed by them)")
         stats.ids.setdefault(s.id, no)
         samples.append((no, s))
     if stats.rows == 0:
         add(ERROR, "dataset_empty", None, None, f"holds no rows (an empty file, or only blank lines): nothing to train "
-            f"or evaluate on; {ACCEPTED}")  # fmt: skip
+            f"or evaluate on; {ACCEPTED}")
     # 2. every distinct image opened completely, every distinct video decoded, once
     images = inspect_images([im for _, s in samples for im in s.images], workers, progress, f"doctor {name}")
     videos = inspect_videos([s.video for _, s in samples if s.video is not None], settings.video)
@@ -287,7 +287,7 @@ def check_split(
     # 3. per sample: images, video, tokens, boxes, placeholders, then the gold answer against the reward
     for no, s in samples:
         visuals = RowVisuals([images[image_key(im)] for im in s.images],
-                             videos[video_key(s.video)] if s.video is not None else None)  # fmt: skip
+                             videos[video_key(s.video)] if s.video is not None else None)
         problems, tokens, estimate = sample_findings(s, visuals, settings)
         if gold_check is not None:
             problems += gold_check(s, visuals.images[0].decoded if s.image is not None else None)
@@ -310,14 +310,14 @@ def _skew(split: str, source: str, stats: SplitStats) -> list[Finding]:
                 out.append(Finding(WARNING, "answer_skew", split, source, None, None,
                                    f"{k} of the {n} '{kind}' answers ({k / n:.0%}) are {top!r}: a policy that always "
                                    f"answers {top!r} scores {k / n:.0%}; balance the classes or judge accuracy "
-                                   "against that baseline"))  # fmt: skip
+                                   "against that baseline"))
     return out
 
 
 def run_doctor(
     splits: dict[str, str], settings: DoctorSettings, gold_check: GoldCheck | None = None, progress: bool = False,
     workers: int = 8,
-) -> DoctorReport:  # fmt: skip
+) -> DoctorReport:
     """Check each named dataset; ids shared between splits are a warning (a test sample seen in training)."""
     report = DoctorReport(settings)
     ids: dict[str, dict[str, int]] = {}
@@ -333,7 +333,7 @@ def run_doctor(
                 report.findings.append(Finding(
                     WARNING, "split_overlap", f"{a}/{b}", splits[b], ids[b][shared[0]], shared[0],
                     f"{len(shared)} id(s) appear in both {a} and {b} (first: {shared[0]!r}): a held-out sample "
-                    "that is also trained on inflates the eval"))  # fmt: skip
+                    "that is also trained on inflates the eval"))
     return report
 
 
@@ -350,15 +350,15 @@ def format_report(report: DoctorReport, examples: int = 5) -> str:
         f"{DEFAULT_SYSTEM_TOKENS} default system + text chars / {CHARS_PER_TOKEN} (an estimate on the long side); "
         f"data.max_prompt_length = {s.max_prompt_length}; video: {s.video.fps:g} fps, at most {s.video.max_frames} "
         "frames", "",
-    ]  # fmt: skip
+    ]
     w = max([5, *map(len, report.splits)]) + 2
     lines.append(f"{'split':<{w}}{'rows':>8}{'samples':>9}{'images':>8}{'videos':>8}  {'visual tokens min/med/max':>25}"
-                 f"{'prompt max':>12}  source")  # fmt: skip
+                 f"{'prompt max':>12}  source")
     for name, st in report.splits.items():
         d = st.to_dict()
         toks = "/".join(str(d["image_tokens"][k]) for k in ("min", "median", "max")) if d["image_tokens"] else "-"
         lines.append(f"{name:<{w}}{st.rows:>8}{st.samples:>9}{st.images:>8}{st.videos:>8}  {toks:>25}"
-                     f"{st.prompt_tokens_max:>12}  {st.source}")  # fmt: skip
+                     f"{st.prompt_tokens_max:>12}  {st.source}")
     for name, st in report.splits.items():
         if st.samples:
             kinds = ", ".join(f"{k} {v}" for k, v in st.answer_types.most_common())

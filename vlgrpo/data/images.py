@@ -216,7 +216,7 @@ def checkpoint_geometry(
                 temporal_patch_size=int(ip.get("temporal_patch_size", 2)),
                 min_pixels=int(ip.get("min_pixels") or size.get("shortest_edge") or RELEASED_MIN_PIXELS),
                 max_pixels=int(ip.get("max_pixels") or size.get("longest_edge") or RELEASED_MAX_PIXELS),
-            )  # fmt: skip
+            )
             source = str(path)
             break
     overrides = [key for key, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v]

@@ -99,7 +99,7 @@ def question_text(text: Any, row: Row, fld: str, images: int = 1, video: bool = 
     elif n_image or n_video:
         if (n_image, n_video) != (images, int(video)):
             raise row.error(fld, f"{n_image} <image> and {n_video} <video> marker(s) but the row has {images} "
-                            f"image(s) and {int(video)} video: each marker places one of them")  # fmt: skip
+                            f"image(s) and {int(video)} video: each marker places one of them")
         leading = re.match(r"(?:\s*<(?:image|video)>)+\s*", text)
         if leading and re.sub(r"\s", "", leading.group()) == "<image>" * images + "<video>" * video:
             text = text[leading.end() :]
@@ -133,7 +133,7 @@ def infer_answer(answer: str, question: str, hint: str | None = None) -> tuple[s
 
 def _is_box(v: Any) -> bool:
     return isinstance(v, (list, tuple)) and len(v) == 4 and all(
-        isinstance(c, (int, float)) and not isinstance(c, bool) for c in v)  # fmt: skip
+        isinstance(c, (int, float)) and not isinstance(c, bool) for c in v)
 
 
 def parse_box_value(value: Any) -> tuple[list[list[float]], str] | None:
@@ -159,7 +159,7 @@ def parse_box_value(value: Any) -> tuple[list[list[float]], str] | None:
 
 
 SCALES = {"pixels": "original-image pixels", "unit": "normalised [0, 1] of the original image (scaled to pixels)",
-          "per_mille": "0-1000 of the original image (Visual-RFT; scaled to pixels)"}  # fmt: skip
+          "per_mille": "0-1000 of the original image (Visual-RFT; scaled to pixels)"}
 
 
 def to_pixels(boxes: list[list[float]], scale: str, image: Any, size, row: Row) -> tuple[list, tuple | None]:
@@ -194,7 +194,7 @@ def gold_fields(solution: Any, question: str, row: Row, fld: str, images: list, 
         if len(images) != 1:
             raise row.error(fld, f"a box answer on a row with {len(images)} images does not say which image it lies "
                             "in: write such rows in vlgrpo's schema, each box as {\"image\": i, \"box\": [x1, y1, x2, "
-                            "y2]} (i: 0-based index in `images`)")  # fmt: skip
+                            "y2]} (i: 0-based index in `images`)")
         boxes, size = to_pixels(*parsed, images[0], size, row)
         return {"answer_type": "box", "boxes": boxes, "image_size": list(size) if size else None}
     if isinstance(solution, bool) or not isinstance(solution, (str, int, float)) or solution == "":
@@ -255,7 +255,7 @@ def _read_size(image: Any, row: Row) -> tuple[int, int]:
     except ImageError as e:
         where = image if isinstance(image, str) else f"<{len(image)} bytes>"
         problem = (f"the row declares no image size and it cannot be read from the image: {e}; fix the path (or "
-                   "--image-root), or give the row's width and height")  # fmt: skip
+                   "--image-root), or give the row's width and height")
         raise ImageUnusable(row.source, row.no, where, problem) from None
 
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Iterator
 from vlgrpo.data.preset_fields import (
     ANSWER_TAGS, ConversionReport, Row, declared_size, extras, gold_fields, image_list, one_video, parse_box_value,
     question_text, row_id, to_pixels, url_image, visual_fields,
-)  # fmt: skip
+)
 from vlgrpo.data.schema import FIELDS, DataError
 from vlgrpo.registry import DATA_PRESET
 from vlgrpo.types import InputError
@@ -50,13 +50,13 @@ def llava(raw: dict, row: Row) -> dict[str, Any]:
     turns = [t for t in raw.get("conversations") or [] if isinstance(t, dict) and t.get("from") != "system"]
     if [ROLES.get(t.get("from")) for t in turns[:2]] != ["user", "assistant"]:
         raise row.error("conversations", "needs a list of turns {'from': 'human' | 'gpt', 'value': text}, human "
-                        f"first, got {raw.get('conversations')!r:.120}")  # fmt: skip
+                        f"first, got {raw.get('conversations')!r:.120}")
     if len(turns) > 2:
         raise row.skip("conversations", "several_turns", f"{len(turns)} turns; vlgrpo trains on one question")
     question = question_text(turns[0].get("value"), row, "conversations", len(images), video is not None)
     size = declared_size(raw) if len(images) == 1 else None
     gold = gold_fields(turns[1].get("value"), question, row, "conversations", images, size,
-                       raw.get("accu_reward_method"))  # fmt: skip
+                       raw.get("accu_reward_method"))
     meta = extras(raw, ("id", "image", "video", "conversations", "width", "height"))
     return {"id": row_id(raw, row), **visual, "question": question, **gold, "meta": meta}
 
@@ -99,7 +99,7 @@ def _inline_or_column(inline: list, column: Any, row: Row, fld: str, kind: str) 
         return inline
     if inline and len(column) != len(inline):
         raise row.error(fld, f"{len(inline)} {kind} part(s) without their {kind} inline, but the row's {kind}s "
-                        f"column holds {len(column)}")  # fmt: skip
+                        f"column holds {len(column)}")
     return column
 
 
@@ -207,7 +207,7 @@ def with_preset_hint(error: DataError, raw: Any) -> DataError:
     if not names:
         return error
     hint = (f"; the row looks like the {' or '.join(names)} preset: run with --preset {names[0]}, or set "
-            f"data.preset: {names[0]} in the config")  # fmt: skip
+            f"data.preset: {names[0]} in the config")
     return DataError(error.source, error.row, error.field, error.problem + hint)
 
 
@@ -223,15 +223,15 @@ def parse_columns(text: str) -> dict[str, str]:
 def convert_rows(
     rows: Iterable[tuple[int, Any]], preset: str, columns: dict[str, str], source: str, base: Path | None,
     report: ConversionReport,
-) -> Iterator[tuple[int, Any]]:  # fmt: skip
+) -> Iterator[tuple[int, Any]]:
     """Rename `columns` ({target: source}) in each raw row, then apply the preset ("none": the targets are row
     fields). Yields (row number, schema row or DataError). A bad preset or mapping fails before any row is read."""
     if preset not in DATA_PRESET.names:
         raise DataError(source, None, None, f"data.preset '{preset}' is not accepted; use one of: none, "
-                        f"{', '.join(PRESETS)}")  # fmt: skip
+                        f"{', '.join(PRESETS)}")
     if preset == "none" and set(columns) - set(FIELDS):
         raise DataError(source, None, None, f"data.columns maps onto {sorted(set(columns) - set(FIELDS))}, which are "
-                        f"not row fields ({', '.join(FIELDS)}); with a preset, map onto its input columns")  # fmt: skip
+                        f"not row fields ({', '.join(FIELDS)}); with a preset, map onto its input columns")
     convert = DATA_PRESET.load(preset) if preset != "none" else _schema_row
     for no, raw in rows:
         if isinstance(raw, DataError):

@@ -15,14 +15,14 @@ SPECIAL_TOKENS = [
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
     "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
     "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
-]  # fmt: skip
+]
 """Qwen2-VL / Qwen2.5-VL's special tokens, in Qwen's order (the tiny tokenizer gives them the first ids)."""
 VISION_PLACEHOLDERS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
 """The image placeholders vlgrpo inserts itself; a policy never samples them."""
 RESERVED_TOKENS = (
     "<|im_start|>", "<|im_end|>", "<|endoftext|>", *VISION_PLACEHOLDERS,
     "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
-)  # fmt: skip
+)
 """Tokens a row's text must not hold: the tokenizer reads them as control tokens, so a question could end its turn and
 forge another (`<|im_end|>\n<|im_start|>assistant`) or add image slots. The box and object-reference tokens are not
 reserved: Qwen2-VL's grounding prompts and answers are written with them."""
@@ -56,7 +56,7 @@ def check_system_prompt(system_prompt: str) -> None:
     found = reserved_tokens(system_prompt)
     if found:
         raise InputError(f"data.system_prompt contains {', '.join(found)}: the chat template's control tokens would "
-                         "end the system turn early or add image slots to every prompt; remove them")  # fmt: skip
+                         "end the system turn early or add image slots to every prompt; remove them")
 
 
 def instruction(answer_type: str, answer_format: str, box_format: str) -> str:

@@ -22,7 +22,7 @@ COLOURS = ("red", "green", "blue", "yellow", "purple", "orange")
 RGB = {
     "red": (220, 30, 30), "green": (30, 170, 60), "blue": (40, 70, 220),
     "yellow": (235, 205, 20), "purple": (140, 50, 170), "orange": (245, 130, 20),
-}  # fmt: skip
+}
 KINDS = ("count", "colour", "exist", "ground")
 """The default question kinds, one image each."""
 MORE_KINDS = ("compare", "motion")
@@ -191,7 +191,7 @@ def compare_sample(rng: random.Random, sid: str, size: int, image_dir: Path, spl
         task="shapes/compare",
         meta={"split": split, "scenes": [_listed(shapes) for _, shapes in scenes], "counts": counts,
               "reasoning": f"first: {about[0]}; second: {about[1]}"},
-    )  # fmt: skip
+    )
 
 
 def motion_sample(rng: random.Random, sid: str, size: int, image_dir: Path, split: str) -> Sample:
@@ -206,7 +206,7 @@ def motion_sample(rng: random.Random, sid: str, size: int, image_dir: Path, spli
     xs = [round(start + (end - start) * k / (MOTION_FRAMES - 1)) for k in range(MOTION_FRAMES)]
     still = [Shape(rng.choice(SHAPES), rng.choice([c for c in COLOURS if c != colour]), box)
              for box in _place(rng, 3, size, max(10, size // 8), max(14, size // 5))
-             if box[3] + 2 <= y or y + d + 2 <= box[1]]  # fmt: skip
+             if box[3] + 2 <= y or y + d + 2 <= box[1]]
     track = [Shape("circle", colour, (x, y, x + d, y + d)) for x in xs]
     for k, moving in enumerate(track):
         img = Image.new("RGB", (size, size), (255, 255, 255))
@@ -223,7 +223,7 @@ def motion_sample(rng: random.Random, sid: str, size: int, image_dir: Path, spli
         task="shapes/motion",
         meta={"split": split, "track": [list(s.box) for s in track], "scene": _listed(still),
               "reasoning": f"{colour} circle at x {xs[0]}, then x {xs[-1]}"},
-    )  # fmt: skip
+    )
 
 
 def synth_dataset(

@@ -22,7 +22,7 @@ MIN_FRAMES = 4
 VIDEO_MIN_TOKENS, VIDEO_MAX_TOKENS = 128, 768
 """qwen-vl-utils' default pixel bounds of one video frame, in merged tokens (x factor^2 pixels)."""
 NO_DECODER = ("reading video files needs PyAV, the decoder qwen-vl-utils' torchvision reader runs on: `pip install "
-              "av` (qwen-vl-utils depends on it); or give the video as a list of frame image files")  # fmt: skip
+              "av` (qwen-vl-utils depends on it); or give the video as a list of frame image files")
 
 
 class VideoError(InputError):
@@ -47,7 +47,7 @@ class VideoSampling:
             (self.min_pixels >= 0 and self.max_pixels >= 0, "min_pixels/max_pixels", "must be >= 0 (0: Qwen's)"),
             (not (self.min_pixels and self.max_pixels) or self.min_pixels <= self.max_pixels,
              "min_pixels", "must not exceed data.video.max_pixels"),
-        ):  # fmt: skip
+        ):
             if not ok:
                 raise InputError(f"data.video.{key} {why} (got {self!r})")
 
@@ -123,7 +123,7 @@ def _container(path: str):
         return av.open(path)
     except Exception as e:  # noqa: BLE001 - av raises its own FFmpeg error classes (InvalidDataError, ...)
         raise VideoError(f"video file '{path}' cannot be decoded ({type(e).__name__}: {e}); convert it to an H.264 "
-                         "MP4, or give its frames as image files") from None  # fmt: skip
+                         "MP4, or give its frames as image files") from None
 
 
 def _decode(path: str, keep: set[int] | None = None) -> tuple[int, float, tuple[int, int], dict]:
@@ -146,7 +146,7 @@ def _decode(path: str, keep: set[int] | None = None) -> tuple[int, float, tuple[
         raise
     except Exception as e:  # noqa: BLE001 - a truncated or corrupt stream fails inside the decode loop
         raise VideoError(f"video file '{path}' cannot be decoded to the end ({type(e).__name__}: {e}); convert it "
-                         "to an H.264 MP4, or give its frames as image files") from None  # fmt: skip
+                         "to an H.264 MP4, or give its frames as image files") from None
     if total == 0 or size is None or fps <= 0:
         raise VideoError(f"video file '{path}' holds no decodable frame (or no frame rate)")
     return total, fps, size, kept

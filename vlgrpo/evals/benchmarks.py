@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from vlgrpo.data.schema import DataError, sample_from_dict
 from vlgrpo.evals.pope_build import SPLITS, read_json_rows
@@ -62,8 +63,12 @@ def check_image_files(samples: list[Sample], source: str, base: Path, hint: str)
     paths = sorted({s.image for s in samples if isinstance(s.image, str)})
     missing = [p for p in paths if not Path(p).is_file()]
     if missing:
-        raise DataError(source, None, "image", f"{len(missing)} of {len(paths)} images are missing under '{base}', "
-                        f"e.g. '{missing[0]}'; {hint}")  # fmt: skip
+        raise DataError(
+            source,
+            None,
+            "image",
+            f"{len(missing)} of {len(paths)} images are missing under '{base}', e.g. '{missing[0]}'; {hint}",
+        )
 
 
 def _pick_split(rows: list[tuple[str, int, dict]], split: str | None, source: str) -> list[tuple[str, int, dict]]:
@@ -82,16 +87,22 @@ def _pope_rows(path: Path, image_dir: str | Path | None) -> tuple[list[tuple[str
         rows = []
         for name, ds in _hf_splits(path):
             for no, r in enumerate(ds, start=1):
-                pope_row = {"question_id": r.get("question_id", no), "text": r.get("question"),
-                            "label": r.get("answer"), "image": r.get("image")}  # fmt: skip
+                pope_row = {
+                    "question_id": r.get("question_id", no),
+                    "text": r.get("question"),
+                    "label": r.get("answer"),
+                    "image": r.get("image"),
+                }
                 rows.append((str(r.get("category") or name), no, pope_row))
         return rows, None
     if not path.is_file():
         raise DataError(str(path), None, None, "does not exist (expected a POPE question file or a saved HF dataset)")
     m = _POPE_FILE_SPLIT.search(path.name)
     file_split = m.group(1) if m else "all"
-    rows = [(str(r.get("split") or file_split) if isinstance(r, dict) else file_split, no, r)
-            for no, r in read_json_rows(path)]  # fmt: skip
+    rows = [
+        (str(r.get("split") or file_split) if isinstance(r, dict) else file_split, no, r)
+        for no, r in read_json_rows(path)
+    ]
     return rows, (Path(image_dir) if image_dir is not None else path.parent)
 
 
@@ -116,11 +127,18 @@ def load_pope(
         if row.get("question_id") is None:
             raise DataError(str(path), no, "question_id", "is required")
         sample = {
-            "id": f"pope-{row_split}-{row['question_id']}", "image": row.get("image"), "question": row.get("text"),
-            "answer": label.strip().lower(), "answer_type": "yesno", "task": f"pope/{row_split}",
-            "meta": {"question_id": row["question_id"], "split": row_split,
-                     **{k: row[k] for k in ("object", "sample_id") if k in row}},
-        }  # fmt: skip
+            "id": f"pope-{row_split}-{row['question_id']}",
+            "image": row.get("image"),
+            "question": row.get("text"),
+            "answer": label.strip().lower(),
+            "answer_type": "yesno",
+            "task": f"pope/{row_split}",
+            "meta": {
+                "question_id": row["question_id"],
+                "split": row_split,
+                **{k: row[k] for k in ("object", "sample_id") if k in row},
+            },
+        }
         samples.append(sample_from_dict(sample, str(path), no, base))
     if check_images and base is not None:
         check_image_files(samples, str(path), base, "pass the COCO val2014 folder as image_dir")
@@ -193,18 +211,30 @@ def _ref_sample_rows(row: dict, source: str, no: int, insts: _Instances | None, 
     split = str(row.get("split") or "all")
     meta = {"ref_id": ref, "ann_id": row.get("ann_id"), "image_id": image_id, "split": split}
     return [
-        {"id": f"{name}-{split}-{ref}-{k}", "image": image, "question": template.replace("{expression}", expr),
-         "answer": json.dumps(box), "answer_type": "box", "boxes": [box], "image_size": list(size) if size else None,
-         "task": f"{name}/{split}", "meta": {**meta, "expression": expr}}
+        {
+            "id": f"{name}-{split}-{ref}-{k}",
+            "image": image,
+            "question": template.replace("{expression}", expr),
+            "answer": json.dumps(box),
+            "answer_type": "box",
+            "boxes": [box],
+            "image_size": list(size) if size else None,
+            "task": f"{name}/{split}",
+            "meta": {**meta, "expression": expr},
+        }
         for k, expr in enumerate(_expressions(row, source, no))
-    ]  # fmt: skip
+    ]
 
 
 def load_refcoco(
-    source: str | Path, image_dir: str | Path | None = None, split: str | None = None,
-    instances: str | Path | None = None, name: str = "refcoco", template: str = REC_TEMPLATE,
+    source: str | Path,
+    image_dir: str | Path | None = None,
+    split: str | None = None,
+    instances: str | Path | None = None,
+    name: str = "refcoco",
+    template: str = REC_TEMPLATE,
     check_images: bool = True,
-) -> list[Sample]:  # fmt: skip
+) -> list[Sample]:
     """RefCOCO / RefCOCO+ / RefCOCOg as box Samples: one per referring expression (the usual REC protocol), gold
     box in original-image pixels xyxy, `image_size` set, id `{name}-{split}-{ref}-{k}`, task `{name}/{split}`.
 
@@ -219,12 +249,16 @@ def load_refcoco(
     path = Path(source)
     insts = _Instances(instances) if instances is not None else None
     if _is_saved_hf(path):
-        rows = [(str(r.get("split") or split_name), no, dict(r, split=str(r.get("split") or split_name)))
-                for split_name, ds in _hf_splits(path) for no, r in enumerate(ds, start=1)]  # fmt: skip
+        rows = [
+            (str(r.get("split") or split_name), no, dict(r, split=str(r.get("split") or split_name)))
+            for split_name, ds in _hf_splits(path)
+            for no, r in enumerate(ds, start=1)
+        ]
         base = None
     elif path.is_file():
-        rows = [(str(r.get("split") or "all") if isinstance(r, dict) else "all", no, r)
-                for no, r in read_json_rows(path)]  # fmt: skip
+        rows = [
+            (str(r.get("split") or "all") if isinstance(r, dict) else "all", no, r) for no, r in read_json_rows(path)
+        ]
         base = Path(image_dir) if image_dir is not None else path.parent
     else:
         raise DataError(str(path), None, None, "does not exist (expected a JSON/JSONL refs file or a saved HF dataset)")
@@ -235,8 +269,13 @@ def load_refcoco(
         for sample in _ref_sample_rows(row, str(path), no, insts, name, template):
             samples.append(sample_from_dict(sample, str(path), no, base))
     if check_images and base is not None:
-        check_image_files(samples, str(path), base, "pass the COCO train2014 folder as image_dir (refer-style refs "
-                      "also need instances for the real file names)")  # fmt: skip
+        check_image_files(
+            samples,
+            str(path),
+            base,
+            "pass the COCO train2014 folder as image_dir (refer-style refs "
+            "also need instances for the real file names)",
+        )
     _fill_sizes(samples)
     return samples
 

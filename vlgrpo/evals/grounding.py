@@ -81,16 +81,25 @@ def score(samples: list[Sample], completions: list[Completion], ctx: RewardConte
     scored = [box_iou(c.text, s, ctx) for s, c in zip(samples, completions)]
     ious, parsed = [v for v, _ in scored], [b is not None for _, b in scored]
     metrics, counts = grounding_metrics(ious, parsed, [s.task for s in samples])
-    rows = [{**prediction_row("grounding", s, c, s.boxes), "pred_box": list(b) if b else None, "iou": v,
-             "answered": b is not None} for s, c, (v, b) in zip(samples, completions, scored)]  # fmt: skip
+    rows = [
+        {
+            **prediction_row("grounding", s, c, s.boxes),
+            "pred_box": list(b) if b else None,
+            "iou": v,
+            "answered": b is not None,
+        }
+        for s, c, (v, b) in zip(samples, completions, scored)
+    ]
     return metrics, counts, rows
 
 
 def report(metrics: dict, counts: dict, info: dict) -> list[str]:
     cols = list(COLUMNS)
     rows = [["all", counts["grounding"], *(metrics[f"eval/grounding/{c}"] for c in cols)]]
-    rows += [[label(g), counts[f"grounding/{g}"], *(metrics[f"eval/grounding/{c}_{g}"] for c in cols)]
-             for g in groups(counts, "grounding")]  # fmt: skip
+    rows += [
+        [label(g), counts[f"grounding/{g}"], *(metrics[f"eval/grounding/{c}_{g}"] for c in cols)]
+        for g in groups(counts, "grounding")
+    ]
     head = ["group", "n", *COLUMNS.values()]
     return ["## Grounding (REC, IoU of the first box in original-image pixels)", "", *table(head, rows)]
 

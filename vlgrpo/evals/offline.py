@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from vlgrpo.config.contract import CONTRACT_FILE, read_contract
-from vlgrpo.evals.run import EvalResult, build_eval_data, evaluate
 from vlgrpo.evals.report import write_outputs
+from vlgrpo.evals.run import EvalResult, build_eval_data, evaluate
 from vlgrpo.registry import ENGINE
 from vlgrpo.rewards.context import RewardContext
 from vlgrpo.types import InputError
@@ -36,8 +36,10 @@ def load_for_eval(model: str, workdir: Path, dtype: str = "float32", device: str
         exported = export_run(path, workdir / "export")
         return load_model(str(exported), cfg.model.arch, dtype, device=device), cfg, read_contract(exported)
     if path.is_dir() and not (path / "config.json").is_file():
-        raise InputError(f"--model '{model}' is neither an HF checkpoint directory (config.json) nor a run "
-                         "directory (config.yaml + checkpoints/)")  # fmt: skip
+        raise InputError(
+            f"--model '{model}' is neither an HF checkpoint directory (config.json) nor a run "
+            "directory (config.yaml + checkpoints/)"
+        )
     contract = read_contract(path) if path.is_dir() else None
     pixels = {"min_pixels": contract.min_pixels, "max_pixels": contract.max_pixels} if contract else {}
     arch = contract.arch if contract else "auto"
@@ -57,14 +59,30 @@ def _trained_max_new_tokens(run_cfg, contract) -> int:
 
 
 def run_eval_cli(
-    model: str, suites: str, data: str | None, out: str | Path, *, max_samples: int | None = None,
-    pope_parser: str = "pope", answer_format: str | None = None, box_format: str | None = None,
-    max_new_tokens: int | None = None, batch_prompts: int = 8, pope_data: str | None = None,
-    pope_splits: tuple[str, ...] | None = None, pope_images: int | None = None, pope_per_image: int = 3,
-    pope_min_objects: int = 3, dtype: str = "float32", device: str | None = None, cache_dir: str | None = None,
-    progress: bool = True, engine: str = "hf", engine_kwargs: dict | None = None,
+    model: str,
+    suites: str,
+    data: str | None,
+    out: str | Path,
+    *,
+    max_samples: int | None = None,
+    pope_parser: str = "pope",
+    answer_format: str | None = None,
+    box_format: str | None = None,
+    max_new_tokens: int | None = None,
+    batch_prompts: int = 8,
+    pope_data: str | None = None,
+    pope_splits: tuple[str, ...] | None = None,
+    pope_images: int | None = None,
+    pope_per_image: int = 3,
+    pope_min_objects: int = 3,
+    dtype: str = "float32",
+    device: str | None = None,
+    cache_dir: str | None = None,
+    progress: bool = True,
+    engine: str = "hf",
+    engine_kwargs: dict | None = None,
     gpu_memory_utilization: float = 0.8,
-) -> EvalResult:  # fmt: skip
+) -> EvalResult:
     """Load the model, pick the suites' samples, evaluate, write metrics.json / predictions.jsonl / report.md.
 
     A run directory also supplies the defaults of answer format, system prompt, box convention, tolerances and data
@@ -76,7 +94,6 @@ def run_eval_cli(
     from training).
     engine: hf (transformers) or vllm (greedy decoding through vLLM, with our cached image features: the same
     predictions, faster on a GPU; `engine_kwargs` go to `vllm.LLM`)."""
-    import dataclasses
 
     from vlgrpo.data.images import ProcessorGeometry
     from vlgrpo.rewards import box_format_for_arch, context_from_config
@@ -94,29 +111,62 @@ def run_eval_cli(
         else:
             ctx = RewardContext(box_format=box_format_for_arch(lm.arch), geometry=geometry)
         max_new_tokens = max_new_tokens or _trained_max_new_tokens(run_cfg, contract)
-        ctx = dataclasses.replace(ctx, box_format=box_format or ctx.box_format,
-                                  answer_format=answer_format or ctx.answer_format)  # fmt: skip
+        ctx = dataclasses.replace(
+            ctx, box_format=box_format or ctx.box_format, answer_format=answer_format or ctx.answer_format
+        )
         eval_data = build_eval_data(
-            data, suites, max_samples=max_samples, pope_data=pope_data, pope_splits=pope_splits,
-            pope_images=pope_images, pope_per_image=pope_per_image, pope_min_objects=pope_min_objects, ctx=ctx,
+            data,
+            suites,
+            max_samples=max_samples,
+            pope_data=pope_data,
+            pope_splits=pope_splits,
+            pope_images=pope_images,
+            pope_per_image=pope_per_image,
+            pope_min_objects=pope_min_objects,
+            ctx=ctx,
             **({"preset": run_cfg.data.preset, "columns": dict(run_cfg.data.columns)} if run_cfg is not None else {}),
-        )  # fmt: skip
+        )
         cache = VisionCache(lm.model, lm.processor, disk_dir=cache_dir)
-        system_prompt = run_cfg.data.system_prompt if run_cfg is not None else contract.system_prompt if contract \
-            else ""
-        prompt_kw = dict(answer_format=ctx.answer_format, box_format=ctx.box_format, system_prompt=system_prompt,
-                         video_sampling=_video_sampling(run_cfg, contract))
+        system_prompt = (
+            run_cfg.data.system_prompt if run_cfg is not None else contract.system_prompt if contract else ""
+        )
+        prompt_kw = dict(
+            answer_format=ctx.answer_format,
+            box_format=ctx.box_format,
+            system_prompt=system_prompt,
+            video_sampling=_video_sampling(run_cfg, contract),
+        )
         if engine not in ENGINE.names:
             raise InputError(f"--engine must be one of {', '.join(ENGINE.names)}, got {engine!r}")
-        decoder = ENGINE.load(engine).for_eval(lm, cache, dtype=dtype, batch_prompts=batch_prompts,
-                                               engine_kwargs=engine_kwargs or {},
-                                               gpu_memory_utilization=gpu_memory_utilization, **prompt_kw)  # fmt: skip
-        result = evaluate(decoder, eval_data, ctx, pope_parser=pope_parser, batch_prompts=batch_prompts,
-                          max_new_tokens=max_new_tokens, progress=progress)  # fmt: skip
-    result.info.update(model=str(model), data=str(data), pope_data=pope_data, answer_format=ctx.answer_format,
-                       arch=lm.arch, engine=engine, prompt_contract=CONTRACT_FILE if contract else None,
-                       video=dataclasses.asdict(prompt_kw["video_sampling"]),
-                       vision_cache={k: int(v) for k, v in cache.stats().items()})  # fmt: skip
+        decoder = ENGINE.load(engine).for_eval(
+            lm,
+            cache,
+            dtype=dtype,
+            batch_prompts=batch_prompts,
+            engine_kwargs=engine_kwargs or {},
+            gpu_memory_utilization=gpu_memory_utilization,
+            **prompt_kw,
+        )
+        result = evaluate(
+            decoder,
+            eval_data,
+            ctx,
+            pope_parser=pope_parser,
+            batch_prompts=batch_prompts,
+            max_new_tokens=max_new_tokens,
+            progress=progress,
+        )
+    result.info.update(
+        model=str(model),
+        data=str(data),
+        pope_data=pope_data,
+        answer_format=ctx.answer_format,
+        arch=lm.arch,
+        engine=engine,
+        prompt_contract=CONTRACT_FILE if contract else None,
+        video=dataclasses.asdict(prompt_kw["video_sampling"]),
+        vision_cache={k: int(v) for k, v in cache.stats().items()},
+    )
     write_outputs(result, out)
     if result.info.get("warning"):
         print(f"[vlgrpo] WARNING: {result.info['warning']}", file=sys.stderr)
@@ -131,6 +181,7 @@ def _video_sampling(run_cfg, contract):
         return VideoSampling.from_config(run_cfg.data.video)
     if contract is not None and contract.video is not None:
         v = contract.video
-        return VideoSampling(float(v["fps"]), int(v["max_frames"]), int(v["min_pixels"] or 0),
-                             int(v["max_pixels"] or 0))
+        return VideoSampling(
+            float(v["fps"]), int(v["max_frames"]), int(v["min_pixels"] or 0), int(v["max_pixels"] or 0)
+        )
     return VideoSampling()

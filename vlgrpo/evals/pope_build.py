@@ -90,10 +90,12 @@ def objects_from_coco(data: dict, source: str) -> list[ImageObjects]:
             per_image[ann["image_id"]].append(names[ann["category_id"]])
     except (KeyError, TypeError) as e:
         raise DataError(
-            source, None, None,
+            source,
+            None,
+            None,
             f"is not COCO instances JSON (missing {e}): need images[].id/file_name, "
             "annotations[].image_id/category_id, categories[].id/name",
-        ) from None  # fmt: skip
+        ) from None
     return [ImageObjects(files[i], _unique(objs), str(i)) for i, objs in per_image.items()]
 
 
@@ -173,9 +175,14 @@ def co_occurrence(images: list[ImageObjects]) -> dict[str, Counter]:
 
 
 def _negatives(
-    split: str, image: ImageObjects, positives: list[str], vocab: list[str], popular: list[str],
-    co_ranked: dict[str, list[str]], rng: random.Random,
-) -> list[str]:  # fmt: skip
+    split: str,
+    image: ImageObjects,
+    positives: list[str],
+    vocab: list[str],
+    popular: list[str],
+    co_ranked: dict[str, list[str]],
+    rng: random.Random,
+) -> list[str]:
     """One negative per positive, never an object of the image nor one already asked about.
 
     random: uniform over the remaining vocabulary. popular: the most frequent remaining object. adversarial: the
@@ -194,9 +201,14 @@ def _negatives(
 
 
 def build_pope(
-    images: list[ImageObjects], n_images: int | None = 500, per_image: int = 3, min_objects: int = 3, seed: int = 0,
-    template: str = TEMPLATE, splits: tuple[str, ...] = SPLITS,
-) -> PopeSet:  # fmt: skip
+    images: list[ImageObjects],
+    n_images: int | None = 500,
+    per_image: int = 3,
+    min_objects: int = 3,
+    seed: int = 0,
+    template: str = TEMPLATE,
+    splits: tuple[str, ...] = SPLITS,
+) -> PopeSet:
     """The POPE splits: n_images images x (per_image "yes" + per_image "no") questions, interleaved yes/no.
 
     1. keep images with >= min_objects distinct objects (the paper keeps images with >= 3 ground-truth objects);
@@ -240,8 +252,14 @@ def build_pope(
             neg = _negatives(split, im, pos, vocab, popular, co_ranked, split_rng)
             for yes_obj, no_obj in zip(pos, neg):  # yes, no, yes, no, ... as in the official files
                 for obj, label in ((yes_obj, "yes"), (no_obj, "no")):
-                    row = {"question_id": len(rows) + 1, "image": im.image, "text": question_text(template, obj),
-                           "label": label, "split": split, "object": obj}  # fmt: skip
+                    row = {
+                        "question_id": len(rows) + 1,
+                        "image": im.image,
+                        "text": question_text(template, obj),
+                        "label": label,
+                        "split": split,
+                        "object": obj,
+                    }
                     if im.sample_id is not None:
                         row["sample_id"] = im.sample_id
                     rows.append(row)
@@ -264,8 +282,11 @@ def write_pope(pope: PopeSet, out_dir: str | Path, name: str = "pope") -> dict[s
                 f.write(json.dumps(row) + "\n")
         paths[split] = path
     summary = {
-        "images_read": pope.read, "images_skipped": pope.skipped, "images": len(pope.images),
-        "questions_per_split": {s: len(r) for s, r in pope.questions.items()}, "object_frequency": pope.stats,
-    }  # fmt: skip
+        "images_read": pope.read,
+        "images_skipped": pope.skipped,
+        "images": len(pope.images),
+        "questions_per_split": {s: len(r) for s, r in pope.questions.items()},
+        "object_frequency": pope.stats,
+    }
     (out / f"{name}_pope_build.json").write_text(json.dumps(summary, indent=2) + "\n")
     return paths

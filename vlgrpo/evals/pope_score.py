@@ -83,9 +83,8 @@ def parse_strict(text: str) -> str:
     return t if t in (YES, NO) else UNKNOWN
 
 
-
 def parse_answer(text: str, parser: str = "pope") -> str:
-    """"yes", "no" or "unknown" for a model answer, by the named parser (one of PARSERS)."""
+    """ "yes", "no" or "unknown" for a model answer, by the named parser (one of PARSERS)."""
     if parser not in PARSERS:
         raise InputError(f"--parser {parser!r} is not accepted; use one of {', '.join(PARSERS)}")
     return POPE_PARSER.load(parser)(text)
@@ -116,8 +115,11 @@ def pope_metrics(preds: list[str], labels: list[str]) -> dict:
         "f1": _ratio(2 * precision * recall, precision + recall),
         "yes_ratio": _ratio(tp + fp, n),
         "unknown": preds.count(UNKNOWN),
-        "tp": tp, "fp": fp, "tn": tn, "fn": fn,
-    }  # fmt: skip
+        "tp": tp,
+        "fp": fp,
+        "tn": tn,
+        "fn": fn,
+    }
 
 
 @dataclass
@@ -175,7 +177,7 @@ def score_predictions(preds: list[Prediction], parser: str = "pope") -> dict:
     by_split: dict[str, list[Prediction]] = {}
     for p in preds:
         by_split.setdefault(p.split, []).append(p)
-    order = sorted(by_split, key=lambda s: (SPLITS.index(s) if s in SPLITS else len(SPLITS)))
+    order = sorted(by_split, key=lambda s: SPLITS.index(s) if s in SPLITS else len(SPLITS))
     splits = {
         s: pope_metrics([parse_answer(p.text, parser) for p in by_split[s]], [p.label for p in by_split[s]])
         for s in order

@@ -35,9 +35,13 @@ def is_pope_file(path: str | Path) -> bool:
 
 
 def pope_from_samples(
-    samples: list[Sample], splits: tuple[str, ...] = ("random",), n_images: int | None = None, per_image: int = 3,
-    min_objects: int = 3, seed: int = POPE_SEED,
-) -> list[Sample]:  # fmt: skip
+    samples: list[Sample],
+    splits: tuple[str, ...] = ("random",),
+    n_images: int | None = None,
+    per_image: int = 3,
+    min_objects: int = 3,
+    seed: int = POPE_SEED,
+) -> list[Sample]:
     """POPE questions built by the POPE builder from the samples' `objects`, as yes/no Samples (id
     `pope-<split>-<question_id>`, task `pope/<split>`, as `load_pope` names them) from n_images of the eligible
     images (None or 0: all of them)."""
@@ -53,11 +57,19 @@ def pope_from_samples(
     pope = build_pope(images, n, per_image, min_objects, seed, splits=tuple(splits))
     sizes = {str(Path(s.image).resolve()): s.image_size for s in samples}
     return [
-        Sample(id=f"pope-{split}-{row['question_id']}", question=row["text"], answer=row["label"],
-               answer_type="yesno", image=row["image"], image_size=sizes.get(row["image"]), task=f"pope/{split}",
-               meta={k: row[k] for k in ("question_id", "split", "object", "sample_id") if k in row})
-        for split, rows in pope.questions.items() for row in rows
-    ]  # fmt: skip
+        Sample(
+            id=f"pope-{split}-{row['question_id']}",
+            question=row["text"],
+            answer=row["label"],
+            answer_type="yesno",
+            image=row["image"],
+            image_size=sizes.get(row["image"]),
+            task=f"pope/{split}",
+            meta={k: row[k] for k in ("question_id", "split", "object", "sample_id") if k in row},
+        )
+        for split, rows in pope.questions.items()
+        for row in rows
+    ]
 
 
 def pope_from_file(path: str | Path, splits: tuple[str, ...] | None, max_per_split: int | None) -> list[Sample]:
@@ -85,8 +97,9 @@ def select(sel: Selection) -> list[Sample]:
     negatives as the data has), then whole images kept up to `max_samples` questions per split."""
     if sel.pope_file is not None:
         return pope_from_file(sel.pope_file, sel.pope_splits, sel.max_samples)
-    pope = pope_from_samples(sel.samples, sel.pope_splits or ("random",), sel.pope_images, sel.pope_per_image,
-                             sel.pope_min_objects)  # fmt: skip
+    pope = pope_from_samples(
+        sel.samples, sel.pope_splits or ("random",), sel.pope_images, sel.pope_per_image, sel.pope_min_objects
+    )
     per_image = 2 * sel.pope_per_image  # questions of one image stay together: whole images are kept
     return _cap_per_split(pope, math.ceil(sel.max_samples / per_image) * per_image if sel.max_samples else None)
 
@@ -97,8 +110,10 @@ def split_of(s: Sample) -> str:
 
 def score(samples: list[Sample], completions: list[Completion], ctx: RewardContext, parser: str) -> Scores:
     """The POPE scorer per split; the suite's headline metrics are the means over splits (one split: its own)."""
-    preds = [Prediction(str(s.meta.get("question_id", s.id)), c.text, s.answer, split_of(s))
-             for s, c in zip(samples, completions)]  # fmt: skip
+    preds = [
+        Prediction(str(s.meta.get("question_id", s.id)), c.text, s.answer, split_of(s))
+        for s, c in zip(samples, completions)
+    ]
     splits = score_predictions(preds, parser)["splits"]
     per_split = {name: {**{k: m[k] for k in RATES}, "unknown": m["unknown"] / m["n"]} for name, m in splits.items()}
     metrics = {k: sum(m[k] for m in per_split.values()) / len(per_split) for k in (*RATES, "unknown")}
@@ -108,9 +123,16 @@ def score(samples: list[Sample], completions: list[Completion], ctx: RewardConte
     rows = []
     for s, c, p in zip(samples, completions, preds):
         parsed, region = parse_answer(c.text, parser), answer_region(c.text)
-        rows.append({**prediction_row("pope", s, c, s.answer), "split": p.split,
-                     "question_id": s.meta.get("question_id"), "parsed": parsed, "correct": parsed == s.answer,
-                     "answered": parsed != "unknown" and bool(region and region.strip())})  # fmt: skip
+        rows.append(
+            {
+                **prediction_row("pope", s, c, s.answer),
+                "split": p.split,
+                "question_id": s.meta.get("question_id"),
+                "parsed": parsed,
+                "correct": parsed == s.answer,
+                "answered": parsed != "unknown" and bool(region and region.strip()),
+            }
+        )
     return metrics, counts, rows
 
 
@@ -126,5 +148,10 @@ def report(metrics: dict, counts: dict, info: dict) -> list[str]:
     return [f"## POPE (parser `{parser}`)", "", *table(["split", "n", *COLUMNS], rows), "", note]
 
 
-SUITE = Suite("pope", "rows whose `objects` name >= 3 distinct objects (POPE asks about them), or a POPE question "
-              "file", select, score, report)
+SUITE = Suite(
+    "pope",
+    "rows whose `objects` name >= 3 distinct objects (POPE asks about them), or a POPE question file",
+    select,
+    score,
+    report,
+)

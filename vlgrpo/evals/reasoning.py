@@ -11,8 +11,9 @@ import ast
 import hashlib
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from vlgrpo.data.jsonl import json_rows
 from vlgrpo.data.schema import DataError, sample_from_dict
@@ -153,8 +154,10 @@ def verify_sha256(path: str | Path, expected: str | None, name: str = "") -> Non
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     if digest.hexdigest() != expected:
-        raise InputError(f"{path}: sha256 {digest.hexdigest()} is not the {expected} that evals/{name}.yaml pins; the "
-                         "file is not the pinned release: fetch it again as evals/README.md says")  # fmt: skip
+        raise InputError(
+            f"{path}: sha256 {digest.hexdigest()} is not the {expected} that evals/{name}.yaml pins; the "
+            "file is not the pinned release: fetch it again as evals/README.md says"
+        )
 
 
 # ---------------------------------------------------------------- one published row -> one Sample dict
@@ -187,7 +190,7 @@ MATHVISTA_HINTS = {
     "final value, e.g., 1.23, 1.34, 1.45, at the end.",
     "list": "Please answer the question requiring a Python list as an answer and provide the final list, e.g., "
     "[1, 2, 3], [1.2, 1.3, 1.4], at the end.",
-}  # fmt: skip
+}
 """MathVista's zero-shot hints (the `query` of its hub copy and data/query.json)."""
 
 
@@ -196,8 +199,10 @@ def mathvista_query(row: dict) -> str:
     in its data/query.json (the same text for all 1,000 testmini rows)."""
     kind = "multi_choice" if row["question_type"] == "multi_choice" else row["answer_type"]
     kind = f"float{row.get('precision') or 1}" if kind == "float" else kind
-    lines = [f"Hint: {MATHVISTA_HINTS[kind]}", f"Question: {row['question']}" + (
-        f" (Unit: {row['unit']})" if row.get("unit") else "")]  # fmt: skip
+    lines = [
+        f"Hint: {MATHVISTA_HINTS[kind]}",
+        f"Question: {row['question']}" + (f" (Unit: {row['unit']})" if row.get("unit") else ""),
+    ]
     if row.get("choices"):
         lines += ["Choices:", *(f"({k}) {c}" for k, c in zip(_letters(len(row["choices"])), row["choices"]))]
     return "\n".join(lines).strip()
@@ -218,17 +223,35 @@ def _mathvista(row: Any, source: str, no: int) -> dict:
     elif qtype == "free_form" and atype in ("integer", "float", "list", "text"):
         kind, gold = {"integer": "number", "float": "number"}.get(atype, "text"), answer
     else:
-        raise DataError(source, no, "question_type", f"{qtype!r}/{atype!r} is not multi_choice or free_form with an "
-                        "answer_type of integer, float, list or text")  # fmt: skip
+        raise DataError(
+            source,
+            no,
+            "question_type",
+            f"{qtype!r}/{atype!r} is not multi_choice or free_form with an answer_type of integer, float, list or text",
+        )
     meta = row.get("metadata") or {}
     image = row.get("decoded_image") if _has_image(row.get("decoded_image")) else row.get("image")
     query = row.get("query") or mathvista_query({**row, "precision": precision})
-    return {"id": f"mathvista-{row['pid']}", "image": image, "question": query + "\n", "answer": gold,
-            "answer_type": kind, "task": "mathvista",
-            "meta": {"benchmark": "mathvista", "pid": str(row["pid"]), "question_type": qtype, "answer_type": atype,
-                     "choices": list(choices) if choices else None, "precision": precision, "unit": row.get("unit"),
-                     "answer": answer, **{k: meta.get(k) for k in ("task", "context", "grade", "source")},
-                     "skills": list(meta.get("skills") or [])}}  # fmt: skip
+    return {
+        "id": f"mathvista-{row['pid']}",
+        "image": image,
+        "question": query + "\n",
+        "answer": gold,
+        "answer_type": kind,
+        "task": "mathvista",
+        "meta": {
+            "benchmark": "mathvista",
+            "pid": str(row["pid"]),
+            "question_type": qtype,
+            "answer_type": atype,
+            "choices": list(choices) if choices else None,
+            "precision": precision,
+            "unit": row.get("unit"),
+            "answer": answer,
+            **{k: meta.get(k) for k in ("task", "context", "grade", "source")},
+            "skills": list(meta.get("skills") or []),
+        },
+    }
 
 
 def _geometry3k(row: Any, source: str, no: int) -> dict:
@@ -237,9 +260,15 @@ def _geometry3k(row: Any, source: str, no: int) -> dict:
     if not images:
         raise DataError(source, no, "images", "is empty; a Geometry3K row holds its diagram")
     question = str(row["problem"]).replace("<image>", "").strip()  # the images go first, as Qwen places them
-    return {"id": f"geometry3k-{no}", "images": images, "question": question,
-            "answer": str(row["answer"]).strip(), "answer_type": "math", "task": "geometry3k",
-            "meta": {"benchmark": "geometry3k", "row": no}}  # fmt: skip
+    return {
+        "id": f"geometry3k-{no}",
+        "images": images,
+        "question": question,
+        "answer": str(row["answer"]).strip(),
+        "answer_type": "math",
+        "task": "geometry3k",
+        "meta": {"benchmark": "geometry3k", "row": no},
+    }
 
 
 def _superclevr(row: Any, source: str, no: int) -> dict:
@@ -249,9 +278,15 @@ def _superclevr(row: Any, source: str, no: int) -> dict:
         raise DataError(source, no, "question", "is required (R1-V's test file has `question`; `problem` also works)")
     if isinstance(gold, bool) or not (isinstance(gold, int) or (isinstance(gold, str) and gold.strip().isdigit())):
         raise DataError(source, no, "ground_truth", f"must be a whole number (a count), got {gold!r}")
-    return {"id": f"superclevr-{no}", "image": row["image_path"], "question": question, "answer": str(int(gold)),
-            "answer_type": "number", "task": "superclevr",
-            "meta": {"benchmark": "superclevr", "image_path": row["image_path"]}}  # fmt: skip
+    return {
+        "id": f"superclevr-{no}",
+        "image": row["image_path"],
+        "question": question,
+        "answer": str(int(gold)),
+        "answer_type": "number",
+        "task": "superclevr",
+        "meta": {"benchmark": "superclevr", "image_path": row["image_path"]},
+    }
 
 
 def mmmu_subject(row_id: str) -> str:
@@ -280,10 +315,22 @@ def _mmmu(row: Any, source: str, no: int) -> dict:
         gold = str((parse_list(answer) or [answer])[0])  # an answer written as a list: vqa compares its first item
         kind = "number" if parse_number(gold) is not None and re.fullmatch(r"[-+\d.,eE]+", gold) else "text"
     images, question = _mmmu_images(row, question, source, no)
-    return {"id": str(row["id"]), "images": images, "question": question, "answer": gold, "answer_type": kind,
-            "task": f"mmmu/{mmmu_subject(str(row['id']))}",
-            "meta": {"benchmark": "mmmu", "question_type": qtype, "options": options, "answer": answer,
-                     "subject": mmmu_subject(str(row["id"])), "subfield": row.get("subfield")}}  # fmt: skip
+    return {
+        "id": str(row["id"]),
+        "images": images,
+        "question": question,
+        "answer": gold,
+        "answer_type": kind,
+        "task": f"mmmu/{mmmu_subject(str(row['id']))}",
+        "meta": {
+            "benchmark": "mmmu",
+            "question_type": qtype,
+            "options": options,
+            "answer": answer,
+            "subject": mmmu_subject(str(row["id"])),
+            "subfield": row.get("subfield"),
+        },
+    }
 
 
 _MMMU_REF = re.compile(r"<image (\d+)>")
@@ -316,8 +363,14 @@ def _mmmu_images(row: dict, question: str, source: str, no: int) -> tuple[list, 
 # ---------------------------------------------------------------- the loaders
 
 
-def _load(name: str, convert: Callable[[Any, str, int], dict], source: str | Path, image_dir, check: bool,
-          read: tuple[Path | None, Rows]) -> list[Sample]:  # fmt: skip
+def _load(
+    name: str,
+    convert: Callable[[Any, str, int], dict],
+    source: str | Path,
+    image_dir,
+    check: bool,
+    read: tuple[Path | None, Rows],
+) -> list[Sample]:
     """Each row converted and checked by the Sample schema; relative image paths resolved and (`check`) looked for."""
     base = Path(image_dir) if image_dir is not None else read[0]
     samples = [sample_from_dict(convert(row, str(source), no), str(source), no, base) for no, row in read[1]]
@@ -326,8 +379,9 @@ def _load(name: str, convert: Callable[[Any, str, int], dict], source: str | Pat
     return samples
 
 
-def load_mathvista(source: str | Path, image_dir: str | Path | None = None, split: str | None = "testmini",
-                   check_images: bool = True) -> list[Sample]:  # fmt: skip
+def load_mathvista(
+    source: str | Path, image_dir: str | Path | None = None, split: str | None = "testmini", check_images: bool = True
+) -> list[Sample]:
     """MathVista rows (pid, question, image / decoded_image, choices, unit, precision, answer, question_type,
     answer_type, query, metadata) as Samples `mathvista-<pid>`: the question is the row's `query` (built as
     MathVista's data/query.json when absent), the answer_type choice (gold = the answer's letter), number or text; the
@@ -335,8 +389,9 @@ def load_mathvista(source: str | Path, image_dir: str | Path | None = None, spli
     return _load("mathvista", _mathvista, source, image_dir, check_images, read_rows(source, split))
 
 
-def load_geometry3k(source: str | Path, image_dir: str | Path | None = None, split: str | None = "test",
-                    check_images: bool = True) -> list[Sample]:  # fmt: skip
+def load_geometry3k(
+    source: str | Path, image_dir: str | Path | None = None, split: str | None = "test", check_images: bool = True
+) -> list[Sample]:
     """EasyR1's Geometry3K rows (images: a list of one image, problem with `<image>`, answer) as math Samples
     `geometry3k-<row>`."""
     return _load("geometry3k", _geometry3k, source, image_dir, check_images, read_rows(source, split))
@@ -349,16 +404,16 @@ def load_superclevr(source: str | Path, image_dir: str | Path | None = None, che
     return _load("superclevr", _superclevr, source, image_dir, check_images, read_rows(source))
 
 
-def load_mmmu(source: str | Path, image_dir: str | Path | None = None, split: str | None = "validation",
-              check_images: bool = True) -> list[Sample]:  # fmt: skip
+def load_mmmu(
+    source: str | Path, image_dir: str | Path | None = None, split: str | None = "validation", check_images: bool = True
+) -> list[Sample]:
     """MMMU rows (id, question, options, answer, image_1..image_7, question_type, subfield) as Samples with the row's
     id, task `mmmu/<Subject>` (from the id). A row's images go where its text names them (`_mmmu_images`), several
     images included."""
     return _load("mmmu", _mmmu, source, image_dir, check_images, read_rows(source, split))
 
 
-LOADERS = {"mathvista": load_mathvista, "geometry3k": load_geometry3k, "superclevr": load_superclevr,
-           "mmmu": load_mmmu}  # fmt: skip
+LOADERS = {"mathvista": load_mathvista, "geometry3k": load_geometry3k, "superclevr": load_superclevr, "mmmu": load_mmmu}
 
 
 def load_benchmark(source: str | Path, name: str | None = None, **options: Any) -> list[Sample]:

@@ -7,14 +7,23 @@ with our parsers (answer block, \\boxed{}, fallbacks) and scores it by the bench
 from __future__ import annotations
 
 import re
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 from vlgrpo.evals.reasoning import benchmark_of, load_benchmark
-from vlgrpo.evals.reasoning_score import (count_value, mathvista_gold, mathvista_normalize, mmmu_choice,
-                                          mmmu_open_correct, mmmu_open_predictions, r1v_count)  # fmt: skip
+from vlgrpo.evals.reasoning_score import (
+    count_value,
+    mathvista_gold,
+    mathvista_normalize,
+    mmmu_choice,
+    mmmu_open_correct,
+    mmmu_open_predictions,
+    r1v_count,
+)
 from vlgrpo.evals.report import table
 from vlgrpo.evals.suite import Scores, Selection, Suite, prediction_row
-from vlgrpo.evals.vqa import check_gold, judge as vqa_judge, ungated
+from vlgrpo.evals.vqa import check_gold, ungated
+from vlgrpo.evals.vqa import judge as vqa_judge
 from vlgrpo.rewards.context import RewardContext
 from vlgrpo.rewards.extract import extract_answer
 from vlgrpo.types import Completion, Sample
@@ -39,8 +48,9 @@ def judge_mathvista(text: str, s: Sample, ctx: RewardContext) -> Verdict:
     m = s.meta
     read = extract_answer(text, ctx.answer_fallback)
     pred = mathvista_normalize(read, m["choices"], m["question_type"], m["answer_type"], m["precision"])
-    return Verdict(pred is not None and pred == mathvista_gold(m["answer"], m["answer_type"]), read,
-                   {"normalized": pred})  # fmt: skip
+    return Verdict(
+        pred is not None and pred == mathvista_gold(m["answer"], m["answer_type"]), read, {"normalized": pred}
+    )
 
 
 def judge_geometry3k(text: str, s: Sample, ctx: RewardContext) -> Verdict:
@@ -70,12 +80,24 @@ MMMU_DISCIPLINES = {
     "Art and Design": ("Art", "Art_Theory", "Design", "Music"),
     "Business": ("Accounting", "Economics", "Finance", "Manage", "Marketing"),
     "Science": ("Biology", "Chemistry", "Geography", "Math", "Physics"),
-    "Health and Medicine": ("Basic_Medical_Science", "Clinical_Medicine", "Diagnostics_and_Laboratory_Medicine",
-                            "Pharmacy", "Public_Health"),
+    "Health and Medicine": (
+        "Basic_Medical_Science",
+        "Clinical_Medicine",
+        "Diagnostics_and_Laboratory_Medicine",
+        "Pharmacy",
+        "Public_Health",
+    ),
     "Humanities and Social Science": ("History", "Literature", "Sociology", "Psychology"),
-    "Tech and Engineering": ("Agriculture", "Architecture_and_Engineering", "Computer_Science", "Electronics",
-                             "Energy_and_Power", "Materials", "Mechanical_Engineering"),
-}  # fmt: skip
+    "Tech and Engineering": (
+        "Agriculture",
+        "Architecture_and_Engineering",
+        "Computer_Science",
+        "Electronics",
+        "Energy_and_Power",
+        "Materials",
+        "Mechanical_Engineering",
+    ),
+}
 """MMMU's own grouping of its 30 subjects (mmmu/utils/data_utils.py DOMAIN_CAT2SUB_CAT)."""
 _DISCIPLINE = {subject: d for d, subjects in MMMU_DISCIPLINES.items() for subject in subjects}
 
@@ -84,8 +106,11 @@ def mathvista_groups(s: Sample) -> list[str]:
     """question type, `task_<metadata.task>` and one `skill_<skill>` per skill (a row counts in each of its skills,
     as MathVista's calculate_score.py counts them)."""
     m = s.meta
-    return [m["question_type"], *([f"task_{_slug(m['task'])}"] if m.get("task") else []),
-            *(f"skill_{_slug(k)}" for k in m.get("skills", []))]  # fmt: skip
+    return [
+        m["question_type"],
+        *([f"task_{_slug(m['task'])}"] if m.get("task") else []),
+        *(f"skill_{_slug(k)}" for k in m.get("skills", [])),
+    ]
 
 
 def mmmu_groups(s: Sample) -> list[str]:
@@ -112,8 +137,9 @@ def _select(name: str, check_math: bool = False) -> Callable[[Selection], list[S
     return select
 
 
-def _score(name: str, judge: Callable[[str, Sample, RewardContext], Verdict],
-           groups: Callable[[Sample], list[str]]) -> Callable[..., Scores]:  # fmt: skip
+def _score(
+    name: str, judge: Callable[[str, Sample, RewardContext], Verdict], groups: Callable[[Sample], list[str]]
+) -> Callable[..., Scores]:
     def score(samples: list[Sample], completions: list[Completion], ctx: RewardContext, parser: str) -> Scores:
         ctx = ungated(ctx)
         verdicts = [judge(c.text, s, ctx) for s, c in zip(samples, completions)]
@@ -126,9 +152,16 @@ def _score(name: str, judge: Callable[[str, Sample, RewardContext], Verdict],
         by_group = {g: by_group[g] for g in sorted(by_group)}  # "" (all) first, then the groups by name
         metrics = {("accuracy" if g == "" else f"accuracy_{g}"): sum(v) / len(v) for g, v in by_group.items()}
         counts = {g: len(v) for g, v in by_group.items()}
-        rows = [{**prediction_row(name, s, c, s.meta.get("answer", s.answer)), "extracted": v.read,
-                 "correct": v.correct, "answered": bool(v.read and v.read.strip()), **v.extra}
-                for s, c, v in zip(samples, completions, verdicts)]  # fmt: skip
+        rows = [
+            {
+                **prediction_row(name, s, c, s.meta.get("answer", s.answer)),
+                "extracted": v.read,
+                "correct": v.correct,
+                "answered": bool(v.read and v.read.strip()),
+                **v.extra,
+            }
+            for s, c, v in zip(samples, completions, verdicts)
+        ]
         return metrics, counts, rows
 
     return score
@@ -151,12 +184,32 @@ def _suite(name: str, title: str, needs: str, judge, groups=lambda s: [], check_
     return Suite(name, needs, _select(name, check_math), _score(name, judge, groups), _report(name, title))
 
 
-MATHVISTA = _suite("mathvista", "MathVista accuracy (MathVista's normalisation)", "a MathVista file in its published "
-                   "shape (testmini.json or the testmini parquet: pid, question, choices, answer, question_type, "
-                   "answer_type, ...)", judge_mathvista, mathvista_groups)  # fmt: skip
-GEOMETRY3K = _suite("geometry3k", "Geometry3K accuracy (math_verify equivalence)", "EasyR1's Geometry3K file (images, "
-                    "problem, answer)", judge_geometry3k, check_math=True)  # fmt: skip
-SUPERCLEVR = _suite("superclevr", "SuperCLEVR counting accuracy (exact count)", "R1-V's SuperCLEVR test file (JSONL: "
-                    "image_path, question, ground_truth)", judge_superclevr)  # fmt: skip
-MMMU = _suite("mmmu", "MMMU accuracy (MMMU's response parsing)", "MMMU rows in their published shape (id, question, "
-              "options, answer, image_1..image_7)", judge_mmmu, mmmu_groups)  # fmt: skip
+MATHVISTA = _suite(
+    "mathvista",
+    "MathVista accuracy (MathVista's normalisation)",
+    "a MathVista file in its published "
+    "shape (testmini.json or the testmini parquet: pid, question, choices, answer, question_type, "
+    "answer_type, ...)",
+    judge_mathvista,
+    mathvista_groups,
+)
+GEOMETRY3K = _suite(
+    "geometry3k",
+    "Geometry3K accuracy (math_verify equivalence)",
+    "EasyR1's Geometry3K file (images, problem, answer)",
+    judge_geometry3k,
+    check_math=True,
+)
+SUPERCLEVR = _suite(
+    "superclevr",
+    "SuperCLEVR counting accuracy (exact count)",
+    "R1-V's SuperCLEVR test file (JSONL: image_path, question, ground_truth)",
+    judge_superclevr,
+)
+MMMU = _suite(
+    "mmmu",
+    "MMMU accuracy (MMMU's response parsing)",
+    "MMMU rows in their published shape (id, question, options, answer, image_1..image_7)",
+    judge_mmmu,
+    mmmu_groups,
+)

@@ -38,12 +38,15 @@ def groups(counts: dict[str, int], suite: str) -> list[str]:
 
 
 def label(group: str) -> str:
-    return f"task {group[len('task_'):]}" if group.startswith("task_") else group
+    return f"task {group[len('task_') :]}" if group.startswith("task_") else group
 
 
 def _examples(predictions: list[dict], suite: str) -> list[str]:
-    rows = [[p["id"], p["question"], p["gold"], p["completion"], p.get("correct", p.get("iou"))]
-            for p in predictions if p["suite"] == suite][:EXAMPLES]  # fmt: skip
+    rows = [
+        [p["id"], p["question"], p["gold"], p["completion"], p.get("correct", p.get("iou"))]
+        for p in predictions
+        if p["suite"] == suite
+    ][:EXAMPLES]
     return ["", f"Examples ({suite}):", "", *table(["id", "question", "gold", "completion", "score"], rows)]
 
 
@@ -88,6 +91,14 @@ def write_vlmevalkit_pope(rows: list[dict], path: Path) -> Path:
         writer = csv.writer(f, delimiter="\t", lineterminator="\n")
         writer.writerow(VLMEVALKIT_COLUMNS)
         for i, row in enumerate(rows):
-            writer.writerow([i, row["question"], str(row["gold"]).capitalize(), row["split"],
-                             strip_answer_tags(row["completion"]), row["completion"]])  # fmt: skip
+            writer.writerow(
+                [
+                    i,
+                    row["question"],
+                    str(row["gold"]).capitalize(),
+                    row["split"],
+                    strip_answer_tags(row["completion"]),
+                    row["completion"],
+                ]
+            )
     return path

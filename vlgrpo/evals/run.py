@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -27,19 +28,36 @@ from vlgrpo.rewards.context import RewardContext
 from vlgrpo.rollout.base import SamplingParams
 from vlgrpo.types import Completion, InputError, Sample
 
-__all__ = ["EvalData", "EvalResult", "build_eval_data", "evaluate", "in_loop_eval_data", "in_loop_eval_problem",
-           "make_evaluator", "select_suites", "write_outputs"]
+__all__ = [
+    "EvalData",
+    "EvalResult",
+    "build_eval_data",
+    "evaluate",
+    "in_loop_eval_data",
+    "in_loop_eval_problem",
+    "make_evaluator",
+    "select_suites",
+    "write_outputs",
+]
 
 
 # ---------------------------------------------------------------- choosing the samples
 
 
 def build_eval_data(
-    data: str | Path | None, suites: str | list[str], *, max_samples: int | None = None,
-    pope_data: str | Path | None = None, pope_splits: tuple[str, ...] | None = None, pope_images: int | None = None,
-    pope_per_image: int = 3, pope_min_objects: int = 3, ctx: RewardContext | None = None, preset: str = "none",
+    data: str | Path | None,
+    suites: str | list[str],
+    *,
+    max_samples: int | None = None,
+    pope_data: str | Path | None = None,
+    pope_splits: tuple[str, ...] | None = None,
+    pope_images: int | None = None,
+    pope_per_image: int = 3,
+    pope_min_objects: int = 3,
+    ctx: RewardContext | None = None,
+    preset: str = "none",
     columns: dict[str, str] | None = None,
-) -> EvalData:  # fmt: skip
+) -> EvalData:
     """Each suite's samples from one dataset (`load_samples`), chosen by the suite (`Suite.select`): vqa = the
     number/choice/yesno/text/math samples, grounding = the box samples, pope = probes built from the samples'
     objects (split `random` unless `pope_splits`; from `pope_images` images, default all eligible, then whole
@@ -48,17 +66,32 @@ def build_eval_data(
     split in it unless `pope_splits`). max_samples caps every suite (the first N). With `ctx`, VQA gold answers are
     checked before any decoding. A suite with nothing to run on is an InputError naming every such suite."""
     names = parse_suites(suites)
-    sel = _selection(data, max_samples=max_samples, pope_data=pope_data, pope_splits=pope_splits,
-                     pope_images=pope_images, pope_per_image=pope_per_image, pope_min_objects=pope_min_objects,
-                     ctx=ctx, preset=preset, columns=columns)  # fmt: skip
+    sel = _selection(
+        data,
+        max_samples=max_samples,
+        pope_data=pope_data,
+        pope_splits=pope_splits,
+        pope_images=pope_images,
+        pope_per_image=pope_per_image,
+        pope_min_objects=pope_min_objects,
+        ctx=ctx,
+        preset=preset,
+        columns=columns,
+    )
     selected, problems = select_suites(names, sel)
     if problems:
         raise InputError("; ".join(f"eval suite '{name}' {why} (data '{data}')" for name, why in problems.items()))
     return EvalData(**selected)
 
 
-def _selection(data: str | Path | None, *, pope_data: str | Path | None = None, preset: str = "none",
-               columns: dict[str, str] | None = None, **asked: Any) -> Selection:  # fmt: skip
+def _selection(
+    data: str | Path | None,
+    *,
+    pope_data: str | Path | None = None,
+    preset: str = "none",
+    columns: dict[str, str] | None = None,
+    **asked: Any,
+) -> Selection:
     """The Selection of `build_eval_data`'s arguments: the dataset's samples read once (none when `data` is a POPE
     question file), `asked` (max_samples, pope_*, ctx) passed on as they are."""
     from vlgrpo.data.adapters import load_samples
@@ -97,7 +130,7 @@ def _generate(engine, samples: list[Sample], batch_prompts: int, max_new_tokens:
     """One greedy completion per sample, `batch_prompts` prompts per engine call."""
     from tqdm import tqdm
 
-    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens)
+    params = SamplingParams(completions_per_prompt=1, temperature=0.0, max_new_tokens=max_new_tokens)
     out: list[Completion] = []
     with torch.no_grad(), tqdm(total=len(samples), desc="eval", unit="sample", disable=not progress) as bar:
         for i in range(0, len(samples), batch_prompts):
@@ -108,9 +141,15 @@ def _generate(engine, samples: list[Sample], batch_prompts: int, max_new_tokens:
 
 
 def evaluate(
-    engine, data: EvalData, reward_ctx: RewardContext, *, pope_parser: str = "pope", batch_prompts: int = 8,
-    max_new_tokens: int = 64, progress: bool = True,
-) -> EvalResult:  # fmt: skip
+    engine,
+    data: EvalData,
+    reward_ctx: RewardContext,
+    *,
+    pope_parser: str = "pope",
+    batch_prompts: int = 8,
+    max_new_tokens: int = 64,
+    progress: bool = True,
+) -> EvalResult:
     """Greedy-decode every suite's samples through `engine` (any RolloutEngine) and score them.
 
     Suites are decoded back to back in one stream of `batch_prompts`-sized calls, so an image shared by several
@@ -134,11 +173,17 @@ def evaluate(
         result.metrics.update({f"eval/{name}/{k}": v for k, v in metrics.items()})
         result.counts.update({f"{name}/{k}" if k else name: v for k, v in counts.items()})
         result.predictions += rows
-    result.info = {"suites": list(suites), "samples": len(samples), "decoding": "greedy",
-                   "max_new_tokens": max_new_tokens, "pope_parser": pope_parser, "box_format": reward_ctx.box_format,
-                   "answer_format": reward_ctx.answer_format,
-                   "no_answer": sum(not row["answered"] for row in result.predictions),
-                   "seconds": round(time.perf_counter() - t0, 3)}  # fmt: skip
+    result.info = {
+        "suites": list(suites),
+        "samples": len(samples),
+        "decoding": "greedy",
+        "max_new_tokens": max_new_tokens,
+        "pope_parser": pope_parser,
+        "box_format": reward_ctx.box_format,
+        "answer_format": reward_ctx.answer_format,
+        "no_answer": sum(not row["answered"] for row in result.predictions),
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
     warning = no_answer_warning(result)
     if warning:  # report.md and metrics.json carry it too
         result.info["warning"] = warning
@@ -151,11 +196,13 @@ def no_answer_warning(result: EvalResult) -> str | None:
     n, missing = result.info.get("samples", 0), result.info.get("no_answer", 0)
     if not n or missing * 2 <= n:
         return None
-    return (f"{missing} of {n} completions ({missing / n:.0%}) hold no answer that can be read, so these metrics "
-            f"measure the prompt more than the model. They were prompted with answer_format="
-            f"{result.info.get('answer_format')!r} and box_format={result.info.get('box_format')!r}: if the "
-            "checkpoint was trained otherwise, pass --answer-format / --box-format, or evaluate its run directory or "
-            "an export that holds vlgrpo.json. See predictions.jsonl for what it wrote.")
+    return (
+        f"{missing} of {n} completions ({missing / n:.0%}) hold no answer that can be read, so these metrics "
+        f"measure the prompt more than the model. They were prompted with answer_format="
+        f"{result.info.get('answer_format')!r} and box_format={result.info.get('box_format')!r}: if the "
+        "checkpoint was trained otherwise, pass --answer-format / --box-format, or evaluate its run directory or "
+        "an export that holds vlgrpo.json. See predictions.jsonl for what it wrote."
+    )
 
 
 # ---------------------------------------------------------------- in-loop eval (the trainer's hook)
@@ -187,8 +234,7 @@ def in_loop_eval_data(cfg, ctx: RewardContext | None = None) -> EvalData:
     if not source:
         raise ConfigError("eval.every_steps > 0 needs an eval dataset: set eval.data or data.val")
     names = parse_suites(e.suites)
-    sel = _selection(source, max_samples=e.max_samples, ctx=ctx, preset=cfg.data.preset,
-                     columns=dict(cfg.data.columns))  # fmt: skip
+    sel = _selection(source, max_samples=e.max_samples, ctx=ctx, preset=cfg.data.preset, columns=dict(cfg.data.columns))
     selected, problems = select_suites(names, sel)
     if problems:
         raise ConfigError(_refusal(names, problems, f"{key} '{source}'"))
@@ -199,10 +245,12 @@ def _refusal(names: list[str], problems: dict[str, str], where: str) -> str:
     """The in-loop eval's refusal: each suite without data, what it needs, and the two fixes."""
     kept = [n for n in names if n not in problems]
     drop = f"eval.suites=[{', '.join(kept)}]" if kept else "eval.every_steps=0: no in-loop eval"
-    return (f"eval.suites [{', '.join(names)}] cannot all run on the in-loop eval data ({where}): "
-            + "; ".join(f"'{name}' {why}" for name, why in problems.items())
-            + f". Drop {' and '.join(repr(n) for n in problems)} from eval.suites ({drop}), or set eval.data to "
-            "data that holds what they need")  # fmt: skip
+    return (
+        f"eval.suites [{', '.join(names)}] cannot all run on the in-loop eval data ({where}): "
+        + "; ".join(f"'{name}' {why}" for name, why in problems.items())
+        + f". Drop {' and '.join(repr(n) for n in problems)} from eval.suites ({drop}), or set eval.data to "
+        "data that holds what they need"
+    )
 
 
 def in_loop_eval_problem(cfg) -> str | None:
@@ -236,14 +284,27 @@ def make_evaluator(cfg) -> Callable[[Any], dict[str, float]]:
         e = cfg.eval
         model = state.backend.model
         if held.get("model") is not model:
-            held["engine"] = HFEngine(model, state.lm.processor, state.cache, cfg.data.answer_format,
-                                      state.reward_ctx.box_format, cfg.data.system_prompt, e.batch_prompts,
-                                      VideoSampling.from_config(cfg.data.video))  # fmt: skip
+            held["engine"] = HFEngine(
+                model,
+                state.lm.processor,
+                state.cache,
+                cfg.data.answer_format,
+                state.reward_ctx.box_format,
+                cfg.data.system_prompt,
+                e.batch_prompts,
+                VideoSampling.from_config(cfg.data.video),
+            )
             held["model"] = model
         with _undisturbed(model):
-            result = evaluate(held["engine"], data, state.reward_ctx, pope_parser=e.pope_parser,
-                              batch_prompts=e.batch_prompts, max_new_tokens=cfg.rollout.max_new_tokens,
-                              progress=False)  # fmt: skip
+            result = evaluate(
+                held["engine"],
+                data,
+                state.reward_ctx,
+                pope_parser=e.pope_parser,
+                batch_prompts=e.batch_prompts,
+                max_new_tokens=cfg.rollout.max_new_tokens,
+                progress=False,
+            )
         return result.metrics
 
     return evaluator

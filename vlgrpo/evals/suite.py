@@ -7,9 +7,10 @@ through this record. Adding a suite is its module plus one registry line.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from vlgrpo.registry import EVAL_SUITE
 from vlgrpo.rewards.context import RewardContext
@@ -56,8 +57,9 @@ def parse_suites(suites: str | list[str] | tuple[str, ...]) -> list[str]:
     names = [s.strip() for s in suites.split(",")] if isinstance(suites, str) else list(suites)
     bad = [s for s in names if s not in EVAL_SUITE.names]
     if bad or not names:
-        raise InputError(f"eval suites {bad or names} are not accepted; use a comma list of "
-                         f"{', '.join(EVAL_SUITE.names)}")  # fmt: skip
+        raise InputError(
+            f"eval suites {bad or names} are not accepted; use a comma list of {', '.join(EVAL_SUITE.names)}"
+        )
     return names
 
 
@@ -96,5 +98,12 @@ class EvalResult:
 
 def prediction_row(suite: str, s: Sample, c: Completion, gold: Any) -> dict:
     """The fields every prediction row starts with."""
-    return {"id": s.id, "suite": suite, "task": s.task, "question": s.question, "gold": gold,
-            "completion": c.text, "finish_reason": c.finish_reason}  # fmt: skip
+    return {
+        "id": s.id,
+        "suite": suite,
+        "task": s.task,
+        "question": s.question,
+        "gold": gold,
+        "completion": c.text,
+        "finish_reason": c.finish_reason,
+    }

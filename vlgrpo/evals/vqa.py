@@ -73,9 +73,16 @@ def score(samples: list[Sample], completions: list[Completion], ctx: RewardConte
     ctx = ungated(ctx)
     verdicts = [judge(c.text, s, ctx) for s, c in zip(samples, completions)]
     metrics, counts = vqa_metrics(samples, [ok for ok, _ in verdicts])
-    rows = [{**prediction_row("vqa", s, c, s.answer), "answer_type": s.answer_type, "extracted": read, "correct": ok,
-             "answered": bool(read and read.strip())}
-            for s, c, (ok, read) in zip(samples, completions, verdicts)]  # fmt: skip
+    rows = [
+        {
+            **prediction_row("vqa", s, c, s.answer),
+            "answer_type": s.answer_type,
+            "extracted": read,
+            "correct": ok,
+            "answered": bool(read and read.strip()),
+        }
+        for s, c, (ok, read) in zip(samples, completions, verdicts)
+    ]
     return metrics, counts, rows
 
 

@@ -6,7 +6,7 @@ Knows nothing of configs, models or how rewards were made.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor

@@ -138,8 +138,14 @@ def _truncate(x: Tensor, top_k: int, top_p: float) -> Tensor:
 
 @torch.no_grad()
 def truncated_token_logprobs(
-    logits: Tensor, ids: Tensor, *, temperature: float = 1.0, forbidden: Tensor | None = None, top_k: int = 0,
-    top_p: float = 1.0, chunk_tokens: int = 1024,
+    logits: Tensor,
+    ids: Tensor,
+    *,
+    temperature: float = 1.0,
+    forbidden: Tensor | None = None,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    chunk_tokens: int = 1024,
 ) -> Tensor:
     """log-probs [N, T] of ids under the distribution the engine samples from and reports (vLLM's
     `processed_logprobs`): softmax(logits / T) truncated to the top-k / top-p support and renormalised there.

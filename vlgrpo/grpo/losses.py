@@ -7,7 +7,7 @@ config.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -51,8 +51,6 @@ def sequence_token_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Te
     return sequence_log_ratio(logp, old_logp, mask).detach() + logp - logp.detach()
 
 
-
-
 # --- aggregations: [N, T] per-token loss and mask -> scalar ----------------------------------------------------------
 # Name map to TRL 1.x `loss_type` (tests/grpo/test_trl_parity.py): grpo -> seq-mean-token-mean; bnpo -> token-mean;
 # dapo -> token-mean with num_tokens = the generation batch's active tokens (TRL's `num_items_in_batch`); dr_grpo ->
@@ -66,17 +64,13 @@ def _masked_sum(per_token: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask.bool(), per_token, torch.zeros_like(per_token)).sum()
 
 
-def token_mean(
-    per_token: Tensor, mask: Tensor, *, num_tokens: float | Tensor | None = None, **_: object
-) -> Tensor:
+def token_mean(per_token: Tensor, mask: Tensor, *, num_tokens: float | Tensor | None = None, **_: object) -> Tensor:
     """sum_it l_it / num_tokens (default: active tokens here) — DAPO (Yu et al. 2025); TRL bnpo, dapo."""
     denom = mask.sum() if num_tokens is None else torch.as_tensor(num_tokens)
     return _masked_sum(per_token, mask) / denom.to(per_token.dtype).clamp(min=1.0)
 
 
-def seq_mean_token_mean(
-    per_token: Tensor, mask: Tensor, *, num_sequences: float | None = None, **_: object
-) -> Tensor:
+def seq_mean_token_mean(per_token: Tensor, mask: Tensor, *, num_sequences: float | None = None, **_: object) -> Tensor:
     """sum_i (sum_t l_it / |y_i|) / num_sequences (default N) — GRPO (Shao et al. 2024); TRL grpo."""
     m = mask.bool()
     per_seq = torch.where(m, per_token, torch.zeros_like(per_token)).sum(-1) / m.sum(-1).clamp(min=1)
@@ -99,8 +93,6 @@ def seq_mean_token_sum_norm(
         )
     n = per_token.shape[0] if num_sequences is None else num_sequences
     return _masked_sum(per_token, mask) / (n * max_completion_length)
-
-
 
 
 # --- the loss ---------------------------------------------------------------------------------------------------------
@@ -172,7 +164,9 @@ def policy_loss(
     stats = {
         "clip_frac_low": _mean((ratio < 1 - clip_low) & (adv < 0), mask),
         "clip_frac_high": _mean((ratio > 1 + clip_high) & (adv > 0), mask),
-        "clip_frac_dual": _mean((ratio > dual_clip) & (adv < 0), mask) if dual_clip else torch.zeros((), device=logp.device),
+        "clip_frac_dual": _mean((ratio > dual_clip) & (adv < 0), mask)
+        if dual_clip
+        else torch.zeros((), device=logp.device),
         "ratio_mean": _mean(ratio, mask),
         "approx_kl": _mean(k3_kl(logp, old_logp), mask),
     }
@@ -184,7 +178,10 @@ def policy_loss(
     if entropy is not None:
         stats["entropy"] = _mean(entropy, mask)
     loss = aggregate(
-        per_token, mask, num_tokens=num_tokens, num_sequences=num_sequences,
+        per_token,
+        mask,
+        num_tokens=num_tokens,
+        num_sequences=num_sequences,
         max_completion_length=max_completion_length,
     )
     return loss, stats

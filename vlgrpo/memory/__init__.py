@@ -11,7 +11,20 @@ from vlgrpo.memory.specs import MODEL_TABLE, ModelSpec, PlanError, kv_cache_byte
 from vlgrpo.memory.suggest import suggestions
 
 __all__ = [
-    "GB", "GPU_TYPES", "MODEL_TABLE", "ModelSpec", "PlanError", "PlanInput", "build_report", "bytes_per_param",
-    "format_report", "kv_cache_bytes", "lora_params", "plan", "plan_input_from_config", "resolve_model",
-    "suggestions", "verdicts",
+    "GB",
+    "GPU_TYPES",
+    "MODEL_TABLE",
+    "ModelSpec",
+    "PlanError",
+    "PlanInput",
+    "build_report",
+    "bytes_per_param",
+    "format_report",
+    "kv_cache_bytes",
+    "lora_params",
+    "plan",
+    "plan_input_from_config",
+    "resolve_model",
+    "suggestions",
+    "verdicts",
 ]

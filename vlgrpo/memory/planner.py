@@ -146,18 +146,30 @@ def check(inp: PlanInput) -> None:
     rules = [
         (inp.zero_stage in (0, 1, 2, 3), f"ZeRO stage {inp.zero_stage}; accepted: 0, 1, 2, 3"),
         (inp.engine in ("hf", "vllm"), f"rollout engine {inp.engine!r}; accepted: hf, vllm"),
-        (inp.vllm_placement in ("colocate", "split"),
-         f"vLLM placement {inp.vllm_placement!r}; accepted: colocate, split"),
-        (not inp.offload - set(OFFLOAD_TARGETS),
-         f"--offload {sorted(inp.offload)}; accepted: {', '.join(OFFLOAD_TARGETS)}"),
-        ("param" not in inp.offload or inp.zero_stage == 3, "--offload param needs ZeRO-3 (--zero 3 or "
-                                                            "train.backend=zero3): only ZeRO-3 partitions weights"),
-        (inp.num_gpus >= 1 and train_gpus(inp) >= 1, f"no training GPUs: {inp.num_gpus} GPUs, "
-                                                      f"{inp.rollout_gpus} of them for vLLM"),
-        (min(inp.micro_batch, inp.prompts_per_step, inp.completions_per_prompt, inp.tensor_parallel) >= 1,
-         "micro-batch, prompts per step, completions per prompt and tensor parallel size must be >= 1"),
-        (min(inp.images_per_sample, inp.video_frames, inp.video_frame_tokens, inp.image_tokens) >= 0,
-         "images per sample, video frames and tokens per image / frame must be >= 0"),
+        (
+            inp.vllm_placement in ("colocate", "split"),
+            f"vLLM placement {inp.vllm_placement!r}; accepted: colocate, split",
+        ),
+        (
+            not inp.offload - set(OFFLOAD_TARGETS),
+            f"--offload {sorted(inp.offload)}; accepted: {', '.join(OFFLOAD_TARGETS)}",
+        ),
+        (
+            "param" not in inp.offload or inp.zero_stage == 3,
+            "--offload param needs ZeRO-3 (--zero 3 or train.backend=zero3): only ZeRO-3 partitions weights",
+        ),
+        (
+            inp.num_gpus >= 1 and train_gpus(inp) >= 1,
+            f"no training GPUs: {inp.num_gpus} GPUs, {inp.rollout_gpus} of them for vLLM",
+        ),
+        (
+            min(inp.micro_batch, inp.prompts_per_step, inp.completions_per_prompt, inp.tensor_parallel) >= 1,
+            "micro-batch, prompts per step, completions per prompt and tensor parallel size must be >= 1",
+        ),
+        (
+            min(inp.images_per_sample, inp.video_frames, inp.video_frame_tokens, inp.image_tokens) >= 0,
+            "images per sample, video frames and tokens per image / frame must be >= 0",
+        ),
         (not inp.video_frames or inp.video_frame_tokens, "a video of --video-frames F needs its tokens per frame"),
     ]
     for ok, why in rules:
@@ -178,8 +190,11 @@ def model_states(inp: PlanInput, trainable: int, total: int) -> dict[str, dict[s
         "gradients": trainable * bpp["gradients"] / (d if z >= 2 else 1),
         "optimizer": trainable * bpp["optimizer"] / (d if z >= 1 else 1),
     }
-    on_cpu = {"optimizer": "optimizer" in inp.offload, "gradients": "optimizer" in inp.offload and z >= 2,
-              "weights": "param" in inp.offload}
+    on_cpu = {
+        "optimizer": "optimizer" in inp.offload,
+        "gradients": "optimizer" in inp.offload and z >= 2,
+        "weights": "param" in inp.offload,
+    }
     gpu = {k: 0 if on_cpu[k] else int(v) for k, v in terms.items()}
     cpu = {k: int(v) if on_cpu[k] else 0 for k, v in terms.items()}
     return {"gpu": gpu, "cpu": cpu}
@@ -201,8 +216,11 @@ def activation_bytes(inp: PlanInput, seq_len: int) -> int:
     patches = mb * visual_tokens(inp) * s.merge**2  # [mb, 4N] ViT tokens before the 2x2 merge: images and video
     mlp = 4 if s.family == "qwen2_5_vl" else 2  # SwiGLU saves gate, up, act, product; GELU MLP saves fc1, act
     per_vit = b * (8 * s.vision_hidden + mlp * s.vision_intermediate) * patches
-    vit = (b * s.vision_hidden * patches * s.vision_depth + per_vit) if inp.gradient_checkpointing else (
-        per_vit * s.vision_depth)
+    vit = (
+        (b * s.vision_hidden * patches * s.vision_depth + per_vit)
+        if inp.gradient_checkpointing
+        else (per_vit * s.vision_depth)
+    )
     return lm + vit
 
 
@@ -219,7 +237,8 @@ def step_features_bytes(inp: PlanInput) -> int:
 def logits_bytes(inp: PlanInput) -> int:
     """Log-prob pass: lm_head output + fp32 copy + fp32 log_softmax on the completion tokens (the shared-prefix pass
     asks for them only). Under gradient checkpointing the trainer forwards whole rows (prompt + completion,
-    `rollout.inputs._completion_logits_full_rows`), whose lm_head output also covers the prompt: + mb x P_ids x V x b."""
+    `policy.forward._completion_logits_full_rows`), whose lm_head output also covers the prompt:
+    + mb x P_ids x V x b."""
     vocab = inp.spec.vocab if inp.spec else 0
     chunk = min(inp.logits_chunk or inp.completion_tokens, inp.completion_tokens)
     prompt = inp.micro_batch * prompt_tokens(inp) * vocab * inp.dtype_bytes if inp.gradient_checkpointing else 0
@@ -255,15 +274,22 @@ def plan(inp: PlanInput) -> dict[str, Any]:
     roll = rollout_terms(inp, total - trainable if inp.lora_rank else total)  # vLLM holds merged LoRA weights
     # ZeRO-3 gathers one full layer at a time: DeepSpeed's estimator counts it at 4 B, the 16-byte plan at the dtype
     gather = largest * (4 if inp.convention == "18-byte" else inp.dtype_bytes) if inp.zero_stage == 3 else 0
-    g = {**states["gpu"], "model_states": sum(states["gpu"].values()), "zero3_gather": gather,
-         "reference": 0 if "reference" in inp.offload else ref,
-         "reward_model": 0 if "reward" in inp.offload else reward,
-         "critic": sum(states["gpu"].values()) if inp.critic else 0,  # PPO: a value model mirroring the actor
-         "activations": activation_bytes(inp, seq), "logits": logits_bytes(inp), **roll,
-         "vision_cache": inp.vision_cache_bytes + step_features_bytes(inp),
-         "overhead": inp.overhead_bytes}
-    resident = sum(g[k] for k in ("weights", "optimizer", "reference", "reward_model", "critic", "vision_cache",
-                                  "overhead"))
+    g = {
+        **states["gpu"],
+        "model_states": sum(states["gpu"].values()),
+        "zero3_gather": gather,
+        "reference": 0 if "reference" in inp.offload else ref,
+        "reward_model": 0 if "reward" in inp.offload else reward,
+        "critic": sum(states["gpu"].values()) if inp.critic else 0,  # PPO: a value model mirroring the actor
+        "activations": activation_bytes(inp, seq),
+        "logits": logits_bytes(inp),
+        **roll,
+        "vision_cache": inp.vision_cache_bytes + step_features_bytes(inp),
+        "overhead": inp.overhead_bytes,
+    }
+    resident = sum(
+        g[k] for k in ("weights", "optimizer", "reference", "reward_model", "critic", "vision_cache", "overhead")
+    )
     g["train_phase"] = resident + sum(g[k] for k in ("gradients", "zero3_gather", "activations", "logits"))
     split = inp.engine == "vllm" and inp.vllm_placement == "split"
     # ZeRO-3 training GPUs gather weights during rollout (the trainer's `rollout_weights`): the whole policy when the
@@ -271,23 +297,41 @@ def plan(inp: PlanInput) -> dict[str, Any]:
     vision = (inp.spec.vision_params() + inp.spec.merger_params()) if inp.spec else 0
     gathered = vision if inp.engine == "vllm" else total
     g["zero3_rollout_gather"] = gathered * inp.dtype_bytes * (d - 1) // d if inp.zero_stage == 3 and not split else 0
-    g["rollout_phase"] = ((g["overhead"] if split else resident) + g["zero3_rollout_gather"] + roll["rollout_weights"]
-                          + roll["kv_cache"])
+    g["rollout_phase"] = (
+        (g["overhead"] if split else resident) + g["zero3_rollout_gather"] + roll["rollout_weights"] + roll["kv_cache"]
+    )
     g["total"] = max(g["train_phase"], g["rollout_phase"])
-    cpu = {**states["cpu"], "reference": ref if "reference" in inp.offload else 0,
-           "reward_model": reward if "reward" in inp.offload else 0,
-           "rollout_weights_asleep": roll["rollout_weights"] if not split and inp.engine == "vllm" and inp.vllm_sleep
-           else 0}  # vLLM's sleep level 1 parks its weights in CPU memory during the update
+    cpu = {
+        **states["cpu"],
+        "reference": ref if "reference" in inp.offload else 0,
+        "reward_model": reward if "reward" in inp.offload else 0,
+        "rollout_weights_asleep": roll["rollout_weights"]
+        if not split and inp.engine == "vllm" and inp.vllm_sleep
+        else 0,
+    }  # vLLM's sleep level 1 parks its weights in CPU memory during the update
     cpu["per_rank"] = sum(cpu.values())
     cpu["all_ranks"] = cpu["per_rank"] * d
     parts, prompt = prompt_parts(inp), prompt_tokens(inp)
-    warnings = [] if prompt <= inp.max_prompt_length else [
-        f"prompt of {prompt} tokens ({' + '.join(f'{k} {v}' for k, v in parts.items() if v)}) exceeds "
-        f"data.max_prompt_length={inp.max_prompt_length}: training skips such rows (counted in data/overlong_rows), "
-        "never cutting inside an image or a video"]
-    counts = {"total_params": total, "trainable_params": trainable, "largest_layer_params": largest,
-              "train_gpus": d, "prompt_parts": parts, "prompt_tokens": prompt, "visual_tokens": visual_tokens(inp),
-              "sequence_tokens": seq}
+    warnings = (
+        []
+        if prompt <= inp.max_prompt_length
+        else [
+            f"prompt of {prompt} tokens ({' + '.join(f'{k} {v}' for k, v in parts.items() if v)}) exceeds "
+            f"data.max_prompt_length={inp.max_prompt_length}: training skips such rows (counted in "
+            "data/overlong_rows), "
+            "never cutting inside an image or a video"
+        ]
+    )
+    counts = {
+        "total_params": total,
+        "trainable_params": trainable,
+        "largest_layer_params": largest,
+        "train_gpus": d,
+        "prompt_parts": parts,
+        "prompt_tokens": prompt,
+        "visual_tokens": visual_tokens(inp),
+        "sequence_tokens": seq,
+    }
     return {"counts": counts, "per_gpu": g, "cpu": cpu, "conventions": conventions(inp), "warnings": warnings}
 
 
@@ -297,19 +341,19 @@ def conventions(inp: PlanInput) -> dict[str, str]:
     ds = inp.convention == "18-byte"
     return {
         "model_states": f"{inp.convention} convention: {b['weights']} B weights + {b['gradients']} B gradients + "
-                        f"{b['optimizer']} B optimiser states per trainable parameter"
-                        + (" (DeepSpeed's estimators: bf16 + fp32 gradients)" if ds else ""),
+        f"{b['optimizer']} B optimiser states per trainable parameter"
+        + (" (DeepSpeed's estimators: bf16 + fp32 gradients)" if ds else ""),
         "zero3_gather": f"ZeRO-3 only: largest layer x {4 if ds else inp.dtype_bytes} B"
-                        + (" (DeepSpeed's estimator)" if ds else ""),
+        + (" (DeepSpeed's estimator)" if ds else ""),
         "units": "bytes; printed GB are decimal (1 GB = 1e9 B)",
         "activations": "flash/SDPA attention (no T^2 term); with checkpointing only each layer's input is kept",
         "logits": "lm_head output + fp32 copy + fp32 log_softmax on the completion tokens; with gradient "
-                  "checkpointing the lm_head output of the prompt too (whole rows)",
+        "checkpointing the lm_head output of the prompt too (whole rows)",
         "kv_cache": "2 x layers x kv_heads x head_dim x bytes per token; a group's prompt is stored once",
         "visual_tokens": "every image of a prompt and its video (frames / temporal patch x tokens per frame) in the "
-                         "prompt, the tower's patches (x merge^2) and the step's cached features",
+        "prompt, the tower's patches (x merge^2) and the step's cached features",
         "zero3_rollout_gather": "ZeRO-3, colocated: the rest of the vision tower + merger (vLLM engine) or of the "
-                                "whole policy (HF engine) gathered on every training GPU during rollout",
+        "whole policy (HF engine) gathered on every training GPU during rollout",
     }
 
 
@@ -347,14 +391,17 @@ def peak_on(inp: PlanInput, per_gpu: dict[str, int], capacity: int) -> tuple[int
     weights, kv = per_gpu["rollout_weights"], per_gpu["kv_cache"]
     warnings, startable = [], weights < budget
     if not startable:
-        warnings.append(f"vLLM weights ({weights / GB:.1f} GB) exceed its budget ({budget / GB:.1f} GB): raise "
-                        f"rollout.vllm.gpu_memory_utilization above {weights / capacity:.2f}")
+        warnings.append(
+            f"vLLM weights ({weights / GB:.1f} GB) exceed its budget ({budget / GB:.1f} GB): raise "
+            f"rollout.vllm.gpu_memory_utilization above {weights / capacity:.2f}"
+        )
     elif weights + kv > budget:
         u = math.ceil((weights + kv) / capacity * 20) / 20
         fix = f"rollout.vllm.gpu_memory_utilization={u:.2f} would hold them all" if u <= 1 else "lower B or G"
-        warnings.append(f"KV cache of every sequence needs {kv / GB:.1f} GB, vLLM's budget leaves "
-                        f"{(budget - weights) / GB:.1f} GB: it will run fewer sequences at once (slower, not OOM); "
-                        + fix)
+        warnings.append(
+            f"KV cache of every sequence needs {kv / GB:.1f} GB, vLLM's budget leaves "
+            f"{(budget - weights) / GB:.1f} GB: it will run fewer sequences at once (slower, not OOM); " + fix
+        )
     return peak, startable, warnings
 
 
@@ -368,9 +415,11 @@ def verdict_reason(inp: PlanInput, per_gpu: dict[str, int], capacity: int) -> tu
     weights, budget = per_gpu["rollout_weights"], vllm_budget(inp, capacity)
     if inp.engine == "vllm" and weights >= budget:  # peak_on's startable test
         sign = ">" if weights > budget else ">="
-        over.append(f"vLLM weights {weights / GB:.2f} GB {sign} its budget {budget / GB:.2f} GB "
-                    f"(gpu_memory_utilization {inp.vllm_gpu_memory_utilization} x {capacity / GB:.2f} GB): "
-                    "the engine cannot start")
+        over.append(
+            f"vLLM weights {weights / GB:.2f} GB {sign} its budget {budget / GB:.2f} GB "
+            f"(gpu_memory_utilization {inp.vllm_gpu_memory_utilization} x {capacity / GB:.2f} GB): "
+            "the engine cannot start"
+        )
     return phase, "; ".join(over) or f"{phase} peak {peak / GB:.2f} GB <= {capacity / GB:.2f} GB capacity"
 
 
@@ -380,7 +429,13 @@ def verdicts(inp: PlanInput, per_gpu: dict[str, int]) -> dict[str, dict[str, Any
     for name, capacity in GPU_TYPES.items():
         peak, startable, warnings = peak_on(inp, per_gpu, capacity)
         phase, reason = verdict_reason(inp, per_gpu, capacity)
-        out[name] = {"fits": peak <= capacity and startable, "headroom_bytes": capacity - peak,
-                     "capacity_bytes": capacity, "peak_bytes": peak, "peak_phase": phase, "reason": reason,
-                     "warnings": warnings}
+        out[name] = {
+            "fits": peak <= capacity and startable,
+            "headroom_bytes": capacity - peak,
+            "capacity_bytes": capacity,
+            "peak_bytes": peak,
+            "peak_phase": phase,
+            "reason": reason,
+            "warnings": warnings,
+        }
     return out

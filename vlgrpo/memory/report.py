@@ -26,9 +26,13 @@ def geometry_for(m: ModelConfig, spec: ModelSpec | None):
     from vlgrpo.data.images import ProcessorGeometry, checkpoint_geometry
 
     if spec is not None and spec.max_pixels:
-        return ProcessorGeometry(patch_size=spec.patch, merge_size=spec.merge, temporal_patch_size=spec.temporal_patch,
-                                 min_pixels=spec.min_pixels, max_pixels=spec.max_pixels
-                                 ).with_pixels(m.min_pixels, m.max_pixels)  # fmt: skip
+        return ProcessorGeometry(
+            patch_size=spec.patch,
+            merge_size=spec.merge,
+            temporal_patch_size=spec.temporal_patch,
+            min_pixels=spec.min_pixels,
+            max_pixels=spec.max_pixels,
+        ).with_pixels(m.min_pixels, m.max_pixels)
     family = spec.family if spec else None
     return checkpoint_geometry(m.name_or_path, m.min_pixels, m.max_pixels, arch=family)[0]
 
@@ -67,8 +71,10 @@ def video_notes(cfg: Config, frames: int) -> list[str]:
     if frames <= 0:
         return []
     if frames > most:
-        return [f"--video-frames {frames} is more than data.video.max_frames={most}: the model sees {seen} evenly "
-                "spaced frames, which is what is planned"]
+        return [
+            f"--video-frames {frames} is more than data.video.max_frames={most}: the model sees {seen} evenly "
+            "spaced frames, which is what is planned"
+        ]
     if seen != frames:
         return [f"--video-frames {frames} is odd: Qwen's processor pads it with the last frame to {seen}"]
     return []
@@ -79,16 +85,21 @@ def read_deepspeed_json(path: str) -> dict[str, Any]:
     try:
         return json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise PlanError(f"train.zero3.deepspeed_config: cannot read '{path}' ({e}); a relative path is read from the "
-                        "current directory, as the trainer does") from None
+        raise PlanError(
+            f"train.zero3.deepspeed_config: cannot read '{path}' ({e}); a relative path is read from the "
+            "current directory, as the trainer does"
+        ) from None
 
 
 def deepspeed_offload(ds: dict[str, Any]) -> frozenset[str]:
     """What a DeepSpeed JSON offloads: zero_optimization.offload_optimizer / offload_param with a device other than
     none (cpu, or nvme: planned as CPU memory)."""
     zero = ds.get("zero_optimization") or {}
-    return frozenset(t for t in ("optimizer", "param")
-                     if str((zero.get(f"offload_{t}") or {}).get("device", "none")).lower() != "none")
+    return frozenset(
+        t
+        for t in ("optimizer", "param")
+        if str((zero.get(f"offload_{t}") or {}).get("device", "none")).lower() != "none"
+    )
 
 
 def zero3_offload(cfg: Config) -> frozenset[str]:
@@ -111,13 +122,18 @@ def config_notes(cfg: Config) -> list[str]:
     notes = []
     stage = (ds.get("zero_optimization") or {}).get("stage", 0)
     if stage != 3:
-        notes.append(f"{path} sets zero_optimization.stage={stage}: the zero3 backend is built for stage 3, which is "
-                     "what is planned; set it to 3")
-    precision = [name for key, name in (("bf16", "bfloat16"), ("fp16", "float16"))
-                 if (ds.get(key) or {}).get("enabled")]
+        notes.append(
+            f"{path} sets zero_optimization.stage={stage}: the zero3 backend is built for stage 3, which is "
+            "what is planned; set it to 3"
+        )
+    precision = [
+        name for key, name in (("bf16", "bfloat16"), ("fp16", "float16")) if (ds.get(key) or {}).get("enabled")
+    ]
     if precision and precision[0] != cfg.model.dtype:
-        notes.append(f"{path} enables {precision[0]} but model.dtype={cfg.model.dtype}: DeepSpeed computes in "
-                     f"{precision[0]}, the plan uses model.dtype; make the two agree")
+        notes.append(
+            f"{path} enables {precision[0]} but model.dtype={cfg.model.dtype}: DeepSpeed computes in "
+            f"{precision[0]}, the plan uses model.dtype; make the two agree"
+        )
     return notes
 
 
@@ -130,35 +146,59 @@ def unbuilt_default_model(cfg: Config) -> bool:
 def init_tiny_spec(tiny: Any, cfg: Config) -> tuple[ModelSpec, str]:
     """The spec of the model `vlgrpo model init-tiny --out <model.name_or_path>` builds, and a note saying so.
 
-    `tiny` is a `TinySpec` (vlgrpo.tiny, re-exported by vlgrpo.models), passed in by the CLI: memory imports
-    neither. Its vocab_size is the BPE's target; the trained tokenizer may come out a few tokens smaller."""
+    `tiny` is a `TinySpec` (vlgrpo.tiny), passed in by the CLI: memory imports neither vlgrpo.tiny nor
+    vlgrpo.models. Its vocab_size is the BPE's target; the trained tokenizer may come out a few tokens smaller."""
     arch = "qwen2_5_vl" if cfg.model.arch == "auto" else cfg.model.arch  # init-tiny's --arch default
     if arch not in FAMILIES:
-        raise PlanError(f"model.arch={arch}: the planner counts the parameters of {', '.join(FAMILIES)} models; "
-                        "plan model states with --params N")
+        raise PlanError(
+            f"model.arch={arch}: the planner counts the parameters of {', '.join(FAMILIES)} models; "
+            "plan model states with --params N"
+        )
     vision_mlp = tiny.vision_intermediate
     if arch == "qwen2_vl":  # Qwen2-VL's ViT MLP is mlp_ratio x embed_dim
         vision_mlp = tiny.vision_intermediate // tiny.vision_hidden * tiny.vision_hidden
     qwen3 = arch == "qwen3_vl"  # vlgrpo.tiny's Qwen3-VL: 16 px patches, 256 learned positions, DeepStack on
     name = cfg.model.name_or_path
-    spec = ModelSpec(name=name, family=arch, hidden=tiny.hidden_size, intermediate=tiny.intermediate_size,
-                     layers=tiny.num_layers, heads=tiny.num_heads, kv_heads=tiny.num_kv_heads,
-                     head_dim=tiny.hidden_size // tiny.num_heads, vocab=tiny.vocab_size,
-                     tie_embeddings=tiny.tie_word_embeddings,
-                     vision_depth=tiny.vision_depth, vision_hidden=tiny.vision_hidden, vision_intermediate=vision_mlp,
-                     patch=16 if qwen3 else 14, position_embeddings=256 if qwen3 else 0,
-                     deepstack_mergers=len(tiny.deepstack_visual_indexes) if qwen3 else 0,
-                     min_pixels=tiny.min_pixels, max_pixels=tiny.max_pixels)
+    spec = ModelSpec(
+        name=name,
+        family=arch,
+        hidden=tiny.hidden_size,
+        intermediate=tiny.intermediate_size,
+        layers=tiny.num_layers,
+        heads=tiny.num_heads,
+        kv_heads=tiny.num_kv_heads,
+        head_dim=tiny.hidden_size // tiny.num_heads,
+        vocab=tiny.vocab_size,
+        tie_embeddings=tiny.tie_word_embeddings,
+        vision_depth=tiny.vision_depth,
+        vision_hidden=tiny.vision_hidden,
+        vision_intermediate=vision_mlp,
+        patch=16 if qwen3 else 14,
+        position_embeddings=256 if qwen3 else 0,
+        deepstack_mergers=len(tiny.deepstack_visual_indexes) if qwen3 else 0,
+        min_pixels=tiny.min_pixels,
+        max_pixels=tiny.max_pixels,
+    )
     flag = "" if arch == "qwen2_5_vl" else f" --arch {arch}"
-    note = (f"model.name_or_path={name} (the config default) is not built yet: planned the tiny {arch} that "
-            f"`vlgrpo model init-tiny --out {name}{flag}` builds there. A real model: vlgrpo plan --model "
-            "qwen2.5-vl-7b --gpus 8 --lora-rank 16, or a recipe such as configs/qwen2_5_vl_7b_lora_8xa100.yaml")
+    note = (
+        f"model.name_or_path={name} (the config default) is not built yet: planned the tiny {arch} that "
+        f"`vlgrpo model init-tiny --out {name}{flag}` builds there. A real model: vlgrpo plan --model "
+        "qwen2.5-vl-7b --gpus 8 --lora-rank 16, or a recipe such as configs/qwen2_5_vl_7b_lora_8xa100.yaml"
+    )
     return spec, note
 
 
-def plan_input_from_config(cfg: Config, *, params: int | None = None, spec: ModelSpec | None = None,
-                           image_size: tuple[int, int] = (448, 448), text_tokens: int = 64, images_per_sample: int = 1,
-                           video_frames: int = 0, video_size: tuple[int, int] | None = None) -> PlanInput:
+def plan_input_from_config(
+    cfg: Config,
+    *,
+    params: int | None = None,
+    spec: ModelSpec | None = None,
+    image_size: tuple[int, int] = (448, 448),
+    text_tokens: int = 64,
+    images_per_sample: int = 1,
+    video_frames: int = 0,
+    video_size: tuple[int, int] | None = None,
+) -> PlanInput:
     """The planner's input for a run config (`params` replaces the model spec, `spec` the one model.name_or_path
     names; `image_size` is W x H). Each prompt holds `images_per_sample` images of `image_size` and, with
     `video_frames` > 0, a video of that many frames (sampled as data.video says), each frame of `video_size` or at
@@ -173,22 +213,36 @@ def plan_input_from_config(cfg: Config, *, params: int | None = None, spec: Mode
     frozen = {"vision": m.freeze_vision, "merger": m.freeze_merger, "language": m.freeze_language}
     zero3 = t.backend == "zero3"
     return PlanInput(
-        spec=spec, params=params, dtype_bytes=DTYPE_BYTES[m.dtype],
+        spec=spec,
+        params=params,
+        dtype_bytes=DTYPE_BYTES[m.dtype],
         trainable=tuple(part for part, is_frozen in frozen.items() if not is_frozen),
-        lora_rank=t.lora.rank if t.backend == "lora" else None, lora_targets=tuple(t.lora.target_modules),
-        zero_stage=3 if zero3 else 0, num_gpus=t.num_gpus, offload=zero3_offload(cfg) if zero3 else frozenset(),
-        deepspeed_config=t.zero3.deepspeed_config if zero3 else None, beta=cfg.grpo.beta,
+        lora_rank=t.lora.rank if t.backend == "lora" else None,
+        lora_targets=tuple(t.lora.target_modules),
+        zero_stage=3 if zero3 else 0,
+        num_gpus=t.num_gpus,
+        offload=zero3_offload(cfg) if zero3 else frozenset(),
+        deepspeed_config=t.zero3.deepspeed_config if zero3 else None,
+        beta=cfg.grpo.beta,
         optimizer_states=trainer_optimizer_states(t.backend, DTYPE_BYTES[m.dtype]),
-        micro_batch=t.micro_batch_completions, prompts_per_step=t.prompts_per_step,
-        completions_per_prompt=r.completions_per_prompt, text_tokens=text_tokens,
-        image_tokens=image_tokens_for(*image_size, m, spec), images_per_sample=images_per_sample,
+        micro_batch=t.micro_batch_completions,
+        prompts_per_step=t.prompts_per_step,
+        completions_per_prompt=r.completions_per_prompt,
+        text_tokens=text_tokens,
+        image_tokens=image_tokens_for(*image_size, m, spec),
+        images_per_sample=images_per_sample,
         video_frames=video_frames_seen(video_frames, cfg.data.video.max_frames) if video_frames else 0,
         video_frame_tokens=video_frame_tokens_for(cfg, spec, video_size) if video_frames else 0,
-        completion_tokens=r.max_new_tokens, max_prompt_length=cfg.data.max_prompt_length,
-        gradient_checkpointing=m.gradient_checkpointing, engine=r.engine,
-        vllm_gpu_memory_utilization=r.vllm.gpu_memory_utilization, vllm_placement=r.placement,
-        rollout_gpus=r.vllm.rollout_gpus, vllm_sleep=r.vllm.enable_sleep_mode,
-        tensor_parallel=r.vllm.tensor_parallel_size, vision_cache_bytes=r.vision_cache_bytes,
+        completion_tokens=r.max_new_tokens,
+        max_prompt_length=cfg.data.max_prompt_length,
+        gradient_checkpointing=m.gradient_checkpointing,
+        engine=r.engine,
+        vllm_gpu_memory_utilization=r.vllm.gpu_memory_utilization,
+        vllm_placement=r.placement,
+        rollout_gpus=r.vllm.rollout_gpus,
+        vllm_sleep=r.vllm.enable_sleep_mode,
+        tensor_parallel=r.vllm.tensor_parallel_size,
+        vision_cache_bytes=r.vision_cache_bytes,
     )
 
 
@@ -196,32 +250,53 @@ def _inputs_dict(inp: PlanInput) -> dict[str, Any]:
     d = dataclasses.asdict(inp)
     d["offload"] = sorted(inp.offload)
     if inp.spec is not None:
-        d["spec"]["params"] = {"vision": inp.spec.vision_params(), "merger": inp.spec.merger_params(),
-                               "language": inp.spec.language_params(), "total": inp.spec.total_params()}
+        d["spec"]["params"] = {
+            "vision": inp.spec.vision_params(),
+            "merger": inp.spec.merger_params(),
+            "language": inp.spec.language_params(),
+            "total": inp.spec.total_params(),
+        }
     return d
 
 
-def build_report(inp: PlanInput, gpu_type: str = "A100-80GB", config_notes: list[str] | None = None
-                 ) -> dict[str, Any]:
+def build_report(inp: PlanInput, gpu_type: str = "A100-80GB", config_notes: list[str] | None = None) -> dict[str, Any]:
     """The whole plan as plain data (every size in bytes): the JSON of `vlgrpo plan --json`. `config_notes` say how
     the run config was read (printed under the headline)."""
     result = plan(inp)
-    return {"inputs": _inputs_dict(inp), "config_notes": list(config_notes or []), "counts": result["counts"],
-            "per_gpu": result["per_gpu"],
-            "cpu": result["cpu"], "conventions": result["conventions"], "warnings": result["warnings"],
-            "not_run_by_trainer": not_run_by_trainer(inp), "verdicts": verdicts(inp, result["per_gpu"]),
-            "suggestions": suggestions(inp, gpu_type)}
+    return {
+        "inputs": _inputs_dict(inp),
+        "config_notes": list(config_notes or []),
+        "counts": result["counts"],
+        "per_gpu": result["per_gpu"],
+        "cpu": result["cpu"],
+        "conventions": result["conventions"],
+        "warnings": result["warnings"],
+        "not_run_by_trainer": not_run_by_trainer(inp),
+        "verdicts": verdicts(inp, result["per_gpu"]),
+        "suggestions": suggestions(inp, gpu_type),
+    }
 
 
 # One row per term: (key, label). Phase totals follow.
 _ROWS = [
-    ("weights", "policy weights"), ("gradients", "gradients"), ("optimizer", "optimiser states"),
-    ("model_states", "= model states"), ("zero3_gather", "ZeRO-3 gathered layer"), ("reference", "reference model"),
-    ("reward_model", "reward model"), ("critic", "critic (PPO)"), ("activations", "activations (1 micro-batch)"),
-    ("logits", "log-prob logits"), ("zero3_rollout_gather", "ZeRO-3 weights gathered for rollout"),
-    ("rollout_weights", "rollout engine weights"), ("kv_cache", "rollout KV cache"),
-    ("vision_cache", "vision-feature cache"), ("overhead", "CUDA context + NCCL + slack"),
-    ("train_phase", "peak in the update"), ("rollout_phase", "peak in the rollout"), ("total", "TOTAL need per GPU"),
+    ("weights", "policy weights"),
+    ("gradients", "gradients"),
+    ("optimizer", "optimiser states"),
+    ("model_states", "= model states"),
+    ("zero3_gather", "ZeRO-3 gathered layer"),
+    ("reference", "reference model"),
+    ("reward_model", "reward model"),
+    ("critic", "critic (PPO)"),
+    ("activations", "activations (1 micro-batch)"),
+    ("logits", "log-prob logits"),
+    ("zero3_rollout_gather", "ZeRO-3 weights gathered for rollout"),
+    ("rollout_weights", "rollout engine weights"),
+    ("kv_cache", "rollout KV cache"),
+    ("vision_cache", "vision-feature cache"),
+    ("overhead", "CUDA context + NCCL + slack"),
+    ("train_phase", "peak in the update"),
+    ("rollout_phase", "peak in the rollout"),
+    ("total", "TOTAL need per GPU"),
 ]
 
 
@@ -249,8 +324,11 @@ def _headline(report: dict[str, Any]) -> list[str]:
         f"per step and GPU: {i['prompts_per_step']} prompts x {i['completions_per_prompt']} completions; micro-batch "
         f"{i['micro_batch']}; tokens: {_prompt_parts(report)} + {i['completion_tokens']} completion; gradient "
         f"checkpointing {'on' if i['gradient_checkpointing'] else 'off'}; engine {i['engine']}"
-        + (f" ({i['vllm_placement']}, gpu_memory_utilization={i['vllm_gpu_memory_utilization']})"
-           if i["engine"] == "vllm" else ""),
+        + (
+            f" ({i['vllm_placement']}, gpu_memory_utilization={i['vllm_gpu_memory_utilization']})"
+            if i["engine"] == "vllm"
+            else ""
+        ),
     ]
 
 
@@ -286,22 +364,28 @@ def format_report(report: dict[str, Any]) -> str:
         if per_gpu[key] or key in ("model_states", "total"):
             lines.append(f"{label:<{_LABEL}}{_gb(per_gpu[key])}")
     if report["inputs"]["engine"] == "vllm":
-        lines.append(f"(vLLM reserves gpu_memory_utilization={report['inputs']['vllm_gpu_memory_utilization']} x "
-                     "capacity in the rollout: see each GPU type's peak below)")
+        lines.append(
+            f"(vLLM reserves gpu_memory_utilization={report['inputs']['vllm_gpu_memory_utilization']} x "
+            "capacity in the rollout: see each GPU type's peak below)"
+        )
     cpu = report["cpu"]
     if cpu["per_rank"]:
         lines.append(f"{'CPU memory per rank / all':<{_LABEL}}{_gb(cpu['per_rank'])} / {cpu['all_ranks'] / GB:.2f}")
     lines += ["", f"{'GPU':<12}{'capacity':>10}{'peak':>10}{'headroom':>10}  verdict and why (GB)"]
     for name, v in report["verdicts"].items():
         verdict = "fits" if v["fits"] else "does NOT fit"
-        lines.append(f"{name:<12}  {_gb(v['capacity_bytes'])}  {_gb(v['peak_bytes'])}  {_gb(v['headroom_bytes'])}  "
-                     f"{verdict}: {v['reason']}")
+        lines.append(
+            f"{name:<12}  {_gb(v['capacity_bytes'])}  {_gb(v['peak_bytes'])}  {_gb(v['headroom_bytes'])}  "
+            f"{verdict}: {v['reason']}"
+        )
     warnings = report["warnings"] + [f"{name}: {w}" for name, v in report["verdicts"].items() for w in v["warnings"]]
     lines += [f"warning: {w}" for w in warnings] + [f"note: {n}" for n in report["not_run_by_trainer"]]
     if report["suggestions"]:
         lines += ["", f"suggestions (to fit {report['suggestions'][0]['gpu_type']}):"]
-        lines += [f"  peak {_gb(s['peak_bytes'])} GB  {'fits ' if s['fits'] else 'over '}  {s['change']}"
-                  for s in report["suggestions"]]
+        lines += [
+            f"  peak {_gb(s['peak_bytes'])} GB  {'fits ' if s['fits'] else 'over '}  {s['change']}"
+            for s in report["suggestions"]
+        ]
     lines += ["", "conventions:"] + [f"  {k}: {v}" for k, v in report["conventions"].items()]
     return "\n".join(lines)
 
@@ -325,4 +409,3 @@ def parse_offload(text: str) -> frozenset[str]:
     if bad:
         raise PlanError(f"--offload {bad}: accepted: {', '.join(OFFLOAD_TARGETS)} or none (comma-separated)")
     return frozenset(items)
-

@@ -93,49 +93,79 @@ class ModelSpec:
 
     def largest_layer_params(self) -> int:
         """Largest single module (DeepSpeed's `largest_layer_params`): the embedding / lm_head for Qwen."""
-        h, q, hv, iv, m = (self.hidden, self.heads * self.head_dim, self.vision_hidden, self.vision_intermediate,
-                           self.vision_hidden * self.merge**2)
+        h, q, hv, iv, m = (
+            self.hidden,
+            self.heads * self.head_dim,
+            self.vision_hidden,
+            self.vision_intermediate,
+            self.vision_hidden * self.merge**2,
+        )
         return max(
-            self.vocab * h, h * self.intermediate, h * q + (0 if self.qwen3 else q),  # embedding / lm_head, MLP, q_proj
+            self.vocab * h,
+            h * self.intermediate,
+            h * q + (0 if self.qwen3 else q),  # embedding / lm_head, MLP, q_proj
             self.in_channels * self.temporal_patch * self.patch**2 * hv + (hv if self.qwen3 else 0),  # conv3d
             self.position_embeddings * hv,  # Qwen3-VL's learned position table
-            hv * 3 * hv + 3 * hv, hv * iv + iv, m * m + m, m * h + h,  # ViT qkv and MLP linear, merger linears
+            hv * 3 * hv + 3 * hv,
+            hv * iv + iv,
+            m * m + m,
+            m * h + h,  # ViT qkv and MLP linear, merger linears
         )
 
 
 def _qwen2_5(name, hidden, inter, layers, heads, kv, vocab, tie, vis_inter=3420) -> ModelSpec:
-    return ModelSpec(name, "qwen2_5_vl", hidden, inter, layers, heads, kv, hidden // heads, vocab, tie,
-                     vision_intermediate=vis_inter)
+    return ModelSpec(
+        name, "qwen2_5_vl", hidden, inter, layers, heads, kv, hidden // heads, vocab, tie, vision_intermediate=vis_inter
+    )
 
 
 def _qwen2(name, hidden, inter, layers, heads, kv, vocab, tie) -> ModelSpec:
-    return ModelSpec(name, "qwen2_vl", hidden, inter, layers, heads, kv, hidden // heads, vocab, tie,
-                     vision_intermediate=4 * 1280)  # mlp_ratio 4 x embed_dim 1280
+    return ModelSpec(
+        name, "qwen2_vl", hidden, inter, layers, heads, kv, hidden // heads, vocab, tie, vision_intermediate=4 * 1280
+    )  # mlp_ratio 4 x embed_dim 1280
 
 
 def _qwen3(name, hidden, inter, layers, heads, kv, tie, vision, deepstack) -> ModelSpec:
     """A dense Qwen3-VL: head_dim 128 and vocabulary 151,936 in every size; 16 px patches and 2,304 learned positions in
     the tower (its pixel bounds: `vlgrpo.data.images.QWEN3_VL_GEOMETRY`). `vision` is (depth, hidden, intermediate)."""
     depth, hv, iv = vision
-    return ModelSpec(name, "qwen3_vl", hidden, inter, layers, heads, kv, 128, 151936, tie, vision_depth=depth,
-                     vision_hidden=hv, vision_intermediate=iv, patch=16, position_embeddings=2304,
-                     deepstack_mergers=len(deepstack))
+    return ModelSpec(
+        name,
+        "qwen3_vl",
+        hidden,
+        inter,
+        layers,
+        heads,
+        kv,
+        128,
+        151936,
+        tie,
+        vision_depth=depth,
+        vision_hidden=hv,
+        vision_intermediate=iv,
+        patch=16,
+        position_embeddings=2304,
+        deepstack_mergers=len(deepstack),
+    )
 
 
 # Public config.json values of the released checkpoints. Qwen3-VL (docs/memory.md names the sources): transformers'
 # Qwen3VLConfig defaults are none of them (its text defaults are 32 layers x 4096 with intermediate 22016).
-MODEL_TABLE: dict[str, ModelSpec] = {s.name: s for s in (
-    _qwen2("Qwen/Qwen2-VL-2B-Instruct", 1536, 8960, 28, 12, 2, 151936, True),
-    _qwen2("Qwen/Qwen2-VL-7B-Instruct", 3584, 18944, 28, 28, 4, 152064, False),
-    _qwen2_5("Qwen/Qwen2.5-VL-3B-Instruct", 2048, 11008, 36, 16, 2, 151936, True),
-    _qwen2_5("Qwen/Qwen2.5-VL-7B-Instruct", 3584, 18944, 28, 28, 4, 152064, False),
-    _qwen2_5("Qwen/Qwen2.5-VL-32B-Instruct", 5120, 27648, 64, 40, 8, 152064, False, vis_inter=3456),
-    _qwen2_5("Qwen/Qwen2.5-VL-72B-Instruct", 8192, 29568, 80, 64, 8, 152064, False, vis_inter=3456),
-    _qwen3("Qwen/Qwen3-VL-2B-Instruct", 2048, 6144, 28, 16, 8, True, (24, 1024, 4096), (5, 11, 17)),
-    _qwen3("Qwen/Qwen3-VL-4B-Instruct", 2560, 9728, 36, 32, 8, True, (24, 1024, 4096), (5, 11, 17)),
-    _qwen3("Qwen/Qwen3-VL-8B-Instruct", 4096, 12288, 36, 32, 8, False, (27, 1152, 4304), (8, 16, 24)),
-    _qwen3("Qwen/Qwen3-VL-32B-Instruct", 5120, 25600, 64, 64, 8, False, (27, 1152, 4304), (8, 16, 24)),
-)}
+MODEL_TABLE: dict[str, ModelSpec] = {
+    s.name: s
+    for s in (
+        _qwen2("Qwen/Qwen2-VL-2B-Instruct", 1536, 8960, 28, 12, 2, 151936, True),
+        _qwen2("Qwen/Qwen2-VL-7B-Instruct", 3584, 18944, 28, 28, 4, 152064, False),
+        _qwen2_5("Qwen/Qwen2.5-VL-3B-Instruct", 2048, 11008, 36, 16, 2, 151936, True),
+        _qwen2_5("Qwen/Qwen2.5-VL-7B-Instruct", 3584, 18944, 28, 28, 4, 152064, False),
+        _qwen2_5("Qwen/Qwen2.5-VL-32B-Instruct", 5120, 27648, 64, 40, 8, 152064, False, vis_inter=3456),
+        _qwen2_5("Qwen/Qwen2.5-VL-72B-Instruct", 8192, 29568, 80, 64, 8, 152064, False, vis_inter=3456),
+        _qwen3("Qwen/Qwen3-VL-2B-Instruct", 2048, 6144, 28, 16, 8, True, (24, 1024, 4096), (5, 11, 17)),
+        _qwen3("Qwen/Qwen3-VL-4B-Instruct", 2560, 9728, 36, 32, 8, True, (24, 1024, 4096), (5, 11, 17)),
+        _qwen3("Qwen/Qwen3-VL-8B-Instruct", 4096, 12288, 36, 32, 8, False, (27, 1152, 4304), (8, 16, 24)),
+        _qwen3("Qwen/Qwen3-VL-32B-Instruct", 5120, 25600, 64, 64, 8, False, (27, 1152, 4304), (8, 16, 24)),
+    )
+}
 MOE = re.compile(r"qwen3-vl-\d+b-a\d+b")
 """Qwen3-VL-30B-A3B, -235B-A22B (-Instruct / -Thinking): mixture-of-experts, refused by name."""
 
@@ -183,14 +213,23 @@ def spec_from_config_json(path: str | Path) -> ModelSpec:
     # transformers ties Qwen3-VL's lm_head by the top-level key only (the released files set both to the same value)
     tie = raw.get("tie_word_embeddings", False) if qwen3 else text.get("tie_word_embeddings", False)
     return ModelSpec(
-        name=str(path.parent), family=family, hidden=hidden,
-        intermediate=need(text, "intermediate_size", ""), layers=need(text, "num_hidden_layers", ""),
-        heads=heads, kv_heads=text.get("num_key_value_heads") or heads,
-        head_dim=text.get("head_dim") or (128 if qwen3 else hidden // heads), vocab=need(text, "vocab_size", ""),
+        name=str(path.parent),
+        family=family,
+        hidden=hidden,
+        intermediate=need(text, "intermediate_size", ""),
+        layers=need(text, "num_hidden_layers", ""),
+        heads=heads,
+        kv_heads=text.get("num_key_value_heads") or heads,
+        head_dim=text.get("head_dim") or (128 if qwen3 else hidden // heads),
+        vocab=need(text, "vocab_size", ""),
         tie_embeddings=bool(tie),
-        vision_depth=need(vis, "depth", "vision_config."), vision_hidden=hv, vision_intermediate=iv,
-        patch=vis.get("patch_size", 16 if qwen3 else 14), merge=vis.get("spatial_merge_size", 2),
-        temporal_patch=vis.get("temporal_patch_size", 2), in_channels=vis.get("in_channels", vis.get("in_chans", 3)),
+        vision_depth=need(vis, "depth", "vision_config."),
+        vision_hidden=hv,
+        vision_intermediate=iv,
+        patch=vis.get("patch_size", 16 if qwen3 else 14),
+        merge=vis.get("spatial_merge_size", 2),
+        temporal_patch=vis.get("temporal_patch_size", 2),
+        in_channels=vis.get("in_channels", vis.get("in_chans", 3)),
         position_embeddings=vis.get("num_position_embeddings", 2304) if qwen3 else 0,
         deepstack_mergers=len(vis.get("deepstack_visual_indexes", (8, 16, 24))) if qwen3 else 0,
     )
@@ -219,10 +258,24 @@ def lora_params(spec: ModelSpec, rank: int, targets: tuple[str, ...]) -> int:
     """Adapter parameters r·(in + out) per targeted linear layer (language model; ViT names when listed)."""
     h, kv, i, q = spec.hidden, spec.kv_heads * spec.head_dim, spec.intermediate, spec.heads * spec.head_dim
     hv, iv = spec.vision_hidden, spec.vision_intermediate
-    lm = {"q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h,
-          "gate_proj": h + i, "up_proj": h + i, "down_proj": i + h}
-    vit = {"qkv": 4 * hv, "proj": 2 * hv, "fc1": hv + iv, "fc2": iv + hv,
-           "visual.gate_proj": hv + iv, "visual.up_proj": hv + iv, "visual.down_proj": iv + hv}
+    lm = {
+        "q_proj": h + q,
+        "k_proj": h + kv,
+        "v_proj": h + kv,
+        "o_proj": q + h,
+        "gate_proj": h + i,
+        "up_proj": h + i,
+        "down_proj": i + h,
+    }
+    vit = {
+        "qkv": 4 * hv,
+        "proj": 2 * hv,
+        "fc1": hv + iv,
+        "fc2": iv + hv,
+        "visual.gate_proj": hv + iv,
+        "visual.up_proj": hv + iv,
+        "visual.down_proj": iv + hv,
+    }
     bad = [t for t in targets if t not in lm and t not in vit and t != "lm_head"]
     if bad:
         raise PlanError(f"train.lora.target_modules has {bad}; accepted: {', '.join(LM_LINEARS + VISION_LINEARS)}")

@@ -33,18 +33,24 @@ def not_run_by_trainer(inp: PlanInput) -> list[str]:
     """What in the planned input itself the trainer does not run (the `vlgrpo plan` flags that exist for comparison)."""
     notes = []
     if inp.zero_stage in (1, 2):
-        notes.append(f"ZeRO-{inp.zero_stage} is planned for comparison: the trainer runs ZeRO-0 (train.backend=plain "
-                     "or lora) and ZeRO-3 (train.backend=zero3)")
+        notes.append(
+            f"ZeRO-{inp.zero_stage} is planned for comparison: the trainer runs ZeRO-0 (train.backend=plain "
+            "or lora) and ZeRO-3 (train.backend=zero3)"
+        )
     if inp.lora_rank and inp.zero_stage == 3:
         notes.append("LoRA with ZeRO-3 is planned for comparison: train.backend is either lora or zero3")
     no_offload = {"reference", "reward"} | ({"optimizer"} if inp.zero_stage != 3 else set())
     if inp.offload & no_offload:
-        notes.append(f"--offload {','.join(sorted(inp.offload & no_offload))} is planned for comparison: the trainer "
-                     "offloads only with train.backend=zero3 (train.zero3.offload_optimizer / offload_param)")
+        notes.append(
+            f"--offload {','.join(sorted(inp.offload & no_offload))} is planned for comparison: the trainer "
+            "offloads only with train.backend=zero3 (train.zero3.offload_optimizer / offload_param)"
+        )
     if inp.engine == "vllm" and inp.vllm_placement == "split" and inp.rollout_gpus != train_gpus(inp):
-        notes.append(f"rollout.placement=split with {inp.rollout_gpus} vLLM GPU(s) for {train_gpus(inp)} training "
-                     "GPU(s) is planned for comparison: the trainer runs one vLLM engine per training rank, on a GPU "
-                     "of its own (rollout.vllm.rollout_gpus = half of train.num_gpus)")
+        notes.append(
+            f"rollout.placement=split with {inp.rollout_gpus} vLLM GPU(s) for {train_gpus(inp)} training "
+            "GPU(s) is planned for comparison: the trainer runs one vLLM engine per training rank, on a GPU "
+            "of its own (rollout.vllm.rollout_gpus = half of train.num_gpus)"
+        )
     return notes
 
 
@@ -64,19 +70,36 @@ def candidates(inp: PlanInput) -> list[Candidate]:
             c.append((("train.backend=zero3",), rep(inp, **zero3)))
         # ZeRO-Offload: optimiser states in CPU memory, on any number of GPUs (train.backend=zero3 is the only
         # backend that offloads)
-        c.append((("train.backend=zero3", *offload_change(inp, "optimizer")),
-                  rep(inp, **zero3, offload=inp.offload | {"optimizer"})))
+        c.append(
+            (
+                ("train.backend=zero3", *offload_change(inp, "optimizer")),
+                rep(inp, **zero3, offload=inp.offload | {"optimizer"}),
+            )
+        )
     if full and inp.spec is not None:
-        c.append((("train.backend=lora", "train.lora.rank=16"),
-                  rep(inp, lora_rank=16, zero_stage=0, offload=inp.offload - {"optimizer", "param"},
-                      optimizer_states=trainer_optimizer_states("lora", inp.dtype_bytes))))
+        c.append(
+            (
+                ("train.backend=lora", "train.lora.rank=16"),
+                rep(
+                    inp,
+                    lora_rank=16,
+                    zero_stage=0,
+                    offload=inp.offload - {"optimizer", "param"},
+                    optimizer_states=trainer_optimizer_states("lora", inp.dtype_bytes),
+                ),
+            )
+        )
     for target in ("optimizer", "param"):
         if inp.zero_stage == 3 and target not in inp.offload:
             c.append((offload_change(inp, target), rep(inp, offload=inp.offload | {target})))
     if inp.engine == "vllm" and inp.vllm_placement == "colocate" and inp.num_gpus % 2 == 0 and inp.tensor_parallel == 1:
         r = inp.num_gpus // 2  # the split the trainer runs: one vLLM GPU (one engine) per training rank
-        c.append((("rollout.placement=split", f"rollout.vllm.rollout_gpus={r}"),
-                  rep(inp, vllm_placement="split", rollout_gpus=r)))
+        c.append(
+            (
+                ("rollout.placement=split", f"rollout.vllm.rollout_gpus={r}"),
+                rep(inp, vllm_placement="split", rollout_gpus=r),
+            )
+        )
     return c
 
 
@@ -91,13 +114,17 @@ def merge_overrides(steps: list[tuple[str, ...]]) -> tuple[str, ...]:
             merged[key] = value
     backend = merged.get("train.backend")
     if backend is not None:
-        merged = {k: v for k, v in merged.items()
-                  if not k.startswith(("train.lora.", "train.zero3.")) or k.startswith(f"train.{backend}.")}
+        merged = {
+            k: v
+            for k, v in merged.items()
+            if not k.startswith(("train.lora.", "train.zero3.")) or k.startswith(f"train.{backend}.")
+        }
     return tuple(f"{k}={v}" for k, v in merged.items())
 
 
-def _entry(changes: tuple[str, ...], peak: int, cap: int, gpu_type: str,
-           deepspeed_config: str | None) -> dict[str, Any]:
+def _entry(
+    changes: tuple[str, ...], peak: int, cap: int, gpu_type: str, deepspeed_config: str | None
+) -> dict[str, Any]:
     """One suggestion: config overrides, edits of the DeepSpeed JSON (dotted key -> value), and both in words."""
     overrides = [c for c in changes if not c.startswith(DEEPSPEED_JSON)]
     edits = dict(c.removeprefix(DEEPSPEED_JSON).split("=", 1) for c in changes if c.startswith(DEEPSPEED_JSON))
@@ -105,9 +132,14 @@ def _entry(changes: tuple[str, ...], peak: int, cap: int, gpu_type: str,
     if edits:  # e.g. in configs/ds_zero3_bf16.json set zero_optimization.offload_optimizer.device to "cpu"
         in_json = f"in {deepspeed_config} set " + ", ".join(f'{k} to "{v}"' for k, v in edits.items())
         words = f"{words} + {in_json}" if words else in_json
-    return {"change": words or "nothing helps enough", "overrides": overrides,
-            "deepspeed_json": {"file": deepspeed_config, "set": edits} if edits else None,
-            "peak_bytes": peak, "fits": peak <= cap, "gpu_type": gpu_type}
+    return {
+        "change": words or "nothing helps enough",
+        "overrides": overrides,
+        "deepspeed_json": {"file": deepspeed_config, "set": edits} if edits else None,
+        "peak_bytes": peak,
+        "fits": peak <= cap,
+        "gpu_type": gpu_type,
+    }
 
 
 def suggestions(inp: PlanInput, gpu_type: str) -> list[dict[str, Any]]:

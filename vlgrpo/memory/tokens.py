@@ -26,8 +26,12 @@ def video_tokens(inp: PlanInput) -> int:
 def prompt_parts(inp: PlanInput) -> dict[str, int]:
     """One prompt's tokens by part: text, every image, the video's pads and (Qwen3-VL) its timestamp labels."""
     qwen3 = inp.spec is not None and inp.spec.family == "qwen3_vl"
-    return {"text": inp.text_tokens, "images": inp.images_per_sample * inp.image_tokens, "video": video_tokens(inp),
-            "video_timestamps": temporal_patches(inp) * TIMESTAMP_TOKENS if qwen3 else 0}
+    return {
+        "text": inp.text_tokens,
+        "images": inp.images_per_sample * inp.image_tokens,
+        "video": video_tokens(inp),
+        "video_timestamps": temporal_patches(inp) * TIMESTAMP_TOKENS if qwen3 else 0,
+    }
 
 
 def visual_tokens(inp: PlanInput) -> int:

@@ -45,20 +45,26 @@ class RewardContext:
         checks = [
             (self.box_format in BOX_FORMATS, "box_format", self.box_format, ", ".join(BOX_FORMATS)),
             (self.answer_format in ANSWER_FORMATS, "answer_format", self.answer_format, ", ".join(ANSWER_FORMATS)),
-            (all(f in FALLBACKS for f in self.answer_fallback), "answer_fallback", self.answer_fallback,
-             "a tuple of " + ", ".join(FALLBACKS)),
-            (self.number_atol >= 0 and self.number_rtol >= 0, "number_atol/number_rtol",
-             (self.number_atol, self.number_rtol), "values >= 0"),
+            (
+                all(f in FALLBACKS for f in self.answer_fallback),
+                "answer_fallback",
+                self.answer_fallback,
+                "a tuple of " + ", ".join(FALLBACKS),
+            ),
+            (
+                self.number_atol >= 0 and self.number_rtol >= 0,
+                "number_atol/number_rtol",
+                (self.number_atol, self.number_rtol),
+                "values >= 0",
+            ),
             (0 <= self.iou_threshold <= 1, "iou_threshold", self.iou_threshold, "a value in [0, 1]"),
-        ]  # fmt: skip
+        ]
         for ok, key, value, accepted in checks:
             if not ok:
                 raise ValueError(f"RewardContext.{key} = {value!r} is not accepted; use {accepted}")
 
 
-def context_from_config(
-    cfg: Any, arch: str | None = None, geometry: ProcessorGeometry | None = None
-) -> RewardContext:
+def context_from_config(cfg: Any, arch: str | None = None, geometry: ProcessorGeometry | None = None) -> RewardContext:
     """Build the context from a Config (reads `reward.*`, `data.answer_format`, `model.*`).
 
     reward.box_format = "auto" resolves from `arch` (the loaded model's family, e.g. "qwen2_5_vl"), else from

@@ -65,7 +65,7 @@ def answer_line(text: str) -> str | None:
     last, stop = None, len(low)
     for window in (4096, 65536, len(low)):
         start = max(0, len(low) - window)
-        for last in _ANSWER_COLON.finditer(low, start, stop):
+        for last in _ANSWER_COLON.finditer(low, start, stop):  # noqa: B007  (the loop keeps the last match)
             pass
         if last is not None or start == 0:
             break

@@ -1,8 +1,8 @@
 """The format reward: does a completion follow `<think>…</think><answer>…</answer>` (or the answer-only variant)?
 
 Strict by design, since it is a reward the policy will optimise: each tag exactly once, in order, non-empty parts,
-only whitespace around and between the blocks, nothing after the answer but an end-of-turn token. String counting only (linear time).
-Knows nothing of answer types, boxes, models or configs.
+only whitespace around and between the blocks, nothing after the answer but an end-of-turn token. String counting
+only (linear time). Knows nothing of answer types, boxes, models or configs.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ conversion live in `boxes.py`. Knows nothing of completions, samples or models.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 Box = Sequence[float]
 

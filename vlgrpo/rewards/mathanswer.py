@@ -72,8 +72,22 @@ def is_bare_latex(text: str) -> bool:
     return not any(d in text for d in _DELIMITERS) and not _PROSE_WORD.search(text)
 
 
-WARM_UP = (r"\frac{1}{2}", r"2\sqrt{3}", r"x^2 - 1", r"2x^3 + 3x^2 - x + 7", r"\left(\frac{1}{2}, 3\right)", r"[0, 1)",
-           r"\{1, 2\}", r"y = 2x + 1", r"\pi r^2", r"e^{i\pi}", r"\sin^2 x", r"10\%", r"\dfrac{a+b}{c}", r"3.5")
+WARM_UP = (
+    r"\frac{1}{2}",
+    r"2\sqrt{3}",
+    r"x^2 - 1",
+    r"2x^3 + 3x^2 - x + 7",
+    r"\left(\frac{1}{2}, 3\right)",
+    r"[0, 1)",
+    r"\{1, 2\}",
+    r"y = 2x + 1",
+    r"\pi r^2",
+    r"e^{i\pi}",
+    r"\sin^2 x",
+    r"10\%",
+    r"\dfrac{a+b}{c}",
+    r"3.5",
+)
 """Answer shapes parsed once at start-up: ANTLR builds its prediction DFA lazily and shares it between parses, so
 the first parse of a new shape costs 10-300 ms and later ones a few ms."""
 
@@ -219,8 +233,18 @@ def _magnitude_ok(node) -> bool:
             return e <= 1000
         b = abs(complex(base.evalf(15)))
         return b <= 1 or e * math.log10(b) <= MAX_RESULT_DIGITS
-    if isinstance(node, (sympy.factorial, sympy.factorial2, sympy.subfactorial, sympy.binomial, sympy.gamma,
-                         sympy.RisingFactorial, sympy.FallingFactorial)):  # fmt: skip
+    if isinstance(
+        node,
+        (
+            sympy.factorial,
+            sympy.factorial2,
+            sympy.subfactorial,
+            sympy.binomial,
+            sympy.gamma,
+            sympy.RisingFactorial,
+            sympy.FallingFactorial,
+        ),
+    ):
         return all(not a.is_number or abs(complex(a.evalf(15))) <= 1000 for a in node.args)
     return not isinstance(node, (sympy.Sum, sympy.Product, sympy.Integral, sympy.Limit, sympy.Derivative))
 

@@ -7,8 +7,9 @@ boxes once; a built-in called with a plain string builds its own. Knows nothing 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cached_property
-from typing import Any, Callable
+from typing import Any
 
 from vlgrpo.rewards.boxes import Box, parse_boxes
 from vlgrpo.rewards.context import RewardContext
@@ -79,8 +80,10 @@ class Parsed:
             elif answer_type in ANSWER_PARSERS:
                 value = ANSWER_PARSERS[answer_type](self.answer) if self.answer else None
             else:
-                raise ValueError(f"answer_type {answer_type!r} has no answer parser; accepted: "
-                                 f"{', '.join([*ANSWER_PARSERS, 'math', 'box'])}")  # fmt: skip
+                raise ValueError(
+                    f"answer_type {answer_type!r} has no answer parser; accepted: "
+                    f"{', '.join([*ANSWER_PARSERS, 'math', 'box'])}"
+                )
             self._typed[answer_type] = value
         return self._typed[answer_type]
 

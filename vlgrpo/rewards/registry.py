@@ -12,8 +12,9 @@ import functools
 import importlib
 import importlib.util
 import inspect
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from vlgrpo.rewards.boxes import Box, to_original_pixels
 from vlgrpo.rewards.context import RewardContext
@@ -190,8 +191,11 @@ def user_reward(spec: str) -> RewardFn:
         raise RewardError(f"reward '{spec}': the first parameter must take the completion text")
     takes_all = any(p.kind is p.VAR_KEYWORD for p in params)
     wanted = {p.name for p in params[1:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    missing = [p.name for p in params[1:] if p.name not in _FIELD_NAMES and p.default is p.empty
-               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]  # fmt: skip
+    missing = [
+        p.name
+        for p in params[1:]
+        if p.name not in _FIELD_NAMES and p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
     if missing:
         raise RewardError(
             f"reward '{spec}': parameter(s) {missing} are not sample fields; accepted names: "
@@ -207,7 +211,7 @@ def user_reward(spec: str) -> RewardFn:
     return call
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def resolve_reward(name: str) -> RewardFn:
     """A recipe name -> its function: a built-in, `iou@<tau>`, or a user `module:function`."""
     if name in REWARDS:

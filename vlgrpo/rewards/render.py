@@ -27,15 +27,18 @@ def render_boxes(sample: Sample, box_format: str, geometry=None, decimals: int |
     lists = ["[" + ", ".join(b) + "]" for b in values]
     label = sample.objects[0] if len(sample.objects) == 1 else sample.question.rstrip(".").split("the ")[-1]
     if box_format == "qwen2":
-        return "".join(f"<|object_ref_start|>{label}<|object_ref_end|><|box_start|>({b[0]},{b[1]}),({b[2]},{b[3]})"
-                       "<|box_end|>" for b in values)  # fmt: skip
+        return "".join(
+            f"<|object_ref_start|>{label}<|object_ref_end|><|box_start|>({b[0]},{b[1]}),({b[2]},{b[3]})<|box_end|>"
+            for b in values
+        )
     if box_format in ("qwen2_5", "qwen3"):
         return "[" + ", ".join(f'{{"bbox_2d": {b}, "label": {json.dumps(label)}}}' for b in lists) + "]"
     return lists[0] if len(lists) == 1 else "[" + ", ".join(lists) + "]"
 
 
-def render_completion(sample: Sample, answer_format: str, box_format: str, geometry=None,
-                      decimals: int | None = None) -> str:  # fmt: skip
+def render_completion(
+    sample: Sample, answer_format: str, box_format: str, geometry=None, decimals: int | None = None
+) -> str:
     """A completion stating the gold answer in `answer_format`. think_answer adds the sample's own reasoning
     (`meta.reasoning`, e.g. the shapes task's list of the objects in the image), else a one-line reason."""
     box = sample.answer_type == "box"

@@ -130,7 +130,7 @@ answer ending the phrase ("yes and no", "Yes & no."); "Yes, and no other animals
 
 
 def parse_yesno(text: str | None) -> str | None:
-    """"yes" or "no" from the first word (whole word: "not", "know", "eyes", "nope" are not answers); None for
+    """ "yes" or "no" from the first word (whole word: "not", "know", "eyes", "nope" are not answers); None for
     anything else and for hedges ("yes or no", "no/yes", "yes and no")."""
     if not text:
         return None

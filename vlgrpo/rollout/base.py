@@ -5,8 +5,9 @@ Engines (hf, vllm) implement it; the trainer and the evals runner only see this.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol
+from typing import Protocol
 
 from torch import Tensor
 
@@ -17,8 +18,8 @@ from vlgrpo.types import RolloutGroup, Sample
 class SamplingParams:
     """How completions are sampled. `temperature=0` is greedy decoding (the evals runner uses it)."""
 
-    n: int = 1
-    """G: completions per prompt."""
+    completions_per_prompt: int = 1
+    """G: completions per prompt (the GRPO group size; config key `rollout.completions_per_prompt`)."""
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -31,7 +32,7 @@ class SamplingParams:
 
     def __post_init__(self):
         checks = [
-            (self.n >= 1, "n", "must be >= 1"),
+            (self.completions_per_prompt >= 1, "completions_per_prompt", "must be >= 1"),
             (self.temperature >= 0, "temperature", "must be >= 0 (0 = greedy)"),
             (0 < self.top_p <= 1, "top_p", "must be in (0, 1]"),
             (self.top_k >= 0, "top_k", "must be >= 0 (0 disables it)"),
@@ -63,20 +64,30 @@ class RolloutEngine(Protocol):
     each update and compares its log-probs with the engine's. False when it decodes on the trainer's module."""
 
     @classmethod
-    def from_config(cls, cfg, lm, vision_cache, box_format: str) -> "RolloutEngine":
+    def from_config(cls, cfg, lm, vision_cache, box_format: str) -> RolloutEngine:
         """The engine a run config asks for; `lm` is the trainer's LoadedModel (vlgrpo.registry.ENGINE names the
         class)."""
         ...
 
     @classmethod
-    def for_eval(cls, lm, vision_cache, *, dtype: str, batch_prompts: int, engine_kwargs: dict,
-                 gpu_memory_utilization: float, answer_format: str, box_format: str,
-                 system_prompt: str) -> "RolloutEngine":  # fmt: skip
+    def for_eval(
+        cls,
+        lm,
+        vision_cache,
+        *,
+        dtype: str,
+        batch_prompts: int,
+        engine_kwargs: dict,
+        gpu_memory_utilization: float,
+        answer_format: str,
+        box_format: str,
+        system_prompt: str,
+    ) -> RolloutEngine:
         """The greedy decoder of `vlgrpo eval --model` on a loaded checkpoint."""
         ...
 
     def generate(self, samples: list[Sample], params: SamplingParams) -> list[RolloutGroup]:
-        """One RolloutGroup per sample, in order, each with `params.n` completions."""
+        """One RolloutGroup per sample, in order, each with `params.completions_per_prompt` completions."""
         ...
 
     def update_weights(self, named_params: Iterable[tuple[str, Tensor]] | None, version: int) -> None:
@@ -94,8 +105,16 @@ class EngineCounters:
     """The counters every engine keeps (`rollout/*` metrics since the last reset): an engine lists its own in
     `COUNTERS` and counts vision-cache work with `features`."""
 
-    COUNTERS: tuple[str, ...] = ("prompts", "completions", "prefill_tokens", "generated_tokens", "encoder_calls",
-                                 "images_encoded", "videos_encoded", "placeholder_sampled")  # fmt: skip
+    COUNTERS: tuple[str, ...] = (
+        "prompts",
+        "completions",
+        "prefill_tokens",
+        "generated_tokens",
+        "encoder_calls",
+        "images_encoded",
+        "videos_encoded",
+        "placeholder_sampled",
+    )
     _counts: dict[str, int]
 
     def stats(self) -> dict[str, float]:
@@ -117,6 +136,8 @@ class EngineCounters:
             want = p.image_grid_thw.tolist() + ([] if p.video_grid_thw is None else p.video_grid_thw.tolist())
             got = [f.grid_thw.tolist() for f in row]
             if got != want:
-                raise ValueError(f"cached features have grids {got} but the prompt expects {want}: the processor's "
-                                 "min/max pixels changed without a new cache key")  # fmt: skip
+                raise ValueError(
+                    f"cached features have grids {got} but the prompt expects {want}: the processor's "
+                    "min/max pixels changed without a new cache key"
+                )
         return feats

@@ -1,6 +1,6 @@
 """The decode step of the HF engine: G completions per prompt read their prompt's KV cache once per step.
 
-After one prefill per prompt (`rollout.inputs.prefill`), the transformers forward would copy each prompt's KV cache G
+After one prefill per prompt (`policy.forward.prefill`), the transformers forward would copy each prompt's KV cache G
 times (`batch_repeat_interleave`), grow every row's cache by concatenation at every step and, with grouped-query
 attention and a padding mask, copy the keys and values once more per step to repeat them over the query heads. Here
 the prompt's keys and values stay as the prefill left them, once per prompt: the G rows' queries (and the query heads
@@ -12,8 +12,9 @@ It calls the model's own modules (embedding, norms, projections, MLP, LM head), 
 weights work as in the transformers forward. Decode tokens are text: their three M-RoPE position components are equal,
 which makes M-RoPE the plain rotary embedding at that position (Qwen2-VL, Qwen2.5-VL and Qwen3-VL's interleaved
 sections alike), and DeepStack, which touches image tokens only, has nothing to add. Qwen3's RMSNorm on each head's
-queries and keys runs before the rotation, as in its attention. `SharedPrefixDecoder.supports` names the models it
-applies to; the engine falls back to the transformers forward for any other.
+queries and keys runs before the rotation, as in its attention (these pieces: `policy.text_decoder`).
+`SharedPrefixDecoder.supports` names the models it applies to; the engine falls back to the transformers forward for
+any other.
 """
 
 from __future__ import annotations
@@ -21,50 +22,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-
-def rotate_half(x: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def text_rotary(rot, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """cos, sin [n, 1, d] of text tokens at `positions` [n] (their three M-RoPE components equal: plain rotary)."""
-    freqs = positions[:, None].float() * rot.inv_freq.to(device=positions.device, dtype=torch.float)  # [n, d/2]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return ((emb.cos() * rot.attention_scaling).to(dtype)[:, None, :],
-            (emb.sin() * rot.attention_scaling).to(dtype)[:, None, :])  # fmt: skip
-
-
-def supports_text_decoder(model) -> bool:
-    """A Qwen2- or Qwen3-style text decoder (rotary, grouped-query attention, q/k norms or none, no sliding window)
-    that the shared-prefix decode step and the packed completion pass (`packed.py`) can run."""
-    try:
-        text = model.get_decoder()
-        attn = text.layers[0].self_attn
-        return (hasattr(text.rotary_emb, "inv_freq") and hasattr(attn, "q_proj") and hasattr(attn, "head_dim")
-                and hasattr(attn, "q_norm") == hasattr(attn, "k_norm")
-                and not getattr(text.config, "use_sliding_window", False))  # fmt: skip
-    except (AttributeError, IndexError, TypeError):
-        return False
-
-
-def project_qkv(attn, h: Tensor, heads: int, kv_heads: int, d: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Queries [n, heads, d], keys and values [n, kv heads, d] of hidden states h [n, H], before the rotation; a
-    Qwen3 attention normalises each query and key head (`q_norm`, `k_norm`: RMSNorm over d)."""
-    q = attn.q_proj(h).view(-1, heads, d)
-    k = attn.k_proj(h).view(-1, kv_heads, d)
-    v = attn.v_proj(h).view(-1, kv_heads, d)
-    if hasattr(attn, "q_norm"):
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    return q, k, v
+from vlgrpo.policy.text_decoder import project_qkv, rotate_half, supports_text_decoder, text_rotary
 
 
 class SharedPrefixDecoder:
     """KV state and one decode step for R = B*G rows, row r continuing prompt r // G."""
-
-    drop_finished = True
-    """`hf.decode_loop` drops a prompt once all its G rows have finished (`keep`); False keeps every row stepping to
-    the end, the same tokens and log-probs at more cost (benchmarks/bench_decode.py compares the two)."""
 
     @staticmethod
     def supports(model) -> bool:
@@ -108,14 +70,18 @@ class SharedPrefixDecoder:
     def _grouped(self, x: Tensor) -> Tensor:
         """[R, kvh, n, ...] -> [B, kvh, G*n, ...]: a prompt's rows side by side, per KV head."""
         kvh, n = x.shape[1:3]
-        return x.view(self.b, self.g, kvh, n, *x.shape[3:]).transpose(1, 2).reshape(self.b, kvh, self.g * n,
-                                                                                      *x.shape[3:])  # fmt: skip
+        return (
+            x.view(self.b, self.g, kvh, n, *x.shape[3:]).transpose(1, 2).reshape(self.b, kvh, self.g * n, *x.shape[3:])
+        )
 
     def _rows(self, x: Tensor) -> Tensor:
         """[B, kvh, G*n, ...] -> [R, kvh, n, ...], the inverse of `_grouped`."""
         b, kvh, gn = x.shape[:3]
-        return x.view(b, kvh, self.g, gn // self.g, *x.shape[3:]).transpose(1, 2).reshape(self.rows, kvh,
-                                                                                          gn // self.g, *x.shape[3:])
+        return (
+            x.view(b, kvh, self.g, gn // self.g, *x.shape[3:])
+            .transpose(1, 2)
+            .reshape(self.rows, kvh, gn // self.g, *x.shape[3:])
+        )
 
     def step(self, tokens: Tensor, positions: Tensor) -> Tensor:
         """tokens [R] long, positions [R] (their M-RoPE position) -> next-token logits [R, V]."""

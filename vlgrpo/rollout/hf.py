@@ -8,6 +8,7 @@ Shares the trainer's model object; knows nothing of rewards or losses.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -16,11 +17,11 @@ from torch import Tensor
 from vlgrpo.data.images import ProcessorGeometry
 from vlgrpo.data.video import VideoSampling
 from vlgrpo.models import eval_mode
+from vlgrpo.policy.forward import prefill
+from vlgrpo.policy.prompt import PromptInputs, build_prompt, forbidden_mask, left_pad, vocab_size
 from vlgrpo.rollout.base import EngineCounters, SamplingParams, cut_at_stop
 from vlgrpo.rollout.decode import SharedPrefixDecoder
-from vlgrpo.rollout.inputs import PromptInputs, build_prompt, forbidden_mask, left_pad, prefill, vocab_size
 from vlgrpo.types import Completion, RolloutGroup, Sample
-
 
 
 def sample_next(
@@ -107,9 +108,9 @@ class DecodeRun:
 
 
 def decode_loop(model, last: Tensor, cache, next_pos: Tensor, prompt_mask: Tensor | None, run: DecodeRun) -> list:
-    """Sample G = params.n completions per prefilled prompt: last [B, V] logits of the last prompt position, cache:
-    the prompts' KV cache, next_pos [B] next M-RoPE position, prompt_mask [B, T] (None when unpadded) -> B*G rows
-    (prompt-major). Finished rows stop being sampled at once. The strategy is `decode_shared` for the models
+    """Sample G = params.completions_per_prompt completions per prefilled prompt: last [B, V] logits of the last prompt
+    position, cache: the prompts' KV cache, next_pos [B] next M-RoPE position, prompt_mask [B, T] (None when unpadded)
+    -> B*G rows (prompt-major). Finished rows stop being sampled at once. The strategy is `decode_shared` for the models
     `SharedPrefixDecoder` runs, else `decode_copied`; the rows still sampling get the same logits up to the matrix
     kernels' rounding of a smaller batch (bit for bit on some CPUs, within 3e-6 in a log-prob on others;
     `tests/rollout/test_hf.py`)."""
@@ -117,10 +118,14 @@ def decode_loop(model, last: Tensor, cache, next_pos: Tensor, prompt_mask: Tenso
     return strategy(model, last, cache, next_pos, prompt_mask, run)
 
 
-def decode_shared(model, last: Tensor, cache, next_pos: Tensor, prompt_mask: Tensor | None, run: DecodeRun) -> list:
+def decode_shared(
+    model, last: Tensor, cache, next_pos: Tensor, prompt_mask: Tensor | None, run: DecodeRun, drop_finished: bool = True
+) -> list:
     """Each prompt's KV read once per step for its G rows (`SharedPrefixDecoder`); a prompt is dropped once all its
-    G rows have finished, so a short answer's group stops costing compute while a long one's continues."""
-    g = run.params.n
+    G rows have finished, so a short answer's group stops costing compute while a long one's continues.
+    `drop_finished=False` keeps every row stepping to the end instead: the same tokens and log-probs at more cost
+    (what the engine did before; benchmarks/bench_decode.py and tests/rollout/test_hf.py compare the two)."""
+    g = run.params.completions_per_prompt
     decoder = SharedPrefixDecoder(model, cache, prompt_mask, g, run.params.max_new_tokens)
     logits, pos = last.repeat_interleave(g, dim=0), next_pos.repeat_interleave(g)
     rows = [_Row() for _ in range(logits.shape[0])]
@@ -135,7 +140,7 @@ def decode_shared(model, last: Tensor, cache, next_pos: Tensor, prompt_mask: Ten
         tokens[active_idx] = tok
         active = [active[j] for j in keep]
         live = sorted({r // g for r in active})
-        if decoder.drop_finished and len(live) < len(held):  # a prompt's rows have all finished: drop it
+        if drop_finished and len(live) < len(held):  # a prompt's rows have all finished: drop it
             idx = torch.tensor([held.index(p) for p in live], device=tok.device)
             kept = decoder.keep(idx)
             tokens, pos, held = tokens[kept], pos[kept], live
@@ -148,7 +153,7 @@ def decode_shared(model, last: Tensor, cache, next_pos: Tensor, prompt_mask: Ten
 
 def decode_copied(model, last: Tensor, cache, next_pos: Tensor, prompt_mask: Tensor | None, run: DecodeRun) -> list:
     """The transformers forward over a KV cache copied G ways (any model), from which finished rows are dropped."""
-    g = run.params.n
+    g = run.params.completions_per_prompt
     cache.batch_repeat_interleave(g)  # [B*G, heads, T, d]: one prefill, G continuations
     logits, pos = last.repeat_interleave(g, dim=0), next_pos.repeat_interleave(g)
     mask = prompt_mask.repeat_interleave(g, dim=0) if prompt_mask is not None else None
@@ -185,19 +190,28 @@ class HFEngine(EngineCounters):
     COUNTERS = (*EngineCounters.COUNTERS, "decode_tokens", "finish_stop", "finish_length")
 
     @classmethod
-    def from_config(cls, cfg, lm, vision_cache, box_format: str) -> "HFEngine":
+    def from_config(cls, cfg, lm, vision_cache, box_format: str) -> HFEngine:
         """The engine of a run: the trainer's own module, its processor and prompt settings. A step's prompts are
         prefilled and decoded as one batch, the KV cache the memory planner counts (`memory.planner.rollout_terms`)."""
         d = cfg.data
-        return cls(lm.model, lm.processor, vision_cache, d.answer_format, box_format, d.system_prompt,
-                   batch_prompts=cfg.train.prompts_per_step, video_sampling=VideoSampling.from_config(d.video))
+        return cls(
+            lm.model,
+            lm.processor,
+            vision_cache,
+            d.answer_format,
+            box_format,
+            d.system_prompt,
+            batch_prompts=cfg.train.prompts_per_step,
+            video_sampling=VideoSampling.from_config(d.video),
+        )
 
     @classmethod
-    def for_eval(cls, lm, vision_cache, *, batch_prompts: int = 8, **kwargs) -> "HFEngine":
+    def for_eval(cls, lm, vision_cache, *, batch_prompts: int = 8, **kwargs) -> HFEngine:
         """The greedy decoder of `vlgrpo eval --model`: the loaded model itself (dtype, engine_kwargs and
         gpu_memory_utilization concern engines that load their own copy)."""
-        prompt_kw = {k: kwargs[k] for k in ("answer_format", "box_format", "system_prompt", "video_sampling")
-                     if k in kwargs}  # fmt: skip
+        prompt_kw = {
+            k: kwargs[k] for k in ("answer_format", "box_format", "system_prompt", "video_sampling") if k in kwargs
+        }
         return cls(lm.model.eval(), lm.processor, vision_cache, **prompt_kw, batch_prompts=batch_prompts)
 
     def __init__(
@@ -210,13 +224,22 @@ class HFEngine(EngineCounters):
         system_prompt: str = "",
         batch_prompts: int = 8,
         video_sampling: VideoSampling | None = None,
+        decode: Callable[..., list] | None = None,
     ):
+        """`decode`: the decode of a prefilled chunk, with `decode_loop`'s signature; None: `decode_loop` (the
+        shared-prefix step where the model supports it, else the transformers forward). Benchmarks and tests pass
+        `decode_copied` or `functools.partial(decode_shared, drop_finished=False)` to compare the strategies."""
         if batch_prompts < 1:
             raise ValueError(f"batch_prompts must be >= 1, got {batch_prompts}")
         self.model, self.processor, self.cache = model, processor, vision_cache
-        self.prompt_kw = dict(answer_format=answer_format, box_format=box_format, system_prompt=system_prompt,
-                              video_sampling=video_sampling or VideoSampling())  # fmt: skip
+        self.prompt_kw = dict(
+            answer_format=answer_format,
+            box_format=box_format,
+            system_prompt=system_prompt,
+            video_sampling=video_sampling or VideoSampling(),
+        )
         self.batch_prompts = batch_prompts
+        self.decode = decode
         self.geometry = ProcessorGeometry.from_processor(processor)
         tok = processor.tokenizer
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -237,13 +260,13 @@ class HFEngine(EngineCounters):
         feats = self.features(self.cache, prompts)
         gen = torch.Generator(device=self.device).manual_seed(params.seed) if params.seed is not None else None
         stop = _StopCheck(self.processor.tokenizer, params.stop)
-        run = replace(params, n=1) if params.greedy else params  # greedy: decode once, copy G times
+        run = replace(params, completions_per_prompt=1) if params.greedy else params  # greedy: decode once, copy G
         rows: list[_Row] = []
         with eval_mode(self.model), torch.no_grad():  # train mode + gradient checkpointing would drop the KV cache
             for i in range(0, len(prompts), self.batch_prompts):
                 chunk = slice(i, i + self.batch_prompts)
                 rows += self._generate_chunk(prompts[chunk], feats[chunk], run, stop, gen)
-        return self._groups(samples, prompts, rows, run.n, params.n, stop)
+        return self._groups(samples, prompts, rows, run.completions_per_prompt, params.completions_per_prompt, stop)
 
     def _generate_chunk(self, prompts, feats, params, stop, gen) -> list[_Row]:
         ids, mask = left_pad([p.input_ids for p in prompts], self.pad_id, self.device)
@@ -251,16 +274,23 @@ class HFEngine(EngineCounters):
         last, cache, next_pos = prefill(self.model, ids, mask, mm, feats)
         self._counts["prefill_tokens"] += int(mask.sum())
         padded = mask if not bool(mask.all()) else None
-        return decode_loop(self.model, last, cache, next_pos, padded,
-                           DecodeRun(params, self.forbidden, self.eos_ids, stop, gen, self._counts))  # fmt: skip
+        decode = self.decode or decode_loop  # the module global, looked up per call (bench_vs_trl.py times it)
+        return decode(
+            self.model,
+            last,
+            cache,
+            next_pos,
+            padded,
+            DecodeRun(params, self.forbidden, self.eos_ids, stop, gen, self._counts),
+        )
 
-    def _groups(self, samples, prompts, rows, run_n: int, g: int, stop) -> list[RolloutGroup]:
+    def _groups(self, samples, prompts, rows, run_g: int, g: int, stop) -> list[RolloutGroup]:
         tok = self.processor.tokenizer
         forbidden = set(torch.nonzero(self.forbidden).flatten().tolist())
         groups = []
         for b, (s, p) in enumerate(zip(samples, prompts)):
             completions = []
-            for row in rows[b * run_n : (b + 1) * run_n] * (g // run_n):
+            for row in rows[b * run_g : (b + 1) * run_g] * (g // run_g):
                 text = stop.cut(tok.decode(row.token_ids, skip_special_tokens=True))
                 completions.append(Completion(list(row.token_ids), text, row.finish_reason, list(row.logprobs)))
                 self._counts[f"finish_{row.finish_reason}"] += 1
@@ -275,4 +305,3 @@ class HFEngine(EngineCounters):
         """The model is the trainer's own object: only the version moves (and a trainable tower's cache version)."""
         self.policy_version = int(version)
         self.cache.set_step(int(version))
-

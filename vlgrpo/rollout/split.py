@@ -27,8 +27,8 @@ import os
 import queue
 import time
 import traceback
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import torch
 import torch.multiprocessing as mp
@@ -60,8 +60,9 @@ class SplitRollout:
 
     holds_own_weights = True
 
-    def __init__(self, cfg, box_format: str, weights: dict[str, Tensor], max_staleness: int,
-                 gpu: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, cfg, box_format: str, weights: dict[str, Tensor], max_staleness: int, gpu: str | None = None
+    ) -> None:
         ctx = mp.get_context("spawn")
         self.requests, self.results = ctx.Queue(), ctx.Queue()
         self.max_staleness = max_staleness
@@ -69,14 +70,19 @@ class SplitRollout:
         self.pending: dict[tuple[int, int], int] = {}
         """Submitted (step, round) not yet collected -> their required minimum version."""
         self.ready: dict[tuple[int, int], Collected] = {}
-        self.process = ctx.Process(target=_worker_main, args=(cfg, box_format, self.requests, self.results, gpu),
-                                   name="vlgrpo-rollout", daemon=True)  # fmt: skip
+        self.process = ctx.Process(
+            target=_worker_main,
+            args=(cfg, box_format, self.requests, self.results, gpu),
+            name="vlgrpo-rollout",
+            daemon=True,
+        )
         self.process.start()
         self.requests.put(("weights", 0, pack_weights(weights.items())))
 
     # ---- trainer side
-    def submit(self, step: int, samples: list[Sample], params: SamplingParams, round_no: int = 0,
-               features: tuple | None = None) -> None:  # fmt: skip
+    def submit(
+        self, step: int, samples: list[Sample], params: SamplingParams, round_no: int = 0, features: tuple | None = None
+    ) -> None:
         """Queue the prompts of training step `step` (1-based), to be sampled with version >= step-1-max_staleness.
         Round 0 is the step's batch, submitted ahead; a dynamic-sampling top-up round (`round_no` >= 1) is submitted
         when the trainer finds the batch short, and queues behind what was submitted before it. `features`: the
@@ -123,8 +129,10 @@ class SplitRollout:
             message = self.results.get(timeout=POLL_S) if block else self.results.get_nowait()
         except queue.Empty:
             if not self.process.is_alive():
-                raise RuntimeError(f"the rollout worker process died (exit code {self.process.exitcode}); the "
-                                   "trainer cannot continue without it") from None  # fmt: skip
+                raise RuntimeError(
+                    f"the rollout worker process died (exit code {self.process.exitcode}); the "
+                    "trainer cannot continue without it"
+                ) from None
             return False
         if message[0] == "error":
             raise RuntimeError(f"the rollout worker failed:\n{message[1]}")
@@ -162,13 +170,17 @@ def worker_gpu(local_rank: int, local_ranks: int, rollout_gpus: int, visible: li
     `local_ranks` visible GPUs train (torchrun's rank k on cuda:k), the next `rollout_gpus` run vLLM, one per rank: the
     split layout `vlgrpo plan` prices (D training GPUs, each vLLM GPU serving B x D / rollout_gpus prompts)."""
     if rollout_gpus != local_ranks:
-        raise ConfigError(f"rollout.placement=split runs one vLLM engine per training rank, on a GPU of its own: "
-                          f"{local_ranks} training rank(s) on this node need rollout.vllm.rollout_gpus={local_ranks} "
-                          f"(got {rollout_gpus})")  # fmt: skip
+        raise ConfigError(
+            f"rollout.placement=split runs one vLLM engine per training rank, on a GPU of its own: "
+            f"{local_ranks} training rank(s) on this node need rollout.vllm.rollout_gpus={local_ranks} "
+            f"(got {rollout_gpus})"
+        )
     if len(visible) < local_ranks + rollout_gpus:
-        raise ConfigError(f"{local_ranks} training rank(s) and rollout.vllm.rollout_gpus={rollout_gpus} need "
-                          f"{local_ranks + rollout_gpus} GPUs on this node, {len(visible)} are visible "
-                          f"(CUDA_VISIBLE_DEVICES={','.join(visible)!r})")  # fmt: skip
+        raise ConfigError(
+            f"{local_ranks} training rank(s) and rollout.vllm.rollout_gpus={rollout_gpus} need "
+            f"{local_ranks + rollout_gpus} GPUs on this node, {len(visible)} are visible "
+            f"(CUDA_VISIBLE_DEVICES={','.join(visible)!r})"
+        )
     return visible[local_ranks + local_rank]
 
 
@@ -212,14 +224,18 @@ def _serve(cfg, box_format: str, requests, results, device: str) -> None:
             continue
         _, key, samples, params, need, features = message  # key: (training step, sampling round)
         if version < need:  # the trainer sends weights before any request that needs them: a protocol error
-            raise RuntimeError(f"step {key[0]} (round {key[1]}) needs weights of version >= {need}, the worker "
-                               f"holds {version}")  # fmt: skip
+            raise RuntimeError(
+                f"step {key[0]} (round {key[1]}) needs weights of version >= {need}, the worker holds {version}"
+            )
         idle += time.perf_counter() - idle_since
         adopted = cache.adopt(features)  # a frozen tower's features, as the trainer encoded them: the engine hits
         with torch.no_grad():
             groups = engine.generate(samples, params)
-        stats = {**engine.stats(), "rollout/worker_threads": float(torch.get_num_threads()),
-                 "rollout/features_adopted": float(adopted)}  # fmt: skip
+        stats = {
+            **engine.stats(),
+            "rollout/worker_threads": float(torch.get_num_threads()),
+            "rollout/features_adopted": float(adopted),
+        }
         engine.reset_stats()  # the next result's counters start here: the weight syncs before it count with it
         results.put(("groups", key, groups, version, stats, idle))
         idle_since, idle = time.perf_counter(), 0.0
@@ -229,11 +245,14 @@ def _load_weights(model, buffers: set[str], version: int, weights: dict[str, Ten
     """Version `version` into the worker's HF copy: the HF engine decodes with it, its vision tower feeds the cache
     (vLLM's image embeddings included). A subset is fine (a frozen part may be left out); a name the model lacks is
     a bug, refused before any engine sees it."""
-    unexpected = [k for k in model.load_state_dict(weights, strict=False).unexpected_keys
-                  if k not in buffers]  # non-persistent buffers (rotary inv_freq): not state, same values
+    unexpected = [
+        k for k in model.load_state_dict(weights, strict=False).unexpected_keys if k not in buffers
+    ]  # non-persistent buffers (rotary inv_freq): not state, same values
     if unexpected:
-        raise RuntimeError(f"weights of version {version} hold {len(unexpected)} names the worker's model lacks, "
-                           f"e.g. {unexpected[:3]}: it would sample with stale weights")  # fmt: skip
+        raise RuntimeError(
+            f"weights of version {version} hold {len(unexpected)} names the worker's model lacks, "
+            f"e.g. {unexpected[:3]}: it would sample with stale weights"
+        )
 
 
 def _next_request(requests) -> tuple:

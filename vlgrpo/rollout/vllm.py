@@ -3,7 +3,7 @@
 Prompts carry our token ids with ONE placeholder per image and per video (vLLM expands them itself) and every image
 and the video as our cached embeddings + grids (Qwen3-VL's DeepStack maps concatenated after the embeddings) or as
 pixels (`vllm_inputs.py` builds the requests), at most `rollout.vllm.limit_mm_per_prompt` of each per prompt.
-`SamplingParams(n=G)` samples a group per request with a seed of its own, prefix caching shares the prompt. Weight
+vLLM samples a group per request (its `n` = G) with its own seed, prefix caching shares the prompt. Weight
 sync goes through vLLM's supported in-place reload (`reload_weights` on every worker), then resets the prefix cache and
 the engine-side encoder cache. The engine reports the sampled tokens' log-probs after temperature and top-k / top-p
 (`processed_logprobs`); the trainer compares them with its own and corrects the loss (`grpo.rollout_is`). Knows
@@ -13,22 +13,22 @@ nothing of rewards or losses.
 from __future__ import annotations
 
 import os
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import Tensor
 
+from vlgrpo.config.schema import check_mm_limits
 from vlgrpo.data.images import ProcessorGeometry
 from vlgrpo.data.video import VideoSampling
 from vlgrpo.models import is_visual
+from vlgrpo.policy.prompt import build_prompt, forbidden_mask
 from vlgrpo.rollout.base import EngineCounters, SamplingParams, cut_at_stop
-from vlgrpo.rollout.inputs import build_prompt, forbidden_mask
 from vlgrpo.rollout.vllm_inputs import (  # noqa: F401 - build_request, engine_prompt_ids: the request API, re-exported
     MM_INPUTS,
     ONE_IMAGE,
     PlaceholderFormat,
     build_request,
-    check_limits,
     check_prompt_limits,
     engine_prompt_ids,
 )
@@ -62,7 +62,7 @@ def vllm_param_name(name: str) -> str | None:
 def sampling_kwargs(params: SamplingParams, forbidden_ids: list[int], seed: int | None = None) -> dict:
     """Keyword arguments of one request's `vllm.SamplingParams` (greedy runs n=1; the engine copies the result)."""
     return {
-        "n": 1 if params.greedy else params.n,
+        "n": 1 if params.greedy else params.completions_per_prompt,  # vLLM's name for G
         "temperature": params.temperature,
         "top_p": params.top_p,
         "top_k": params.top_k if params.top_k > 0 else -1,
@@ -89,8 +89,8 @@ def to_completions(output, params: SamplingParams, forbidden_ids: set[int], deco
     trailing partial UTF-8 character), so rewards and evals see the same text from either engine.
     """
     outs = list(output.outputs)
-    if params.greedy and params.n > 1:
-        outs = outs[:1] * params.n
+    if params.greedy and params.completions_per_prompt > 1:
+        outs = outs[:1] * params.completions_per_prompt
     completions, bad = [], 0
     for o in outs:
         ids = list(o.token_ids)
@@ -140,26 +140,42 @@ class VLLMEngine(EngineCounters):
     holds_own_weights = True
     COUNTERS = (*EngineCounters.COUNTERS, "weight_syncs", "params_pushed", "prefix_cache_hit_tokens")
 
-    def __init__(self, llm, processor, vision_cache=None, answer_format: str = "think_answer",
-                 box_format: str = "qwen2_5", system_prompt: str = "", mm_input: str = "embeds",
-                 push_visual: bool = True, sleep_level: int = 0, tied_embeddings: bool = False,
-                 deepstack_maps: int = 0, video_sampling: VideoSampling | None = None,
-                 limit_mm_per_prompt: dict | None = None):  # fmt: skip
+    def __init__(
+        self,
+        llm,
+        processor,
+        vision_cache=None,
+        answer_format: str = "think_answer",
+        box_format: str = "qwen2_5",
+        system_prompt: str = "",
+        mm_input: str = "embeds",
+        push_visual: bool = True,
+        sleep_level: int = 0,
+        tied_embeddings: bool = False,
+        deepstack_maps: int = 0,
+        video_sampling: VideoSampling | None = None,
+        limit_mm_per_prompt: dict | None = None,
+    ):
         if mm_input not in MM_INPUTS:
             raise ValueError(f"rollout.vllm.mm_input must be one of {', '.join(MM_INPUTS)}, got {mm_input!r}")
         if mm_input == "embeds" and vision_cache is None:
             raise ValueError("rollout.vllm.mm_input=embeds needs a VisionCache")
         self.llm, self.processor, self.cache, self.mm_input = llm, processor, vision_cache, mm_input
-        self.prompt_kw = dict(answer_format=answer_format, box_format=box_format, system_prompt=system_prompt,
-                              video_sampling=video_sampling or VideoSampling())  # fmt: skip
+        self.prompt_kw = dict(
+            answer_format=answer_format,
+            box_format=box_format,
+            system_prompt=system_prompt,
+            video_sampling=video_sampling or VideoSampling(),
+        )
         self.geometry = ProcessorGeometry.from_processor(processor)
         self.format = PlaceholderFormat.from_processor(processor, self.geometry.temporal_patch_size, deepstack_maps)
         """The model's vision tokens and the prompt form vLLM expands (`vllm_inputs.PlaceholderFormat`)."""
         self.image_token_id = self.format.image_token_id
-        self.limits = check_limits(ONE_IMAGE if limit_mm_per_prompt is None else limit_mm_per_prompt)
+        self.limits = check_mm_limits(ONE_IMAGE if limit_mm_per_prompt is None else limit_mm_per_prompt)
         """Images and videos a prompt may hold (vLLM's `limit_mm_per_prompt`); a prompt with more is refused."""
-        self.forbidden_ids = sorted(set(torch.nonzero(forbidden_mask(processor.tokenizer, len(processor.tokenizer)))
-                                        .flatten().tolist()))  # fmt: skip
+        self.forbidden_ids = sorted(
+            set(torch.nonzero(forbidden_mask(processor.tokenizer, len(processor.tokenizer))).flatten().tolist())
+        )
         self.push_visual, self.sleep_level, self.tied_embeddings = push_visual, sleep_level, tied_embeddings
         self.deepstack_maps = deepstack_maps
         """DeepStack maps each image's embeddings carry (Qwen3-VL: len(deepstack_visual_indexes); else 0)."""
@@ -169,10 +185,22 @@ class VLLMEngine(EngineCounters):
         self.reset_stats()
 
     @classmethod
-    def launch(cls, model_path: str, processor, vision_cache=None, *, mm_input: str = "embeds",
-               gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1, max_model_len: int = 4096,
-               enable_sleep_mode: bool = False, seed: int = 0, llm_kwargs: dict | None = None,
-               limit_mm_per_prompt: dict | None = None, **engine_kw):  # fmt: skip
+    def launch(
+        cls,
+        model_path: str,
+        processor,
+        vision_cache=None,
+        *,
+        mm_input: str = "embeds",
+        gpu_memory_utilization: float = 0.5,
+        tensor_parallel_size: int = 1,
+        max_model_len: int = 4096,
+        enable_sleep_mode: bool = False,
+        seed: int = 0,
+        llm_kwargs: dict | None = None,
+        limit_mm_per_prompt: dict | None = None,
+        **engine_kw,
+    ):
         """Build the `LLM` (prefix caching on, image and video embeddings accepted, at most `limit_mm_per_prompt`
         images and videos per prompt (None: one image, no video), stats on for the prefix-cache counters) and wrap
         it. The engine core runs in this process so weight reloads reach it.
@@ -184,26 +212,42 @@ class VLLMEngine(EngineCounters):
 
         geometry = ProcessorGeometry.from_processor(processor)
         kwargs = dict(llm_kwargs or {})
-        limits = check_limits(kwargs.pop("limit_mm_per_prompt", None) or limit_mm_per_prompt or ONE_IMAGE)
+        limits = check_mm_limits(kwargs.pop("limit_mm_per_prompt", None) or limit_mm_per_prompt or ONE_IMAGE)
         if mm_input == "pixels":
-            kwargs.setdefault("mm_processor_kwargs", {"min_pixels": geometry.min_pixels,
-                                                      "max_pixels": geometry.max_pixels})  # fmt: skip
+            kwargs.setdefault(
+                "mm_processor_kwargs", {"min_pixels": geometry.min_pixels, "max_pixels": geometry.max_pixels}
+            )
         args = dict(
-            model=model_path, enable_prefix_caching=True, enable_mm_embeds=(mm_input == "embeds"),
-            limit_mm_per_prompt=limits, logprobs_mode="processed_logprobs",
-            gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
-            max_model_len=max_model_len, enable_sleep_mode=enable_sleep_mode, seed=seed, disable_log_stats=False,
-        )  # fmt: skip
+            model=model_path,
+            enable_prefix_caching=True,
+            enable_mm_embeds=(mm_input == "embeds"),
+            limit_mm_per_prompt=limits,
+            logprobs_mode="processed_logprobs",
+            gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tensor_parallel_size,
+            max_model_len=max_model_len,
+            enable_sleep_mode=enable_sleep_mode,
+            seed=seed,
+            disable_log_stats=False,
+        )
         llm = LLM(**{**args, **kwargs})
         config = llm.llm_engine.model_config  # Qwen2.5-VL keeps the flag on the top-level config
         tied = any(getattr(c, "tie_word_embeddings", False) for c in (config.hf_config, config.hf_text_config))
         vision = getattr(config.hf_config, "vision_config", None)
         maps = len(getattr(vision, "deepstack_visual_indexes", None) or ())  # Qwen3-VL's DeepStack
-        return cls(llm, processor, vision_cache, mm_input=mm_input, tied_embeddings=tied, deepstack_maps=maps,
-                   limit_mm_per_prompt=limits, **engine_kw)  # fmt: skip
+        return cls(
+            llm,
+            processor,
+            vision_cache,
+            mm_input=mm_input,
+            tied_embeddings=tied,
+            deepstack_maps=maps,
+            limit_mm_per_prompt=limits,
+            **engine_kw,
+        )
 
     @classmethod
-    def from_config(cls, cfg, lm, vision_cache, box_format: str) -> "VLLMEngine":
+    def from_config(cls, cfg, lm, vision_cache, box_format: str) -> VLLMEngine:
         """The engine a run config asks for (`rollout.vllm.*`); `lm` is the trainer's LoadedModel."""
         v, m = cfg.rollout.vllm, cfg.model
         colocate = cfg.rollout.placement == "colocate"
@@ -211,19 +255,37 @@ class VLLMEngine(EngineCounters):
         if colocate and torch.distributed.is_available() and torch.distributed.is_initialized():
             llm_kwargs["distributed_executor_backend"] = "external_launcher"  # one engine per training rank
         return cls.launch(
-            m.name_or_path, lm.processor, vision_cache, mm_input=v.mm_input,
-            gpu_memory_utilization=v.gpu_memory_utilization, tensor_parallel_size=v.tensor_parallel_size,
+            m.name_or_path,
+            lm.processor,
+            vision_cache,
+            mm_input=v.mm_input,
+            gpu_memory_utilization=v.gpu_memory_utilization,
+            tensor_parallel_size=v.tensor_parallel_size,
             max_model_len=cfg.data.max_prompt_length + cfg.rollout.max_new_tokens,
-            enable_sleep_mode=colocate and v.enable_sleep_mode, seed=cfg.train.seed, llm_kwargs=llm_kwargs,
-            limit_mm_per_prompt=dict(v.limit_mm_per_prompt), video_sampling=VideoSampling.from_config(cfg.data.video),
-            answer_format=cfg.data.answer_format, box_format=box_format, system_prompt=cfg.data.system_prompt,
+            enable_sleep_mode=colocate and v.enable_sleep_mode,
+            seed=cfg.train.seed,
+            llm_kwargs=llm_kwargs,
+            limit_mm_per_prompt=dict(v.limit_mm_per_prompt),
+            video_sampling=VideoSampling.from_config(cfg.data.video),
+            answer_format=cfg.data.answer_format,
+            box_format=box_format,
+            system_prompt=cfg.data.system_prompt,
             push_visual=not (m.freeze_vision and m.freeze_merger),
             sleep_level=1 if colocate and v.enable_sleep_mode else 0,
-        )  # fmt: skip
+        )
 
     @classmethod
-    def for_eval(cls, lm, vision_cache, *, dtype: str = "float32", engine_kwargs: dict | None = None,
-                 gpu_memory_utilization: float = 0.8, batch_prompts: int = 8, **prompt_kw) -> "VLLMEngine":  # fmt: skip
+    def for_eval(
+        cls,
+        lm,
+        vision_cache,
+        *,
+        dtype: str = "float32",
+        engine_kwargs: dict | None = None,
+        gpu_memory_utilization: float = 0.8,
+        batch_prompts: int = 8,
+        **prompt_kw,
+    ) -> VLLMEngine:
         """The greedy decoder of `vlgrpo eval --model --engine vllm`: vLLM on the checkpoint with our cached image
         and video features (`engine_kwargs` go to `vllm.LLM`; `limit_mm_per_prompt` there overrides the config's
         default); context up to 4096 tokens or the model's maximum."""
@@ -231,10 +293,16 @@ class VLLMEngine(EngineCounters):
 
         text = lm.model.config.get_text_config()
         max_len = min(4096, int(getattr(text, "max_position_embeddings", 4096)))
-        return cls.launch(lm.path, lm.processor, vision_cache, max_model_len=max_len,
-                          gpu_memory_utilization=gpu_memory_utilization,
-                          limit_mm_per_prompt=VLLMConfig().limit_mm_per_prompt,
-                          llm_kwargs={"dtype": dtype, **(engine_kwargs or {})}, **prompt_kw)  # fmt: skip
+        return cls.launch(
+            lm.path,
+            lm.processor,
+            vision_cache,
+            max_model_len=max_len,
+            gpu_memory_utilization=gpu_memory_utilization,
+            limit_mm_per_prompt=VLLMConfig().limit_mm_per_prompt,
+            llm_kwargs={"dtype": dtype, **(engine_kwargs or {})},
+            **prompt_kw,
+        )
 
     def generate(self, samples: list[Sample], params: SamplingParams) -> list[RolloutGroup]:
         from vllm import SamplingParams as VLLMSamplingParams
@@ -243,10 +311,13 @@ class VLLMEngine(EngineCounters):
         for s, p in zip(samples, prompts):
             check_prompt_limits(s.id, p, self.limits)
         feats = self.features(self.cache, prompts) if self.mm_input == "embeds" else [None] * len(prompts)
-        requests = [build_request(p, self.format, f, self.mm_input, geometry=self.geometry)
-                    for p, f in zip(prompts, feats)]  # fmt: skip
-        per_request = [VLLMSamplingParams(**sampling_kwargs(params, self.forbidden_ids, seed))
-                       for seed in request_seeds(params.seed, len(requests))]  # fmt: skip
+        requests = [
+            build_request(p, self.format, f, self.mm_input, geometry=self.geometry) for p, f in zip(prompts, feats)
+        ]
+        per_request = [
+            VLLMSamplingParams(**sampling_kwargs(params, self.forbidden_ids, seed))
+            for seed in request_seeds(params.seed, len(requests))
+        ]
         self.wake_up()
         hits = self._prefix_cache_hits()
         outputs = self.llm.generate(requests, per_request, use_tqdm=False)
@@ -267,7 +338,7 @@ class VLLMEngine(EngineCounters):
             self._counts["generated_tokens"] += sum(len(c.token_ids) for c in completions)
             groups.append(RolloutGroup(s, list(p.input_ids), completions, self.policy_version))
         self._counts["prompts"] += len(samples)
-        self._counts["completions"] += len(samples) * params.n
+        self._counts["completions"] += len(samples) * params.completions_per_prompt
         return groups
 
     def _decode(self, ids: list[int]) -> str:
@@ -290,8 +361,9 @@ class VLLMEngine(EngineCounters):
         pushed = {"params": 0, "visual": False}
         if named_params is not None:
             weights = checkpoint_weights(named_params, self.push_visual, pushed)
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
-                                                              "is_checkpoint_format": True})  # fmt: skip
+            self.llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
+            )
             if self.tied_embeddings:
                 self.llm.collective_rpc(_refresh_tied_lm_head)
         self.llm.reset_prefix_cache()
@@ -316,4 +388,3 @@ class VLLMEngine(EngineCounters):
             if tag in self.asleep and (tags is None or tag in tags):
                 self.llm.wake_up(tags=[tag])
                 self.asleep.discard(tag)
-

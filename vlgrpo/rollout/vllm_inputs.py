@@ -22,10 +22,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from vlgrpo.config.schema import MM_LIMIT_KEY as LIMIT_KEY, check_mm_limits as check_limits
+from vlgrpo.config.schema import MM_LIMIT_KEY as LIMIT_KEY
 from vlgrpo.data.images import image_sha256, load_image
 from vlgrpo.data.video import VideoClip, frame_timestamps
-from vlgrpo.rollout.inputs import IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START, PromptInputs, writes_timestamps
+from vlgrpo.policy.prompt import IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START, PromptInputs, writes_timestamps
 from vlgrpo.types import InputError
 
 MM_INPUTS = ("embeds", "pixels")
@@ -55,7 +55,7 @@ class PlaceholderFormat:
     """Tokenises the `<t seconds>` text of a Qwen3-VL video block (as vLLM does, each on its own)."""
 
     @classmethod
-    def from_processor(cls, processor, temporal_patch_size: int = 2, deepstack_maps: int = 0) -> "PlaceholderFormat":
+    def from_processor(cls, processor, temporal_patch_size: int = 2, deepstack_maps: int = 0) -> PlaceholderFormat:
         """The format of `processor`'s model (`deepstack_maps`: the model's DeepStack map count)."""
         from transformers import ProcessorMixin
 
@@ -63,12 +63,20 @@ class PlaceholderFormat:
         image, video, start, end = tok.convert_tokens_to_ids([IMAGE_PAD, VIDEO_PAD, VISION_START, VISION_END])
         qwen3 = writes_timestamps(processor)
         replaces_pad = getattr(type(processor), "replace_video_token", None) is not getattr(
-            ProcessorMixin, "replace_video_token", None)  # fmt: skip  (vLLM's own test of the processor)
+            ProcessorMixin, "replace_video_token", None
+        )  # vLLM's own test of the processor
         return cls(
-            image_token_id=image, video_token_id=video, vision_start_id=start, vision_end_id=end, timestamps=qwen3,
-            video_triple=qwen3 and not replaces_pad, seconds_per_patch=type(processor).__name__.startswith("Qwen2_5"),
-            temporal_patch_size=temporal_patch_size, deepstack_maps=deepstack_maps, tokenizer=tok,
-        )  # fmt: skip
+            image_token_id=image,
+            video_token_id=video,
+            vision_start_id=start,
+            vision_end_id=end,
+            timestamps=qwen3,
+            video_triple=qwen3 and not replaces_pad,
+            seconds_per_patch=type(processor).__name__.startswith("Qwen2_5"),
+            temporal_patch_size=temporal_patch_size,
+            deepstack_maps=deepstack_maps,
+            tokenizer=tok,
+        )
 
     def timestamp_ids(self, seconds: float) -> list[int]:
         return list(self.tokenizer.encode(f"<{seconds:.1f} seconds>", add_special_tokens=False))
@@ -88,8 +96,10 @@ def check_prompt_limits(sample_id: str, prompt: PromptInputs, limits: dict[str, 
     over = {m: n for m, n in mm_counts(prompt).items() if n > limits.get(m, 0)}
     if over:
         have = ", ".join(f"{n} {m}{'s' if n > 1 else ''}" for m, n in over.items())
-        raise InputError(f"sample '{sample_id}' holds {have}, above {LIMIT_KEY}={limits}: raise the limit (vLLM "
-                         "profiles memory for that many parts per prompt) or drop the row")  # fmt: skip
+        raise InputError(
+            f"sample '{sample_id}' holds {have}, above {LIMIT_KEY}={limits}: raise the limit (vLLM "
+            "profiles memory for that many parts per prompt) or drop the row"
+        )
 
 
 # ---------------------------------------------------------------- prompt ids
@@ -120,8 +130,10 @@ def request_prompt_ids(prompt: PromptInputs, fmt: PlaceholderFormat) -> list[int
     stamp = fmt.timestamp_ids(video_timestamps(prompt.sources[-1], fmt)[0])
     start = first - 1 - len(stamp)
     if ids[first - 1] != fmt.vision_start_id or ids[start : first - 1] != stamp or ids[last + 1] != fmt.vision_end_id:
-        raise ValueError("a Qwen3-VL video prompt without its `<t seconds><|vision_start|>...<|vision_end|>` blocks "
-                         "(not built by rollout.inputs.build_prompt?)")  # fmt: skip
+        raise ValueError(
+            "a Qwen3-VL video prompt without its `<t seconds><|vision_start|>...<|vision_end|>` blocks "
+            "(not built by policy.prompt.build_prompt?)"
+        )
     video = [fmt.vision_start_id, fmt.video_token_id, fmt.vision_end_id] if fmt.video_triple else [fmt.video_token_id]
     return ids[:start] + video + ids[last + 2 :]
 
@@ -153,9 +165,11 @@ def _checked_embeds(features, deepstack_maps: int) -> Tensor:
     embeds = vllm_embeds(features)
     if embeds.shape[-1] != (1 + deepstack_maps) * features.embeds.shape[-1]:
         have = 0 if features.deepstack is None else features.deepstack.shape[0]
-        raise ValueError(f"image embeddings of width {embeds.shape[-1]} (features with {have} DeepStack maps), "
-                         f"the model takes the merged embeddings and {deepstack_maps} maps: features of another "
-                         "model, or a vision-cache entry without its maps")  # fmt: skip
+        raise ValueError(
+            f"image embeddings of width {embeds.shape[-1]} (features with {have} DeepStack maps), "
+            f"the model takes the merged embeddings and {deepstack_maps} maps: features of another "
+            "model, or a vision-cache entry without its maps"
+        )
     return embeds
 
 
@@ -167,14 +181,22 @@ def video_frames(clip: VideoClip, geometry) -> tuple[np.ndarray, dict]:
     info = clip.info()
     frames = np.stack([np.asarray(f.convert("RGB")) for f in clip.resized_frames(geometry)])
     total = max(len(info.indices), round(len(info.indices) * info.source_fps / info.sample_fps))
-    metadata = {"fps": float(info.source_fps), "frames_indices": list(info.indices), "total_num_frames": int(total),
-                "duration": total / info.source_fps, "width": int(frames.shape[2]), "height": int(frames.shape[1]),
-                "video_backend": "pyav", "do_sample_frames": False}  # fmt: skip
+    metadata = {
+        "fps": float(info.source_fps),
+        "frames_indices": list(info.indices),
+        "total_num_frames": int(total),
+        "duration": total / info.source_fps,
+        "width": int(frames.shape[2]),
+        "height": int(frames.shape[1]),
+        "video_backend": "pyav",
+        "do_sample_frames": False,
+    }
     return frames, metadata
 
 
-def build_request(prompt: PromptInputs, fmt, features=None, mm_input: str = "embeds", deepstack_maps: int = 0,
-                  geometry=None) -> dict:  # fmt: skip
+def build_request(
+    prompt: PromptInputs, fmt, features=None, mm_input: str = "embeds", deepstack_maps: int = 0, geometry=None
+) -> dict:
     """One vLLM prompt: our token ids with unexpanded placeholders, plus every image and the video as embeddings or
     pixels (`multi_modal_uuids` per item in pixels mode: the content hashes, which spare vLLM hashing pixels).
 

@@ -10,10 +10,9 @@ from pathlib import Path
 
 def run_training(cfg, run_dir: str | Path | None = None, progress: bool | None = None, evaluator=None) -> list[dict]:
     """Build the run state from the config, resume if a checkpoint exists, train to train.steps."""
+    from vlgrpo.trainer.group import leave_group
     from vlgrpo.trainer.loop import Trainer
     from vlgrpo.trainer.state import build_state
-
-    import torch.distributed as dist
 
     state = build_state(cfg, run_dir, progress)
     state.evaluator = evaluator
@@ -25,7 +24,5 @@ def run_training(cfg, run_dir: str | Path | None = None, progress: bool | None =
         state.close()
         raise
     state.close()
-    if dist.is_initialized():  # torchrun reports failure if a rank exits with the group still up
-        dist.barrier()
-        dist.destroy_process_group()
+    leave_group()
     return history

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import Iterator, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -22,7 +23,6 @@ from vlgrpo.config import Config
 from vlgrpo.models import is_visual
 from vlgrpo.registry import BACKEND
 from vlgrpo.trainer.safe_state import load_tensors
-
 
 MERGERS = (".merger.", ".deepstack_merger_list.")
 """Module names of the projections from the tower into the language model: the patch merger, and Qwen3-VL's DeepStack
@@ -63,6 +63,11 @@ def average_gradients(params: list[torch.nn.Parameter]) -> None:
     for p, g in zip(params, grads):
         p.grad = flat[offset : offset + g.numel()].view_as(p).clone()
         offset += g.numel()
+
+
+def rank_world() -> tuple[int, int]:
+    """This process's data-parallel rank and the number of ranks ((0, 1) in a single process)."""
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
 
 def max_over_ranks(value: int) -> int:

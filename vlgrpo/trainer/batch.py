@@ -1,6 +1,6 @@
 """Training batches: rollout groups -> one shared-prefix `CompletionBatch`, its micro-batches, and their log-probs.
 
-Each prompt is forwarded once per pass and its KV cache shared by its G completions (rollout/inputs.py does the
+Each prompt is forwarded once per pass and its KV cache shared by its G completions (policy/forward.py does the
 model side). Completions that contain a vision placeholder token are masked out of the loss and counted.
 """
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vlgrpo.rollout.inputs import CompletionBatch, collate_groups
+from vlgrpo.policy.forward import CompletionBatch, collate_groups
 from vlgrpo.types import RolloutGroup
 
 
@@ -43,8 +43,14 @@ class TrainBatch:
 
 
 def make_batch(
-    groups: list[RolloutGroup], features: list, pad_id: int, image_token_id: int, forbidden_ids: list[int],
-    device: torch.device | str | None = None, video_token_id: int | None = None, sources: list | None = None,
+    groups: list[RolloutGroup],
+    features: list,
+    pad_id: int,
+    image_token_id: int,
+    forbidden_ids: list[int],
+    device: torch.device | str | None = None,
+    video_token_id: int | None = None,
+    sources: list | None = None,
 ) -> TrainBatch:
     """features: one entry per group, its ImageFeatures or the list of its parts' (embeds [N, H], grid_thw [3],
     DeepStack maps or None), kept whole: the log-prob passes inject all of them. `sources`: each group's visual
@@ -72,4 +78,3 @@ def _engine_logps(groups: list[RolloutGroup], batch) -> torch.Tensor | None:
             n = min(len(lps), out.shape[1])
             out[r, :n] = torch.tensor(lps[:n], dtype=torch.float32)
     return out
-

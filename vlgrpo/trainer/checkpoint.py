@@ -11,24 +11,46 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from vlgrpo.config import to_dict
-from vlgrpo.trainer.backends import from_rank0, max_over_ranks
+from vlgrpo.config import Config, to_dict
+from vlgrpo.trainer.backends import Backend, from_rank0, max_over_ranks
 from vlgrpo.trainer.manifest import check_manifest, refuse_pickled_code, write_manifest
 from vlgrpo.trainer.metrics import truncate_metrics
 from vlgrpo.trainer.rundir import RunDirError, describe, is_write_error
 from vlgrpo.trainer.safe_state import CheckpointError, load_json, rng_state, set_rng_state, write_json
 
-if TYPE_CHECKING:
-    from vlgrpo.trainer.state import RunState
+if TYPE_CHECKING:  # the types of a run's parts (none of these modules imports this one)
+    from vlgrpo.data.stream import SampleStream
+    from vlgrpo.rollout.base import RolloutEngine
+    from vlgrpo.rollout.split import SplitRollout
+    from vlgrpo.trainer.rows import CheckedRows
+    from vlgrpo.vision_cache import VisionCache
 
 KEEP = 2
 """Complete checkpoints kept per run (older ones are deleted after a new one is written)."""
 REJECTED = "rejected-"
 """Prefix a checkpoint that failed verification is renamed with (kept for inspection, never loaded)."""
+
+
+class Checkpointed(Protocol):
+    """The parts of a run a checkpoint saves and restores (`trainer.state.RunState` has them): described here so
+    that this module needs nothing of the module that builds a run, which calls it."""
+
+    cfg: Config
+    run_dir: Path
+    backend: Backend
+    cache: VisionCache
+    engine: RolloutEngine | SplitRollout | None
+    engine_needs_weights: bool
+    data: SampleStream
+    rows: CheckedRows
+    step: int
+    nonfinite_steps: int
+    nonfinite_streak: int
+    eval_failures: int
 
 
 def checkpoint_dirs(run_dir: Path) -> list[Path]:
@@ -45,25 +67,30 @@ def _rank() -> int:
 # ---------------------------------------------------------------- save
 
 
-def _make_tmp(state: RunState, tmp: Path, final: Path, rank: int) -> None:
+def _make_tmp(state: Checkpointed, tmp: Path, final: Path, rank: int) -> None:
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
 
 
-def _write_parts(state: RunState, tmp: Path, final: Path, rank: int) -> None:
+def _write_parts(state: Checkpointed, tmp: Path, final: Path, rank: int) -> None:
     state.backend.save(tmp)  # collective for ZeRO-3
     write_json(tmp / f"rng_rank{rank}.json", rng_state())
-    write_json(tmp / f"data_rank{rank}.json", {**state.data.state_dict(), "rows": state.rows_state()})
+    write_json(tmp / f"data_rank{rank}.json", {**state.data.state_dict(), "rows": state.rows.state_dict()})
     if rank == 0:
-        meta = {"step": state.step, "policy_version": state.step, "backend": state.backend.name,
-                "nonfinite_steps": state.nonfinite_steps, "nonfinite_streak": state.nonfinite_streak,
-                "eval_failures": state.eval_failures}  # fmt: skip
+        meta = {
+            "step": state.step,
+            "policy_version": state.step,
+            "backend": state.backend.name,
+            "nonfinite_steps": state.nonfinite_steps,
+            "nonfinite_streak": state.nonfinite_streak,
+            "eval_failures": state.eval_failures,
+        }
         write_json(tmp / "meta.json", meta)
         write_json(tmp / "config.json", to_dict(state.cfg))
 
 
-def _seal(state: RunState, tmp: Path, final: Path, rank: int) -> None:
+def _seal(state: Checkpointed, tmp: Path, final: Path, rank: int) -> None:
     """Rank 0, once every rank's files are written: the manifest last, then the atomic rename, then pruning."""
     if rank == 0:
         write_manifest(tmp, state.step)
@@ -72,7 +99,7 @@ def _seal(state: RunState, tmp: Path, final: Path, rank: int) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def save(state: RunState) -> Path:
+def save(state: Checkpointed) -> Path:
     """Write checkpoints/step_N atomically: every rank writes into .tmp-step_N, rank 0 adds the manifest and renames
     it when all are done. A write that fails (disk full, read-only) on any rank stops every rank alike with a
     RunDirError naming the path and what was kept; the partial directory is removed."""
@@ -95,13 +122,16 @@ def save(state: RunState) -> Path:
     return final
 
 
-def _fail(state: RunState, tmp: Path, error: BaseException | None, failed_rank: int) -> None:
+def _fail(state: Checkpointed, tmp: Path, error: BaseException | None, failed_rank: int) -> None:
     if _rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)
     kept = [p.name for p in checkpoint_dirs(state.run_dir)]
     where = getattr(error, "filename", None) or tmp
-    cause = (f"{describe(error)} (rank {_rank()})" if error is not None else
-             f"rank {failed_rank} could not write its part (its own error names the file)")  # fmt: skip
+    cause = (
+        f"{describe(error)} (rank {_rank()})"
+        if error is not None
+        else f"rank {failed_rank} could not write its part (its own error names the file)"
+    )
     resume = f"resume continues from {kept[-1]}" if kept else "no checkpoint to resume from"
     raise RunDirError(
         f"could not write checkpoint step_{state.step}: '{where}': {cause}. Kept: {', '.join(kept) or 'nothing'} "
@@ -168,7 +198,7 @@ def select(run_dir: Path, quarantine: bool = True) -> Path | None:
     raise error or CheckpointError(f"rank 0 found no usable checkpoint under '{found[0].parent}' (see its error)")
 
 
-def resume(state: RunState, for_export: bool = False) -> bool:
+def resume(state: Checkpointed, for_export: bool = False) -> bool:
     """Load the newest verified checkpoint of the run directory, if any. Returns whether one was loaded. Training
     (not an export) also drops metrics rows logged after it, a half-written last line included."""
     rank, log = _rank(), _rank() == 0 and not for_export
@@ -181,7 +211,7 @@ def resume(state: RunState, for_export: bool = False) -> bool:
     state.backend.load(ckpt)
     data = load_json(ckpt / f"data_rank{rank}.json", "data position of this rank")
     state.data.load_state_dict(data)
-    state.load_rows_state(data.get("rows", {}))  # the rows it skipped stay skipped and counted
+    state.rows.load_state_dict(data.get("rows", {}))  # the rows it skipped stay skipped and counted
     state.step = int(meta["step"])
     state.nonfinite_steps, state.nonfinite_streak = meta.get("nonfinite_steps", 0), meta.get("nonfinite_streak", 0)
     state.eval_failures = meta.get("eval_failures", 0)
@@ -198,5 +228,7 @@ def resume(state: RunState, for_export: bool = False) -> bool:
 def _report_truncation(path: Path, step: int) -> None:
     later, broken = truncate_metrics(path, step)
     if later or broken:
-        print(f"[vlgrpo] {path}: dropped {later} rows logged after step {step} and {broken} unreadable lines "
-              "(a half-written last line): the resumed run logs those steps again")  # fmt: skip
+        print(
+            f"[vlgrpo] {path}: dropped {later} rows logged after step {step} and {broken} unreadable lines "
+            "(a half-written last line): the resumed run logs those steps again"
+        )

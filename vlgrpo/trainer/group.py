@@ -1,10 +1,13 @@
 """Joining the data-parallel process group under torchrun (NCCL on GPUs, gloo on CPUs), on store keys of the restart
-attempt's own, and picking this rank's device. Knows nothing of models or data.
+attempt's own, picking this rank's device, and leaving the group and the process at the end of a finished run.
+Knows nothing of models or data.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from typing import NoReturn
 
 import torch
 
@@ -38,6 +41,41 @@ def _attempt_store(world: int):
         return None
     from datetime import timedelta
 
-    store = torch.distributed.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-                                       is_master=False, timeout=timedelta(minutes=30))  # fmt: skip
+    store = torch.distributed.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timedelta(minutes=30)
+    )
     return torch.distributed.PrefixStore(f"vlgrpo/attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
+
+
+def launched_as_rank() -> bool:
+    """True in a process torchrun started as one of several ranks."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def leave_group() -> None:
+    """A finished run's last collective: every rank waits for the others, then the group is destroyed (torchrun
+    reports a failure when a rank exits with its group still up). Does nothing outside a group."""
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
+def exit_rank(code: int = 0) -> NoReturn:
+    """End a rank whose run has finished, its files closed and its group left: flush, then exit without the
+    interpreter's teardown.
+
+    DeepSpeed's ZeRO-3 engine stays reachable after the run (its parameter hooks are held by autograd's C++ side,
+    which Python's collector cannot free) and with it two gloo process groups and their worker threads
+    (`pt_gloo_runloop`): `destroy_process_group` shuts them down but cannot free them. Tearing them down during
+    interpreter finalization, in whatever order it frees objects, now and then aborts the rank ("terminate called
+    without an active exception", SIGABRT) after a run that completed; torchrun then reports the whole run failed.
+    Nothing of the run is left to write at this point, so the process leaves at once."""
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing more can reach it
+            pass
+    os._exit(code)

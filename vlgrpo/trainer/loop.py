@@ -12,19 +12,19 @@ from dataclasses import dataclass, field
 import torch
 
 from vlgrpo import grpo
-from vlgrpo.rewards import score
-from vlgrpo.rollout.inputs import completion_logprobs_and_entropy
+from vlgrpo.models import eval_mode
+from vlgrpo.policy.forward import completion_logprobs_and_entropy
 from vlgrpo.registry import ADVANTAGE, AGGREGATION, RATIO
+from vlgrpo.rewards import score
+from vlgrpo.trainer.backends import max_over_ranks, no_dropout
 from vlgrpo.trainer.batch import TrainBatch, make_batch
 from vlgrpo.trainer.checkpoint import checkpoint_dirs
 from vlgrpo.trainer.metrics import memory_metrics
 from vlgrpo.trainer.offpolicy import OffPolicy
-from vlgrpo.models import eval_mode
-from vlgrpo.trainer.backends import max_over_ranks, no_dropout
 from vlgrpo.trainer.sft import render_target
 from vlgrpo.trainer.source import rollout_source
-from vlgrpo.trainer.watchdog import Watchdog
 from vlgrpo.trainer.state import RunState, staleness
+from vlgrpo.trainer.watchdog import Watchdog
 from vlgrpo.types import Completion, InputError, RolloutGroup, Sample
 from vlgrpo.vision_cache import VisionCache
 
@@ -110,13 +110,15 @@ class Trainer:
             state.engine.update_weights(weights, state.step)
         lengths = batch.batch.completion_mask.sum(1).float()  # [R]
         return {
-            **scored.metrics, **update, **correction.metrics,
+            **scored.metrics,
+            **update,
+            **correction.metrics,
             **{f"grpo/{k}": v for k, v in adv_stats.items()},
             "grpo/response_length": float(lengths.mean()),
             "grpo/dropped_groups": float(scored.dropped_groups),
             "grpo/sampling_rounds": float(scored.rounds),
             "rollout/placeholder_masked": float(batch.masked_rows),
-        }  # fmt: skip
+        }
 
     def _sample_and_score(self, B: int) -> Scored:
         """Phases 1-4, repeated while dynamic sampling tops the batch up with fresh prompts.
@@ -183,8 +185,17 @@ class Trainer:
 
     def _collate(self, groups: list[RolloutGroup], features: list) -> TrainBatch:
         state = self.state
-        return make_batch(groups, features, state.pad_id, state.image_token_id, state.forbidden_ids, state.device,
-                          video_token_id=state.video_token_id, sources=[state.prompt(g.sample).sources for g in groups])
+        sources = [state.rows.prompt(g.sample).sources for g in groups]
+        return make_batch(
+            groups,
+            features,
+            state.pad_id,
+            state.image_token_id,
+            state.forbidden_ids,
+            state.device,
+            video_token_id=state.video_token_id,
+            sources=sources,
+        )
 
     def micro_batches(self, batch: TrainBatch, features: list | None = None):
         """(rows, CompletionBatch, features of its prompts). With a trainable vision tower and grad enabled the
@@ -222,30 +233,43 @@ class Trainer:
         with no_dropout(model):  # train mode so checkpointing engages; p = 0 so the on-policy ratio is exactly 1
             for _ in range(g.num_iterations):
                 for rows, part, feats in self.micro_batches(batch):
-                    logp, entropy = completion_logprobs_and_entropy(model, part, feats, state.forbidden,
-                                                                    state.temperature)
+                    logp, entropy = completion_logprobs_and_entropy(
+                        model, part, feats, state.forbidden, state.temperature
+                    )
                     loss, stats = grpo.policy_loss(
-                        logp, None if old_logp is None else old_logp[rows], advantages[rows], batch.loss_mask[rows],
-                        log_ratio=self.ratio_fn, aggregate=self.aggregate_fn, clip_low=g.clip_low,
-                        clip_high=g.clip_high, dual_clip=g.dual_clip, beta=g.beta,
-                        ref_logp=None if ref_logp is None else ref_logp[rows], entropy=entropy.detach(),
-                        num_tokens=num_tokens, num_sequences=batch.rows,
+                        logp,
+                        None if old_logp is None else old_logp[rows],
+                        advantages[rows],
+                        batch.loss_mask[rows],
+                        log_ratio=self.ratio_fn,
+                        aggregate=self.aggregate_fn,
+                        clip_low=g.clip_low,
+                        clip_high=g.clip_high,
+                        dual_clip=g.dual_clip,
+                        beta=g.beta,
+                        ref_logp=None if ref_logp is None else ref_logp[rows],
+                        entropy=entropy.detach(),
+                        num_tokens=num_tokens,
+                        num_sequences=batch.rows,
                         max_completion_length=state.cfg.rollout.max_new_tokens,
                         is_weights=None if is_weights is None else is_weights[rows],
-                    )  # fmt: skip
+                    )
                     state.backend.backward(loss)
                     losses.append(loss.item())
                     stats_all.append({k: float(v) for k, v in stats.items()})
                 opt_stats = state.backend.step()
-        return {"train/loss": sum(losses) / g.num_iterations, **opt_stats,
-                **{f"grpo/{k}": v for k, v in _mean_metrics(stats_all).items()}}  # fmt: skip
+        return {
+            "train/loss": sum(losses) / g.num_iterations,
+            **opt_stats,
+            **{f"grpo/{k}": v for k, v in _mean_metrics(stats_all).items()},
+        }
 
     # ------------------------------------------------------------------ SFT
     def sft_step(self) -> dict[str, float]:
         state, cfg, timers = self.state, self.state.cfg, self.state.timers
-        samples = state.next_samples(cfg.train.prompts_per_step)  # 1. batch
+        samples = state.rows.draw(cfg.train.prompts_per_step)  # 1. batch
         with timers("vision"), state.backend.rollout_weights(full=False):  # 2. features from the cache
-            feats = state.cache.get_rows([state.prompt(x).sources for x in samples])
+            feats = state.cache.get_rows([state.rows.prompt(x).sources for x in samples])
         with timers("update"):  # teacher-forced NLL of the gold answer in the target format
             batch = self._collate([self._gold_group(x) for x in samples], feats)
             num_tokens, total = batch.loss_mask.sum(), 0.0
@@ -265,8 +289,11 @@ class Trainer:
         state = self.state
         text = render_target(sample, state.cfg.data.answer_format, state.reward_ctx.box_format, state.geometry)
         ids = state.tokenizer(text, add_special_tokens=False)["input_ids"] + [state.tokenizer.eos_token_id]
-        return RolloutGroup(sample=sample, prompt_ids=state.prompt(sample).input_ids,
-                            completions=[Completion(token_ids=ids, text=text, finish_reason="stop")])  # fmt: skip
+        return RolloutGroup(
+            sample=sample,
+            prompt_ids=state.rows.prompt(sample).input_ids,
+            completions=[Completion(token_ids=ids, text=text, finish_reason="stop")],
+        )
 
     # ------------------------------------------------------------------ driving
     def _counters(self) -> dict[str, float]:
@@ -315,7 +342,7 @@ class Trainer:
         state.nonfinite_steps += nonfinite or scaled
         state.nonfinite_streak = state.nonfinite_streak + 1 if nonfinite else 0
         metrics["train/nonfinite_steps"] = float(state.nonfinite_steps)
-        metrics.update(state.row_counts())  # every rank's, summed (a collective: every rank logs or not alike)
+        metrics.update(state.rows.counts())  # every rank's, summed (a collective: every rank logs or not alike)
         stop = state.nonfinite_streak >= cfg.train.max_nonfinite_steps
         self.watchdog.beat("save")
         save_s = self._save_if_due() if not stop else 0.0
@@ -351,8 +378,10 @@ class Trainer:
                 metrics = state.evaluator(state)
         except Exception as e:  # noqa: BLE001 - a measurement, not the job
             state.eval_failures += 1
-            state.log_warning(f"in-loop eval at step {state.step} failed, training goes on (eval/failures = "
-                              f"{state.eval_failures}): {type(e).__name__}: {e}")  # fmt: skip
+            state.log_warning(
+                f"in-loop eval at step {state.step} failed, training goes on (eval/failures = "
+                f"{state.eval_failures}): {type(e).__name__}: {e}"
+            )
         return {**metrics, "eval/failures": float(state.eval_failures)}
 
     def _nonfinite_error(self) -> NonFiniteError:

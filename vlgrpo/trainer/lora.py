@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -44,9 +44,12 @@ class LoRABackend(PlainBackend):
         lc = cfg.train.lora
         apply_freeze(model, True, True, True)  # base weights frozen; only adapters (and opted-in parts) train
         peft_cfg = LoraConfig(
-            r=lc.rank, lora_alpha=lc.alpha, lora_dropout=lc.dropout, target_modules=target_regex(lc.target_modules),
+            r=lc.rank,
+            lora_alpha=lc.alpha,
+            lora_dropout=lc.dropout,
+            target_modules=target_regex(lc.target_modules),
             bias="none",
-        )  # fmt: skip
+        )
         peft_model = get_peft_model(model, peft_cfg)
         if not any(p.requires_grad for p in peft_model.parameters()):
             raise ValueError(f"train.lora.target_modules {lc.target_modules} matched no linear layer of the model")

@@ -68,10 +68,15 @@ class MetricsLogger:
     """Appends one JSON object per logged step to `<run>/metrics.jsonl`; mirrors to TensorBoard / wandb."""
 
     def __init__(
-        self, run_dir: str | Path, tensorboard: bool = False, wandb_project: str | None = None,
-        config: dict | None = None, progress_total: int | None = None, progress: bool = True,
+        self,
+        run_dir: str | Path,
+        tensorboard: bool = False,
+        wandb_project: str | None = None,
+        config: dict | None = None,
+        progress_total: int | None = None,
+        progress: bool = True,
         enabled: bool = True,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.enabled = enabled  # False on ranks > 0 and for exports: nothing is written
         self._tb = self._wandb = self._bar = None

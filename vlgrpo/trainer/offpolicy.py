@@ -12,14 +12,14 @@ Four cases, chosen per step:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 import torch
 
 from vlgrpo import grpo
 from vlgrpo.models import eval_mode
-from vlgrpo.rollout.inputs import completion_logits
+from vlgrpo.policy.forward import completion_logits
 from vlgrpo.trainer.batch import TrainBatch
 
 
@@ -73,11 +73,21 @@ class OffPolicy:
         with eval_mode(state.backend.model):
             for _, part, feats in self.micro_batches(batch):
                 logits = completion_logits(state.backend.model, part, feats)  # [r, C, V]
-                full.append(grpo.token_logprobs(logits, part.completion_ids, temperature=state.temperature,
-                                                forbidden=state.forbidden)[0])  # fmt: skip
-                behaviour.append(grpo.truncated_token_logprobs(
-                    logits, part.completion_ids, temperature=state.temperature, forbidden=state.forbidden,
-                    top_k=r.top_k, top_p=r.top_p))  # fmt: skip
+                full.append(
+                    grpo.token_logprobs(
+                        logits, part.completion_ids, temperature=state.temperature, forbidden=state.forbidden
+                    )[0]
+                )
+                behaviour.append(
+                    grpo.truncated_token_logprobs(
+                        logits,
+                        part.completion_ids,
+                        temperature=state.temperature,
+                        forbidden=state.forbidden,
+                        top_k=r.top_k,
+                        top_p=r.top_p,
+                    )
+                )
         return torch.cat(full), torch.cat(behaviour)
 
     def rollout_correction(self, batch: TrainBatch, behaviour_logp: torch.Tensor):
@@ -90,6 +100,7 @@ class OffPolicy:
         metrics = {"rollout/logprob_abs_diff": mean, "rollout/logprob_abs_diff_max": worst}
         if self.rollout_is == "none":
             return None, metrics
-        weights, stats = grpo.rollout_is_weights(behaviour_logp, batch.engine_logp, batch.loss_mask,
-                                                 self.rollout_is, g.rollout_is_cap, g.rollout_is_sequence)  # fmt: skip
+        weights, stats = grpo.rollout_is_weights(
+            behaviour_logp, batch.engine_logp, batch.loss_mask, self.rollout_is, g.rollout_is_cap, g.rollout_is_sequence
+        )
         return weights, {**metrics, **{f"grpo/{k}": float(v) for k, v in stats.items()}}

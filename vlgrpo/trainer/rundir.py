@@ -65,8 +65,9 @@ class RunLock:
                 "train.output_dir"
             ) from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
-                  .encode(), 0)  # fmt: skip
+        os.pwrite(
+            fd, f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0
+        )
         self._fd: int | None = fd
 
     def release(self) -> None:

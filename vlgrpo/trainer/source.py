@@ -45,13 +45,13 @@ class Colocated:
 
     def sample(self, need: int, round_no: int) -> Round:
         state, timers = self.state, self.state.timers
-        samples = state.next_samples(need) if need else []  # 1. batch
+        samples = state.rows.draw(need) if need else []  # 1. batch
         out = Round()
         # ZeRO-3: gather once for the encoder and HF decoding (vLLM decodes with its own weights: only `visual`)
         with state.backend.rollout_weights(full=not state.engine_needs_weights):
             if samples:
                 with timers("vision"):  # 2. each unique image and video encoded once; the engine and update reuse it
-                    out.features = state.cache.get_rows([state.prompt(x).sources for x in samples])
+                    out.features = state.cache.get_rows([state.rows.prompt(x).sources for x in samples])
                 with timers("rollout"):  # 3. G completions per prompt, prompt prefilled once per group
                     out.groups = state.engine.generate(samples, state.sampling_for(state.step, round_no))
         return out
@@ -76,10 +76,10 @@ class Split:
         todo = []  # (step, round, samples, sampling params)
         while self.submitted < min(state.step + 1 + self.ahead, cfg.train.steps):
             t = self.submitted + 1  # sampled as a colocated run samples step t: same prompts order, same seed
-            todo.append((t, 0, state.next_samples(cfg.train.prompts_per_step), state.sampling_for(t - 1, 0)))
+            todo.append((t, 0, state.rows.draw(cfg.train.prompts_per_step), state.sampling_for(t - 1, 0)))
             self.submitted = t
         if round_no and need:
-            todo.append((step, round_no, state.next_samples(need), state.sampling_for(state.step, round_no)))
+            todo.append((step, round_no, state.rows.draw(need), state.sampling_for(state.step, round_no)))
         self._submit(todo)
         got = None
         if round_no == 0 or need:
@@ -91,10 +91,13 @@ class Split:
         with state.backend.rollout_weights(full=False), timers("vision"):
             if got is None:
                 return Round()
-            feats = state.cache.get_rows([state.prompt(g.sample).sources for g in got.groups])  # frozen: encoded
-        metrics = {**got.stats, "rollout/staleness": float(state.step - got.version),
-                   "rollout/queue_depth": float(state.engine.queue_depth()),
-                   "timing/rollout_worker_idle": got.worker_idle_s}  # fmt: skip
+            feats = state.cache.get_rows([state.rows.prompt(g.sample).sources for g in got.groups])  # frozen: encoded
+        metrics = {
+            **got.stats,
+            "rollout/staleness": float(state.step - got.version),
+            "rollout/queue_depth": float(state.engine.queue_depth()),
+            "timing/rollout_worker_idle": got.worker_idle_s,
+        }
         return Round(got.groups, feats, metrics)
 
     def _submit(self, todo: list) -> None:
@@ -109,7 +112,7 @@ class Split:
             return
         with state.backend.rollout_weights(full=False), state.timers("vision"):
             for step, round_no, samples, params in todo:
-                sources = [src for x in samples for src in state.prompt(x).sources]
+                sources = [src for x in samples for src in state.rows.prompt(x).sources]
                 state.cache.get(sources)
                 state.engine.submit(step, samples, params, round_no, state.cache.handover(sources))
 

@@ -1,5 +1,5 @@
 """Everything a run holds, built once from the config: model, backend, vision cache, rollout engine, rewards,
-data stream, logger — and checkpoint save/resume of all of it.
+data stream and its row checks (`rows.CheckedRows`), logger — and checkpoint save/resume of all of it.
 
 `build_state` is the only place that turns config strings into objects; the loop then only calls methods. While a run
 trains, rank 0 holds the run directory's lock (`close()` releases it; so does the process's death).
@@ -11,34 +11,32 @@ import dataclasses
 import functools
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from vlgrpo.config import Config, ConfigError, save_config, to_dict
 from vlgrpo.config.contract import CONTRACT_FILE, PromptContract
 from vlgrpo.data.adapters import load_samples, no_usable_row, skip_reason
-from vlgrpo.data.schema import DataError
-from vlgrpo.data.images import ProcessorGeometry, inspect_image
+from vlgrpo.data.images import ProcessorGeometry
 from vlgrpo.data.prompts import check_system_prompt
-from vlgrpo.data.video import VideoSampling, inspect_video
-from vlgrpo.data.rowcheck import OVERLONG, Problem, RowVisuals, row_problems, visual_parts
 from vlgrpo.data.stream import SampleStream
 from vlgrpo.models import LoadedModel, load_model, placeholder_token_ids
+from vlgrpo.policy.prompt import forbidden_mask
 from vlgrpo.registry import ENGINE
 from vlgrpo.rewards import check_recipe, context_from_config
 from vlgrpo.rewards.context import RewardContext
 from vlgrpo.rollout.base import RolloutEngine, SamplingParams
-from vlgrpo.rollout.inputs import PromptInputs, build_prompt, forbidden_mask
 from vlgrpo.rollout.split import SplitRollout, worker_gpu
 from vlgrpo.trainer import checkpoint
-from vlgrpo.trainer.backends import Backend, make_backend, max_over_ranks, sum_over_ranks
+from vlgrpo.trainer.backends import Backend, make_backend, max_over_ranks, rank_world
 from vlgrpo.trainer.group import join_group
 from vlgrpo.trainer.metrics import MetricsLogger, Timers
+from vlgrpo.trainer.rows import CheckedRows
 from vlgrpo.trainer.rundir import RunDirError, RunLock, describe
-from vlgrpo.types import InputError, Sample
+from vlgrpo.types import InputError
 from vlgrpo.vision_cache import VisionCache
 
 
@@ -55,6 +53,8 @@ class RunState:
     engine: RolloutEngine | SplitRollout | None
     """None in the SFT stage (nothing is sampled); a SplitRollout with rollout.placement=split."""
     data: SampleStream
+    rows: CheckedRows
+    """The rows drawn from `data`: checked when first drawn, their prompts, the rows skipped (`rows.py`)."""
     logger: MetricsLogger
     reward_ctx: RewardContext
     recipe: dict[str, float]
@@ -79,14 +79,6 @@ class RunState:
     lock: RunLock | None = None
     """The run directory's lock (rank 0 while training; None on other ranks and for exports)."""
     timers: Timers = field(default_factory=Timers)
-    skipped: list[DataError] = field(default_factory=list)
-    """DataErrors of the rows skipped when the file was read (schema, JSON, not UTF-8, a preset's skips)."""
-    data_source: str = ""
-    """The training file, as messages name it."""
-    _prompts: dict[str, PromptInputs] = field(default_factory=dict)
-    _bad: dict[int, tuple[str, int | None]] = field(default_factory=dict)
-    """{id(sample): (check, row)} of the rows found unusable when drawn (keyed by object: two rows may share an id)."""
-    _good: set[int] = field(default_factory=set)
 
     @property
     def tokenizer(self):
@@ -118,94 +110,9 @@ class RunState:
     def temperature(self) -> float:
         return self.cfg.rollout.temperature
 
-    def prompt(self, sample):
-        """Prompt token ids of a sample (built once per sample id)."""
-        if sample.id not in self._prompts:
-            d = self.cfg.data
-            self._prompts[sample.id] = build_prompt(
-                sample, self.lm.processor, self.geometry, d.answer_format, self.reward_ctx.box_format, d.system_prompt,
-                VideoSampling.from_config(d.video),
-            )
-        return self._prompts[sample.id]
-
     @property
     def device(self) -> torch.device:
         return next(self.backend.model.parameters()).device
-
-    @property
-    def skipped_rows(self) -> int:
-        """Rows skipped so far, when the file was read and when drawn (`data/skipped_rows`)."""
-        return len(self.skipped) + len(self._bad)
-
-    def next_samples(self, k: int) -> list[Sample]:
-        """The next k usable samples. A row is checked the first time it is drawn (`_problem`); a bad one is reported
-        once, counted in data/skipped_rows and replaced by the next row, so the batch stays full."""
-        out: list[Sample] = []
-        while len(out) < k:
-            (sample,) = self.data.next(1)
-            key = id(sample)
-            if key in self._bad:
-                continue
-            if key not in self._good:
-                problem = self._problem(sample)
-                if problem is not None:
-                    self._bad[key] = (problem[0], sample.row)
-                    where = self.data_source + (f", row {sample.row}" if sample.row is not None else "")
-                    self.log_warning(f"{where} (id {sample.id!r}) skipped ({problem[0]}): {problem[1]}; counted in "
-                                     "data/skipped_rows")  # fmt: skip
-                    if len(self._bad) == len(self.data.samples):
-                        raise self._no_usable_row()
-                    continue
-                self._good.add(key)
-            out.append(sample)
-        return out
-
-    def _problem(self, sample: Sample) -> Problem | None:
-        """Why a sample cannot be trained on: its images and video (decoded in full, once), reserved tokens in its
-        text, its image_size or boxes against their image (`data.rowcheck`), then its prompt's length, counted
-        exactly: every image's and the video's tokens plus the tokenised text. None when it can; a missing
-        image_size (box rewards convert with it) is then set from the image the boxes lie in."""
-        video = VideoSampling.from_config(self.cfg.data.video)
-        visuals = RowVisuals([inspect_image(im) for im in sample.images],
-                             inspect_video(sample.video, video) if sample.video is not None else None)  # fmt: skip
-        problems = row_problems(sample, visuals, self.geometry)
-        if problems:
-            return problems[0]
-        if sample.image_size is None and visuals.images:
-            sample.image_size = visuals.images[sample.box_images[0] if sample.box_images else 0].decoded
-        n, limit = len(self.prompt(sample).input_ids), self.cfg.data.max_prompt_length
-        if n > limit:
-            return OVERLONG, (f"its prompt has {n} tokens ({visual_parts(sample)} + text), more than "
-                              f"data.max_prompt_length={limit}; a row is never cut inside an image or a video: raise "
-                              "it, or lower model.max_pixels / data.video.max_pixels / max_frames")  # fmt: skip
-        return None
-
-    @property
-    def overlong_rows(self) -> int:
-        """Rows skipped because their prompt is longer than data.max_prompt_length (`data/overlong_rows`)."""
-        return sum(check == OVERLONG for check, _ in self._bad.values())
-
-    def row_counts(self) -> dict[str, float]:
-        """`data/skipped_rows` and `data/overlong_rows` of the whole run: the rows skipped when the file was read
-        (every rank read the same file: counted once) plus every rank's rows skipped when drawn (one all-reduce)."""
-        drawn = sum_over_ranks([len(self._bad), self.overlong_rows])
-        return {"data/skipped_rows": float(len(self.skipped) + drawn[0]), "data/overlong_rows": float(drawn[1])}
-
-    def rows_state(self) -> dict:
-        """The rows this rank found unusable, by their place in its share (saved with its data position, so a resumed
-        run neither counts them again nor loses them from data/skipped_rows)."""
-        where = {id(x): i for i, x in enumerate(self.data.samples)}
-        return {"bad": [[where[k], check, row] for k, (check, row) in self._bad.items() if k in where]}
-
-    def load_rows_state(self, state: dict) -> None:
-        samples = self.data.samples
-        self._bad = {id(samples[i]): (check, row) for i, check, row in state.get("bad", []) if 0 <= i < len(samples)}
-
-    def _no_usable_row(self) -> InputError:
-        rank, world = _rank_world()
-        skipped = [(skip_reason(e), e.row) for e in self.skipped] + list(self._bad.values())
-        scope = f" in rank {rank}'s share (one row in {world})" if world > 1 else ""
-        return no_usable_row(self.data_source, skipped, scope)
 
     def sampling_for(self, step: int, round_no: int = 0) -> SamplingParams:
         """Sampling params with a seed of their own per step and top-up round: reproducible across resumes."""
@@ -265,24 +172,21 @@ def staleness(cfg: Config) -> int:
     return r.max_staleness if r.max_staleness is not None else int(r.placement == "split")
 
 
-def _rank_world() -> tuple[int, int]:
-    return (torch.distributed.get_rank(), torch.distributed.get_world_size()) if torch.distributed.is_initialized() \
-        else (0, 1)
-
-
 def _lock_run_dir(cfg: Config, run: Path) -> RunLock | None:
     """Rank 0, the only process that writes the run directory, locks it and writes the resolved config.yaml; every
     rank learns whether it could (a second run on the directory, or one that cannot write it, stops every rank)."""
     lock, error = None, None
-    if _rank_world()[0] == 0:
+    if rank_world()[0] == 0:
         try:
             lock = RunLock(run)
             try:
                 save_config(cfg, run / "config.yaml")
             except OSError as e:
                 lock.release()
-                raise RunDirError(f"could not write '{run / 'config.yaml'}': {describe(e)}; nothing else was "
-                                  "written: free space or choose a writable train.output_dir") from e  # fmt: skip
+                raise RunDirError(
+                    f"could not write '{run / 'config.yaml'}': {describe(e)}; nothing else was "
+                    "written: free space or choose a writable train.output_dir"
+                ) from e
         except RunDirError as e:
             error = e
     if max_over_ranks(int(error is not None)):
@@ -328,8 +232,9 @@ def _write_contract(state: RunState, run: Path) -> None:
     try:
         PromptContract.from_config(state.cfg, state.lm.arch, state.reward_ctx.box_format).write(run)
     except OSError as e:
-        raise RunDirError(f"could not write '{run / CONTRACT_FILE}': {describe(e)}: free space or choose a writable "
-                          "train.output_dir") from e  # fmt: skip
+        raise RunDirError(
+            f"could not write '{run / CONTRACT_FILE}': {describe(e)}: free space or choose a writable train.output_dir"
+        ) from e
 
 
 def _has_rows(path: Path) -> bool:
@@ -340,42 +245,75 @@ def _build(cfg: Config, run: Path, device: str, progress: bool | None, for_expor
     """Load model and data, build backend/cache/engine/rewards/logger into a RunState at step 0."""
     check_system_prompt(cfg.data.system_prompt)  # every prompt holds it: a config error, not a row's
     m = cfg.model
-    rank, world = _rank_world()
+    rank, world = rank_world()
     lm = load_model(m.name_or_path, m.arch, m.dtype, m.attn_implementation, m.min_pixels, m.max_pixels, device)
     geometry = ProcessorGeometry.from_processor(lm.processor)
     reward_ctx = context_from_config(cfg, lm.arch, geometry)
     check_recipe(cfg.reward.recipe)  # unknown reward names fail here, before any compute
-    loaded = load_samples(cfg.data.train, cfg.data.format, errors="skip", max_samples=cfg.data.max_samples,
-                          preset=cfg.data.preset, columns=dict(cfg.data.columns))  # fmt: skip
+    loaded = load_samples(
+        cfg.data.train,
+        cfg.data.format,
+        errors="skip",
+        max_samples=cfg.data.max_samples,
+        preset=cfg.data.preset,
+        columns=dict(cfg.data.columns),
+    )
     for err in loaded.errors if rank == 0 else []:
         print(f"[vlgrpo] skipped bad sample: {err}", file=sys.stderr)
     if not loaded.samples:  # the rows' problems, not `SampleStream`'s "empty" ValueError
         raise no_usable_row(loaded.source, [(skip_reason(e), e.row) for e in loaded.errors])
     if len(loaded.samples) < world:
-        raise InputError(f"{loaded.source}: {len(loaded.samples)} usable rows for {world} data-parallel ranks; every "
-                         "rank needs at least one")  # fmt: skip
+        raise InputError(
+            f"{loaded.source}: {len(loaded.samples)} usable rows for {world} data-parallel ranks; every "
+            "rank needs at least one"
+        )
     need_ref = cfg.train.stage == "grpo" and cfg.grpo.beta > 0
     backend = make_backend(lm.model, cfg, need_ref)
     cache = VisionCache(
-        lm.model, lm.processor, cfg.rollout.vision_cache_bytes, cfg.rollout.vision_cache_dir,
-        trainable=backend.vision_trainable(), fingerprint=backend.vision_fingerprint(),
-    )  # fmt: skip
+        lm.model,
+        lm.processor,
+        cfg.rollout.vision_cache_bytes,
+        cfg.rollout.vision_cache_dir,
+        trainable=backend.vision_trainable(),
+        fingerprint=backend.vision_fingerprint(),
+    )
     engine, needs_weights = (None, False) if for_export else _engine(cfg, lm, cache, reward_ctx.box_format)
     r = cfg.rollout
     sampling = SamplingParams(
-        n=r.completions_per_prompt, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-        max_new_tokens=r.max_new_tokens, stop=list(r.stop), seed=cfg.train.seed + 7919 * rank,
-    )  # fmt: skip
+        completions_per_prompt=r.completions_per_prompt,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        max_new_tokens=r.max_new_tokens,
+        stop=list(r.stop),
+        seed=cfg.train.seed + 7919 * rank,
+    )
     show = (cfg.logging.progress_bar if progress is None else progress) and rank == 0
     logger = MetricsLogger(
-        run, cfg.logging.tensorboard and rank == 0, cfg.logging.wandb_project if rank == 0 else None,
-        to_dict(cfg), cfg.train.steps, show, enabled=rank == 0 and not for_export,
-    )  # fmt: skip
+        run,
+        cfg.logging.tensorboard and rank == 0,
+        cfg.logging.wandb_project if rank == 0 else None,
+        to_dict(cfg),
+        cfg.train.steps,
+        show,
+        enabled=rank == 0 and not for_export,
+    )
+    data = SampleStream(loaded.samples[rank::world], cfg.train.seed, cfg.data.shuffle)
+    rows = CheckedRows(data, lm.processor, geometry, cfg.data, reward_ctx.box_format, loaded.errors, loaded.source)
     return RunState(
-        cfg=cfg, run_dir=run, lm=lm, backend=backend, cache=cache, engine=engine,
-        data=SampleStream(loaded.samples[rank::world], cfg.train.seed, cfg.data.shuffle), logger=logger,
-        reward_ctx=reward_ctx, recipe=dict(cfg.reward.recipe), geometry=geometry, sampling=sampling,
-        engine_needs_weights=needs_weights, skipped=loaded.errors,
+        cfg=cfg,
+        run_dir=run,
+        lm=lm,
+        backend=backend,
+        cache=cache,
+        engine=engine,
+        data=data,
+        rows=rows,
+        logger=logger,
+        reward_ctx=reward_ctx,
+        recipe=dict(cfg.reward.recipe),
+        geometry=geometry,
+        sampling=sampling,
+        engine_needs_weights=needs_weights,
         engine_logprobs_differ=engine is not None and ENGINE.load(cfg.rollout.engine).holds_own_weights,
-        data_source=loaded.source,
-    )  # fmt: skip
+    )

@@ -34,7 +34,7 @@ class Watchdog:
         if step is not None:
             self.step = step
 
-    def start(self) -> "Watchdog":
+    def start(self) -> Watchdog:
         if self.timeout_s > 0 and self._thread is None:
             self._thread = threading.Thread(target=self._watch, name="vlgrpo-watchdog", daemon=True)
             self._thread.start()
@@ -52,11 +52,14 @@ class Watchdog:
 
     def fire(self, idle: float) -> None:
         """Name the rank, step and phase, dump every thread's stack, exit with EXIT_HUNG."""
-        print(f"[vlgrpo] error: rank {self.rank} made no progress for {idle:.0f} s in step {self.step}, phase "
-              f"'{self.phase}' (train.fault_timeout_s={self.timeout_s:g}): a blocked reward or image read, or a "
-              "collective another rank never entered. Stopping this rank so the launcher stops the others; resume "
-              "from the last checkpoint with train.resume=true. Stacks of this rank's threads:",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"[vlgrpo] error: rank {self.rank} made no progress for {idle:.0f} s in step {self.step}, phase "
+            f"'{self.phase}' (train.fault_timeout_s={self.timeout_s:g}): a blocked reward or image read, or a "
+            "collective another rank never entered. Stopping this rank so the launcher stops the others; resume "
+            "from the last checkpoint with train.resume=true. Stacks of this rank's threads:",
+            file=sys.stderr,
+            flush=True,
+        )
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         sys.stderr.flush()
         self._exit(EXIT_HUNG)

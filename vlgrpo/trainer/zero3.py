@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -212,7 +212,9 @@ class Zero3Backend:
 
         from vlgrpo.vision_cache.key import vision_fingerprint
 
-        return vision_fingerprint(self.model, gather=lambda ps: deepspeed.zero.GatheredParameters(ps, modifier_rank=None))
+        return vision_fingerprint(
+            self.model, gather=lambda ps: deepspeed.zero.GatheredParameters(ps, modifier_rank=None)
+        )
 
     def reference(self):
         return nullcontext(None if self._ref is None else self._ref.module)

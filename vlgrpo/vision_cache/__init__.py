@@ -26,12 +26,30 @@ from torch import Tensor
 from vlgrpo.data.images import ProcessorGeometry, image_sha256, load_image
 from vlgrpo.data.video import VideoClip
 from vlgrpo.vision_cache.entry import (  # noqa: F401 - the package's API: entries and `vlgrpo cache stats | clear`
-    FORMAT_VERSION, SUFFIX, TMP_PREFIX, CacheDirError, ImageFeatures, checksum, clear_disk, disk_stats, read_entry,
+    FORMAT_VERSION,
+    SUFFIX,
+    TMP_PREFIX,
+    CacheDirError,
+    ImageFeatures,
+    checksum,
+    clear_disk,
+    disk_stats,
+    read_entry,
 )
 from vlgrpo.vision_cache.key import find_visual, processor_fingerprint, vision_fingerprint  # noqa: F401
 
-STAT_KEYS = ("hits", "misses", "encoder_calls", "images_encoded", "videos_encoded", "bytes", "disk_hits", "corrupt",
-             "write_errors", "adopted")
+STAT_KEYS = (
+    "hits",
+    "misses",
+    "encoder_calls",
+    "images_encoded",
+    "videos_encoded",
+    "bytes",
+    "disk_hits",
+    "corrupt",
+    "write_errors",
+    "adopted",
+)
 
 
 # ---------------------------------------------------------------- the cache
@@ -266,8 +284,14 @@ class VisionCache:
         if feats.deepstack is not None:
             tensors["deepstack"] = feats.deepstack
         tensors = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
-        meta = {"format": FORMAT_VERSION, "key": k, "image_sha256": sha, "vision": self.version,
-                "processor": self.processor_fp, "sha256": checksum(*tensors.values())}  # fmt: skip
+        meta = {
+            "format": FORMAT_VERSION,
+            "key": k,
+            "image_sha256": sha,
+            "vision": self.version,
+            "processor": self.processor_fp,
+            "sha256": checksum(*tensors.values()),
+        }
         if feats.video_fps is not None:
             meta["video_fps"] = repr(float(feats.video_fps))
         tmp = path.parent / f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex}{SUFFIX}"
@@ -279,8 +303,11 @@ class VisionCache:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
             if not self._write_warned:
-                print(f"[vlgrpo] warning: vision cache entry '{path}' not written ({e}); entries that cannot be "
-                      "written are skipped and counted in vision/write_errors", file=sys.stderr)  # fmt: skip
+                print(
+                    f"[vlgrpo] warning: vision cache entry '{path}' not written ({e}); entries that cannot be "
+                    "written are skipped and counted in vision/write_errors",
+                    file=sys.stderr,
+                )
                 self._write_warned = True
             self._stats["write_errors"] += 1
 

@@ -43,7 +43,7 @@ class ImageFeatures:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.embeds, self.grid_thw, self.deepstack) if t is not None)
 
-    def stored(self, device: str | None) -> "ImageFeatures":
+    def stored(self, device: str | None) -> ImageFeatures:
         """Detached, on `device` (None: where they are): the copy the cache holds. The grid stays on the CPU."""
         move = lambda t: t if t is None else t.detach().to(device or t.device)  # noqa: E731
         return ImageFeatures(move(self.embeds), self.grid_thw, move(self.deepstack), self.video_fps)
@@ -116,8 +116,14 @@ def disk_stats(disk_dir: str | Path) -> dict:
             continue
         versions[v] = versions.get(v, 0) + 1
     tmp = len(list(root.glob(f"*/{TMP_PREFIX}*")))
-    return {"dir": str(root), "entries": entries, "bytes": total, "by_vision_version": versions,
-            "unreadable": unreadable, "partial_writes": tmp}  # fmt: skip
+    return {
+        "dir": str(root),
+        "entries": entries,
+        "bytes": total,
+        "by_vision_version": versions,
+        "unreadable": unreadable,
+        "partial_writes": tmp,
+    }
 
 
 def clear_disk(disk_dir: str | Path) -> dict:

@@ -69,8 +69,18 @@ def processor_fingerprint(processor) -> str:
     """Hash of every image-processor setting that changes the features: geometry, normalisation, resampling. Given
     a video processor, its normalisation (video keys add it: frames are resized before it sees them)."""
     ip = getattr(processor, "image_processor", processor)
-    extra = {k: _jsonable(getattr(ip, k, None)) for k in ("image_mean", "image_std", "rescale_factor", "do_rescale",
-                                                           "do_normalize", "do_convert_rgb", "resample")}  # fmt: skip
+    extra = {
+        k: _jsonable(getattr(ip, k, None))
+        for k in (
+            "image_mean",
+            "image_std",
+            "rescale_factor",
+            "do_rescale",
+            "do_normalize",
+            "do_convert_rgb",
+            "resample",
+        )
+    }
     blob = json.dumps({"geometry": ProcessorGeometry.from_processor(processor).fingerprint(), **extra}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -1,20 +1,21 @@
+"""The forward passes with injected vision features: the pixel path's logits, and the shared-prefix log-prob pass
+(packed or transformers) against whole rows."""
+
 import pytest
 import torch
-from PIL import Image
 
 from vlgrpo.data.images import load_image
 from vlgrpo.data.prompts import render_messages
-from vlgrpo.rollout.inputs import (
+from vlgrpo.policy import forward as forward_module
+from vlgrpo.policy.forward import (
     CompletionBatch,
-    build_prompt,
     collate_groups,
     completion_logits,
     completion_logprobs_and_entropy,
-    forbidden_mask,
     policy_logits,
 )
-from vlgrpo.rollout import inputs as inputs_module
-from vlgrpo.types import Completion, InputError, RolloutGroup, Sample
+from vlgrpo.policy.prompt import build_prompt, forbidden_mask
+from vlgrpo.types import Completion, RolloutGroup
 from vlgrpo.vision_cache import VisionCache
 
 ARCHS = ["qwen2_5_vl", "qwen2_vl", "qwen3_vl"]
@@ -22,35 +23,15 @@ ARCHS = ["qwen2_5_vl", "qwen2_vl", "qwen3_vl"]
 
 def _pixel_batch(processor, samples, completions):
     """The reference pixel path: processor(text, images) for each row, completions appended, left-padded."""
-    texts = [processor.apply_chat_template(render_messages(s), add_generation_prompt=True, tokenize=False)
-             for s in samples]  # fmt: skip
+    texts = [
+        processor.apply_chat_template(render_messages(s), add_generation_prompt=True, tokenize=False) for s in samples
+    ]
     inputs = processor(text=texts, images=[load_image(s.image) for s in samples], return_tensors="pt", padding=True)
     comp = torch.tensor(completions)
     inputs["input_ids"] = torch.cat([inputs["input_ids"], comp], 1)
     inputs["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(comp)], 1)
     inputs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(comp)], 1)
     return inputs
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_build_prompt_gives_the_processors_ids_without_pixels(load, samples, arch, tmp_path):
-    model, processor = load(arch, max_pixels=28 * 28 * 40)
-    wide = tmp_path / "wide.png"
-    Image.new("RGB", (300, 130), (10, 200, 30)).save(wide)
-    cases = [samples[0], Sample(id="w", question="Is there a green square?", answer_type="yesno", image=str(wide))]
-    for s in cases:
-        p = build_prompt(s, processor, None, "answer", "qwen2_5", "Be brief.")
-        msgs = render_messages(s, "answer", "qwen2_5", "Be brief.")
-        text = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-        ref = processor(text=[text], images=[load_image(s.image)], return_tensors="pt")
-        assert p.input_ids == ref["input_ids"][0].tolist()
-        assert p.mm_token_type_ids == ref["mm_token_type_ids"][0].tolist()
-        assert p.image_grid_thw.tolist() == ref["image_grid_thw"].tolist()
-        assert p.image == s.image and p.sources == [s.image] and p.video_grid_thw is None
-    # 300x130 under 28*28*40 px: resized to 252x112 px in 14 px patches (Qwen3-VL: 256x96 px in 16 px patches)
-    assert p.image_grid_thw.tolist() == ([[1, 6, 16]] if arch == "qwen3_vl" else [[1, 8, 18]])
-    with pytest.raises(InputError, match="'nope' has no image or video"):
-        build_prompt(Sample(id="nope", question="q"), processor)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -100,9 +81,9 @@ def test_shared_prefix_logits_and_grads_equal_whole_rows(load, samples, arch, pa
     """The packed completion pass (no layer on padding) and the transformers one over the gathered cache both give
     the pixel path's logits and gradients, with a left-padded prompt and rows of 1 to 4 tokens."""
     model, processor = load(arch)
-    assert inputs_module.supports_text_decoder(model)
+    assert forward_module.supports_text_decoder(model)
     if not packed:
-        monkeypatch.setattr(inputs_module, "supports_text_decoder", lambda m: False)
+        monkeypatch.setattr(forward_module, "supports_text_decoder", lambda m: False)
     groups = _groups(samples[:2], processor, [[[25, 26, 27], [28, 29]], [[30], [31, 32, 33, 34], [35, 36]]])
     feats = VisionCache(model, processor).get([g.sample.image for g in groups])
     tok = processor.tokenizer
@@ -119,6 +100,7 @@ def test_shared_prefix_logits_and_grads_equal_whole_rows(load, samples, arch, pa
         ref.append(model(**inputs).logits[0, -len(comp) - 1 : -1])
     ref_loss = sum((r * torch.linspace(0, 1, r.shape[-1])).sum() for r in ref)
     ref_loss.backward()
+
     def lm_grads():  # the cached features are detached: the language model's gradients
         return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None and "visual" not in n}
 
@@ -128,7 +110,7 @@ def test_shared_prefix_logits_and_grads_equal_whole_rows(load, samples, arch, pa
 
     logits = completion_logits(model, batch, feats)  # [R, C, V]
     loss = 0
-    for r, (s, comp) in enumerate(rows):
+    for r, (_, comp) in enumerate(rows):
         assert (logits[r, : len(comp)] - ref[r]).abs().max() <= 1e-5
         loss = loss + (logits[r, : len(comp)] * torch.linspace(0, 1, logits.shape[-1])).sum()
     loss.backward()

@@ -1,6 +1,7 @@
-"""Model inputs built from cached vision features: prompt token ids, M-RoPE positions, and forward passes that inject
-the features instead of `pixel_values` (for generation and for the trainer's log-prob passes). Qwen3-VL's DeepStack
-maps travel with the embeddings; its own forward adds them after its first decoder layers, at the image tokens.
+"""The policy's forward passes with cached vision features injected instead of `pixel_values`: M-RoPE positions,
+whole-row logits, the prompt's prefill (the HF engine's generation starts from it) and the trainer's log-prob passes
+over shared prompts. Qwen3-VL's DeepStack maps travel with the embeddings; its own forward adds them after its first
+decoder layers, at the image tokens.
 
 Every pass builds a fresh `mm_encoder_outputs` dict (generate mutates it) and passes explicit M-RoPE position ids, so
 nothing depends on `model.model.rope_deltas` left by an earlier call. Knows nothing of sampling or training.
@@ -17,127 +18,9 @@ import torch
 from torch import Tensor
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-from vlgrpo.data.images import ProcessorGeometry, image_size
-from vlgrpo.data.prompts import render_messages
-from vlgrpo.data.video import VideoSampling, frame_timestamps, visual_sources
-from vlgrpo.models import placeholder_token_ids
-from vlgrpo.rollout.decode import supports_text_decoder
-from vlgrpo.rollout.packed import packed_completion_logits
-from vlgrpo.types import InputError, Sample
-
-IMAGE_PAD = "<|image_pad|>"
-VIDEO_PAD = "<|video_pad|>"
-VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
-
-
-@dataclass
-class PromptInputs:
-    """One tokenised prompt with its visual inputs; `input_ids` already hold one <|image_pad|> per image token and
-    one <|video_pad|> per video token."""
-
-    input_ids: list[int]
-    mm_token_type_ids: list[int]
-    """1 on image tokens, 2 on video tokens, 0 on text (the processor's convention): decides the M-RoPE positions."""
-    image_grid_thw: Tensor
-    """[I, 3] long: (t, h, w) in patches of each image, in `Sample.images` order (I = 0 without images)."""
-    video_grid_thw: Tensor | None
-    """[1, 3] long: the video's (t, h, w) in patches; None without a video."""
-    sources: list
-    """The visual inputs in injection order (`data.video.visual_sources`): image refs, then a VideoClip. The vision
-    cache's key sources."""
-
-    @property
-    def image(self) -> str | bytes | None:
-        """The one image of a one-image prompt (None otherwise)."""
-        return self.sources[0] if len(self.sources) == 1 and self.video_grid_thw is None else None
-
-
-def build_prompt(
-    sample: Sample,
-    processor,
-    geometry: ProcessorGeometry | None = None,
-    answer_format: str = "think_answer",
-    box_format: str = "qwen2_5",
-    system_prompt: str = "",
-    video_sampling: VideoSampling | None = None,
-) -> PromptInputs:
-    """Chat-template the sample and expand its placeholders from the sizes alone (no pixel processing): each image's
-    <|image_pad|> to its token count, the video's to its frames' (Qwen3-VL: one `<t seconds>` block per temporal
-    patch, as Qwen's processor writes it). The same ids as `processor(text, images, videos)`; tests pin that."""
-    if not sample.images and sample.video is None:
-        raise InputError(f"sample '{sample.id}' has no image or video; every vlgrpo prompt carries at least one")
-    geometry = geometry or ProcessorGeometry.from_processor(processor)
-    sources = visual_sources(sample, video_sampling or VideoSampling())
-    grids = [geometry.grid_thw(*reversed(image_size(img))) for img in sample.images]
-    messages = render_messages(sample, answer_format, box_format, system_prompt)
-    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    wants = {IMAGE_PAD: len(grids), VIDEO_PAD: int(sample.video is not None)}
-    for pad, n in wants.items():
-        if text.count(pad) != n:
-            hint = "" if pad == IMAGE_PAD or n == 0 else (": the checkpoint's chat template has no video part "
-                                                           "(Qwen's own templates do); give it one")
-            raise InputError(f"sample '{sample.id}': the chat template produced {text.count(pad)} {pad} tokens, "
-                             f"expected {n}{hint}")  # fmt: skip
-    pieces = text.split(IMAGE_PAD)
-    text = pieces[0] + "".join(IMAGE_PAD * (gh * gw // geometry.merge_size**2) + rest
-                               for (_, gh, gw), rest in zip(grids, pieces[1:]))  # fmt: skip
-    video_grid = None
-    if sample.video is not None:
-        info = sources[-1].info()
-        video_grid = info.grid_thw(geometry)
-        text = _expand_video(text, info, video_grid, geometry, timestamps=writes_timestamps(processor))
-    ids = processor.tokenizer(text)["input_ids"]
-    image_id, video_id = processor.tokenizer.convert_tokens_to_ids([IMAGE_PAD, VIDEO_PAD])
-    return PromptInputs(
-        input_ids=list(ids),
-        mm_token_type_ids=[1 if i == image_id else 2 if i == video_id else 0 for i in ids],
-        image_grid_thw=torch.tensor(grids, dtype=torch.long).reshape(-1, 3),
-        video_grid_thw=None if video_grid is None else torch.tensor([video_grid], dtype=torch.long),
-        sources=sources,
-    )
-
-
-def writes_timestamps(processor) -> bool:
-    """Qwen3-VL's processor writes each video frame's time as text (`<1.2 seconds>`); Qwen2/2.5-VL's do not."""
-    return type(processor).__name__.startswith("Qwen3VL")
-
-
-def _expand_video(text: str, info, grid: tuple[int, int, int], geometry: ProcessorGeometry, timestamps: bool) -> str:
-    """The video's pad run: tokens per frame x temporal patches; with timestamps, the whole
-    <|vision_start|><|video_pad|><|vision_end|> becomes one `<t seconds><|vision_start|>...<|vision_end|>` block per
-    temporal patch (Qwen3-VL's own processor)."""
-    t, gh, gw = grid
-    per_frame = gh * gw // geometry.merge_size**2
-    if not timestamps:
-        return text.replace(VIDEO_PAD, VIDEO_PAD * (t * per_frame), 1)
-    seconds = frame_timestamps(info.indices, info.source_fps, geometry.temporal_patch_size)
-    blocks = "".join(f"<{s:.1f} seconds>{VISION_START}{VIDEO_PAD * per_frame}{VISION_END}" for s in seconds[:t])
-    wrapped = VISION_START + VIDEO_PAD + VISION_END
-    return text.replace(wrapped, blocks, 1) if wrapped in text else text.replace(VIDEO_PAD, blocks, 1)
-
-
-def forbidden_mask(tokenizer, vocab_size: int, device=None) -> Tensor:
-    """[V] bool: True on the vision placeholder ids, which sampling sets to -inf and the trainer masks identically."""
-    mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
-    mask[[i for i in placeholder_token_ids(tokenizer) if i < vocab_size]] = True
-    return mask
-
-
-def vocab_size(model) -> int:
-    """Rows of the LM head, from the config (a ZeRO-3 partitioned weight has shape [0] outside its forward)."""
-    return int(model.config.get_text_config().vocab_size)
-
-
-def left_pad(rows: list[list[int]], pad_id: int, device=None) -> tuple[Tensor, Tensor]:
-    """Left-pad id lists -> (ids [R, T] long, attention_mask [R, T] long)."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        if r:
-            ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
-            mask[i, width - len(r) :] = 1
-    return ids.to(device), mask.to(device)
+from vlgrpo.policy.packed import packed_completion_logits
+from vlgrpo.policy.prompt import left_pad
+from vlgrpo.policy.text_decoder import supports_text_decoder
 
 
 def core_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -159,8 +42,10 @@ def _grids(model, rows: list[list]) -> dict:
     flat = [f for row in rows for f in row]
     images = [f.grid_thw for f in flat if not getattr(f, "is_video", False)]
     videos = [f for f in flat if getattr(f, "is_video", False)]
-    out = {"image_grid_thw": torch.stack(images).reshape(-1, 3) if images else None,
-           "video_grid_thw": torch.stack([f.grid_thw for f in videos]) if videos else None}  # fmt: skip
+    out = {
+        "image_grid_thw": torch.stack(images).reshape(-1, 3) if images else None,
+        "video_grid_thw": torch.stack([f.grid_thw for f in videos]) if videos else None,
+    }
     if videos and _takes_seconds(core_model(model)):
         tps = core_model(model).config.vision_config.temporal_patch_size
         out["second_per_grid_ts"] = torch.tensor([tps / f.video_fps for f in videos])
@@ -178,8 +63,11 @@ def _takes_seconds(core) -> bool:
 def mrope_positions(model, input_ids: Tensor, attention_mask: Tensor, mm_token_type_ids: Tensor, features: list):
     """M-RoPE position ids [3, R, T] (0 on padding) and the next free position of each row [R] long; `features`:
     each row's visual features (ImageFeatures or a list of them), whose grids place the visual tokens."""
-    grids = {k: (v.to(input_ids.device) if k != "second_per_grid_ts" else v) for k, v in
-             _grids(model, row_parts(features)).items() if v is not None}  # fmt: skip
+    grids = {
+        k: (v.to(input_ids.device) if k != "second_per_grid_ts" else v)
+        for k, v in _grids(model, row_parts(features)).items()
+        if v is not None
+    }
     pos, _ = core_model(model).get_rope_index(
         input_ids, mm_token_type_ids=mm_token_type_ids, attention_mask=attention_mask, **grids
     )
@@ -192,8 +80,10 @@ def image_outputs(model, features: list) -> dict:
     every video, in row order. A DeepStack model (Qwen3-VL) gets every part's maps, one list per
     `deepstack_visual_indexes` entry; features without them are refused, not run without the DeepStack layers."""
     flat = [f for row in row_parts(features) for f in row]
-    kinds = {"image": [f for f in flat if not getattr(f, "is_video", False)],
-             "video": [f for f in flat if getattr(f, "is_video", False)]}  # fmt: skip
+    kinds = {
+        "image": [f for f in flat if not getattr(f, "is_video", False)],
+        "video": [f for f in flat if getattr(f, "is_video", False)],
+    }
     vision = core_model(model).config.vision_config
     out = {}
     for kind, feats in kinds.items():
@@ -207,8 +97,10 @@ def image_outputs(model, features: list) -> dict:
         maps = [getattr(f, "deepstack", None) for f in feats]  # [L, N_i, H] each
         short = sum(m is None or m.shape[0] != want for m in maps)
         if short:
-            raise ValueError(f"{short} of {len(maps)} {kind}s' features lack the model's {want} DeepStack maps "
-                             "(deepstack_visual_indexes): features of another model, or a cache entry without them")
+            raise ValueError(
+                f"{short} of {len(maps)} {kind}s' features lack the model's {want} DeepStack maps "
+                "(deepstack_visual_indexes): features of another model, or a cache entry without them"
+            )
         from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
 
         per_layer = [list(layer) for layer in zip(*maps)]  # L lists of [N_i, H]
@@ -225,8 +117,9 @@ def policy_logits(
     image) or the list of its images' and video's (`visual_sources` order); a repeated image is simply listed again.
     """
     if len(features) != input_ids.shape[0]:
-        raise ValueError(f"policy_logits wants one features entry per row: {input_ids.shape[0]} rows, "
-                         f"{len(features)} entries")  # fmt: skip
+        raise ValueError(
+            f"policy_logits wants one features entry per row: {input_ids.shape[0]} rows, {len(features)} entries"
+        )
     pos, _ = mrope_positions(model, input_ids, attention_mask, mm_token_type_ids, features)
     out = model(
         input_ids=input_ids,
@@ -266,22 +159,27 @@ class CompletionBatch:
     completion_mask: Tensor  # [R, C] long, 1 on real completion tokens
     row_prompt: Tensor  # [R] long: index into the B prompts of each row
 
-    def select(self, rows: Tensor | list[int]) -> "CompletionBatch":
+    def select(self, rows: Tensor | list[int]) -> CompletionBatch:
         """A micro-batch of rows, keeping only the prompts they need (features: index them with `used_prompts`)."""
         rows = torch.as_tensor(rows, dtype=torch.long)
         used, inverse = torch.unique(self.row_prompt[rows], return_inverse=True)
         return CompletionBatch(
-            self.prompt_ids[used], self.prompt_mask[used], self.mm_token_type_ids[used], self.completion_ids[rows],
-            self.completion_mask[rows], inverse,
-        )  # fmt: skip
+            self.prompt_ids[used],
+            self.prompt_mask[used],
+            self.mm_token_type_ids[used],
+            self.completion_ids[rows],
+            self.completion_mask[rows],
+            inverse,
+        )
 
     def used_prompts(self, rows: Tensor | list[int]) -> list[int]:
         """Indices of the prompts `select(rows)` keeps, in its order."""
         return torch.unique(self.row_prompt[torch.as_tensor(rows, dtype=torch.long)]).tolist()
 
 
-def collate_groups(groups, pad_id: int, image_token_id: int, video_token_id: int | None = None,
-                   device=None) -> CompletionBatch:  # fmt: skip
+def collate_groups(
+    groups, pad_id: int, image_token_id: int, video_token_id: int | None = None, device=None
+) -> CompletionBatch:
     """RolloutGroups (B prompts x G_b completions) -> CompletionBatch. The visual grids travel with the features
     (one entry per prompt), which every pass takes beside the batch."""
     prompt_ids, prompt_mask = left_pad([g.prompt_ids for g in groups], pad_id)
@@ -298,8 +196,13 @@ def collate_groups(groups, pad_id: int, image_token_id: int, video_token_id: int
         mm += 2 * (prompt_ids == video_token_id).long()
     to = lambda t: t.to(device)  # noqa: E731
     return CompletionBatch(
-        to(prompt_ids), to(prompt_mask), to(mm * prompt_mask), to(ids), to(mask), to(row_prompt),
-    )  # fmt: skip
+        to(prompt_ids),
+        to(prompt_mask),
+        to(mm * prompt_mask),
+        to(ids),
+        to(mask),
+        to(row_prompt),
+    )
 
 
 def _checkpointing(model) -> bool:
@@ -320,8 +223,16 @@ def completion_logits(model, batch: CompletionBatch, features: list) -> Tensor:
         return _completion_logits_full_rows(model, batch, features)
     last, cache, next_pos = prefill(model, batch.prompt_ids, batch.prompt_mask, batch.mm_token_type_ids, features)
     if supports_text_decoder(model):
-        return packed_completion_logits(model, batch.completion_ids, batch.completion_mask, batch.row_prompt,
-                                        batch.prompt_mask, last, cache, next_pos)  # fmt: skip
+        return packed_completion_logits(
+            model,
+            batch.completion_ids,
+            batch.completion_mask,
+            batch.row_prompt,
+            batch.prompt_mask,
+            last,
+            cache,
+            next_pos,
+        )
     cache.batch_select_indices(batch.row_prompt)
     r, c = batch.completion_ids.shape
     pos = next_pos[batch.row_prompt].unsqueeze(1) + torch.arange(c, device=next_pos.device)  # [R, C]

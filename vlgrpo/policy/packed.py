@@ -6,13 +6,14 @@ MLP and the LM head on all of them. Here the tokens that predict a real next tok
 for everything but attention; attention alone goes through the padded [R, L] layout (L = C - 1), where each row reads
 its prompt's prefill keys and values (padding masked) and its own earlier tokens (causal). The KV heads are repeated
 over their query heads, as transformers does for a masked SDPA on CUDA, whose GQA path falls back to the math kernel
-when there is a mask. The prompt's own pass is `inputs.prefill`, once per prompt, with gradients flowing through its
+when there is a mask. The prompt's own pass is `forward.prefill`, once per prompt, with gradients flowing through its
 KV cache. The logits come back as [R, C, V] in the layout the loss expects, zero on padding (masked there).
 
 It calls the model's own modules, so LoRA wrappers and ZeRO-3's gathered weights work as in the transformers forward;
-completion tokens are text, so their M-RoPE is the plain rotary embedding (`decode.text_rotary`) and Qwen3-VL's
-DeepStack (image tokens only) adds nothing; q/k norms as in `decode.project_qkv`. Models that
-`decode.supports_text_decoder` rejects, and gradient checkpointing, keep the transformers forward (`inputs`).
+completion tokens are text, so their M-RoPE is the plain rotary embedding (`text_decoder.text_rotary`) and Qwen3-VL's
+DeepStack (image tokens only) adds nothing; q/k norms as in `text_decoder.project_qkv`. Models
+that `text_decoder.supports_text_decoder` rejects, and gradient checkpointing, keep the transformers forward
+(`forward.completion_logits`).
 """
 
 from __future__ import annotations
@@ -21,13 +22,21 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vlgrpo.rollout.decode import project_qkv, rotate_half, text_rotary
+from vlgrpo.policy.text_decoder import project_qkv, rotate_half, text_rotary
 
 
-def packed_completion_logits(model, completion_ids: Tensor, completion_mask: Tensor, row_prompt: Tensor,
-                             prompt_mask: Tensor, last: Tensor, cache, next_pos: Tensor) -> Tensor:  # fmt: skip
+def packed_completion_logits(
+    model,
+    completion_ids: Tensor,
+    completion_mask: Tensor,
+    row_prompt: Tensor,
+    prompt_mask: Tensor,
+    last: Tensor,
+    cache,
+    next_pos: Tensor,
+) -> Tensor:
     """completion_ids/mask [R, C] (right-padded), row_prompt [R], prompt_mask [B, Tp]; last [B, V], cache and
-    next_pos [B] from `inputs.prefill` -> logits [R, C, V], logits[:, t] predicting completion token t."""
+    next_pos [B] from `forward.prefill` -> logits [R, C, V], logits[:, t] predicting completion token t."""
     text, head = model.get_decoder(), model.get_output_embeddings()
     r, c = completion_ids.shape
     first = last[row_prompt]  # [R, V]: the prompt's last position predicts completion token 0

@@ -1,0 +1,138 @@
+"""Prompt token ids built from a sample and the sizes of its images and video alone (no pixel processing): the chat
+template with each vision placeholder expanded to its token count, as Qwen's processor writes it; the mask of the
+placeholder ids that sampling and the trainer set to -inf; left padding. Shared by the rollout engines and the trainer.
+
+A prompt holds one image, several, or images and a video, in `visual_sources` order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from vlgrpo.data.images import ProcessorGeometry, image_size
+from vlgrpo.data.prompts import render_messages
+from vlgrpo.data.video import VideoSampling, frame_timestamps, visual_sources
+from vlgrpo.models import placeholder_token_ids
+from vlgrpo.types import InputError, Sample
+
+IMAGE_PAD = "<|image_pad|>"
+VIDEO_PAD = "<|video_pad|>"
+VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
+
+
+@dataclass
+class PromptInputs:
+    """One tokenised prompt with its visual inputs; `input_ids` already hold one <|image_pad|> per image token and
+    one <|video_pad|> per video token."""
+
+    input_ids: list[int]
+    mm_token_type_ids: list[int]
+    """1 on image tokens, 2 on video tokens, 0 on text (the processor's convention): decides the M-RoPE positions."""
+    image_grid_thw: Tensor
+    """[I, 3] long: (t, h, w) in patches of each image, in `Sample.images` order (I = 0 without images)."""
+    video_grid_thw: Tensor | None
+    """[1, 3] long: the video's (t, h, w) in patches; None without a video."""
+    sources: list
+    """The visual inputs in injection order (`data.video.visual_sources`): image refs, then a VideoClip. The vision
+    cache's key sources."""
+
+    @property
+    def image(self) -> str | bytes | None:
+        """The one image of a one-image prompt (None otherwise)."""
+        return self.sources[0] if len(self.sources) == 1 and self.video_grid_thw is None else None
+
+
+def build_prompt(
+    sample: Sample,
+    processor,
+    geometry: ProcessorGeometry | None = None,
+    answer_format: str = "think_answer",
+    box_format: str = "qwen2_5",
+    system_prompt: str = "",
+    video_sampling: VideoSampling | None = None,
+) -> PromptInputs:
+    """Chat-template the sample and expand its placeholders from the sizes alone (no pixel processing): each image's
+    <|image_pad|> to its token count, the video's to its frames' (Qwen3-VL: one `<t seconds>` block per temporal
+    patch, as Qwen's processor writes it). The same ids as `processor(text, images, videos)`; tests pin that."""
+    if not sample.images and sample.video is None:
+        raise InputError(f"sample '{sample.id}' has no image or video; every vlgrpo prompt carries at least one")
+    geometry = geometry or ProcessorGeometry.from_processor(processor)
+    sources = visual_sources(sample, video_sampling or VideoSampling())
+    grids = [geometry.grid_thw(*reversed(image_size(img))) for img in sample.images]
+    messages = render_messages(sample, answer_format, box_format, system_prompt)
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    wants = {IMAGE_PAD: len(grids), VIDEO_PAD: int(sample.video is not None)}
+    for pad, n in wants.items():
+        if text.count(pad) != n:
+            hint = (
+                ""
+                if pad == IMAGE_PAD or n == 0
+                else (": the checkpoint's chat template has no video part (Qwen's own templates do); give it one")
+            )
+            raise InputError(
+                f"sample '{sample.id}': the chat template produced {text.count(pad)} {pad} tokens, expected {n}{hint}"
+            )
+    pieces = text.split(IMAGE_PAD)
+    text = pieces[0] + "".join(
+        IMAGE_PAD * (gh * gw // geometry.merge_size**2) + rest for (_, gh, gw), rest in zip(grids, pieces[1:])
+    )
+    video_grid = None
+    if sample.video is not None:
+        info = sources[-1].info()
+        video_grid = info.grid_thw(geometry)
+        text = _expand_video(text, info, video_grid, geometry, timestamps=writes_timestamps(processor))
+    ids = processor.tokenizer(text)["input_ids"]
+    image_id, video_id = processor.tokenizer.convert_tokens_to_ids([IMAGE_PAD, VIDEO_PAD])
+    return PromptInputs(
+        input_ids=list(ids),
+        mm_token_type_ids=[1 if i == image_id else 2 if i == video_id else 0 for i in ids],
+        image_grid_thw=torch.tensor(grids, dtype=torch.long).reshape(-1, 3),
+        video_grid_thw=None if video_grid is None else torch.tensor([video_grid], dtype=torch.long),
+        sources=sources,
+    )
+
+
+def writes_timestamps(processor) -> bool:
+    """Qwen3-VL's processor writes each video frame's time as text (`<1.2 seconds>`); Qwen2/2.5-VL's do not."""
+    return type(processor).__name__.startswith("Qwen3VL")
+
+
+def _expand_video(text: str, info, grid: tuple[int, int, int], geometry: ProcessorGeometry, timestamps: bool) -> str:
+    """The video's pad run: tokens per frame x temporal patches; with timestamps, the whole
+    <|vision_start|><|video_pad|><|vision_end|> becomes one `<t seconds><|vision_start|>...<|vision_end|>` block per
+    temporal patch (Qwen3-VL's own processor)."""
+    t, gh, gw = grid
+    per_frame = gh * gw // geometry.merge_size**2
+    if not timestamps:
+        return text.replace(VIDEO_PAD, VIDEO_PAD * (t * per_frame), 1)
+    seconds = frame_timestamps(info.indices, info.source_fps, geometry.temporal_patch_size)
+    blocks = "".join(f"<{s:.1f} seconds>{VISION_START}{VIDEO_PAD * per_frame}{VISION_END}" for s in seconds[:t])
+    wrapped = VISION_START + VIDEO_PAD + VISION_END
+    return text.replace(wrapped, blocks, 1) if wrapped in text else text.replace(VIDEO_PAD, blocks, 1)
+
+
+def forbidden_mask(tokenizer, vocab_size: int, device=None) -> Tensor:
+    """[V] bool: True on the vision placeholder ids, which sampling sets to -inf and the trainer masks identically."""
+    mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+    mask[[i for i in placeholder_token_ids(tokenizer) if i < vocab_size]] = True
+    return mask
+
+
+def vocab_size(model) -> int:
+    """Rows of the LM head, from the config (a ZeRO-3 partitioned weight has shape [0] outside its forward)."""
+    return int(model.config.get_text_config().vocab_size)
+
+
+def left_pad(rows: list[list[int]], pad_id: int, device=None) -> tuple[Tensor, Tensor]:
+    """Left-pad id lists -> (ids [R, T] long, attention_mask [R, T] long)."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+            mask[i, width - len(r) :] = 1
+    return ids.to(device), mask.to(device)
