@@ -57,17 +57,11 @@ def _cmd_plan(args) -> int:
     import dataclasses
 
     from vlgrpo.config import load_config
-    from vlgrpo.memory.report import (
-        build_report,
-        config_notes,
-        format_report,
-        init_tiny_spec,
-        parse_image_size,
-        parse_offload,
-        plan_input_from_config,
-        unbuilt_default_model,
-        video_notes,
-    )
+    from vlgrpo.memory.deepspeed_json import config_notes
+    from vlgrpo.memory.flags import parse_image_size, parse_offload
+    from vlgrpo.memory.from_config import plan_input_from_config, video_notes
+    from vlgrpo.memory.report import build_report, format_report
+    from vlgrpo.memory.tiny_spec import init_tiny_spec, unbuilt_default_model
 
     flags = {
         "model.name_or_path": args.model,

@@ -23,18 +23,17 @@ from reasoning_files import (
 )
 
 from vlgrpo.data.schema import DataError
-from vlgrpo.evals import reasoning
+from vlgrpo.evals import reasoning, reasoning_io
 from vlgrpo.evals.benchmarks import load_manifest
 from vlgrpo.evals.reasoning import (
-    benchmark_of,
     load_benchmark,
     load_geometry3k,
     load_mathvista,
     load_mmmu,
     load_superclevr,
     mathvista_query,
-    published_benchmark,
 )
+from vlgrpo.evals.reasoning_io import benchmark_of, published_benchmark
 from vlgrpo.registry import EVAL_SUITE
 from vlgrpo.types import InputError
 
@@ -228,7 +227,7 @@ def test_the_loader_checks_the_sha256_a_manifest_pins(tmp_path, monkeypatch):
         "sources": {"questions": {"files": {path.name: {"sha256": "0" * 64}}}},
     }
     (evals / "superclevr.yaml").write_text(json.dumps(manifest))
-    monkeypatch.setattr(reasoning, "EVALS_DIR", evals)
+    monkeypatch.setattr(reasoning_io, "EVALS_DIR", evals)
     with pytest.raises(InputError, match=f"sha256 {digest} is not the {'0' * 64} that evals/superclevr.yaml pins"):
         load_benchmark(path)
     manifest["sources"]["questions"]["files"][path.name]["sha256"] = digest

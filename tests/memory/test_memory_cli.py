@@ -10,7 +10,7 @@ import pytest
 from vlgrpo.cli import main
 from vlgrpo.config import ModelConfig, load_config
 from vlgrpo.memory import MODEL_TABLE, PlanError
-from vlgrpo.memory.report import image_tokens_for, plan_input_from_config
+from vlgrpo.memory.from_config import image_tokens_for, plan_input_from_config
 
 Q7 = MODEL_TABLE["Qwen/Qwen2.5-VL-7B-Instruct"]
 LORA_8XA100 = """\
@@ -266,7 +266,7 @@ def test_the_default_model_is_planned_as_init_tiny_builds_it(
 
 def test_the_default_model_of_an_arch_the_planner_cannot_count_is_named():
     from vlgrpo.config import Config
-    from vlgrpo.memory.report import init_tiny_spec
+    from vlgrpo.memory.tiny_spec import init_tiny_spec
     from vlgrpo.tiny import TinySpec
 
     cfg = Config()

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from vlgrpo.memory import GPU_TYPES, MODEL_TABLE, PlanError, PlanInput, plan, suggestions, verdicts
-from vlgrpo.memory.planner import peak_on
+from vlgrpo.memory.fit import peak_on
 
 GB = 10**9
 Q7 = MODEL_TABLE["Qwen/Qwen2.5-VL-7B-Instruct"]

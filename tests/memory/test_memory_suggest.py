@@ -16,8 +16,8 @@ from vlgrpo.cli import main
 from vlgrpo.config import ConfigError, load_config
 from vlgrpo.config.schema import CHOICES
 from vlgrpo.memory import GPU_TYPES, PlanInput, plan, suggestions
-from vlgrpo.memory.planner import peak_on
-from vlgrpo.memory.report import plan_input_from_config
+from vlgrpo.memory.fit import peak_on
+from vlgrpo.memory.from_config import plan_input_from_config
 from vlgrpo.memory.suggest import DEEPSPEED_JSON, candidates, merge_overrides, not_run_by_trainer
 
 MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"

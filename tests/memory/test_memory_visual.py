@@ -11,7 +11,7 @@ from vlgrpo.config import load_config
 from vlgrpo.data.images import DEFAULT_GEOMETRY
 from vlgrpo.data.video import VideoInfo, VideoSampling
 from vlgrpo.memory import MODEL_TABLE, PlanError, PlanInput, plan
-from vlgrpo.memory.report import plan_input_from_config
+from vlgrpo.memory.from_config import plan_input_from_config
 
 Q7 = MODEL_TABLE["Qwen/Qwen2.5-VL-7B-Instruct"]
 Q3_8B = MODEL_TABLE["Qwen/Qwen3-VL-8B-Instruct"]

@@ -10,7 +10,8 @@ import re
 from collections.abc import Callable
 from typing import NamedTuple
 
-from vlgrpo.evals.reasoning import benchmark_of, load_benchmark
+from vlgrpo.evals.reasoning import load_benchmark
+from vlgrpo.evals.reasoning_io import benchmark_of
 from vlgrpo.evals.reasoning_score import (
     count_value,
     mathvista_gold,

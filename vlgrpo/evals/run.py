@@ -19,7 +19,8 @@ import torch
 from vlgrpo.config import ConfigError
 from vlgrpo.evals.pope_score import PARSERS
 from vlgrpo.evals.pope_suite import is_pope_file
-from vlgrpo.evals.reasoning import load_benchmark, published_benchmark
+from vlgrpo.evals.reasoning import load_benchmark
+from vlgrpo.evals.reasoning_io import published_benchmark
 from vlgrpo.evals.report import write_outputs
 from vlgrpo.evals.suite import EvalData, EvalResult, Selection, load_suite, parse_suites
 from vlgrpo.models import eval_mode

@@ -11,8 +11,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from vlgrpo.memory.planner import GPU_TYPES, PlanInput, peak_on, plan, train_gpus, trainer_optimizer_states
+from vlgrpo.memory.fit import GPU_TYPES, peak_on
+from vlgrpo.memory.inputs import PlanInput, train_gpus
+from vlgrpo.memory.planner import plan
 from vlgrpo.memory.specs import PlanError
+from vlgrpo.memory.terms import trainer_optimizer_states
 
 Candidate = tuple[tuple[str, ...], PlanInput]
 

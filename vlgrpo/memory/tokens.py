@@ -1,5 +1,5 @@
 """A planned prompt's tokens by part: text, every image, the video's frames after temporal merging and Qwen3-VL's
-timestamp labels. Pure arithmetic on a `planner.PlanInput` (the planner prices every term from these counts)."""
+timestamp labels. Pure arithmetic on an `inputs.PlanInput` (the planner prices every term from these counts)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from vlgrpo.data.rowcheck import TIMESTAMP_TOKENS  # Qwen3-VL's label and wrap of one temporal patch
 
 if TYPE_CHECKING:
-    from vlgrpo.memory.planner import PlanInput
+    from vlgrpo.memory.inputs import PlanInput
 
 
 def temporal_patches(inp: PlanInput) -> int:

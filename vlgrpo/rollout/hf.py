@@ -192,7 +192,7 @@ class HFEngine(EngineCounters):
     @classmethod
     def from_config(cls, cfg, lm, vision_cache, box_format: str) -> HFEngine:
         """The engine of a run: the trainer's own module, its processor and prompt settings. A step's prompts are
-        prefilled and decoded as one batch, the KV cache the memory planner counts (`memory.planner.rollout_terms`)."""
+        prefilled and decoded as one batch, the KV cache the memory planner counts (`memory.terms.rollout_terms`)."""
         d = cfg.data
         return cls(
             lm.model,

@@ -1,0 +1,136 @@
+"""A run config as the planner's input: `plan_input_from_config`, with the image and video tokens the run's processor
+geometry gives and what the plan made of --video-frames.
+
+Only this module, `deepspeed_json` (a zero3 run's offload) and `tiny_spec` know the config tree in memory/; the image
+geometry (`vlgrpo.data.images`, whose smart_resize pulls in transformers) and the video sampling are imported lazily.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from vlgrpo.config import Config, ModelConfig
+from vlgrpo.memory.deepspeed_json import zero3_offload
+from vlgrpo.memory.inputs import DTYPE_BYTES, PlanInput
+from vlgrpo.memory.specs import ModelSpec, PlanError, resolve_model
+from vlgrpo.memory.terms import trainer_optimizer_states
+
+
+def geometry_for(m: ModelConfig, spec: ModelSpec | None):
+    """The processor geometry the run uses: the spec's processor bounds when it knows them (init-tiny's), else the
+    checkpoint directory's processor files, else the released processors of the spec's family (Qwen3-VL: 16 px
+    patches, one token per 32 x 32 px; Qwen2/2.5-VL: 14 px, 28 x 28); model.min_pixels / max_pixels override them
+    all. A `vlgrpo.data.images.ProcessorGeometry`."""
+    from vlgrpo.data.images import ProcessorGeometry, checkpoint_geometry
+
+    if spec is not None and spec.max_pixels:
+        return ProcessorGeometry(
+            patch_size=spec.patch,
+            merge_size=spec.merge,
+            temporal_patch_size=spec.temporal_patch,
+            min_pixels=spec.min_pixels,
+            max_pixels=spec.max_pixels,
+        ).with_pixels(m.min_pixels, m.max_pixels)
+    family = spec.family if spec else None
+    return checkpoint_geometry(m.name_or_path, m.min_pixels, m.max_pixels, arch=family)[0]
+
+
+def image_tokens_for(width: int, height: int, m: ModelConfig, spec: ModelSpec | None) -> int:
+    """Language-model tokens of one W x H image after Qwen's smart_resize and the 2x2 merge, with the geometry the run
+    uses (`geometry_for`)."""
+    return geometry_for(m, spec).num_image_tokens(height, width)
+
+
+def video_frames_seen(frames: int, max_frames: int) -> int:
+    """Frames the model sees of a video given as `frames` frames, sampled as the data layer samples a frame list
+    (`vlgrpo.data.video.list_indices`): every one, an odd count padded with the last; above max_frames, max_frames
+    floored to even."""
+    from vlgrpo.data.video import VideoSampling, list_indices
+
+    return len(list_indices(frames, VideoSampling(max_frames=max_frames))[0]) if frames > 0 else 0
+
+
+def video_frame_tokens_for(cfg: Config, spec: ModelSpec | None, frame_size: tuple[int, int] | None = None) -> int:
+    """Language-model tokens of one video frame: a W x H frame resized by smart_resize within data.video's pixel
+    bounds, or without `frame_size` the most a frame can take, max_pixels / (patch x merge)^2 (qwen-vl-utils'
+    default bound: 768 tokens)."""
+    from vlgrpo.data.video import VideoSampling
+
+    geometry = geometry_for(cfg.model, spec)
+    lo, hi = VideoSampling.from_config(cfg.data.video).pixel_bounds(geometry)
+    if frame_size is None:
+        return hi // geometry.factor**2
+    return dataclasses.replace(geometry, min_pixels=lo, max_pixels=hi).num_image_tokens(frame_size[1], frame_size[0])
+
+
+def video_notes(cfg: Config, frames: int) -> list[str]:
+    """What the plan made of --video-frames: capped by data.video.max_frames, or padded to an even count."""
+    seen, most = video_frames_seen(frames, cfg.data.video.max_frames), cfg.data.video.max_frames
+    if frames <= 0:
+        return []
+    if frames > most:
+        return [
+            f"--video-frames {frames} is more than data.video.max_frames={most}: the model sees {seen} evenly "
+            "spaced frames, which is what is planned"
+        ]
+    if seen != frames:
+        return [f"--video-frames {frames} is odd: Qwen's processor pads it with the last frame to {seen}"]
+    return []
+
+
+def plan_input_from_config(
+    cfg: Config,
+    *,
+    params: int | None = None,
+    spec: ModelSpec | None = None,
+    image_size: tuple[int, int] = (448, 448),
+    text_tokens: int = 64,
+    images_per_sample: int = 1,
+    video_frames: int = 0,
+    video_size: tuple[int, int] | None = None,
+) -> PlanInput:
+    """The planner's input for a run config (`params` replaces the model spec, `spec` the one model.name_or_path
+    names; `image_size` is W x H). Each prompt holds `images_per_sample` images of `image_size` and, with
+    `video_frames` > 0, a video of that many frames (sampled as data.video says), each frame of `video_size` or at
+    data.video's pixel bound. A zero3 run's offload is what its DeepSpeed JSON says when it has one."""
+    m, t, r = cfg.model, cfg.train, cfg.rollout
+    if images_per_sample < 0 or video_frames < 0:
+        raise PlanError(f"--images-per-sample {images_per_sample} / --video-frames {video_frames}: must be >= 0")
+    if params:
+        spec = None
+    elif spec is None:
+        spec = resolve_model(m.name_or_path)
+    frozen = {"vision": m.freeze_vision, "merger": m.freeze_merger, "language": m.freeze_language}
+    zero3 = t.backend == "zero3"
+    return PlanInput(
+        spec=spec,
+        params=params,
+        dtype_bytes=DTYPE_BYTES[m.dtype],
+        trainable=tuple(part for part, is_frozen in frozen.items() if not is_frozen),
+        lora_rank=t.lora.rank if t.backend == "lora" else None,
+        lora_targets=tuple(t.lora.target_modules),
+        zero_stage=3 if zero3 else 0,
+        num_gpus=t.num_gpus,
+        offload=zero3_offload(cfg) if zero3 else frozenset(),
+        deepspeed_config=t.zero3.deepspeed_config if zero3 else None,
+        beta=cfg.grpo.beta,
+        optimizer_states=trainer_optimizer_states(t.backend, DTYPE_BYTES[m.dtype]),
+        micro_batch=t.micro_batch_completions,
+        prompts_per_step=t.prompts_per_step,
+        completions_per_prompt=r.completions_per_prompt,
+        text_tokens=text_tokens,
+        image_tokens=image_tokens_for(*image_size, m, spec),
+        images_per_sample=images_per_sample,
+        video_frames=video_frames_seen(video_frames, cfg.data.video.max_frames) if video_frames else 0,
+        video_frame_tokens=video_frame_tokens_for(cfg, spec, video_size) if video_frames else 0,
+        completion_tokens=r.max_new_tokens,
+        max_prompt_length=cfg.data.max_prompt_length,
+        gradient_checkpointing=m.gradient_checkpointing,
+        engine=r.engine,
+        vllm_gpu_memory_utilization=r.vllm.gpu_memory_utilization,
+        vllm_placement=r.placement,
+        rollout_gpus=r.vllm.rollout_gpus,
+        vllm_sleep=r.vllm.enable_sleep_mode,
+        tensor_parallel=r.vllm.tensor_parallel_size,
+        vision_cache_bytes=r.vision_cache_bytes,
+    )
