@@ -1,12 +1,9 @@
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from trainer_helpers import tiny_config, write_reward_module
+from trainer_helpers import run_two_ranks, tiny_config, write_reward_module
 
 from vlgrpo.config import save_config
 from vlgrpo.models import load_model
@@ -21,28 +18,10 @@ MODEL_CLASS = {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration", "qwen3_vl": "
 def _torchrun(tmp_path, port: int, *overrides: str, timeout: int = 600) -> list[dict]:
     """Train on 2 ranks; returns each rank's {"history", "progress"} (see dist_worker.py). A run that outlives
     `timeout` (a deadlock) fails the test and is stopped, torchrun and both ranks."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(port),
-        str(WORKER),
-        str(tmp_path / "cfg.yaml"),
-        str(tmp_path),
-        *overrides,
-    ]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.terminate()  # torchrun stops its ranks (they run in sessions of their own)
-        _, stderr = proc.communicate(timeout=60)
-        pytest.fail(f"2-rank run still going after {timeout} s (deadlocked?):\n{stderr[-3000:]}")
-    assert proc.returncode == 0, stderr[-3000:]
+    status, stderr = run_two_ranks(
+        WORKER, str(tmp_path / "cfg.yaml"), str(tmp_path), *overrides, port=port, timeout=timeout
+    )
+    assert status == 0, stderr[-3000:]
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 

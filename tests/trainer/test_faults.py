@@ -4,14 +4,12 @@ process left behind."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from trainer_helpers import tiny_config, write_reward_module
+from trainer_helpers import run_two_ranks, tiny_config, write_reward_module
 
 from vlgrpo.config import save_config
 
@@ -33,35 +31,20 @@ def _launch(
         *overrides,
     )
     save_config(cfg, tmp_path / "cfg.yaml")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "VLGRPO_TEST_FAULT": fault}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(port),
-        "--max-restarts",
-        str(restarts),
-        str(WORKER),
+    status, stderr = run_two_ranks(
+        WORKER,
         str(tmp_path / "cfg.yaml"),
-    ]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-        _, stderr = proc.communicate(timeout=60)
-        pytest.fail(
-            f"still running {timeout} s after launch: a rank waits for one that will never come\n{stderr[-3000:]}"
-        )
+        port=port,
+        timeout=timeout,
+        env={"VLGRPO_TEST_FAULT": fault},
+        restarts=restarts,
+    )
     end = time.time()
     fault_file = tmp_path / "fault_at.txt"
     fault_at = float(fault_file.read_text()) if fault_file.is_file() else None
     left = subprocess.run(["pgrep", "-f", str(tmp_path / "cfg.yaml")], capture_output=True, text=True).stdout
     assert not left.strip(), f"processes left running: {left}"
-    return proc.returncode, stderr, None if fault_at is None else end - fault_at
+    return status, stderr, None if fault_at is None else end - fault_at
 
 
 @pytest.fixture

@@ -4,13 +4,10 @@ by the rollout IS weights. Before this fix the check ran inside the engine while
 fails on the first rollout after a sync."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from trainer_helpers import tiny_config, write_reward_module
+from trainer_helpers import run_two_ranks, tiny_config, write_reward_module
 
 from vlgrpo.config import save_config
 
@@ -30,21 +27,8 @@ def test_zero3_checks_an_off_policy_engine_after_every_sync(tmp_path, tiny_model
         "train.lr=1e-2",
     )
     save_config(cfg, tmp_path / "cfg.yaml")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        "29531",
-        str(WORKER),
-        str(tmp_path / "cfg.yaml"),
-        str(tmp_path),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    status, stderr = run_two_ranks(WORKER, str(tmp_path / "cfg.yaml"), str(tmp_path), port=29531, timeout=900)
+    assert status == 0, stderr[-3000:]
     for rank in (0, 1):
         rows = json.loads((tmp_path / f"rank{rank}.json").read_text())["history"]
         assert [r["step"] for r in rows] == [1, 2, 3]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from vlgrpo.config import Config, load_config
@@ -35,3 +38,30 @@ def tiny_config(model_dir: str, data_dir: Path, run_dir: Path, *overrides: str) 
         "logging.progress_bar=false",
     ]
     return load_config(None, base + list(overrides))
+
+
+def run_two_ranks(script: Path, *args: str, port: int, timeout: int, env: dict | None = None, restarts: int = 0):
+    """`torchrun --nproc_per_node 2 [--max-restarts N] script args` on the CPU: one torch thread per rank, DeepSpeed on
+    its CPU accelerator, `env` added. Returns (exit status, stderr). A run that outlives `timeout` (a rank waiting in a
+    collective another never enters) is stopped, torchrun and both ranks, and fails the test."""
+    import pytest
+
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "DS_ACCELERATOR": "cpu",
+        "TOKENIZERS_PARALLELISM": "false",
+        **(env or {}),
+    }
+    launch = ["--nproc_per_node", "2", "--master_port", str(port), "--max-restarts", str(restarts)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *launch, str(script), *args]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # torchrun stops its ranks (they run in sessions of their own)
+        _, stderr = proc.communicate(timeout=60)
+        pytest.fail(
+            f"2-rank run still going after {timeout} s (a rank waiting for one that never comes?):\n{stderr[-3000:]}"
+        )
+    return proc.returncode, stderr
