@@ -212,9 +212,9 @@ def test_a_peak_over_the_capacity_names_its_phase(tmp_path, capsys):
     path.write_text(ZERO3_ONE_GPU)
     rows = verdict_rows(capsys, str(path))
     # ZeRO-3 on one GPU shards nothing: 7.6 B trainable parameters x 16 B. vLLM claims 0.4 x capacity in the rollout,
-    # so on A100-40GB the update peaks higher, on the larger cards the rollout does. Checkpointing forwards whole rows:
-    # 154.05 GB + the prompt's lm_head output, 8 rows x 320 tokens x 152,064 x 2 B = 0.78 GB
-    assert rows["A100-40GB"].endswith("does NOT fit: update peak 154.83 GB > 42.95 GB capacity")
+    # so on A100-40GB the update peaks higher, on the larger cards the rollout does. Checkpointing forwards whole rows
+    # but asks the LM head for the completion positions only (logits_to_keep): no prompt-sized logits, 154.05 GB
+    assert rows["A100-40GB"].endswith("does NOT fit: update peak 154.05 GB > 42.95 GB capacity")
     assert rows["A100-80GB"] == (
         "A100-80GB        85.90    163.22    -77.32  does NOT fit: rollout peak 163.22 GB > 85.90 GB capacity"
     )

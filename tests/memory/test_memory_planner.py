@@ -134,8 +134,8 @@ def test_activations_and_logits_by_hand():
     assert g["logits"] == 4 * 512 * 152064 * (2 + 4 + 4)
     ck = plan(replace(inp, gradient_checkpointing=True, logits_chunk=128))["per_gpu"]
     assert ck["activations"] == 2 * 3584 * 4 * 832 * 28 + 196_608 * 4 * 832  # layer inputs + one layer
-    # checkpointing forwards whole rows (no logits_to_keep): the lm_head output of the 320 prompt tokens, in bf16
-    assert ck["logits"] == 4 * 128 * 152064 * 10 + 4 * 320 * 152064 * 2
+    # checkpointing forwards whole rows but asks the LM head for the completion positions only (logits_to_keep)
+    assert ck["logits"] == 4 * 128 * 152064 * 10
 
 
 def test_trainable_vit_adds_its_activations():

@@ -95,7 +95,7 @@ def test_the_trainable_tower_sees_every_image_and_every_frame():
     assert plan(inp)["per_gpu"]["activations"] == lm + vit
 
 
-def test_checkpointed_whole_rows_put_the_visual_tokens_in_the_logits():
+def test_checkpointed_whole_rows_keep_the_visual_tokens_out_of_the_logits():
     inp = PlanInput(
         spec=Q7,
         micro_batch=4,
@@ -107,9 +107,9 @@ def test_checkpointed_whole_rows_put_the_visual_tokens_in_the_logits():
         completion_tokens=512,
         gradient_checkpointing=True,
     )
-    prompt = 64 + 512 + 6144
-    assert plan(inp)["per_gpu"]["logits"] == 4 * 512 * 152064 * 10 + 4 * prompt * 152064 * 2
-    # the shared-prefix pass (no checkpointing) asks for the completion's logits only
+    # a 6,720-token prompt (64 + 2 x 256 + 8 x 768), forwarded whole under checkpointing: its positions never reach
+    # the LM head (logits_to_keep), so the logits are the completion's alone, as in the shared-prefix pass
+    assert plan(inp)["per_gpu"]["logits"] == 4 * 512 * 152064 * 10
     assert plan(replace(inp, gradient_checkpointing=False))["per_gpu"]["logits"] == 4 * 512 * 152064 * 10
 
 

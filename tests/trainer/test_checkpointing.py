@@ -46,6 +46,21 @@ def _one_step(tmp_path, model_dir, shapes_dir, stage: str, checkpointing: bool) 
     layers = [m for n, m in model.named_modules() if re.fullmatch(r".*language_model\.layers\.\d+", n)]
     for layer in layers:
         layer.register_forward_pre_hook(count)
+    # per train-mode pass: the positions per row the decoder runs and those the LM head turns into logits (the
+    # shared-prefix pass calls the head twice: the prompts' last positions, then the packed completions)
+    row_positions: list[int] = []
+    head_positions: list[int] = []
+    layers[0].register_forward_pre_hook(
+        lambda m, args, kw: (
+            row_positions.append(kw["hidden_states"].shape[-2] if args == () else args[0].shape[-2])
+            if m.training and phase[0] == "forward"
+            else None
+        ),
+        with_kwargs=True,
+    )
+    model.lm_head.register_forward_pre_hook(
+        lambda m, args: head_positions.append(args[0].shape[-2]) if model.training else None
+    )
     backward, step = backend.backward, backend.step
 
     def observed_backward(loss):
@@ -62,7 +77,13 @@ def _one_step(tmp_path, model_dir, shapes_dir, stage: str, checkpointing: bool) 
     backend.backward, backend.step = observed_backward, observed_step
     (row,) = Trainer(state).train()
     state.close()
-    return {"layers": len(layers), "counts": counts, "loss": row["train/loss"], "grads": grads}
+    return {
+        "layers": len(layers),
+        "counts": counts,
+        "loss": row["train/loss"],
+        "grads": grads,
+        "positions": (row_positions, head_positions),
+    }
 
 
 @pytest.mark.parametrize("stage", ["grpo", "sft"])
@@ -75,6 +96,10 @@ def test_checkpointing_recomputes_each_layer_under_backward_with_equal_gradients
     assert n == 4 and plain["counts"]["backward"] == 0
     # checkpointed: whole rows forwarded once per micro-batch, then each layer recomputed under backward
     assert ckpt["counts"] == {"forward": n * micro, "backward": n * micro}
+    # ... but only the completion's positions and the prompt's last reach the LM head (logits_to_keep): the prompt's
+    # others, its 16 image tokens of a 112 px image among them, never become vocabulary-sized logits
+    rows, head = ckpt["positions"]
+    assert len(rows) == len(head) == micro and all(r - h >= 16 for r, h in zip(rows, head, strict=True))
     assert ckpt["loss"] == pytest.approx(plain["loss"], rel=1e-6, abs=1e-8)
     assert plain["grads"].keys() == ckpt["grads"].keys() and len(plain["grads"]) > 10
     for name, g in plain["grads"].items():

@@ -114,14 +114,12 @@ def step_features_bytes(inp: PlanInput) -> int:
 
 
 def logits_bytes(inp: PlanInput) -> int:
-    """Log-prob pass: lm_head output + fp32 copy + fp32 log_softmax on the completion tokens (the shared-prefix pass
-    asks for them only). Under gradient checkpointing the trainer forwards whole rows (prompt + completion,
-    `policy.forward._completion_logits_full_rows`), whose lm_head output also covers the prompt:
-    + mb x P_ids x V x b."""
+    """Log-prob pass: lm_head output + fp32 copy + fp32 log_softmax on the completion tokens. Both passes ask the LM
+    head for those positions only: the shared-prefix pass by construction, the whole-row pass of gradient
+    checkpointing (`policy.forward._completion_logits_full_rows`) through `logits_to_keep`."""
     vocab = inp.spec.vocab if inp.spec else 0
     chunk = min(inp.logits_chunk or inp.completion_tokens, inp.completion_tokens)
-    prompt = inp.micro_batch * prompt_tokens(inp) * vocab * inp.dtype_bytes if inp.gradient_checkpointing else 0
-    return inp.micro_batch * chunk * vocab * (inp.dtype_bytes + 4 + 4) + prompt  # [mb, C, V] (+ [mb, P, V])
+    return inp.micro_batch * chunk * vocab * (inp.dtype_bytes + 4 + 4)  # [mb, C, V]
 
 
 def rollout_terms(inp: PlanInput, engine_params: int) -> dict[str, int]:

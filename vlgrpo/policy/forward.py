@@ -109,9 +109,11 @@ def image_outputs(model, features: list) -> dict:
 
 
 def policy_logits(
-    model, input_ids: Tensor, attention_mask: Tensor, mm_token_type_ids: Tensor, features: list
+    model, input_ids: Tensor, attention_mask: Tensor, mm_token_type_ids: Tensor, features: list, keep: int = 0
 ) -> Tensor:
     """One forward over whole rows with injected features -> logits [R, T, V]; logits[:, t] predicts ids[:, t + 1].
+    With `keep` > 0 only the last `keep` positions go through the LM head -> [R, keep, V] (transformers'
+    `logits_to_keep`): the hidden states of the others are never turned into vocabulary-sized logits.
 
     Rows may be left- or right-padded. `features` has one entry per row, in row order: the row's ImageFeatures (one
     image) or the list of its images' and video's (`visual_sources` order); a repeated image is simply listed again.
@@ -127,6 +129,7 @@ def policy_logits(
         position_ids=pos,
         mm_encoder_outputs=image_outputs(model, features),
         use_cache=False,
+        logits_to_keep=keep,
     )
     return out.logits
 
@@ -252,9 +255,10 @@ def _completion_logits_full_rows(model, batch: CompletionBatch, features: list) 
     ids = torch.cat([batch.prompt_ids[rp], batch.completion_ids], dim=1)
     mask = torch.cat([batch.prompt_mask[rp], batch.completion_mask], dim=1)
     mm = torch.cat([batch.mm_token_type_ids[rp], torch.zeros_like(batch.completion_ids)], dim=1)
-    logits = policy_logits(model, ids, mask, mm, [features[i] for i in rp.tolist()])
     tp = batch.prompt_ids.shape[1]
-    return logits[:, tp - 1 : -1]
+    # the last prompt position predicts the first completion token: C + 1 positions through the LM head, not T
+    logits = policy_logits(model, ids, mask, mm, [features[i] for i in rp.tolist()], keep=ids.shape[1] - tp + 1)
+    return logits[:, :-1]
 
 
 def completion_logprobs_and_entropy(
