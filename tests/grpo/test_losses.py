@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -159,30 +160,19 @@ def test_gspo_sequence_ratio_hand_computed():
     old = torch.zeros(1, 3)
     mask = torch.tensor([[1, 1, 0]])
     assert sequence_log_ratio(logp, old, mask).item() == pytest.approx(0.2)
-    loss, stats = policy_loss(
-        logp,
-        old,
-        torch.tensor([2.0]),
-        mask,
+    gspo = partial(
+        policy_loss,
         log_ratio=RATIO.load("sequence"),
         aggregate=AGGREGATION.load("seq-mean-token-mean"),
         clip_low=3e-4,
         clip_high=4e-4,
-    )
+    )  # the sequence-level ratio, clipped in [1 - 3e-4, 1 + 4e-4]
+    loss, stats = gspo(logp, old, torch.tensor([2.0]), mask)
     assert loss.item() == pytest.approx(-2 * 1.0004)
     assert float(stats["clip_frac_high"]) == 1.0 and float(stats["ratio_mean"]) == pytest.approx(math.exp(0.2))
     # inside the range: loss -A s, d/d logp_t = -A s / |y| on real tokens, 0 on padding
     logp2 = torch.tensor([[1e-4, -1e-4, 5.0]], requires_grad=True)
-    loss2, _ = policy_loss(
-        logp2,
-        old,
-        torch.tensor([2.0]),
-        mask,
-        log_ratio=RATIO.load("sequence"),
-        aggregate=AGGREGATION.load("seq-mean-token-mean"),
-        clip_low=3e-4,
-        clip_high=4e-4,
-    )
+    loss2, _ = gspo(logp2, old, torch.tensor([2.0]), mask)
     loss2.backward()
     assert loss2.item() == pytest.approx(-2.0, abs=1e-7)
     torch.testing.assert_close(logp2.grad, torch.tensor([[-1.0, -1.0, 0.0]]), atol=1e-6, rtol=0)
