@@ -7,7 +7,9 @@
 #      deepspeed launcher with LAUNCHER=deepspeed; with one process, directly.
 #   3. under torchrun a rank that dies (killed, out of memory) or fails restarts the whole group up to MAX_RESTARTS
 #      times (default 3); each restart resumes from the newest verified checkpoint (train.resume, on by default), so
-#      it repeats at most train.save_every steps. A rank that hangs is stopped by train.fault_timeout_s first.
+#      it repeats at most train.save_every steps. A rank that hangs is stopped by train.fault_timeout_s first. A
+#      permanent failure (bad config or data, the non-finite limit, a full disk, a checkpoint that fails its checksum:
+#      exit status 2) is recorded in the run directory and not replayed: the restarted ranks stop at once.
 #
 # Environment: NPROC_PER_NODE, LAUNCHER (torchrun | deepspeed), MASTER_PORT (29500), MAX_RESTARTS (3), SKIP_DOCTOR=1,
 # DRY_RUN=1 (print the commands, run nothing), PYTHON (the interpreter that has vlgrpo installed; default python).

@@ -3,13 +3,18 @@
 #
 # torchrun (default): run this script on EVERY node with the same CONFIG and overrides, and
 #   NNODES        number of nodes
-#   NODE_RANK     0 .. NNODES-1 (0 on the node whose address is MASTER_ADDR)
-#   MASTER_ADDR   address of node 0, reachable from every node
+#   MASTER_ADDR   address of the node that hosts the rendezvous, reachable from every node
 #   MASTER_PORT   (29500)  GPUS_PER_NODE (NPROC_PER_NODE if set, else 8)
+#   RDZV_ID       (vlgrpo) the job's rendezvous id, the same on every node
+#   The nodes meet in torchrun's c10d rendezvous (--rdzv-backend c10d): a restart is agreed by all nodes and every
+#   node starts the same attempt (with the static one each node counted its own restarts, and nodes that disagreed
+#   waited for each other for ever). Ranks are assigned by the rendezvous: NODE_RANK is not needed.
 #   NPROC_PER_NODE training processes per node: GPUS_PER_NODE, less rollout.vllm.rollout_gpus with a split vLLM
 #                 rollout (rollout.placement=split, rollout.engine=vllm: those GPUs run each rank's rollout worker)
 #   MAX_RESTARTS  (3) restarts of the whole group after a rank or node fails; each resumes from the newest verified
-#                 checkpoint. A node that dies for good needs the job restarted (on a replacement node, same command).
+#                 checkpoint. A permanent failure (bad config or data, the non-finite limit, a full disk, a checkpoint
+#                 that fails its checksum: exit status 2) is not replayed: the restarted ranks stop at once. A node
+#                 that dies for good needs the job restarted (on a replacement node, same command).
 # deepspeed launcher: set HOSTFILE (lines "hostname slots=8") and run this script ONCE, on the first host; it starts
 #   every rank over passwordless ssh. MASTER_ADDR defaults to the first host. A split vLLM rollout needs the torchrun
 #   way (the launcher would start a rank on every slot, the rollout GPUs included).
@@ -41,9 +46,8 @@ if [[ -n "${HOSTFILE:-}" ]]; then
     [[ "$WORLD" -gt 0 ]] || { echo "error: every host line of '$HOSTFILE' needs slots=N (GPUs)" >&2; exit 2; }
     MASTER_ADDR=${MASTER_ADDR:-$(awk '!/^[[:space:]]*(#|$)/ { print $1; exit }' "$HOSTFILE")}
 else
-    : "${NNODES:?set NNODES, NODE_RANK and MASTER_ADDR (or HOSTFILE for the deepspeed launcher)}"
-    : "${NODE_RANK:?set NODE_RANK (0 .. NNODES-1)}"
-    : "${MASTER_ADDR:?set MASTER_ADDR (the address of node 0)}"
+    : "${NNODES:?set NNODES and MASTER_ADDR (or HOSTFILE for the deepspeed launcher)}"
+    : "${MASTER_ADDR:?set MASTER_ADDR (the address of the node that hosts the rendezvous)}"
     WORLD=$((NNODES * GPUS))
 fi
 ARGS=(train "$CONFIG" "train.num_gpus=$WORLD" "$@")  # later overrides win: the user's own come last
@@ -54,7 +58,7 @@ try: c = load_config(sys.argv[1], sys.argv[2:]); r = c.rollout
 except ConfigError as e: sys.exit(f"error: {e}")
 print(r.vllm.rollout_gpus if (r.engine, r.placement) == ("vllm", "split") else 0)' "$CONFIG" "${ARGS[@]:2}")
 if [[ "$ROLLOUT" -gt 0 && -n "${HOSTFILE:-}" ]]; then
-    echo "error: rollout.placement=split with vLLM runs under torchrun (NNODES, NODE_RANK, MASTER_ADDR): the" \
+    echo "error: rollout.placement=split with vLLM runs under torchrun (NNODES, MASTER_ADDR): the" \
          "deepspeed launcher starts a rank on every slot of '$HOSTFILE', the $ROLLOUT rollout GPU(s) per node included" >&2
     exit 2
 fi
@@ -70,7 +74,7 @@ if [[ -n "${HOSTFILE:-}" ]]; then
     run deepspeed --hostfile "$HOSTFILE" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" --no_local_rank \
         --module vlgrpo.cli "${ARGS[@]}"
 else
-    run "$PYTHON" -m torch.distributed.run --nnodes "$NNODES" --node_rank "$NODE_RANK" --nproc_per_node "$NPROC" \
-        --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" --max-restarts "$MAX_RESTARTS" \
+    run "$PYTHON" -m torch.distributed.run --nnodes "$NNODES" --nproc_per_node "$NPROC" --rdzv-backend c10d \
+        --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "${RDZV_ID:-vlgrpo}" --max-restarts "$MAX_RESTARTS" \
         -m vlgrpo.cli "${ARGS[@]}"
 fi

@@ -142,3 +142,12 @@ def test_offload_keys_beside_a_deepspeed_json_are_refused():
     assert "zero_optimization.offload_optimizer.device: cpu" in str(e.value)
     assert "configs/ds_zero3_bf16.json" in str(e.value)
     load_config(None, ["train.backend=zero3", "train.zero3.offload_optimizer=true"])  # vlgrpo builds the JSON: fine
+
+
+def test_the_watchdog_must_fire_before_the_process_group_times_out():
+    load_config(None, ["train.fault_timeout_s=600", "train.dist_timeout_s=901"])
+    with pytest.raises(
+        ConfigError, match=r"train.fault_timeout_s.*x 1.5 \(900 s.*below train.dist_timeout_s \(900 s\)"
+    ):
+        load_config(None, ["train.fault_timeout_s=600", "train.dist_timeout_s=900"])
+    load_config(None, ["train.fault_timeout_s=0", "train.dist_timeout_s=60"])  # watchdog off: any timeout

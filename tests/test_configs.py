@@ -198,18 +198,19 @@ def test_train_sh_runs_doctor_then_torchrun_with_the_config_gpu_count():
 
 
 def test_train_multinode_sh_torchrun_and_hostfile(tmp_path):
+    """torchrun nodes meet in the c10d rendezvous, so a restart is one attempt agreed by every node (the static one
+    let each node count its own restarts); the deepspeed launcher reads a hostfile."""
     rc, err = _script(
         "train_multinode.sh",
         "configs/qwen2_5_vl_7b_zero3_8xa100.yaml",
         NNODES="2",
-        NODE_RANK="1",
         MASTER_ADDR="10.0.0.1",
         SKIP_DOCTOR="1",
     )
     assert rc == 0 and err.splitlines() == [
-        f"+ {sys.executable} -m torch.distributed.run --nnodes 2 --node_rank 1 --nproc_per_node 8 --master_addr "
-        "10.0.0.1 --master_port 29500 --max-restarts 3 -m vlgrpo.cli train configs/qwen2_5_vl_7b_zero3_8xa100.yaml "
-        "train.num_gpus=16"
+        f"+ {sys.executable} -m torch.distributed.run --nnodes 2 --nproc_per_node 8 --rdzv-backend c10d "
+        "--rdzv-endpoint 10.0.0.1:29500 --rdzv-id vlgrpo --max-restarts 3 -m vlgrpo.cli train "
+        "configs/qwen2_5_vl_7b_zero3_8xa100.yaml train.num_gpus=16"
     ]
     hosts = tmp_path / "hostfile"
     hosts.write_text("# two nodes\nnode-a slots=8\nnode-b slots=4\n")
@@ -225,7 +226,7 @@ def test_train_multinode_sh_torchrun_and_hostfile(tmp_path):
         "train configs/qwen2_5_vl_7b_zero3_8xa100.yaml train.num_gpus=12 train.lr=2e-6"
     ]
     rc, err = _script("train_multinode.sh", "configs/tiny_grpo.yaml")
-    assert rc != 0 and "set NNODES, NODE_RANK and MASTER_ADDR" in err
+    assert rc != 0 and "set NNODES and MASTER_ADDR" in err
 
 
 def test_train_multinode_sh_starts_the_training_ranks_of_a_split_vllm_rollout(tmp_path):
@@ -237,14 +238,13 @@ def test_train_multinode_sh_starts_the_training_ranks_of_a_split_vllm_rollout(tm
         "configs/qwen2_5_vl_7b_zero3_8xa100.yaml",
         *split,
         NNODES="2",
-        NODE_RANK="0",
         MASTER_ADDR="10.0.0.1",
         SKIP_DOCTOR="1",
     )
     assert rc == 0 and err.splitlines() == [
-        f"+ {sys.executable} -m torch.distributed.run --nnodes 2 --node_rank 0 --nproc_per_node 4 --master_addr "
-        "10.0.0.1 --master_port 29500 --max-restarts 3 -m vlgrpo.cli train configs/qwen2_5_vl_7b_zero3_8xa100.yaml "
-        "train.num_gpus=16 " + " ".join(split)
+        f"+ {sys.executable} -m torch.distributed.run --nnodes 2 --nproc_per_node 4 --rdzv-backend c10d "
+        "--rdzv-endpoint 10.0.0.1:29500 --rdzv-id vlgrpo --max-restarts 3 -m vlgrpo.cli train "
+        "configs/qwen2_5_vl_7b_zero3_8xa100.yaml train.num_gpus=16 " + " ".join(split)
     ]
     hosts = tmp_path / "hostfile"
     hosts.write_text("node-a slots=8\nnode-b slots=8\n")
@@ -252,9 +252,7 @@ def test_train_multinode_sh_starts_the_training_ranks_of_a_split_vllm_rollout(tm
         "train_multinode.sh", "configs/qwen2_5_vl_7b_zero3_8xa100.yaml", *split, HOSTFILE=str(hosts), SKIP_DOCTOR="1"
     )
     assert rc == 2 and "runs under torchrun" in err and "+ " not in err
-    rc, err = _script(
-        "train_multinode.sh", "configs/tiny_grpo.yaml", "train.lrr=1", NNODES="2", NODE_RANK="0", MASTER_ADDR="10.0.0.1"
-    )
+    rc, err = _script("train_multinode.sh", "configs/tiny_grpo.yaml", "train.lrr=1", NNODES="2", MASTER_ADDR="10.0.0.1")
     assert rc == 1 and "unknown config key 'train.lrr'" in err and "+ " not in err  # nothing launched
 
 

@@ -48,6 +48,12 @@ def add_plan_command(sub) -> None:
     p.add_argument("--video-size", help="typical video frame WxH (default: every frame at the max_pixels bound)")
     p.add_argument("--logits-chunk", type=int, help="completion tokens whose logits are live at once")
     p.add_argument("--gpu-type", default="A100-80GB", help="GPU the suggestions aim at (default A100-80GB)")
+    p.add_argument(
+        "--write-gbps",
+        type=float,
+        default=1.0,
+        help="checkpoint write bandwidth in GB/s for its write time (default 1)",
+    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     p.add_argument("--json", action="store_true", help="print JSON with every term in bytes")
     p.set_defaults(handler=_cmd_plan)
@@ -103,6 +109,6 @@ def _cmd_plan(args) -> int:
         "logits_chunk": args.logits_chunk,
     }
     inp = dataclasses.replace(inp, **{k: v for k, v in changes.items() if v is not None})
-    report = build_report(inp, args.gpu_type, notes)
+    report = build_report(inp, args.gpu_type, notes, args.write_gbps)
     print(json.dumps(report, indent=2, default=str) if args.json else format_report(report))
     return 0

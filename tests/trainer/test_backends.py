@@ -1,6 +1,7 @@
 """The freeze switches on Qwen3-VL's module names: the DeepStack mergers are mergers (`model.freeze_merger`), the ViT
 blocks and the patch and position embeddings are the tower (`model.freeze_vision`)."""
 
+import pytest
 import torch
 from trainer_helpers import tiny_config, write_reward_module
 
@@ -49,3 +50,53 @@ def test_a_qwen3_vl_step_with_trainable_mergers_moves_them_and_leaves_the_tower(
         "model.visual.deepstack_merger_list.1.",
     ):
         assert any(n.startswith(prefix) for n in moved), prefix
+
+
+def test_a_bf16_step_at_lr_1e_6_moves_the_weights_as_the_fp32_step_does(tmp_path, tiny_model_dir, shapes_dir):
+    """The plain backend steps fp32 master copies of bf16 weights: one AdamW step at lr 1e-6 (below half an ulp of
+    most bf16 weights) moves the masters as the fp32 run moves its weights, and the model holds the result rounded
+    once. Stepping the bf16 weights themselves rounded nearly every update away."""
+    from vlgrpo.data.adapters import load_samples
+
+    start = load_model(tiny_model_dir()).model  # weights bf16 can hold exactly: both runs start from the same values
+    with torch.no_grad():
+        for p in start.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    start.save_pretrained(tmp_path / "start")
+    load_model(tiny_model_dir()).processor.save_pretrained(tmp_path / "start")
+    spec = write_reward_module(tmp_path)
+    runs = {}
+    for dtype in ("float32", "bfloat16"):
+        cfg = tiny_config(
+            str(tmp_path / "start"),
+            shapes_dir,
+            tmp_path / dtype,
+            f"reward.recipe={{'{spec}': 1.0}}",
+            f"model.dtype={dtype}",
+            "train.lr=1e-6",
+            "train.weight_decay=0",
+        )
+        runs[dtype] = build_state(cfg, progress=False)
+    samples = load_samples(shapes_dir / "train.jsonl").samples[:2]
+    groups = runs["float32"].engine.generate(samples, runs["float32"].sampling_for(0))
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5] * 2)
+    moved = {}
+    for dtype, state in runs.items():
+        trainer = Trainer(state)
+        batch = trainer._collate(groups, state.cache.get([s.image for s in samples]))
+        trainable = [(n, p) for n, p in state.backend.model.named_parameters() if p.requires_grad]
+        before = {n: p.detach().double().clone() for n, p in trainable}
+        trainer._update(batch, advantages, None, None)
+        weights = dict(zip([n for n, _ in trainable], state.backend.master.stepped))  # fp32: the weights themselves
+        for n, p in trainable:  # the model holds the master's value rounded once
+            assert p.dtype == getattr(torch, dtype) and torch.equal(p.detach(), weights[n].detach().to(p.dtype)), n
+        moved[dtype] = {n: weights[n].detach().double() - before[n] for n in before}
+        model_moved = sum(int((p.detach().double() != before[n]).sum()) for n, p in trainable)
+        moved[f"{dtype} model"] = model_moved / sum(p.numel() for _, p in trainable)
+        state.close()
+    a = torch.cat([d.flatten() for d in moved["float32"].values()])
+    b = torch.cat([d.flatten() for d in moved["bfloat16"].values()])
+    assert a.abs().mean() > 5e-7  # AdamW's first step: ~lr per weight
+    assert float(b.abs().mean() / a.abs().mean()) == pytest.approx(1.0, abs=0.05)  # as far as the fp32 step
+    assert float((torch.sign(a) == torch.sign(b)).double().mean()) > 0.9  # and the same way
+    assert moved["float32 model"] > 0.9 and moved["bfloat16 model"] < 0.2  # bf16 itself keeps few of them

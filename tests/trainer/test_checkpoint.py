@@ -190,3 +190,60 @@ def test_a_metrics_row_that_cannot_be_written_names_the_file(tmp_path, tiny_mode
     cfg = _config(tmp_path, tiny_model_dir(), shapes_dir)
     with pytest.raises(RunDirError, match=r"metrics of step 1 to '.*run/metrics.jsonl': \[Errno 28\] No space left"):
         run_training(cfg, progress=False)
+
+
+def test_ranks_hash_their_share_of_a_checkpoint_and_reach_one_verdict(tmp_path, monkeypatch):
+    """On N ranks each hashes every N-th file (a 7B ZeRO-3 checkpoint is ~100 GB: rank 0 alone took minutes while the
+    others waited); the manifest equals the one a single process writes, and every rank returns the same verdict.
+    Two ranks as threads, gathering through a barrier."""
+    import threading
+
+    from vlgrpo.trainer import manifest
+
+    directory = tmp_path / "step_3"
+    (directory / "zero3").mkdir(parents=True)
+    for k in range(5):
+        (directory / "zero3" / f"part{k}.pt").write_bytes(bytes([k]) * (1000 + k))
+    hashed: dict[str, list[str]] = {}
+    hash_all = manifest._hash_all
+
+    def recording(d, names):
+        hashed.setdefault(threading.current_thread().name, []).extend(names)
+        return hash_all(d, names)
+
+    monkeypatch.setattr(manifest, "_hash_all", recording)
+    slots, barrier = [None, None], threading.Barrier(2)
+
+    def gather_of(rank):
+        def gather(obj):
+            slots[rank] = obj
+            barrier.wait()
+            out = list(slots)
+            barrier.wait()
+            return out
+
+        return gather
+
+    def on_two_ranks(fn):
+        results = [None, None]
+
+        def run(rank):
+            results[rank] = fn((rank, 2), gather_of(rank))
+
+        threads = [threading.Thread(target=run, args=(r,), name=f"rank{r}") for r in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        return results
+
+    on_two_ranks(lambda share, gather: manifest.write_manifest(directory, 3, share, gather))
+    names = sorted(f"zero3/part{k}.pt" for k in range(5))
+    assert hashed == {"rank0": names[0::2], "rank1": names[1::2]}
+    two_ranks = (directory / "manifest.json").read_text()
+    manifest.write_manifest(directory, 3)  # one process
+    assert (directory / "manifest.json").read_text() == two_ranks
+    assert on_two_ranks(lambda share, gather: manifest.check_manifest(directory, share, gather)) == [None, None]
+    (directory / "zero3" / "part3.pt").write_bytes(b"\xff" * 1003)  # same size, other bytes: rank 1's file
+    verdicts = on_two_ranks(lambda share, gather: manifest.check_manifest(directory, share, gather))
+    assert verdicts == ["zero3/part3.pt does not match its checksum in manifest.json"] * 2

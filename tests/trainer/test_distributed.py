@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_helpers import run_two_ranks, tiny_config, write_reward_module
+from trainer_helpers import run_ranks, tiny_config, write_reward_module
 
 from vlgrpo.config import save_config
 from vlgrpo.models import load_model
@@ -18,7 +18,7 @@ MODEL_CLASS = {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration", "qwen3_vl": "
 def _torchrun(tmp_path, port: int, *overrides: str, timeout: int = 600) -> list[dict]:
     """Train on 2 ranks; returns each rank's {"history", "progress"} (see dist_worker.py). A run that outlives
     `timeout` (a deadlock) fails the test and is stopped, torchrun and both ranks."""
-    status, stderr = run_two_ranks(
+    status, stderr = run_ranks(
         WORKER, str(tmp_path / "cfg.yaml"), str(tmp_path), *overrides, port=port, timeout=timeout
     )
     assert status == 0, stderr[-3000:]
@@ -171,3 +171,28 @@ def test_zero3_dynamic_sampling_ranks_agree_on_the_top_up_rounds(tmp_path, tiny_
         assert h0["grpo/sampling_rounds"] == h1["grpo/sampling_rounds"] == 3
         assert h1["grpo/dropped_groups"] == 6 and h1["grpo/zero_adv_frac"] == 1.0  # filled with constant groups
         assert h0["grpo/zero_adv_frac"] == 0.0
+
+
+def test_zero3_with_a_trainable_tower_and_a_kl_term_trains_on_two_ranks(tmp_path, tiny_model_dir, shapes_dir):
+    """beta > 0 with the tower trained: the reference keeps a vision cache of its own, built and encoded under its
+    gathered tower (its fingerprint read partitioned weights and raised before). Its KL is 0 at the first step (the
+    reference is the initial policy) and the tower moves."""
+    pytest.importorskip("deepspeed")
+    _config(
+        tmp_path,
+        tiny_model_dir,
+        shapes_dir,
+        "train.backend=zero3",
+        "grpo.beta=0.04",
+        "model.freeze_vision=false",
+        "model.freeze_merger=false",
+        "train.lr=1e-2",
+        "train.save_every=0",
+    )
+    ranks = _torchrun(tmp_path, 29524)
+    for rank in ranks:
+        kls = [h["grpo/kl"] for h in rank["history"]]
+        assert kls[0] == pytest.approx(0.0, abs=1e-6) and kls[1] > 0, kls
+    exported = load_model(str(tmp_path / "export")).model.state_dict()
+    base = load_model(tiny_model_dir()).model.state_dict()
+    assert any(not torch.equal(exported[n], base[n]) for n in base if ".visual.blocks." in f".{n}")

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from trainer_helpers import run_two_ranks, tiny_config, write_reward_module
+from trainer_helpers import run_ranks, tiny_config, write_reward_module
 
 from vlgrpo.config import save_config
 
@@ -31,7 +31,7 @@ def _launch(
         *overrides,
     )
     save_config(cfg, tmp_path / "cfg.yaml")
-    status, stderr = run_two_ranks(
+    status, stderr = run_ranks(
         WORKER,
         str(tmp_path / "cfg.yaml"),
         port=port,
@@ -158,3 +158,31 @@ def test_a_killed_rank_without_restarts_ends_the_run_at_once(run_dir):
     assert status != 0 and seconds < 30, seconds
     assert sorted(p.name for p in (run_dir / "run" / "checkpoints").iterdir())[-1] == "step_2"
     print(f"killed rank: every rank out {seconds:.1f} s after the kill")
+
+
+def test_a_permanent_failure_is_not_replayed_by_the_restarts(run_dir):
+    """A NonFiniteError (the rewards stay infinite for train.max_nonfinite_steps steps) under `--max-restarts 2`: the
+    failing attempt records it in the run directory and the two restarts stop at once, before any step (torchrun
+    restarts the group whatever the exit code). Before, each restart resumed and failed again, steps and all."""
+    from test_nonfinite import REWARDS
+
+    (run_dir / "rewards.py").write_text(REWARDS)
+    recipe = f"reward.recipe={{'{run_dir}/rewards.py:huge': 1.0}}"
+    status, err, _ = _launch(run_dir, 29558, "", recipe, "train.max_nonfinite_steps=2", restarts=2)
+    assert status != 0
+    # one attempt trained: 2 steps x 8 completions scored on each rank, none after
+    assert [int((run_dir / f"huge-rank{r}.txt").read_text()) for r in (0, 1)] == [16, 16]
+    assert err.count("not replayed: attempt 0 of this launch failed") >= 2  # each restarted rank, at once
+    assert "stopped at step 2" in err
+
+
+def test_train_dist_timeout_s_bounds_every_collective_wait(run_dir):
+    """Rank 1 blocks in its reward with the watchdog off: rank 0 waits in the next collective until
+    train.dist_timeout_s (passed to init_process_group; gloo's own default is 30 minutes) and fails; torchrun stops
+    rank 1."""
+    status, err, seconds = _launch(
+        run_dir, 29560, "1:2:reward:block", "train.fault_timeout_s=0", "train.dist_timeout_s=6"
+    )
+    assert status != 0 and "made no progress" not in err
+    assert "Timed out" in err or "timed out" in err or "Timeout" in err, err[-2000:]
+    assert 6 <= seconds < 6 + 30, seconds

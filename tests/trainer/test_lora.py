@@ -121,3 +121,32 @@ def test_qwen3_vl_lora_trains_the_language_model_and_vlgrpo_export_merges_it(tmp
     assert (head.data_ptr() == embed.data_ptr()) == tied
     assert torch.equal(head, base["lm_head.weight"])  # untied: the base's own head, not the embedding
     assert torch.equal(embed, base["model.language_model.embed_tokens.weight"])
+
+
+def test_bf16_split_lora_never_writes_the_base_weights(tmp_path, tiny_model_dir, shapes_dir):
+    """50 bf16 LoRA steps with the engine in a split worker (a weight sync after every step): the trainer's base
+    weights, which are also the reference policy and half of the export, are bit for bit those it loaded. peft's
+    merge/unmerge round trip at each sync moved them (in bf16, W + dW - dW != W)."""
+    state = _lora_state(
+        tmp_path,
+        tiny_model_dir,
+        shapes_dir,
+        "model.dtype=bfloat16",
+        "rollout.placement=split",
+        "rollout.max_staleness=0",
+        "train.lr=5e-2",
+        "train.steps=50",
+        "train.save_every=0",
+    )
+    base = load_model(tiny_model_dir(), dtype="bfloat16").model.state_dict()
+    history = Trainer(state).train()
+    trained = {n.replace(".base_layer.", "."): p for n, p in state.backend._peft.get_base_model().state_dict().items()}
+    synced = dict(state.backend.named_weights())
+    state.close()
+    assert len(history) == 50
+    lora_bases = [n for n in trained if "lora_" not in n and n in base]
+    assert all(torch.equal(trained[n], base[n]) for n in lora_bases), [
+        n for n in lora_bases if not torch.equal(trained[n], base[n])
+    ][:5]
+    # and the adapter trained: the synced (merged) weights left the base
+    assert sum(not torch.equal(synced[n], base[n]) for n in base) >= 10

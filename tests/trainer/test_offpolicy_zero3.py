@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from trainer_helpers import run_two_ranks, tiny_config, write_reward_module
+from trainer_helpers import run_ranks, tiny_config, write_reward_module
 
 from vlgrpo.config import save_config
 
@@ -27,7 +27,7 @@ def test_zero3_checks_an_off_policy_engine_after_every_sync(tmp_path, tiny_model
         "train.lr=1e-2",
     )
     save_config(cfg, tmp_path / "cfg.yaml")
-    status, stderr = run_two_ranks(WORKER, str(tmp_path / "cfg.yaml"), str(tmp_path), port=29531, timeout=900)
+    status, stderr = run_ranks(WORKER, str(tmp_path / "cfg.yaml"), str(tmp_path), port=29531, timeout=900)
     assert status == 0, stderr[-3000:]
     for rank in (0, 1):
         rows = json.loads((tmp_path / f"rank{rank}.json").read_text())["history"]

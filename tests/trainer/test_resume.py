@@ -14,10 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from trainer_helpers import tiny_config
 
 from vlgrpo.config import save_config
 from vlgrpo.trainer.checkpoint import checkpoint_dirs
+from vlgrpo.trainer.safe_state import load_tensors
 
 # The trainer tests' length reward, plus a hold: with VLGRPO_TEST_HOLD=<metrics.jsonl>:<K> in the environment it
 # sleeps once K steps are logged, i.e. inside step K + 1, after checkpoint K is complete.
@@ -51,6 +53,21 @@ BACKENDS = {
         5,
     ),
     "zero3": (["train.backend=zero3", "train.lr_schedule=cosine", "train.warmup_steps=1"], 2, 4),
+    # bf16 LoRA with the engine in a split worker: a weight sync after every step (its merge used to write the base)
+    "lora-bf16-split": (
+        [
+            "train.backend=lora",
+            "train.lora.rank=4",
+            "train.lr=1e-2",
+            "model.dtype=bfloat16",
+            "rollout.placement=split",
+            "rollout.max_staleness=0",
+        ],
+        1,
+        6,
+    ),
+    # bf16 full weights: the fp32 master copy is part of the checkpoint
+    "plain-bf16": (["model.dtype=bfloat16", "train.lr=1e-3"], 1, 4),
 }
 
 
@@ -164,3 +181,20 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(backend, tmp_p
     assert f"resumed from {tmp_path / 'killed' / 'checkpoints' / f'step_{k}'} (step {k})" in resumed
     assert [r["step"] for r in _metrics(tmp_path / "killed")] == list(range(1, steps + 1))
     assert _metrics(tmp_path / "killed") == _metrics(tmp_path / "straight")
+    if ranks == 1:  # and the trained weights themselves, bit for bit (adapter, model, fp32 master copies, moments)
+        last = [
+            d / "checkpoints" / f"step_{steps}" / "backend.pt" for d in (tmp_path / "straight", tmp_path / "killed")
+        ]
+        straight, killed = (load_tensors(p) for p in last)
+        assert _tensors_equal(straight, killed)
+
+
+def _tensors_equal(a, b) -> bool:
+    """Two nested containers of tensors and plain values, equal bit for bit."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_tensors_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_tensors_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    return a == b

@@ -52,3 +52,18 @@ def test_an_output_dir_that_cannot_be_written_is_named(tmp_path, tiny_model_dir,
     cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "file" / "run")
     with pytest.raises(RunDirError, match=rf"train.output_dir '{tmp_path / 'file' / 'run'}' is not writable"):
         build_state(cfg, progress=False)
+
+
+def test_a_permanent_failure_stops_the_restarts_of_its_launch_only(tmp_path, monkeypatch):
+    from vlgrpo.trainer.rundir import PERMANENT_FAILURE, mark_permanent_failure, refuse_replay
+
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    mark_permanent_failure(tmp_path, ValueError("disk full"))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    with pytest.raises(RunDirError, match="not replayed: attempt 0 of this launch failed .*ValueError: disk full"):
+        refuse_replay(tmp_path)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")  # a new launch: the user may have fixed it
+    refuse_replay(tmp_path)
+    assert not (tmp_path / PERMANENT_FAILURE).exists()
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    refuse_replay(tmp_path)  # nothing recorded: a restart after a killed rank goes ahead

@@ -40,10 +40,12 @@ def tiny_config(model_dir: str, data_dir: Path, run_dir: Path, *overrides: str) 
     return load_config(None, base + list(overrides))
 
 
-def run_two_ranks(script: Path, *args: str, port: int, timeout: int, env: dict | None = None, restarts: int = 0):
-    """`torchrun --nproc_per_node 2 [--max-restarts N] script args` on the CPU: one torch thread per rank, DeepSpeed on
-    its CPU accelerator, `env` added. Returns (exit status, stderr). A run that outlives `timeout` (a rank waiting in a
-    collective another never enters) is stopped, torchrun and both ranks, and fails the test."""
+def run_ranks(
+    script: Path, *args: str, port: int, timeout: int, env: dict | None = None, restarts: int = 0, nproc: int = 2
+):
+    """`torchrun --nproc_per_node NPROC [--max-restarts N] script args` on the CPU: one torch thread per rank,
+    DeepSpeed on its CPU accelerator, `env` added. Returns (exit status, stderr). A run that outlives `timeout` (a rank
+    waiting in a collective another never enters) is stopped, torchrun and every rank, and fails the test."""
     import pytest
 
     env = {
@@ -53,7 +55,7 @@ def run_two_ranks(script: Path, *args: str, port: int, timeout: int, env: dict |
         "TOKENIZERS_PARALLELISM": "false",
         **(env or {}),
     }
-    launch = ["--nproc_per_node", "2", "--master_port", str(port), "--max-restarts", str(restarts)]
+    launch = ["--nproc_per_node", str(nproc), "--master_port", str(port), "--max-restarts", str(restarts)]
     cmd = [sys.executable, "-m", "torch.distributed.run", *launch, str(script), *args]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -62,6 +64,7 @@ def run_two_ranks(script: Path, *args: str, port: int, timeout: int, env: dict |
         proc.terminate()  # torchrun stops its ranks (they run in sessions of their own)
         _, stderr = proc.communicate(timeout=60)
         pytest.fail(
-            f"2-rank run still going after {timeout} s (a rank waiting for one that never comes?):\n{stderr[-3000:]}"
+            f"{nproc}-rank run still going after {timeout} s (a rank waiting for one that never comes?):\n"
+            + stderr[-3000:]
         )
     return proc.returncode, stderr

@@ -14,7 +14,15 @@ from typing import Any
 
 import yaml
 
-from vlgrpo.config.schema import CHOICES, EVAL_SUITES, RENAMED_KEYS, Config, ConfigError, check_mm_limits
+from vlgrpo.config.schema import (
+    CHOICES,
+    EVAL_SUITES,
+    RENAMED_KEYS,
+    WATCHDOG_WAITING_GRACE,
+    Config,
+    ConfigError,
+    check_mm_limits,
+)
 from vlgrpo.registry import BY_KEY
 
 # ---------------------------------------------------------------- merging dicts into dataclasses
@@ -234,6 +242,15 @@ def _range_checks(cfg: Config) -> list[tuple[bool, str, str]]:
         (t.warmup_steps >= 0, "train.warmup_steps", "must be >= 0"),
         (t.max_nonfinite_steps >= 1, "train.max_nonfinite_steps", "must be >= 1"),
         (t.fault_timeout_s >= 0, "train.fault_timeout_s", "must be >= 0 seconds (0 disables the watchdog)"),
+        (t.dist_timeout_s > 0, "train.dist_timeout_s", "must be > 0 seconds"),
+        (
+            t.fault_timeout_s * WATCHDOG_WAITING_GRACE < t.dist_timeout_s,
+            "train.fault_timeout_s",
+            f"x {WATCHDOG_WAITING_GRACE} ({t.fault_timeout_s * WATCHDOG_WAITING_GRACE:g} s, when a rank waiting for "
+            f"the others gives up) must be below train.dist_timeout_s ({t.dist_timeout_s:g} s), or the process "
+            "group fails the waiting ranks before the watchdog names the rank that hung: raise train.dist_timeout_s "
+            "or lower train.fault_timeout_s",
+        ),
         (cfg.logging.log_every >= 1, "logging.log_every", "must be >= 1 (1 logs every step)"),
         (cfg.eval.every_steps >= 0, "eval.every_steps", "must be >= 0 (0 disables)"),
         (g.clip_low >= 0 and g.clip_high >= 0, "grpo.clip_low/clip_high", "must be >= 0"),

@@ -9,6 +9,11 @@ from dataclasses import dataclass, field
 from vlgrpo.registry import BY_KEY, EVAL_SUITE
 from vlgrpo.types import InputError
 
+WATCHDOG_WAITING_GRACE = 1.5
+"""A rank waiting in one of vlgrpo's collectives fires its watchdog after this many train.fault_timeout_s (the rank
+that blocked elsewhere fires first and is named); trainer.watchdog reads it, validation checks it against
+train.dist_timeout_s."""
+
 
 class ConfigError(InputError):
     """A config key or value that cannot be accepted; the message names the key and the fix."""
@@ -256,10 +261,17 @@ class TrainConfig:
     """Stop the run after this many steps in a row whose loss or gradient was NaN/inf (each one's optimiser step is
     skipped and counted in train/nonfinite_steps); the newest checkpoint is kept."""
     fault_timeout_s: float = 1800.0
-    """A rank that makes no progress for this long (no phase of the step entered or left: a blocked reward or image
-    read, a collective another rank never entered) names its rank, step and phase and exits, and the launcher stops
-    the others, instead of waiting out the process group's 30-minute timeout. Size it above the longest phase: a 7B
-    step's rollout or a ZeRO-3 checkpoint write takes minutes, an in-loop eval longer. 0 disables the watchdog."""
+    """A rank that makes no progress for this long (no phase of the step entered or left, and no beat from inside a
+    long one: an eval batch, a checkpoint file, a weight-sync bucket; a blocked reward or image read, a collective
+    another rank never entered) names its rank, step and phase and exits, and the launcher stops the others. A rank
+    waiting in one of vlgrpo's own collectives fires after 1.5 x this, so the rank that blocked is the one named;
+    that must come before train.dist_timeout_s (checked at load). Size it above the longest stretch without a beat:
+    a 7B step's rollout or update takes minutes. 0 disables the watchdog."""
+    dist_timeout_s: float = 3600.0
+    """How long a rank waits in a collective (NCCL or gloo) for the others before the process group fails it:
+    passed to init_process_group (NCCL's own default is 10 minutes, gloo's 30). Above 1.5 x train.fault_timeout_s, so
+    the watchdog names a hung rank first; above the longest collective wait of a healthy run (a 7B ZeRO-3
+    checkpoint of ~100 GB is written and checksummed while the other ranks wait)."""
     seed: int = 0
     """Seed of data order, sampling and initialisation."""
     output_dir: str = "runs/default"

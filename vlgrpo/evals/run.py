@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from vlgrpo import heartbeat
 from vlgrpo.config import ConfigError
 from vlgrpo.evals.pope_score import PARSERS
 from vlgrpo.evals.pope_suite import is_pope_file
@@ -138,6 +139,7 @@ def _generate(engine, samples: list[Sample], batch_prompts: int, max_new_tokens:
             groups = engine.generate(samples[i : i + batch_prompts], params)
             out += [g.completions[0] for g in groups]
             bar.update(len(groups))
+            heartbeat.beat(f"eval batch {i // batch_prompts + 1} ({len(out)}/{len(samples)} samples)")
     return out
 
 

@@ -12,6 +12,13 @@ import torch
 from torch import Tensor
 
 AdvantageFn = Callable[..., tuple[Tensor, dict[str, float]]]
+SumRanks = Callable[[Tensor], Tensor]
+"""Sums a float tensor over the data-parallel ranks (float64 out): how a batch-wide statistic sees the union batch.
+The trainer passes `trainer.backends.sum_tensor_over_ranks`; the default is one process."""
+
+
+def _one_process(values: Tensor) -> Tensor:
+    return values.double()
 
 
 def _check(rewards: Tensor, group_ids: Tensor) -> None:
@@ -57,12 +64,13 @@ def _stats(degenerate: Tensor) -> dict[str, float]:
 
 
 def group_advantages(
-    rewards: Tensor, group_ids: Tensor, eps: float = 1e-4, unbiased: bool = True
+    rewards: Tensor, group_ids: Tensor, eps: float = 1e-4, unbiased: bool = True, sum_ranks: SumRanks | None = None
 ) -> tuple[Tensor, dict[str, float]]:
     """A_i = (r_i - mean_g r) / (std_g r + eps), sample std (n-1) — GRPO (DeepSeekMath); TRL/verl/EasyR1 `grpo`.
 
     rewards [B*G] float, group_ids [B*G] int -> (advantages [B*G], {"zero_adv_frac": share of completions in a
     group of one or with all-equal rewards; their advantage is exactly 0}). `unbiased=False` uses population std.
+    `sum_ranks` is unused: a group never spans ranks (uniform signature).
     """
     _check(rewards, group_ids)
     mean, std, degenerate = _group_stats(rewards, group_ids, unbiased)
@@ -70,24 +78,41 @@ def group_advantages(
     return adv.masked_fill(degenerate, 0.0), _stats(degenerate)
 
 
-def group_mean_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-4) -> tuple[Tensor, dict[str, float]]:
+def group_mean_advantages(
+    rewards: Tensor, group_ids: Tensor, eps: float = 1e-4, sum_ranks: SumRanks | None = None
+) -> tuple[Tensor, dict[str, float]]:
     """A_i = r_i - mean_g r, no std — Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero"); TRL scale_rewards="none".
 
-    rewards [B*G], group_ids [B*G] -> (advantages [B*G], {"zero_adv_frac"}); `eps` is unused (uniform signature).
+    rewards [B*G], group_ids [B*G] -> (advantages [B*G], {"zero_adv_frac"}); `eps` and `sum_ranks` are unused
+    (uniform signature).
     """
     _check(rewards, group_ids)
     mean, _, degenerate = _group_stats(rewards, group_ids, unbiased=True)
     return (rewards - mean).masked_fill(degenerate, 0.0), _stats(degenerate)
 
 
-def batch_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-4) -> tuple[Tensor, dict[str, float]]:
+def batch_advantages(
+    rewards: Tensor, group_ids: Tensor, eps: float = 1e-4, sum_ranks: SumRanks | None = None
+) -> tuple[Tensor, dict[str, float]]:
     """A_i = (r_i - mean_g r) / (std_batch r + eps), sample std of all B*G rewards — TRL scale_rewards="batch".
 
     rewards [B*G], group_ids [B*G] -> (advantages [B*G], {"zero_adv_frac"}). Centred per group, scaled per batch
-    (the "LitePPO" recipe of Liu et al. 2025, "Tricks or Traps"); degenerate groups still get exactly 0.
+    (the "LitePPO" recipe of Liu et al. 2025, "Tricks or Traps"); degenerate groups still get exactly 0. On several
+    ranks the batch is the union of every rank's rewards: `sum_ranks` sums over the ranks (TRL gathers the rewards).
     """
     _check(rewards, group_ids)
     mean, _, degenerate = _group_stats(rewards, group_ids, unbiased=True)
-    batch_std = rewards.std() if rewards.numel() > 1 else rewards.new_zeros(())
+    batch_std = union_std(rewards, sum_ranks or _one_process).to(rewards.device, rewards.dtype)
     adv = (rewards - mean) / (batch_std + eps)
     return adv.masked_fill(degenerate, 0.0), _stats(degenerate)
+
+
+def union_std(rewards: Tensor, sum_ranks: SumRanks) -> Tensor:
+    """Sample std (n - 1) of the rewards of every rank, in float64 (0 for fewer than 2): count and sum first, then
+    the squared deviations from the union mean (two passes: no cancellation in sum(r^2) - n mean^2)."""
+    r = rewards.detach().double().cpu()
+    n, total = sum_ranks(torch.stack([torch.tensor(float(r.numel()), dtype=torch.float64), r.sum()])).tolist()
+    if n < 2:
+        return torch.zeros((), dtype=torch.float64)
+    squares = sum_ranks(((r - total / n) ** 2).sum().reshape(1))[0]
+    return (squares / (n - 1)).sqrt()

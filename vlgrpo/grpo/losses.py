@@ -56,7 +56,9 @@ def sequence_token_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Te
 # dapo -> token-mean with num_tokens = the generation batch's active tokens (TRL's `num_items_in_batch`); dr_grpo ->
 # seq-mean-token-sum-norm with max_completion_length. TRL importance_sampling_level="sequence" -> grpo.ratio=sequence.
 # All take the same keywords so the trainer can call any of them; each uses the normaliser it needs. For gradient
-# accumulation pass the count of the whole optimiser batch, so summing micro-batch losses gives the full-batch loss.
+# accumulation pass the count of the whole optimiser batch, so summing micro-batch losses gives the full-batch loss;
+# on N data-parallel ranks whose gradients are averaged, the union batch's count / N
+# (trainer.backends.global_normalisers).
 
 
 def _masked_sum(per_token: Tensor, mask: Tensor) -> Tensor:
@@ -66,8 +68,10 @@ def _masked_sum(per_token: Tensor, mask: Tensor) -> Tensor:
 
 def token_mean(per_token: Tensor, mask: Tensor, *, num_tokens: float | Tensor | None = None, **_: object) -> Tensor:
     """sum_it l_it / num_tokens (default: active tokens here) — DAPO (Yu et al. 2025); TRL bnpo, dapo."""
-    denom = mask.sum() if num_tokens is None else torch.as_tensor(num_tokens)
-    return _masked_sum(per_token, mask) / denom.to(per_token.dtype).clamp(min=1.0)
+    denom = (mask.sum() if num_tokens is None else torch.as_tensor(num_tokens)).to(per_token.dtype)
+    # no tokens at all (every row masked): the sum is 0, and so is the loss. Not clamp(min=1): a rank's share of a
+    # global count (count / world size) may be below 1
+    return _masked_sum(per_token, mask) / torch.where(denom > 0, denom, torch.ones_like(denom))
 
 
 def seq_mean_token_mean(per_token: Tensor, mask: Tensor, *, num_sequences: float | None = None, **_: object) -> Tensor:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from vlgrpo.memory.checkpoint import DEFAULT_WRITE_GBPS, checkpoint_bytes, sync_bytes, write_seconds
 from vlgrpo.memory.fit import GB, verdicts
 from vlgrpo.memory.inputs import PlanInput
 from vlgrpo.memory.planner import plan
@@ -26,10 +27,18 @@ def _inputs_dict(inp: PlanInput) -> dict[str, Any]:
     return d
 
 
-def build_report(inp: PlanInput, gpu_type: str = "A100-80GB", config_notes: list[str] | None = None) -> dict[str, Any]:
+def build_report(
+    inp: PlanInput,
+    gpu_type: str = "A100-80GB",
+    config_notes: list[str] | None = None,
+    write_gbps: float = DEFAULT_WRITE_GBPS,
+) -> dict[str, Any]:
     """The whole plan as plain data (every size in bytes): the JSON of `vlgrpo plan --json`. `config_notes` say how
-    the run config was read (printed under the headline)."""
+    the run config was read (printed under the headline); `write_gbps` is the bandwidth the checkpoint's write time
+    assumes."""
     result = plan(inp)
+    total, trainable = result["counts"]["total_params"], result["counts"]["trainable_params"]
+    ckpt = checkpoint_bytes(inp, total, trainable)
     return {
         "inputs": _inputs_dict(inp),
         "config_notes": list(config_notes or []),
@@ -41,6 +50,8 @@ def build_report(inp: PlanInput, gpu_type: str = "A100-80GB", config_notes: list
         "not_run_by_trainer": not_run_by_trainer(inp),
         "verdicts": verdicts(inp, result["per_gpu"]),
         "suggestions": suggestions(inp, gpu_type),
+        "checkpoint": {**ckpt, "write_gbps": write_gbps, "write_s": write_seconds(ckpt["total"], write_gbps)},
+        "sync": sync_bytes(inp, total, trainable),
     }
 
 
@@ -153,5 +164,22 @@ def format_report(report: dict[str, Any]) -> str:
             f"  peak {_gb(s['peak_bytes'])} GB  {'fits ' if s['fits'] else 'over '}  {s['change']}"
             for s in report["suggestions"]
         ]
+    lines += ["", *_checkpoint_lines(report)]
     lines += ["", "conventions:"] + [f"  {k}: {v}" for k, v in report["conventions"].items()]
     return "\n".join(lines)
+
+
+def _checkpoint_lines(report: dict[str, Any]) -> list[str]:
+    """One checkpoint's size by part and its write time; the bytes of one weight sync."""
+    c, s = report["checkpoint"], report["sync"]
+    parts = ", ".join(f"{k} {c[k] / GB:.2f}" for k in ("weights", "optimizer", "adapter") if c[k])
+    lines = [
+        f"checkpoint: {c['total'] / GB:.2f} GB ({parts}); written in ~{c['write_s']:.0f} s at {c['write_gbps']:g} "
+        "GB/s (the ranks share its checksums)"
+    ]
+    if report["inputs"]["engine"] == "vllm":
+        sync = f"weight sync to the rollout engine: {s['full'] / GB:.2f} GB per step"
+        if s["adapter"]:
+            sync += f" (the merged model; the adapter alone is {s['adapter'] / 1e6:.1f} MB)"
+        lines.append(sync)
+    return lines

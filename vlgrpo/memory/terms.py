@@ -50,10 +50,10 @@ def bytes_per_param(inp: PlanInput) -> dict[str, int]:
 
 
 def trainer_optimizer_states(backend: str, dtype_bytes: int) -> str:
-    """The optimiser states a trainer backend keeps: plain runs torch's AdamW on the weights themselves (16-bit weights
-    get 16-bit moments, no fp32 master copy); DeepSpeed (zero3) keeps an fp32 master and moments; LoRA adapters are
-    fp32, so their moments are too."""
-    return "bf16" if backend == "plain" and dtype_bytes == 2 else "fp32"
+    """The optimiser states a trainer backend keeps: fp32 for all of them. plain steps an fp32 master copy of 16-bit
+    weights with fp32 moments (trainer.backends.MasterWeights), as DeepSpeed (zero3) does; LoRA adapters are fp32, so
+    their moments are too. (`bf16` states, 16-bit moments and no master, stay for planning other trainers.)"""
+    return "fp32"
 
 
 def model_states(inp: PlanInput, trainable: int, total: int) -> dict[str, dict[str, int]]:

@@ -34,6 +34,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import Tensor
 
+from vlgrpo import heartbeat
 from vlgrpo.config import ConfigError
 from vlgrpo.rollout.base import SamplingParams
 from vlgrpo.types import RolloutGroup, Sample
@@ -154,6 +155,7 @@ def pack_weights(named: Iterable[tuple[str, Tensor]]) -> tuple[list[tuple[str, t
     flats = {dtype: torch.empty(n, dtype=dtype) for dtype, n in sizes.items()}
     for (_, dtype, _, offset), (_, t) in zip(layout, items):
         flats[dtype][offset : offset + t.numel()].copy_(t.reshape(-1))  # from any device
+        heartbeat.beat("weight sync to the rollout worker")
     return layout, flats
 
 

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import Tensor
 
+from vlgrpo import heartbeat
 from vlgrpo.config.schema import check_mm_limits
 from vlgrpo.data.images import ProcessorGeometry
 from vlgrpo.data.video import VideoSampling
@@ -112,6 +113,7 @@ def checkpoint_weights(named_params: Iterable[tuple[str, Tensor]], push_visual: 
             continue
         pushed["params"] += 1
         pushed["visual"] = pushed["visual"] or is_visual(vname)
+        heartbeat.beat("weight sync to vLLM")
         yield vname, tensor
 
 

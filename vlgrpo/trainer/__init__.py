@@ -9,7 +9,24 @@ from pathlib import Path
 
 
 def run_training(cfg, run_dir: str | Path | None = None, progress: bool | None = None, evaluator=None) -> list[dict]:
-    """Build the run state from the config, resume if a checkpoint exists, train to train.steps."""
+    """Build the run state from the config, resume if a checkpoint exists, train to train.steps.
+
+    A permanent failure (an InputError: bad config or data, the non-finite limit, a full disk, a checkpoint that
+    fails its checksum) is recorded in the run directory, so the ranks torchrun restarts stop at once instead of
+    replaying it (`rundir.refuse_replay`); a killed or hung rank restarts and resumes as before."""
+    from vlgrpo.trainer.rundir import mark_permanent_failure, refuse_replay
+    from vlgrpo.types import InputError
+
+    directory = Path(run_dir or cfg.train.output_dir)
+    refuse_replay(directory)
+    try:
+        return _train(cfg, run_dir, progress, evaluator)
+    except InputError as e:
+        mark_permanent_failure(directory, e)
+        raise
+
+
+def _train(cfg, run_dir, progress, evaluator) -> list[dict]:
     from vlgrpo.trainer.group import leave_group
     from vlgrpo.trainer.loop import Trainer
     from vlgrpo.trainer.state import build_state

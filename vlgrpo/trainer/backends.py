@@ -23,6 +23,7 @@ from vlgrpo.config import Config
 from vlgrpo.models import is_visual
 from vlgrpo.registry import BACKEND
 from vlgrpo.trainer.safe_state import load_tensors
+from vlgrpo.trainer.watchdog import waiting_for_ranks
 
 MERGERS = (".merger.", ".deepstack_merger_list.")
 """Module names of the projections from the tower into the language model: the patch merger, and Qwen3-VL's DeepStack
@@ -38,26 +39,30 @@ def part_of(name: str) -> str:
 
 
 def apply_freeze(model: torch.nn.Module, freeze_vision: bool, freeze_merger: bool, freeze_language: bool) -> dict:
-    """Set requires_grad per part; returns trainable parameter counts per part."""
+    """Set requires_grad per part; returns trainable parameter counts per part (a ZeRO-3 partitioned parameter
+    counts its whole size, `ds_numel`: its local tensor is empty, and counting 0 there had a trainable tower taken
+    for a frozen one, its cached features used detached, so it never trained)."""
     frozen = {"vision": freeze_vision, "merger": freeze_merger, "language": freeze_language}
     counts = {"vision": 0, "merger": 0, "language": 0}
     for name, p in model.named_parameters():
         part = part_of(name)
         p.requires_grad_(not frozen[part])
         if p.requires_grad:
-            counts[part] += p.numel()
+            counts[part] += getattr(p, "ds_numel", p.numel())
     return counts
 
 
 def average_gradients(params: list[torch.nn.Parameter]) -> None:
     """Data parallelism for the plain and LoRA backends: all-reduce (mean) the accumulated gradients once per
-    optimiser step, flattened into one buffer. Each rank's loss is normalised by its own tokens, so the result is the
-    mean of the ranks' losses (ZeRO-3 does its own reduction)."""
+    optimiser step, flattened into one buffer. Each rank's loss is normalised by the whole batch's count over all
+    ranks divided by the world size (`global_normalisers`), so this mean is the gradient of the union batch's loss,
+    as DeepSpeed's own mean is under ZeRO-3."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
+    with waiting_for_ranks("the gradient all-reduce"):
+        dist.all_reduce(flat)
     flat /= dist.get_world_size()
     offset = 0
     for p, g in zip(params, grads):
@@ -70,25 +75,58 @@ def rank_world() -> tuple[int, int]:
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
 
+def _reduce(values: torch.Tensor, op) -> torch.Tensor:
+    """`values` (a CPU tensor) reduced over the data-parallel ranks with `op`, on the device the backend needs; the
+    tensor itself in a single process."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return values
+    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+    t = values.to(device)
+    with waiting_for_ranks("an all-reduce of counts"):
+        dist.all_reduce(t, op=op)
+    return t.cpu()
+
+
 def max_over_ranks(value: int) -> int:
     """The largest `value` over the data-parallel ranks (the value itself in a single process): lets every rank run
     the same number of collective rounds, e.g. dynamic sampling's top-ups."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return value
-    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
-    t = torch.tensor([value], dtype=torch.long, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
+    return int(_reduce(torch.tensor([value], dtype=torch.long), dist.ReduceOp.MAX).item())
 
 
 def sum_over_ranks(values: list[int]) -> list[int]:
     """Each of `values` summed over the data-parallel ranks (the values themselves in a single process)."""
+    return [int(v) for v in _reduce(torch.tensor(values, dtype=torch.long), dist.ReduceOp.SUM).tolist()]
+
+
+def sum_tensor_over_ranks(values: torch.Tensor) -> torch.Tensor:
+    """A float tensor summed over the data-parallel ranks, in float64 (itself, as float64, in a single process):
+    the reducer the pure GRPO functions take for statistics of the union batch (batch-scaled advantages)."""
+    return _reduce(values.detach().double().cpu(), dist.ReduceOp.SUM)
+
+
+def gather_from_ranks(obj: object) -> list:
+    """Every rank's `obj` (picklable), in rank order; `[obj]` in a single process."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
-        return list(values)
-    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
-    t = torch.tensor(values, dtype=torch.long, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return [int(v) for v in t.tolist()]
+        return [obj]
+    out: list = [None] * dist.get_world_size()
+    with waiting_for_ranks("a gather of checksums"):
+        dist.all_gather_object(out, obj)
+    return out
+
+
+def global_normalisers(loss_mask: torch.Tensor) -> tuple[float, float]:
+    """(tokens, sequences) that this rank's loss divides by: the counts of the whole optimiser batch summed over
+    every rank, divided by the number of ranks.
+
+    The ranks' gradients are averaged (`average_gradients`; DeepSpeed does the same), so a loss of
+    sum_local / (count_all / world) on each rank gives the gradient of sum_all / count_all: the update of one
+    process on the union of the ranks' batches, whatever each rank's share of the tokens. A rank's own count
+    instead would give the mean of per-rank token means, which weighs a rank of short completions up (DAPO's
+    token-level loss; TRL's `num_items_in_batch`, verl's global token count)."""
+    world = rank_world()[1]
+    mask = loss_mask.detach().cpu()
+    tokens, sequences = sum_tensor_over_ranks(torch.tensor([float(mask.sum()), float(mask.shape[0])])).tolist()
+    return tokens / world, sequences / world
 
 
 def from_rank0(value: int) -> int:
@@ -140,6 +178,10 @@ class Backend(Protocol):
     def reference(self) -> AbstractContextManager:
         """A context yielding the reference-policy module, or None when no reference is kept."""
 
+    def reference_vision(self) -> AbstractContextManager:
+        """A context in which the reference's vision tower runs locally (ZeRO-3: gathered), for its own cache; yields
+        its fingerprint, or None when the cache can read it from the module itself."""
+
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Full (gathered, LoRA-merged) weights, for a rollout engine holding its own copy and for export."""
 
@@ -176,7 +218,10 @@ class PlainBackend:
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError("no trainable parameters: check model.freeze_vision / freeze_merger / freeze_language")
-        self.optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
+        self._params = params
+        self.master = MasterWeights(params)
+        """fp32 copies of 16-bit trainable weights, which the optimiser steps (empty when they are fp32)."""
+        self.optimizer = torch.optim.AdamW(self.master.stepped, lr=t.lr, weight_decay=t.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, t.warmup_steps, t.steps, t.lr_schedule)
         )
@@ -195,18 +240,22 @@ class PlainBackend:
         """(Average grads over data-parallel ranks,) clip, step optimiser and schedule, zero grads. A non-finite loss
         or gradient norm on any rank skips the optimiser and schedule step on every rank alike (`skipped_steps`).
         Returns `train/grad_norm` and `train/lr`."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        average_gradients(params)
-        norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm if self.max_grad_norm > 0 else float("inf"))
+        average_gradients(self._params)
+        self.master.take_gradients()  # 16-bit gradients -> fp32 ones on the master copies
+        stepped = self.master.stepped
+        norm = torch.nn.utils.clip_grad_norm_(stepped, self.max_grad_norm if self.max_grad_norm > 0 else float("inf"))
         lr = self.optimizer.param_groups[0]["lr"]
         # NaN gradients reach every rank through the all-reduce, a non-finite loss does not: the ranks vote
         if max_over_ranks(int(self._nonfinite_loss or not math.isfinite(float(norm)))):
             self.skipped_steps += 1
         else:
             self.optimizer.step()
+            self.master.write_back()  # the model's 16-bit weights: the fp32 result rounded once
             self.scheduler.step()
         self._nonfinite_loss = False
         self.optimizer.zero_grad(set_to_none=True)
+        for p in self._params:
+            p.grad = None
         return {"train/grad_norm": float(norm), "train/lr": lr}
 
     def rollout_weights(self, full: bool = True):
@@ -221,6 +270,10 @@ class PlainBackend:
     def reference(self):
         """Context yielding the module that computes reference log-probs (None when no reference is kept)."""
         return nullcontext(self._ref)
+
+    def reference_vision(self):
+        """The reference's tower is whole in this process: nothing to gather; the cache reads its fingerprint."""
+        return nullcontext(None)
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Full (gathered, merged) weights for the rollout engine and export."""
@@ -242,10 +295,12 @@ class PlainBackend:
             "model": {k: v for k, v in self.model.state_dict().items()},
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
+            **self.master.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
+        self.master.load_state_dict(state)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
 
@@ -255,6 +310,47 @@ class PlainBackend:
         self.model.save_pretrained(out)
         processor.save_pretrained(out)
         return out
+
+
+class MasterWeights:
+    """fp32 master copies of the 16-bit trainable weights, as DeepSpeed's and apex's mixed-precision optimisers keep.
+
+    AdamW stepping bf16 weights directly loses most updates: a step of lr 1e-6 is below half an ulp of a 0.02 weight
+    (bf16 keeps 8 bits of mantissa, an ulp there is ~1.2e-4), so it rounds away. The optimiser steps the fp32 copies;
+    each step's result is rounded once into the model. fp32 weights are stepped as they are (no copy).
+    """
+
+    def __init__(self, params: list[torch.nn.Parameter]) -> None:
+        self.params = params
+        self.copies = {
+            i: torch.nn.Parameter(p.detach().float().clone()) for i, p in enumerate(params) if p.dtype != torch.float32
+        }
+        self.stepped = [self.copies.get(i, p) for i, p in enumerate(params)]
+        """What the optimiser steps: the master copy of a 16-bit weight, an fp32 weight itself."""
+
+    def take_gradients(self) -> None:
+        """Move each 16-bit gradient onto its master copy in fp32 (freeing the 16-bit one)."""
+        for i, copy_ in self.copies.items():
+            p = self.params[i]
+            copy_.grad = None if p.grad is None else p.grad.float()
+            p.grad = None
+
+    @torch.no_grad()
+    def write_back(self) -> None:
+        for i, copy_ in self.copies.items():
+            self.params[i].copy_(copy_)
+
+    def state_dict(self) -> dict:
+        """{"master": [fp32 tensors]} in parameter order ({} without copies): a resume continues from the unrounded
+        weights, not from the model's rounded ones."""
+        return {"master": [self.copies[i].detach() for i in sorted(self.copies)]} if self.copies else {}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict) -> None:
+        """The saved copies; a checkpoint written before master weights existed: the model's weights, widened."""
+        saved = state.get("master")
+        for k, i in enumerate(sorted(self.copies)):
+            self.copies[i].copy_(saved[k] if saved is not None else self.params[i].float())
 
 
 DROPOUT_ATTRIBUTES = ("attention_dropout", "dropout")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from vlgrpo.config import Config, to_dict
-from vlgrpo.trainer.backends import Backend, from_rank0, max_over_ranks
+from vlgrpo.trainer.backends import Backend, from_rank0, gather_from_ranks, max_over_ranks, rank_world
 from vlgrpo.trainer.manifest import check_manifest, refuse_pickled_code, write_manifest
 from vlgrpo.trainer.metrics import truncate_metrics
 from vlgrpo.trainer.rundir import RunDirError, describe, is_write_error
@@ -91,9 +91,10 @@ def _write_parts(state: Checkpointed, tmp: Path, final: Path, rank: int) -> None
 
 
 def _seal(state: Checkpointed, tmp: Path, final: Path, rank: int) -> None:
-    """Rank 0, once every rank's files are written: the manifest last, then the atomic rename, then pruning."""
+    """Once every rank's files are written: the manifest last (every rank hashes its share of the files, rank 0
+    writes it), then rank 0's atomic rename, then pruning."""
+    write_manifest(tmp, state.step, rank_world(), gather_from_ranks)
     if rank == 0:
-        write_manifest(tmp, state.step)
         tmp.rename(final)  # a checkpoint directory either exists whole or not at all
         for old in checkpoint_dirs(state.run_dir)[:-KEEP]:
             shutil.rmtree(old, ignore_errors=True)
@@ -153,14 +154,18 @@ def _allowed_classes(ckpt: Path) -> set[str]:
 
 
 def _newest_verified(found: list[Path], quarantine: bool) -> int:
-    """Index of the newest checkpoint whose files match its manifest (rank 0). Newer ones that do not are reported
-    and, when `quarantine`, renamed rejected-step_N so that no later save or resume trips on them."""
+    """Index of the newest checkpoint whose files match its manifest. Every rank runs this: each hashes its share of
+    a checkpoint's files and all reach the same verdict (`check_manifest` gathers them). Rank 0 then reports the
+    newer ones that do not verify and, when `quarantine`, renames them rejected-step_N so that no later save or resume
+    trips on them; the other ranks return as soon as the verdict is in."""
     rejected: list[tuple[Path, str]] = []
     for i in reversed(range(len(found))):
-        why = check_manifest(found[i])
+        why = check_manifest(found[i], rank_world(), gather_from_ranks)
         if why is not None:
             rejected.append((found[i], why))
             continue
+        if _rank() != 0:
+            return i
         refuse_pickled_code(found[i], _allowed_classes(found[i]))  # verified yet crafted: refuse, never fall back
         for bad, reason in rejected:
             note = ""
@@ -182,16 +187,15 @@ def _newest_verified(found: list[Path], quarantine: bool) -> int:
 
 def select(run_dir: Path, quarantine: bool = True) -> Path | None:
     """The newest checkpoint that verifies, None when the run has none; raises CheckpointError when none verifies
-    or the chosen one would unpickle code. Rank 0 checks; every rank gets its choice."""
+    or the chosen one would unpickle code. Every rank hashes a share; rank 0's choice is every rank's."""
     found = checkpoint_dirs(run_dir)
     if not found:
         return None
     choice, error = -1, None
-    if _rank() == 0:
-        try:
-            choice = _newest_verified(found, quarantine)
-        except Exception as e:  # noqa: BLE001 - re-raised below, once every rank knows there is no choice
-            error = e
+    try:
+        choice = _newest_verified(found, quarantine)
+    except Exception as e:  # noqa: BLE001 - re-raised below, once every rank knows there is no choice
+        error = e
     choice = from_rank0(choice)
     if choice >= 0:
         return found[choice]

@@ -12,24 +12,30 @@ from typing import NoReturn
 import torch
 
 
-def join_group() -> str:
+def join_group(timeout_s: float = 3600.0) -> str:
     """Under torchrun (WORLD_SIZE > 1) join the process group (NCCL on GPUs, gloo on CPUs) on this attempt's own
-    store keys (`_attempt_store`); pick this rank's device."""
+    store keys (`_attempt_store`), every collective bounded by `timeout_s` (train.dist_timeout_s: NCCL's own default
+    is 10 minutes, shorter than a 7B checkpoint write the other ranks wait for); pick this rank's device."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
         torch.cuda.set_device(local)
     if world > 1 and not torch.distributed.is_initialized():
+        from datetime import timedelta
+
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        store = _attempt_store(world)
+        timeout = timedelta(seconds=timeout_s)
+        store = _attempt_store(world, timeout)
         if store is None:
-            torch.distributed.init_process_group(backend)
+            torch.distributed.init_process_group(backend, timeout=timeout)
         else:
-            torch.distributed.init_process_group(backend, store=store, rank=int(os.environ["RANK"]), world_size=world)
+            torch.distributed.init_process_group(
+                backend, store=store, rank=int(os.environ["RANK"]), world_size=world, timeout=timeout
+            )
     return f"cuda:{local}" if torch.cuda.is_available() else "cpu"
 
 
-def _attempt_store(world: int):
+def _attempt_store(world: int, timeout):
     """The launcher's store under a prefix of this restart attempt's own, or None outside torchrun's agent store.
 
     torchrun keeps ONE store for every restart of the group (its static rendezvous creates it once; the c10d one
@@ -39,10 +45,8 @@ def _attempt_store(world: int):
     `vlgrpo/attempt_<TORCHELASTIC_RESTART_COUNT>` are new for every attempt."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "TORCHELASTIC_RESTART_COUNT" not in os.environ:
         return None
-    from datetime import timedelta
-
     store = torch.distributed.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timedelta(minutes=30)
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout
     )
     return torch.distributed.PrefixStore(f"vlgrpo/attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
 

@@ -16,7 +16,7 @@ from vlgrpo.models import eval_mode
 from vlgrpo.policy.forward import completion_logprobs_and_entropy
 from vlgrpo.registry import ADVANTAGE, AGGREGATION, RATIO
 from vlgrpo.rewards import score
-from vlgrpo.trainer.backends import max_over_ranks, no_dropout
+from vlgrpo.trainer.backends import global_normalisers, max_over_ranks, no_dropout, sum_tensor_over_ranks
 from vlgrpo.trainer.batch import TrainBatch, make_batch
 from vlgrpo.trainer.checkpoint import checkpoint_dirs
 from vlgrpo.trainer.metrics import memory_metrics
@@ -87,7 +87,7 @@ class Trainer:
 
         # 5. advantage: per group (r - mean) / (std + eps) or its variants
         with timers("advantage"):
-            advantages, adv_stats = self.advantage_fn(rewards, group_ids, eps=cfg.grpo.std_eps)  # [B*G]
+            advantages, adv_stats = self.advantages(rewards, group_ids)  # [B*G]
             advantages = advantages.to(state.device)
             batch = self._collate(groups, features)
 
@@ -119,6 +119,11 @@ class Trainer:
             "grpo/sampling_rounds": float(scored.rounds),
             "rollout/placeholder_masked": float(batch.masked_rows),
         }
+
+    def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """Phase 5 on this rank's rewards [B*G]: a group's statistics are its own (a group never spans ranks); a
+        batch-wide one (`grpo.advantage=batch`'s std) is the union batch's, reduced over every rank."""
+        return self.advantage_fn(rewards, group_ids, eps=self.state.cfg.grpo.std_eps, sum_ranks=sum_tensor_over_ranks)
 
     def _sample_and_score(self, B: int) -> Scored:
         """Phases 1-4, repeated while dynamic sampling tops the batch up with fresh prompts.
@@ -209,13 +214,17 @@ class Trainer:
             yield rows, part, feats
 
     def _reference_features(self, ref_model, batch: TrainBatch) -> list | None:
-        """The reference policy's own image features when the policy's tower trains (frozen: they are shared)."""
+        """The reference policy's own image features when the policy's tower trains (frozen: they are shared). Under
+        ZeRO-3 its tower is gathered for this (`reference_vision`): each rank encodes what its own cache misses."""
         state = self.state
         if ref_model is None or not state.backend.vision_trainable():
             return None
-        if state.ref_cache is None:  # the reference never changes: its features stay valid for the whole run
-            state.ref_cache = VisionCache(ref_model, state.lm.processor, state.cfg.rollout.vision_cache_bytes)
-        return state.ref_cache.get_rows(batch.sources)
+        with state.backend.reference_vision() as fingerprint:
+            if state.ref_cache is None:  # the reference never changes: its features stay valid for the whole run
+                state.ref_cache = VisionCache(
+                    ref_model, state.lm.processor, state.cfg.rollout.vision_cache_bytes, fingerprint=fingerprint
+                )
+            return state.ref_cache.get_rows(batch.sources)
 
     @torch.no_grad()
     def _logprobs(self, model, batch: TrainBatch, features: list | None = None) -> torch.Tensor:
@@ -227,7 +236,9 @@ class Trainer:
 
     def _update(self, batch: TrainBatch, advantages, old_logp, ref_logp, is_weights=None) -> dict[str, float]:
         state, g = self.state, self.state.cfg.grpo
-        num_tokens = batch.loss_mask.sum()  # global normaliser: micro-batch losses add up to the batch loss
+        # the union batch's counts over every rank and micro-batch (/ world size: the ranks' gradients are averaged),
+        # so the micro-batch losses of all ranks add up to the loss of one process on the whole batch
+        num_tokens, num_sequences = global_normalisers(batch.loss_mask)
         stats_all, opt_stats, losses = [], {}, []
         model = state.backend.model
         with no_dropout(model):  # train mode so checkpointing engages; p = 0 so the on-policy ratio is exactly 1
@@ -250,7 +261,7 @@ class Trainer:
                         ref_logp=None if ref_logp is None else ref_logp[rows],
                         entropy=entropy.detach(),
                         num_tokens=num_tokens,
-                        num_sequences=batch.rows,
+                        num_sequences=num_sequences,
                         max_completion_length=state.cfg.rollout.max_new_tokens,
                         is_weights=None if is_weights is None else is_weights[rows],
                     )
@@ -272,11 +283,11 @@ class Trainer:
             feats = state.cache.get_rows([state.rows.prompt(x).sources for x in samples])
         with timers("update"):  # teacher-forced NLL of the gold answer in the target format
             batch = self._collate([self._gold_group(x) for x in samples], feats)
-            num_tokens, total = batch.loss_mask.sum(), 0.0
+            (num_tokens, _), total = global_normalisers(batch.loss_mask), 0.0  # the union batch's tokens, as GRPO
             with no_dropout(state.backend.model):  # train mode: gradient checkpointing engages
                 for rows, part, feats in self.micro_batches(batch):
                     logp, _ = completion_logprobs_and_entropy(state.backend.model, part, feats, state.forbidden, 1.0)
-                    loss = -(logp * batch.loss_mask[rows]).sum() / num_tokens
+                    loss = -(logp * batch.loss_mask[rows]).sum() / max(num_tokens, 1e-8)
                     state.backend.backward(loss)
                     total += loss.item()
                 opt_stats = state.backend.step()

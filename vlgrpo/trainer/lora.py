@@ -71,15 +71,27 @@ class LoRABackend(PlainBackend):
         return any(p.requires_grad and is_visual(n) for n, p in self._peft.named_parameters())
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Merged weights under the base model's names (for the rollout engine): W + scale * B @ A."""
-        self._peft.merge_adapter()
-        try:
-            for name, tensor in self._peft.get_base_model().state_dict().items():
-                if "lora_" in name:
-                    continue
-                yield name.replace(".base_layer.", "."), tensor.detach().clone()
-        finally:
-            self._peft.unmerge_adapter()
+        """Merged weights under the base model's names (for a rollout engine with its own copy, and export):
+        W + scale * B @ A, summed in fp32 into a NEW tensor and rounded once to W's dtype, one layer at a time.
+
+        The base is never written. peft's merge_adapter/unmerge_adapter round trip (W += dW; W -= dW) is not exact
+        in bf16: repeated at every sync it moved the base, which is also the reference policy (adapter off) and the
+        half of the export that is not the adapter, so a killed-and-resumed bf16 run left the run it should equal."""
+        from peft.tuners.lora import LoraLayer
+
+        base_model = self._peft.get_base_model()
+        lora_layers = {
+            f"{name}.base_layer.weight": module
+            for name, module in base_model.named_modules()
+            if isinstance(module, LoraLayer)
+        }
+        for name, tensor in base_model.state_dict().items():
+            if "lora_" in name:
+                continue
+            module = lora_layers.get(name)
+            if module is not None:
+                tensor = (tensor.float() + _delta_weight(module)).to(tensor.dtype)
+            yield name.replace(".base_layer.", "."), tensor.detach().clone()
 
     def state_dict(self) -> dict:
         from peft import get_peft_model_state_dict
@@ -88,20 +100,44 @@ class LoRABackend(PlainBackend):
             "adapter": get_peft_model_state_dict(self._peft),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
+            **self.master.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
         from peft import set_peft_model_state_dict
 
         set_peft_model_state_dict(self._peft, state["adapter"])
+        self.master.load_state_dict(state)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
 
     def export(self, out_dir: str | Path, processor) -> Path:
-        """Merged plain HF checkpoint; the adapter alone is saved under `adapter/` too."""
+        """Merged plain HF checkpoint, exactly the weights the rollout engines get (`named_weights`: one rounding of
+        the fp32 sum); the adapter alone is saved under `adapter/` too."""
         out = Path(out_dir)
         self._peft.save_pretrained(out / "adapter")
         merged = copy.deepcopy(self._peft).merge_and_unload()
+        merged.load_state_dict(dict(self.named_weights()))
         merged.save_pretrained(out)
         processor.save_pretrained(out)
         return out
+
+
+def _delta_weight(layer) -> torch.Tensor:
+    """scale * B @ A of a LoRA layer's active adapters, in fp32 (peft's own product rounds to the adapter's dtype on
+    a GPU). A layer kind other than Linear uses peft's product, widened."""
+    from peft.tuners.lora import Linear
+
+    delta = None
+    for adapter in layer.active_adapters:
+        if adapter not in layer.lora_A:
+            continue
+        if layer.use_dora.get(adapter, False):
+            raise NotImplementedError("DoRA adapters: vlgrpo's LoRA backend does not configure them")
+        if isinstance(layer, Linear):
+            d = layer.lora_B[adapter].weight.float() @ layer.lora_A[adapter].weight.float()
+            d = (d.T if layer.fan_in_fan_out else d) * layer.scaling[adapter]
+        else:
+            d = layer.get_delta_weight(adapter).float()
+        delta = d if delta is None else delta + d
+    return delta if delta is not None else torch.zeros((), dtype=torch.float32)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import socket
 import time
@@ -75,3 +76,48 @@ class RunLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+PERMANENT_FAILURE = ".permanent_failure.json"
+"""Written by a rank that failed for good (an InputError: bad config or data, the non-finite limit, a full disk, a
+checkpoint that fails its checksum); a restarted rank of the same launch reads it and exits at once."""
+
+
+def restart_attempt() -> int:
+    """torchrun's restart count of this process's group (0 for the first attempt, or outside torchrun)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def mark_permanent_failure(run_dir: Path, error: BaseException) -> None:
+    """Record that this attempt failed in a way a restart would only repeat. Best effort: a disk too full for this
+    small file leaves the restart to find out again, as before."""
+    record = {"attempt": restart_attempt(), "error": f"{type(error).__name__}: {error}", "time": time.time()}
+    try:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        (Path(run_dir) / PERMANENT_FAILURE).write_text(json.dumps(record))
+    except OSError:
+        pass
+
+
+def refuse_replay(run_dir: Path) -> None:
+    """In a restarted attempt (torchrun restarts the whole group, whatever the exit code), stop at once when an
+    earlier attempt of this launch failed for good: replaying it would fail the same way, MAX_RESTARTS times. A new
+    launch (attempt 0) clears an old record: its user may have fixed the cause."""
+    path = Path(run_dir) / PERMANENT_FAILURE
+    attempt = restart_attempt()
+    if attempt == 0:
+        try:
+            path.unlink()
+        except OSError:
+            pass
+        return
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if int(record.get("attempt", attempt)) < attempt:
+        raise RunDirError(
+            f"not replayed: attempt {record['attempt']} of this launch failed in a way a restart repeats "
+            f"({record.get('error', 'see its log')}); fix the cause and launch again (the record is "
+            f"{path}, cleared by the next launch)"
+        )

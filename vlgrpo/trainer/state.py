@@ -201,7 +201,9 @@ def build_state(
     resume if asked. An export only reads the run directory: no lock, nothing written."""
     torch.manual_seed(cfg.train.seed)
     run = Path(run_dir or cfg.train.output_dir)
-    device = join_group()  # join the group (DeepSpeed then finds it joined) and pick the rank's GPU
+    device = join_group(
+        cfg.train.dist_timeout_s
+    )  # join the group (DeepSpeed then finds it joined) and pick the rank's GPU
     if cfg.train.backend == "zero3":
         from vlgrpo.trainer.zero3 import prepare_partitioned_load
 

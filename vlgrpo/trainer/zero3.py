@@ -35,12 +35,18 @@ def _pickled_classes() -> list[type]:
     return [getattr(importlib.import_module(n.rsplit(".", 1)[0]), n.rsplit(".", 1)[1]) for n in PICKLED_CLASSES]
 
 
-def init_distributed() -> None:
+def init_distributed(cfg: Config) -> None:
     """DeepSpeed's communication layer over the process group the trainer joined (`trainer.state`, on its restart
-    attempt's own keys); it joins the group itself when none is (idempotent: a second call does nothing)."""
+    attempt's own keys); it joins the group itself when none is, with train.dist_timeout_s (idempotent: a second
+    call does nothing)."""
+    from datetime import timedelta
+
     import deepspeed
 
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    deepspeed.init_distributed(
+        dist_backend="nccl" if torch.cuda.is_available() else "gloo",
+        timeout=timedelta(seconds=cfg.train.dist_timeout_s),
+    )
 
 
 def micro_batches_per_step(cfg: Config) -> int:
@@ -100,7 +106,7 @@ def prepare_partitioned_load(cfg: Config) -> None:
     global _HF_DS_CONFIG
     from transformers.integrations import HfDeepSpeedConfig
 
-    init_distributed()
+    init_distributed(cfg)
     _HF_DS_CONFIG = HfDeepSpeedConfig(ds_config(cfg, torch.distributed.get_world_size()))
 
 
@@ -110,7 +116,7 @@ class Zero3Backend:
     def __init__(self, model: torch.nn.Module, cfg: Config, need_reference: bool) -> None:
         import deepspeed
 
-        init_distributed()
+        init_distributed(cfg)
         m, t = cfg.model, cfg.train
         self.trainable_counts = apply_freeze(model, m.freeze_vision, m.freeze_merger, m.freeze_language)
         if m.gradient_checkpointing:
@@ -150,6 +156,13 @@ class Zero3Backend:
         if not bool(torch.isfinite(loss.detach()).all()):
             # make every gradient NaN: DeepSpeed's grad-norm check (all-reduced) then skips the step on every rank
             loss, self._nonfinite_loss = loss * float("nan"), True
+        # DeepSpeed counts micro-batches in `engine.forward` (ZeRO-3's micro_step_id, moved on by
+        # clear_backward_seen_flag): at 0 a backward COPIES its gradients into the partitions instead of adding them.
+        # Our passes call the module's layers, not engine.forward, so without this every micro-batch overwrote the
+        # one before and the step used the last micro-batch's gradient alone (test_union_batch.py caught it).
+        clear = getattr(self.engine.optimizer, "clear_backward_seen_flag", None)
+        if clear is not None:  # DeepSpeed >= 0.18; older versions count in the backward epilogue themselves
+            clear()
         # Our loss is already normalised over the whole batch: no extra 1/accumulation scaling.
         self.engine.backward(loss, scale_wrt_gas=False)
         self.engine.step()  # a no-op except at the accumulation boundary: the last micro-batch of the pass
@@ -185,27 +198,21 @@ class Zero3Backend:
         from vlgrpo.vision_cache.key import find_visual
 
         module = self.engine.module if full else find_visual(self.engine.module)
-        return self._gathered_without_hooks(list(module.parameters()))
+        return _gathered_without_hooks(self.engine, list(module.parameters()))
 
     @contextmanager
-    def _gathered_without_hooks(self, params: list[torch.nn.Parameter]):
-        import deepspeed
+    def reference_vision(self):
+        """A context in which the reference's vision tower runs locally, gathered without its ZeRO hooks (each rank
+        encodes the images its cache misses, a different number per rank: per-module gathers would deadlock); yields
+        the tower's fingerprint, read from the gathered weights. Only needed when the tower trains (frozen: the
+        policy's features serve)."""
+        if self._ref is None:
+            yield None
+            return
+        from vlgrpo.vision_cache.key import find_visual, vision_fingerprint
 
-        offload = self.engine.optimizer.parameter_offload
-        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-            for hook in offload.forward_hooks + offload.backward_hooks:
-                hook.remove()
-            offload.forward_hooks, offload.backward_hooks = [], []
-            # The top module's start-of-forward hook resets the fetch trace, which is collective until a trace is
-            # recorded: ranks that decode a different number of tokens (or, under dynamic sampling, none) would
-            # deadlock on it. The next update forward resets the trace anyway.
-            start_of_forward = offload.module._forward_pre_hooks[offload.fwd_pre_hook.id]
-            offload.fwd_pre_hook.remove()
-            try:
-                yield
-            finally:
-                offload.fwd_pre_hook = offload.module.register_forward_pre_hook(start_of_forward)
-                offload._register_deepspeed_module(offload.module)
+        with _gathered_without_hooks(self._ref, list(find_visual(self._ref.module).parameters())):
+            yield vision_fingerprint(self._ref.module, gather=lambda _: nullcontext())  # whole already
 
     def vision_fingerprint(self) -> str:
         import deepspeed
@@ -259,6 +266,30 @@ class Zero3Backend:
             processor.save_pretrained(out)
         torch.distributed.barrier()
         return out
+
+
+@contextmanager
+def _gathered_without_hooks(engine, params: list[torch.nn.Parameter]):
+    """`params` of a DeepSpeed engine gathered on every rank, with the engine's ZeRO-3 forward and backward hooks
+    removed for the duration, so a module runs locally whatever the other ranks do (the trained engine's hooks live
+    in its optimiser's parameter offload; an engine without optimiser, the reference, holds the offload itself)."""
+    import deepspeed
+
+    offload = getattr(engine.optimizer, "parameter_offload", engine.optimizer)
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+        for hook in offload.forward_hooks + offload.backward_hooks:
+            hook.remove()
+        offload.forward_hooks, offload.backward_hooks = [], []
+        # The top module's start-of-forward hook resets the fetch trace, which is collective until a trace is
+        # recorded: ranks that decode a different number of tokens (or, under dynamic sampling, none) would
+        # deadlock on it. The next update forward resets the trace anyway.
+        start_of_forward = offload.module._forward_pre_hooks[offload.fwd_pre_hook.id]
+        offload.fwd_pre_hook.remove()
+        try:
+            yield
+        finally:
+            offload.fwd_pre_hook = offload.module.register_forward_pre_hook(start_of_forward)
+            offload._register_deepspeed_module(offload.module)
 
 
 def export_checkpoint(checkpoint_dir: Path, cfg: Config, out_dir: str | Path) -> Path:

@@ -1,0 +1,76 @@
+"""N data-parallel ranks compute the update of one process on the union of their batches (docs/scaling-out.md):
+every aggregation's normaliser and the batch-scaled advantages' std are the union batch's, reduced over the ranks.
+The ranks' completion lengths differ (rank 1's are 3x rank 0's) and so do their sequence counts, so a per-rank
+normaliser (the mean of per-rank token means, of per-rank sequence means) or a rank's own reward std moves the
+weights differently, by far more than the tolerance."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from trainer_helpers import run_ranks, tiny_config, write_reward_module
+from union_worker import CASES, GROUPS
+
+from vlgrpo.config import save_config
+
+WORKER = Path(__file__).with_name("union_worker.py")
+
+
+def _update(tmp_path, name: str, nproc: int, ranks: int, port: int, *overrides: str) -> dict:
+    """Run union_worker.py on `nproc` ranks for the groups of `ranks` ranks; its result.pt."""
+    out = tmp_path / name
+    out.mkdir()
+    cfg = tiny_config(
+        str(tmp_path / "model"),
+        tmp_path / "data",
+        out / "run",
+        f"reward.recipe={{'{write_reward_module(tmp_path)}': 1.0}}",
+        "rollout.max_new_tokens=16",
+        # ZeRO-3's accumulation count, prompts x 4 / micro-batch: 1 on every rank (as many rows as rank 0 holds: 8
+        # rows), or every group in one process, in micro-batches of 4 (the update sums micro-batches as ranks)
+        *(["train.prompts_per_step=2", "train.micro_batch_completions=8"] if nproc > 1 else []),
+        *([f"train.prompts_per_step={sum(GROUPS[r] for r in range(ranks))}"] if nproc == 1 else []),
+        "train.max_grad_norm=0",
+        "train.lr=1.0",
+        "train.save_every=0",
+        *overrides,
+    )
+    save_config(cfg, out / "cfg.yaml")
+    status, stderr = run_ranks(WORKER, str(out / "cfg.yaml"), str(out), str(ranks), port=port, timeout=600, nproc=nproc)
+    assert status == 0, stderr[-3000:]
+    return torch.load(out / "result.pt")
+
+
+def _assert_union_equal(split: dict, union: dict) -> dict:
+    """Every variant's advantages and gradient equal to 1e-6; returns the largest gradient difference per variant."""
+    worst = {}
+    for key in (f"{a}/{r}/{adv}" for a, r, adv in CASES):
+        s, u = split[key], union[key]
+        assert torch.allclose(s["advantages"], u["advantages"], atol=1e-6, rtol=0), key
+        assert set(s["gradient"]) == set(u["gradient"]) and u["gradient"], key
+        worst[key] = max(float((s["gradient"][n] - u["gradient"][n]).abs().max()) for n in u["gradient"])
+        largest = max(float(g.abs().max()) for g in u["gradient"].values())
+        assert worst[key] <= 1e-6 and largest > 1e-3, (key, worst[key], largest)
+    return worst
+
+
+@pytest.mark.parametrize(
+    "backend, ranks, port",
+    [
+        ("plain", 2, 29611),
+        ("plain", 3, 29613),
+        ("lora", 2, 29615),
+        ("lora", 3, 29617),
+        ("zero3", 2, 29619),
+        ("zero3", 3, 29621),
+    ],
+)
+def test_n_ranks_update_as_one_process_on_the_union_batch(tmp_path, tiny_model_dir, shapes_dir, backend, ranks, port):
+    if backend == "zero3":
+        pytest.importorskip("deepspeed")
+    (tmp_path / "model").symlink_to(tiny_model_dir())
+    (tmp_path / "data").symlink_to(shapes_dir)
+    extra = [f"train.backend={backend}"] + (["train.lora.rank=4"] if backend == "lora" else [])
+    split = _update(tmp_path, "split", ranks, ranks, port, *extra)
+    union = _update(tmp_path, "union", 1, ranks, port + 1, *extra)
+    print(backend, ranks, _assert_union_equal(split, union))

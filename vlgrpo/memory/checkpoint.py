@@ -1,0 +1,42 @@
+"""What a run writes and sends besides GPU memory: the size of one checkpoint (weights, optimiser states, adapter) and
+its write time at a stated bandwidth, and the bytes of one weight sync to a rollout engine with its own copy.
+
+Plain arithmetic over the plan's parameter counts, like the rest of the planner; knows the backends' file contents:
+- plain: the whole model in its dtype, AdamW's two fp32 moments per trainable weight and, for 16-bit weights, their
+  fp32 master copy (trainer.backends.MasterWeights);
+- lora: the adapter (fp32) and its two moments, never the base;
+- zero3: DeepSpeed's partitions of the fp32 master copy and both moments (12 bytes per trainable weight) plus the
+  frozen weights in the model dtype.
+"""
+
+from __future__ import annotations
+
+from vlgrpo.memory.inputs import PlanInput
+
+DEFAULT_WRITE_GBPS = 1.0
+"""A stated write bandwidth (GB/s) for the write time: a shared network filesystem; a local NVMe writes 2-5x faster."""
+
+
+def checkpoint_bytes(inp: PlanInput, total: int, trainable: int) -> dict[str, int]:
+    """Bytes of one checkpoint by part (`weights`, `optimizer`, `adapter`) and their `total`."""
+    frozen = total - trainable
+    if inp.lora_rank:
+        parts = {"weights": 0, "adapter": trainable * 4, "optimizer": trainable * 8}
+    elif inp.zero_stage == 3:
+        parts = {"weights": frozen * inp.dtype_bytes, "adapter": 0, "optimizer": trainable * 12}
+    else:
+        master = 4 if inp.dtype_bytes < 4 else 0
+        parts = {"weights": total * inp.dtype_bytes, "adapter": 0, "optimizer": trainable * (8 + master)}
+    return {**parts, "total": sum(parts.values())}
+
+
+def sync_bytes(inp: PlanInput, total: int, trainable: int) -> dict[str, int]:
+    """Bytes one weight sync sends to an engine with its own weights (vLLM, or a split worker): `full`, the merged
+    model in its dtype (what vlgrpo sends today, LoRA included); `adapter`, a LoRA adapter alone in fp32 (0 without
+    LoRA): what an adapter-only sync would send."""
+    base = total - trainable if inp.lora_rank else total
+    return {"full": base * inp.dtype_bytes, "adapter": trainable * 4 if inp.lora_rank else 0}
+
+
+def write_seconds(size: int, gbps: float = DEFAULT_WRITE_GBPS) -> float:
+    return size / (gbps * 1e9)
