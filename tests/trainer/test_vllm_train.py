@@ -60,6 +60,9 @@ def _train(out: Path, tiny_model_dir, shapes_dir, *overrides: str, arch: str = "
 
 
 CASES = [("plain", "qwen2_5_vl"), ("lora", "qwen2_5_vl"), ("plain", "qwen3_vl")]
+ADAPTER_BYTES = {"qwen2_5_vl": 4 * 4 * 4 * ((128 + 128) * 2 + (128 + 64) * 2 + (128 + 384) * 3)}
+"""fp32 bytes of the tiny model's rank-4 adapter: A [4, in] and B [out, 4] on the 7 linears of each of its 4 layers
+(q, o 128 -> 128; k, v 128 -> 64; gate, up 128 -> 384 and down 384 -> 128): 155,648 bytes."""
 
 
 @pytest.mark.parametrize("backend, arch", CASES)
@@ -77,7 +80,11 @@ def test_three_grpo_steps_on_vllm_keep_the_engine_on_the_trainers_policy(
             f"is_mean {r['grpo/is_mean']:.6f}, loss {r['train/loss']:.4f}"
         )
         assert r["rollout/logprob_abs_diff_max"] < 1e-3
-        assert r["rollout/weight_syncs"] == 1 and r["rollout/params_pushed"] > 0
+        if backend == "lora":  # the adapter alone, as vLLM's LoRA request of each version: never the base
+            assert r["rollout/adapter_syncs"] == 1 and r["rollout/weight_syncs"] == 0
+            assert r["sync/bytes"] == ADAPTER_BYTES[arch]
+        else:
+            assert r["rollout/weight_syncs"] == 1 and r["rollout/params_pushed"] > 0
         assert abs(r["grpo/is_mean"] - 1.0) < 1e-3 and r["grpo/is_clipped_frac"] == 0.0  # sequence_mask, cap 3
     # the policy moved (the sync carried real changes) and the engine sampled from it: step 3 ran on version 2
     assert rows[0]["train/grad_norm"] > 0 and rows[-1]["rollout/prefix_cache_hit_tokens"] > 0
@@ -133,3 +140,59 @@ def test_split_vllm_with_staleness_1_samples_one_version_behind(tmp_path, tiny_m
     rows = _train(tmp_path, tiny_model_dir, shapes_dir, *PLAIN, *SPLIT, "rollout.max_staleness=1")
     assert [r["rollout/staleness"] for r in rows] == [0.0, 1.0, 1.0]  # step 1 on version 0, then one version back
     assert all(r["train/loss"] == r["train/loss"] and r["rollout/completions"] == 8 for r in rows)
+
+
+def test_split_vllm_lora_gets_versioned_adapters_and_keeps_stale_groups_on_their_own(
+    tmp_path, tiny_model_dir, shapes_dir
+):
+    """Staleness 1: the worker's vLLM holds max_staleness + 1 = 2 adapters, each version's under its own name, so a
+    group sampled one version back scores against the adapter it was sampled with (its log-probs stay within the
+    corrected gap) and the sync carries the adapter alone."""
+    lora = ["train.backend=lora", "train.lora.rank=4", "train.lr=5e-2"]
+    rows = _train(tmp_path, tiny_model_dir, shapes_dir, *lora, *SPLIT, "rollout.max_staleness=1")
+    assert [r["rollout/staleness"] for r in rows] == [0.0, 1.0, 1.0]
+    assert [r["sync/bytes"] for r in rows] == [ADAPTER_BYTES["qwen2_5_vl"]] * 3
+    assert all(r["train/loss"] == r["train/loss"] for r in rows)
+    # the worker reports a sync with the next group it samples: v1 arrives with step 3's (v2 with a step 4 never run)
+    # and no weight is ever pushed (version 0's handshake, the loaded checkpoint, pushes none)
+    assert sum(r["rollout/adapter_syncs"] for r in rows) == 1 and all(r["rollout/params_pushed"] == 0 for r in rows)
+
+
+def test_bf16_lora_with_vllm_never_writes_the_trainers_base(tmp_path, tiny_model_dir, shapes_dir):
+    """50 bf16 LoRA steps with vLLM in the trainer's process, the adapter synced after each: the trainer's base
+    weights (the reference policy, half of the export) are bit for bit those it loaded, and vLLM samples with each
+    version's adapter (its log-probs within 1e-2 of the trainer's bf16 ones)."""
+    import torch
+
+    from vlgrpo.models import load_model
+    from vlgrpo.trainer.loop import Trainer
+    from vlgrpo.trainer.state import build_state
+
+    spec = write_reward_module(tmp_path)
+    cfg = tiny_config(
+        tiny_model_dir(),
+        shapes_dir,
+        tmp_path / "run",
+        f"reward.recipe={{'{spec}': 1.0}}",
+        "model.dtype=bfloat16",
+        "train.backend=lora",
+        "train.lora.rank=4",
+        "train.lr=5e-2",
+        "train.steps=50",
+        "train.save_every=0",
+        *VLLM,
+    )
+    state = build_state(cfg, progress=False)
+    try:
+        rows = Trainer(state).train()
+        base = load_model(tiny_model_dir(), dtype="bfloat16").model.state_dict()
+        trained = {
+            n.replace(".base_layer.", "."): p for n, p in state.backend._peft.get_base_model().state_dict().items()
+        }
+    finally:
+        state.close()
+    assert len(rows) == 50 and all(r["sync/bytes"] == ADAPTER_BYTES["qwen2_5_vl"] for r in rows)
+    assert all(r["rollout/logprob_abs_diff_max"] < 1e-2 for r in rows), [
+        r["rollout/logprob_abs_diff_max"] for r in rows
+    ]
+    assert all(torch.equal(trained[n], base[n]) for n in base)

@@ -111,6 +111,11 @@ class VLLMConfig:
     memory for that many parts per prompt, and a row with more is refused, naming the sample and this key."""
     engine_kwargs: dict = field(default_factory=dict)
     """Extra keyword arguments of `vllm.LLM`, over vlgrpo's own (e.g. {enforce_eager: true, block_size: 16})."""
+    adapter_sync: bool = True
+    """With train.backend=lora: vLLM applies the LoRA adapter itself (enable_lora) and each step sends the adapter
+    alone, under a versioned name (MBs instead of the whole model; vLLM keys its prefix cache by adapter, so two
+    policies never share an entry). false, or LoRA on the vision tower (vLLM leaves tower adapters out): the merged
+    weights, computed into new tensors (the trainer's base is never written)."""
 
 
 @dataclass

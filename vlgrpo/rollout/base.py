@@ -13,6 +13,41 @@ from torch import Tensor
 
 from vlgrpo.types import RolloutGroup, Sample
 
+LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+"""The max_lora_rank values vLLM accepts."""
+
+
+@dataclass
+class Adapter:
+    """A LoRA adapter in PEFT's saved form (adapter_config.json, adapter_model.safetensors): what an engine that
+    applies adapters itself (vLLM) gets after each step instead of the merged weights."""
+
+    config: dict
+    tensors: dict[str, Tensor]
+
+    @property
+    def bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+def staleness(cfg) -> int:
+    """rollout.max_staleness, its default resolved: 0 when colocated, 1 with placement=split."""
+    r = cfg.rollout
+    return r.max_staleness if r.max_staleness is not None else int(r.placement == "split")
+
+
+def adapter_sync(cfg) -> bool:
+    """Whether the policy reaches the engine as a LoRA adapter alone (rollout.vllm.adapter_sync): the LoRA backend,
+    vLLM, and no adapter on the vision tower (vLLM would leave it out)."""
+    on_tower = any(t.startswith("visual.") for t in cfg.train.lora.target_modules)
+    return (
+        cfg.train.stage == "grpo"
+        and cfg.train.backend == "lora"
+        and cfg.rollout.engine == "vllm"
+        and cfg.rollout.vllm.adapter_sync
+        and not on_tower
+    )
+
 
 @dataclass
 class SamplingParams:
@@ -90,8 +125,9 @@ class RolloutEngine(Protocol):
         """One RolloutGroup per sample, in order, each with `params.completions_per_prompt` completions."""
         ...
 
-    def update_weights(self, named_params: Iterable[tuple[str, Tensor]] | None, version: int) -> None:
-        """Make the engine sample with the trainer's current weights (HF names), tagged `version`."""
+    def update_weights(self, named_params: Iterable[tuple[str, Tensor]] | Adapter | None, version: int) -> None:
+        """Make the engine sample with the trainer's current weights (HF names), tagged `version`; None: it shares
+        the trainer's model (a version bump); an `Adapter`: only engines built for `adapter_sync` take one."""
         ...
 
     def stats(self) -> dict[str, float]:

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from vlgrpo import heartbeat
 from vlgrpo.config import ConfigError
-from vlgrpo.rollout.base import SamplingParams
+from vlgrpo.rollout.base import Adapter, SamplingParams
 from vlgrpo.types import RolloutGroup, Sample
 
 POLL_S = 1.0
@@ -106,9 +106,13 @@ class SplitRollout:
             pass
         return len(self.ready)
 
-    def update_weights(self, named_params: Iterable[tuple[str, Tensor]] | None, version: int) -> None:
-        """Send the trainer's weights (copies: the trainer keeps updating its own in place) tagged `version`."""
+    def update_weights(self, named_params: Iterable[tuple[str, Tensor]] | Adapter | None, version: int) -> None:
+        """Send the trainer's weights (copies: the trainer keeps updating its own in place), or its LoRA adapter
+        alone for a worker's vLLM that applies it, tagged `version`."""
         self.policy_version = version
+        if isinstance(named_params, Adapter):
+            self.requests.put(("adapter", version, named_params.config, pack_weights(named_params.tensors.items())))
+            return
         self.requests.put(("weights", version, pack_weights(named_params or [])))
 
     def stats(self) -> dict[str, float]:
@@ -223,6 +227,10 @@ def _serve(cfg, box_format: str, requests, results, device: str) -> None:
             cache.set_step(version)  # a trainable tower: features of older weights are dropped (keyed by version)
             # an engine with weights of its own (vLLM) reloads them in place; the HF engine decodes with the copy
             engine.update_weights(weights.items() if weights and engine.holds_own_weights else None, version)
+            continue
+        if message[0] == "adapter":  # vLLM applies it; the worker's HF copy (a frozen tower: LoRA leaves it) stays
+            _, version, config, packed = message
+            engine.update_weights(Adapter(config, unpack_weights(*packed)), version)
             continue
         _, key, samples, params, need, features = message  # key: (training step, sampling round)
         if version < need:  # the trainer sends weights before any request that needs them: a protocol error

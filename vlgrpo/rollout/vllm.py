@@ -24,7 +24,15 @@ from vlgrpo.data.images import ProcessorGeometry
 from vlgrpo.data.video import VideoSampling
 from vlgrpo.models import is_visual
 from vlgrpo.policy.prompt import build_prompt, forbidden_mask
-from vlgrpo.rollout.base import EngineCounters, SamplingParams, cut_at_stop
+from vlgrpo.rollout.base import (
+    LORA_RANKS,
+    Adapter,
+    EngineCounters,
+    SamplingParams,
+    adapter_sync,
+    cut_at_stop,
+    staleness,
+)
 from vlgrpo.rollout.vllm_inputs import (  # noqa: F401 - build_request, engine_prompt_ids: the request API, re-exported
     MM_INPUTS,
     ONE_IMAGE,
@@ -140,7 +148,13 @@ class VLLMEngine(EngineCounters):
     """RolloutEngine on a vLLM `LLM` (in-process engine core, as in TRL's colocate mode)."""
 
     holds_own_weights = True
-    COUNTERS = (*EngineCounters.COUNTERS, "weight_syncs", "params_pushed", "prefix_cache_hit_tokens")
+    COUNTERS = (
+        *EngineCounters.COUNTERS,
+        "weight_syncs",
+        "params_pushed",
+        "adapter_syncs",
+        "prefix_cache_hit_tokens",
+    )
 
     def __init__(
         self,
@@ -157,6 +171,7 @@ class VLLMEngine(EngineCounters):
         deepstack_maps: int = 0,
         video_sampling: VideoSampling | None = None,
         limit_mm_per_prompt: dict | None = None,
+        max_loras: int = 0,
     ):
         if mm_input not in MM_INPUTS:
             raise ValueError(f"rollout.vllm.mm_input must be one of {', '.join(MM_INPUTS)}, got {mm_input!r}")
@@ -182,6 +197,13 @@ class VLLMEngine(EngineCounters):
         self.deepstack_maps = deepstack_maps
         """DeepStack maps each image's embeddings carry (Qwen3-VL: len(deepstack_visual_indexes); else 0)."""
         self.policy_version = 0
+        self.max_loras = max_loras
+        """Adapters vLLM holds at once (0: the engine was built without LoRA): rollout.max_staleness + 1, so groups
+        in flight finish on their own policy."""
+        self.lora_request = None
+        """The policy's adapter as vLLM's LoRARequest, named by version (None: the base model is the policy)."""
+        self._adapter_dirs: list[str] = []
+        self._adapter_root: str | None = None
         self.asleep: set[str] = set()
         """Sleep-mode allocations currently released (subset of SLEEP_TAGS)."""
         self.reset_stats()
@@ -254,6 +276,11 @@ class VLLMEngine(EngineCounters):
         v, m = cfg.rollout.vllm, cfg.model
         colocate = cfg.rollout.placement == "colocate"
         llm_kwargs = {"dtype": m.dtype, **v.engine_kwargs}
+        max_loras = 0
+        if adapter_sync(cfg):  # vLLM applies the adapter; the groups of max_staleness older versions still finish
+            max_loras = staleness(cfg) + 1
+            rank = next((r for r in LORA_RANKS if r >= cfg.train.lora.rank), cfg.train.lora.rank)
+            llm_kwargs = {"enable_lora": True, "max_lora_rank": rank, "max_loras": max_loras, **llm_kwargs}
         if colocate and torch.distributed.is_available() and torch.distributed.is_initialized():
             llm_kwargs["distributed_executor_backend"] = "external_launcher"  # one engine per training rank
         return cls.launch(
@@ -274,6 +301,7 @@ class VLLMEngine(EngineCounters):
             system_prompt=cfg.data.system_prompt,
             push_visual=not (m.freeze_vision and m.freeze_merger),
             sleep_level=1 if colocate and v.enable_sleep_mode else 0,
+            max_loras=max_loras,
         )
 
     @classmethod
@@ -322,7 +350,7 @@ class VLLMEngine(EngineCounters):
         ]
         self.wake_up()
         hits = self._prefix_cache_hits()
-        outputs = self.llm.generate(requests, per_request, use_tqdm=False)
+        outputs = self.llm.generate(requests, per_request, use_tqdm=False, lora_request=self.lora_request)
         self._counts["prefix_cache_hit_tokens"] += self._prefix_cache_hits() - hits
         if self.sleep_level:
             self.sleep(self.sleep_level)
@@ -355,10 +383,14 @@ class VLLMEngine(EngineCounters):
             return 0
         return int(sum(getattr(m, "value", 0) for m in get() if m.name == "vllm:prefix_cache_hits"))
 
-    def update_weights(self, named_params: Iterable[tuple[str, Tensor]] | None, version: int) -> None:
+    def update_weights(self, named_params: Iterable[tuple[str, Tensor]] | Adapter | None, version: int) -> None:
         """Reload (HF name, tensor) pairs in place on every worker (vLLM's `reload_weights`, which also resets the
         workers' encoder and multimodal caches), refresh a tied LM head, then reset the prefix cache and the
-        scheduler's encoder-cache bookkeeping (else it believes stale image embeddings are still cached)."""
+        scheduler's encoder-cache bookkeeping (else it believes stale image embeddings are still cached). An
+        `Adapter` instead becomes the policy's LoRA request (`_take_adapter`): the base weights stay as loaded."""
+        if isinstance(named_params, Adapter):
+            self._take_adapter(named_params, version)
+            return
         self.wake_up(tags=["weights"])  # weights before the KV cache: vLLM's sleep-mode order
         pushed = {"params": 0, "visual": False}
         if named_params is not None:
@@ -372,6 +404,38 @@ class VLLMEngine(EngineCounters):
         self.llm.llm_engine.reset_encoder_cache()
         self._counts["weight_syncs"] += 1
         self._counts["params_pushed"] += pushed["params"]
+        self.policy_version = int(version)
+        if self.cache is not None:
+            self.cache.set_step(int(version))
+
+    def _take_adapter(self, adapter: Adapter, version: int) -> None:
+        """Version `version`'s adapter as a LoRA request named `policy-v{version}`. vLLM keys its prefix cache by the
+        adapter, so no entry of an older policy is reused, and holds `max_loras` adapters, so groups of older versions
+        in flight finish on theirs (TRL's async trainer names its adapters by version for the same reasons). The
+        adapter goes through a directory in PEFT's form, the one way vLLM loads one; the oldest directories go."""
+        import atexit
+        import json
+        import shutil
+        import tempfile
+
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
+        if not self.max_loras:
+            raise RuntimeError("this vLLM engine was built without LoRA (enable_lora): it cannot take an adapter")
+        if self._adapter_root is None:
+            self._adapter_root = tempfile.mkdtemp(prefix="vlgrpo-adapters-")
+            atexit.register(shutil.rmtree, self._adapter_root, True)
+        path = os.path.join(self._adapter_root, f"v{version}")
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, "adapter_config.json"), "w") as f:
+            json.dump(adapter.config, f)
+        save_file(adapter.tensors, os.path.join(path, "adapter_model.safetensors"))
+        self.lora_request = LoRARequest(f"policy-v{version}", version + 1, path)
+        self._adapter_dirs.append(path)
+        while len(self._adapter_dirs) > self.max_loras + 1:  # vLLM has loaded the ones still in use
+            shutil.rmtree(self._adapter_dirs.pop(0), ignore_errors=True)
+        self._counts["adapter_syncs"] += 1
         self.policy_version = int(version)
         if self.cache is not None:
             self.cache.set_step(int(version))

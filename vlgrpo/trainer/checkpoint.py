@@ -52,6 +52,8 @@ class Checkpointed(Protocol):
     nonfinite_streak: int
     eval_failures: int
 
+    def sync_engine(self) -> int: ...
+
 
 def checkpoint_dirs(run_dir: Path) -> list[Path]:
     """Checkpoints their writer completed (renamed from .tmp-step_N), oldest first; `select` verifies them."""
@@ -221,7 +223,7 @@ def resume(state: Checkpointed, for_export: bool = False) -> bool:
     state.eval_failures = meta.get("eval_failures", 0)
     state.cache.set_step(state.step)
     if state.engine is not None:
-        state.engine.update_weights(state.backend.named_weights() if state.engine_needs_weights else None, state.step)
+        state.sync_engine()
     set_rng_state(load_json(ckpt / f"rng_rank{rank}.json", "RNG state"), ckpt / f"rng_rank{rank}.json")
     if log:
         _report_truncation(state.run_dir / "metrics.jsonl", state.step)

@@ -16,6 +16,7 @@ from vlgrpo.models import eval_mode
 from vlgrpo.policy.forward import completion_logprobs_and_entropy
 from vlgrpo.registry import ADVANTAGE, AGGREGATION, RATIO
 from vlgrpo.rewards import score
+from vlgrpo.rollout.base import staleness
 from vlgrpo.trainer.backends import global_normalisers, max_over_ranks, no_dropout, sum_tensor_over_ranks
 from vlgrpo.trainer.batch import TrainBatch, make_batch
 from vlgrpo.trainer.checkpoint import checkpoint_dirs
@@ -23,7 +24,7 @@ from vlgrpo.trainer.metrics import memory_metrics
 from vlgrpo.trainer.offpolicy import OffPolicy
 from vlgrpo.trainer.sft import render_target
 from vlgrpo.trainer.source import rollout_source
-from vlgrpo.trainer.state import RunState, staleness
+from vlgrpo.trainer.state import RunState
 from vlgrpo.trainer.watchdog import Watchdog
 from vlgrpo.types import Completion, InputError, RolloutGroup, Sample
 from vlgrpo.vision_cache import VisionCache
@@ -104,10 +105,9 @@ class Trainer:
 
         # 8. sync the rollout engine (a version bump for the HF engine sharing the model)
         state.step += 1
-        with timers("sync"):
+        with timers("sync"):  # nothing, the LoRA adapter alone, or the full weights (RunState.sync_engine)
             state.cache.set_step(state.step)  # a trainable tower's cached features are now stale
-            weights = state.backend.named_weights() if state.engine_needs_weights else None
-            state.engine.update_weights(weights, state.step)
+            sync_bytes = state.sync_engine()
         lengths = batch.batch.completion_mask.sum(1).float()  # [R]
         return {
             **scored.metrics,
@@ -118,6 +118,7 @@ class Trainer:
             "grpo/dropped_groups": float(scored.dropped_groups),
             "grpo/sampling_rounds": float(scored.rounds),
             "rollout/placeholder_masked": float(batch.masked_rows),
+            "sync/bytes": float(sync_bytes),
         }
 
     def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:

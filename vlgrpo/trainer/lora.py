@@ -93,6 +93,29 @@ class LoRABackend(PlainBackend):
                 tensor = (tensor.float() + _delta_weight(module)).to(tensor.dtype)
             yield name.replace(".base_layer.", "."), tensor.detach().clone()
 
+    def adapter(self):
+        """The adapter alone, in PEFT's saved form (fp32, on the CPU), for an engine that applies it itself."""
+        from peft import get_peft_model_state_dict
+
+        from vlgrpo.rollout.base import Adapter
+
+        c = self._peft.peft_config["default"]
+        config = {
+            "peft_type": "LORA",
+            "r": c.r,
+            "lora_alpha": c.lora_alpha,
+            "lora_dropout": 0.0,
+            "target_modules": c.target_modules if isinstance(c.target_modules, str) else sorted(c.target_modules),
+            "bias": "none",
+            "fan_in_fan_out": c.fan_in_fan_out,
+            "use_rslora": c.use_rslora,
+            "use_dora": False,
+            "modules_to_save": None,
+            "task_type": None,
+        }
+        tensors = {k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(self._peft).items()}
+        return Adapter(config, tensors)
+
     def state_dict(self) -> dict:
         from peft import get_peft_model_state_dict
 

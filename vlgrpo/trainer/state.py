@@ -28,7 +28,7 @@ from vlgrpo.policy.prompt import forbidden_mask
 from vlgrpo.registry import ENGINE
 from vlgrpo.rewards import check_recipe, context_from_config
 from vlgrpo.rewards.context import RewardContext
-from vlgrpo.rollout.base import RolloutEngine, SamplingParams
+from vlgrpo.rollout.base import RolloutEngine, SamplingParams, adapter_sync, staleness
 from vlgrpo.rollout.split import SplitRollout, worker_gpu
 from vlgrpo.trainer import checkpoint
 from vlgrpo.trainer.backends import Backend, make_backend, max_over_ranks, rank_world
@@ -125,6 +125,27 @@ class RunState:
     def save_checkpoint(self) -> Path:
         return checkpoint.save(self)
 
+    def sync_engine(self) -> int:
+        """The engine gets this step's policy (phase 8, and after a resume); returns the bytes sent. Nothing for an
+        engine that shares the trainer's model (a version bump); the LoRA adapter alone for one that applies it
+        (vLLM, rollout.vllm.adapter_sync); else the full weights (ZeRO-3: gathered; LoRA: merged into new tensors)."""
+        if not self.engine_needs_weights:
+            self.engine.update_weights(None, self.step)
+            return 0
+        if adapter_sync(self.cfg):
+            adapter = self.backend.adapter()
+            self.engine.update_weights(adapter, self.step)
+            return adapter.bytes
+        sent = [0]
+
+        def counted():
+            for name, tensor in self.backend.named_weights():
+                sent[0] += tensor.numel() * tensor.element_size()
+                yield name, tensor
+
+        self.engine.update_weights(counted(), self.step)
+        return sent[0]
+
     @property
     def split(self) -> bool:
         """The rollout runs in a worker process of its own (rollout.placement=split)."""
@@ -164,12 +185,6 @@ def _rollout_gpu(cfg: Config) -> str | None:
     gpus = [g.strip() for g in visible.split(",")] if visible else [str(i) for i in range(torch.cuda.device_count())]
     local, ranks = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     return worker_gpu(local, ranks, cfg.rollout.vllm.rollout_gpus, gpus)
-
-
-def staleness(cfg: Config) -> int:
-    """rollout.max_staleness, its default resolved: 0 when colocated, 1 with placement=split."""
-    r = cfg.rollout
-    return r.max_staleness if r.max_staleness is not None else int(r.placement == "split")
 
 
 def _lock_run_dir(cfg: Config, run: Path) -> RunLock | None:
@@ -280,6 +295,18 @@ def _build(cfg: Config, run: Path, device: str, progress: bool | None, for_expor
         fingerprint=backend.vision_fingerprint(),
     )
     engine, needs_weights = (None, False) if for_export else _engine(cfg, lm, cache, reward_ctx.box_format)
+    if needs_weights and cfg.train.backend == "lora" and not adapter_sync(cfg) and rank == 0:
+        why = (
+            "rollout.vllm.adapter_sync is false"
+            if cfg.rollout.engine == "vllm" and not cfg.rollout.vllm.adapter_sync
+            else "vLLM leaves adapters on the vision tower out"
+            if cfg.rollout.engine == "vllm"
+            else "the hf engine in a split worker holds a plain model"
+        )
+        print(
+            f"[vlgrpo] the rollout engine gets the merged weights after each step ({why}): merged into new tensors, "
+            "the trainer's base is never written"
+        )
     r = cfg.rollout
     sampling = SamplingParams(
         completions_per_prompt=r.completions_per_prompt,
