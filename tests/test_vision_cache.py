@@ -4,6 +4,7 @@ import shutil
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from vlgrpo.cli import main
@@ -62,6 +63,7 @@ def test_features_equal_the_pixel_path_and_duplicates_are_encoded_once(tiny_mode
         "videos_encoded": 0,
         "disk_hits": 0,
         "corrupt": 0,
+        "other_format": 0,
         "write_errors": 0,
         "adopted": 0,
         "bytes": 2 * entry,
@@ -140,6 +142,21 @@ def test_disk_cache_survives_a_restart_and_recovers_from_corrupt_files(lm, tiny_
     assert (s["corrupt"], s["disk_hits"], s["encoder_calls"], s["images_encoded"]) == (2, 1, 1, 2)
     assert all(torch.equal(x.embeds, y.embeds) for x, y in zip(feats, first))
     assert read_entry(files[0]) is not None and read_entry(files[1]) is not None  # rewritten whole
+
+    # an entry in another format version (another vlgrpo's layout, checksum intact): a miss, counted, rewritten
+    from safetensors.torch import save_file
+
+    from vlgrpo.vision_cache import FORMAT_VERSION, entry_format
+
+    with safe_open(str(files[2]), framework="pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    save_file(tensors, str(files[2]), metadata={**meta, "format": "2"})
+    assert read_entry(files[2]) is not None  # the file itself is sound: only its version tells it apart
+    cache = VisionCache(lm.model, lm.processor, disk_dir=disk)
+    cache.get(images[:3])
+    s = cache.stats()
+    assert (s["other_format"], s["corrupt"], s["disk_hits"], s["images_encoded"]) == (1, 0, 2, 1)
+    assert entry_format(files[2]) == FORMAT_VERSION
 
 
 def test_fingerprints_follow_the_vision_weights_and_processor_only(tiny_model_dir):

@@ -350,7 +350,8 @@ class VLLMEngine(EngineCounters):
         ]
         self.wake_up()
         hits = self._prefix_cache_hits()
-        outputs = self.llm.generate(requests, per_request, use_tqdm=False, lora_request=self.lora_request)
+        lora = {"lora_request": self.lora_request} if self.lora_request is not None else {}  # the policy's adapter
+        outputs = self.llm.generate(requests, per_request, use_tqdm=False, **lora)
         self._counts["prefix_cache_hit_tokens"] += self._prefix_cache_hits() - hits
         if self.sleep_level:
             self.sleep(self.sleep_level)

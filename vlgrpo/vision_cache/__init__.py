@@ -34,6 +34,7 @@ from vlgrpo.vision_cache.entry import (  # noqa: F401 - the package's API: entri
     checksum,
     clear_disk,
     disk_stats,
+    entry_format,
     read_entry,
 )
 from vlgrpo.vision_cache.key import find_visual, processor_fingerprint, vision_fingerprint  # noqa: F401
@@ -47,6 +48,7 @@ STAT_KEYS = (
     "bytes",
     "disk_hits",
     "corrupt",
+    "other_format",
     "write_errors",
     "adopted",
 )
@@ -260,6 +262,10 @@ class VisionCache:
             return None
         path = self._path(k)
         if not path.is_file():
+            return None
+        if entry_format(path) not in (FORMAT_VERSION, None):  # another vlgrpo's layout: a miss, rewritten in ours
+            self._stats["other_format"] += 1
+            path.unlink(missing_ok=True)
             return None
         feats = read_entry(path, self.merge, key=k)
         if feats is None:  # corrupt, truncated or another key's entry: count it, delete it, recompute

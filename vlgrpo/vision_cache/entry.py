@@ -56,6 +56,17 @@ def checksum(embeds: Tensor, grid: Tensor, deepstack: Tensor | None = None) -> s
     return h.hexdigest()
 
 
+def entry_format(path: Path) -> str | None:
+    """The format version a disk entry was written in (its header only; None when unreadable)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return (f.metadata() or {}).get("format")
+    except Exception:  # noqa: BLE001 - an unreadable file: read_entry counts it as corrupt
+        return None
+
+
 def read_entry(path: Path, merge_size: int = 2, key: str | None = None) -> ImageFeatures | None:
     """Load one disk entry and verify its checksum (DeepStack maps included), shapes and (given `key`) the key it was
     written under; None if it is corrupt, truncated, foreign, another key's entry copied here or short of its maps."""
