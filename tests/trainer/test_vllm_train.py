@@ -158,15 +158,30 @@ def test_split_vllm_lora_gets_versioned_adapters_and_keeps_stale_groups_on_their
     assert sum(r["rollout/adapter_syncs"] for r in rows) == 1 and all(r["rollout/params_pushed"] == 0 for r in rows)
 
 
-def test_bf16_lora_with_vllm_never_writes_the_trainers_base(tmp_path, tiny_model_dir, shapes_dir):
-    """50 bf16 LoRA steps with vLLM in the trainer's process, the adapter synced after each: the trainer's base
-    weights (the reference policy, half of the export) are bit for bit those it loaded, and vLLM samples with each
-    version's adapter (its log-probs within 1e-2 of the trainer's bf16 ones)."""
-    import torch
+BASE_CHECK = """
+import json, sys, torch
+from vlgrpo.config import load_config
+from vlgrpo.models import load_model
+from vlgrpo.trainer.loop import Trainer
+from vlgrpo.trainer.state import build_state
 
-    from vlgrpo.models import load_model
-    from vlgrpo.trainer.loop import Trainer
-    from vlgrpo.trainer.state import build_state
+cfg = load_config(sys.argv[1])
+state = build_state(cfg, progress=False)
+rows = Trainer(state).train()
+base = load_model(cfg.model.name_or_path, dtype="bfloat16").model.state_dict()
+trained = {n.replace(".base_layer.", "."): p for n, p in state.backend._peft.get_base_model().state_dict().items()}
+state.close()
+changed = [n for n in base if not torch.equal(trained[n], base[n])]
+print(json.dumps({"rows": rows, "changed": changed}))
+"""
+
+
+def test_bf16_lora_with_vllm_never_writes_the_trainers_base(tmp_path, tiny_model_dir, shapes_dir):
+    """50 bf16 LoRA steps with vLLM in the trainer's process (a process of its own: vLLM's parallel state is per
+    process), the adapter synced after each: the trainer's base weights (the reference policy, half of the export)
+    are bit for bit those it loaded, and vLLM samples with each version's adapter (its log-probs within 1e-2 of the
+    trainer's bf16 ones)."""
+    import json
 
     spec = write_reward_module(tmp_path)
     cfg = tiny_config(
@@ -182,17 +197,20 @@ def test_bf16_lora_with_vllm_never_writes_the_trainers_base(tmp_path, tiny_model
         "train.save_every=0",
         *VLLM,
     )
-    state = build_state(cfg, progress=False)
-    try:
-        rows = Trainer(state).train()
-        base = load_model(tiny_model_dir(), dtype="bfloat16").model.state_dict()
-        trained = {
-            n.replace(".base_layer.", "."): p for n, p in state.backend._peft.get_base_model().state_dict().items()
-        }
-    finally:
-        state.close()
+    save_config(cfg, tmp_path / "cfg.yaml")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(
+        [sys.executable, "-c", BASE_CHECK, str(tmp_path / "cfg.yaml")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows = result["rows"]
     assert len(rows) == 50 and all(r["sync/bytes"] == ADAPTER_BYTES["qwen2_5_vl"] for r in rows)
     assert all(r["rollout/logprob_abs_diff_max"] < 1e-2 for r in rows), [
         r["rollout/logprob_abs_diff_max"] for r in rows
     ]
-    assert all(torch.equal(trained[n], base[n]) for n in base)
+    assert result["changed"] == []

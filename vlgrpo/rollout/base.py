@@ -13,9 +13,6 @@ from torch import Tensor
 
 from vlgrpo.types import RolloutGroup, Sample
 
-LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
-"""The max_lora_rank values vLLM accepts."""
-
 
 @dataclass
 class Adapter:
@@ -34,19 +31,6 @@ def staleness(cfg) -> int:
     """rollout.max_staleness, its default resolved: 0 when colocated, 1 with placement=split."""
     r = cfg.rollout
     return r.max_staleness if r.max_staleness is not None else int(r.placement == "split")
-
-
-def adapter_sync(cfg) -> bool:
-    """Whether the policy reaches the engine as a LoRA adapter alone (rollout.vllm.adapter_sync): the LoRA backend,
-    vLLM, and no adapter on the vision tower (vLLM would leave it out)."""
-    on_tower = any(t.startswith("visual.") for t in cfg.train.lora.target_modules)
-    return (
-        cfg.train.stage == "grpo"
-        and cfg.train.backend == "lora"
-        and cfg.rollout.engine == "vllm"
-        and cfg.rollout.vllm.adapter_sync
-        and not on_tower
-    )
 
 
 @dataclass

@@ -24,15 +24,8 @@ from vlgrpo.data.images import ProcessorGeometry
 from vlgrpo.data.video import VideoSampling
 from vlgrpo.models import is_visual
 from vlgrpo.policy.prompt import build_prompt, forbidden_mask
-from vlgrpo.rollout.base import (
-    LORA_RANKS,
-    Adapter,
-    EngineCounters,
-    SamplingParams,
-    adapter_sync,
-    cut_at_stop,
-    staleness,
-)
+from vlgrpo.rollout.adapters import AdapterVersions, engine_lora_kwargs
+from vlgrpo.rollout.base import Adapter, EngineCounters, SamplingParams, cut_at_stop
 from vlgrpo.rollout.vllm_inputs import (  # noqa: F401 - build_request, engine_prompt_ids: the request API, re-exported
     MM_INPUTS,
     ONE_IMAGE,
@@ -202,8 +195,7 @@ class VLLMEngine(EngineCounters):
         in flight finish on their own policy."""
         self.lora_request = None
         """The policy's adapter as vLLM's LoRARequest, named by version (None: the base model is the policy)."""
-        self._adapter_dirs: list[str] = []
-        self._adapter_root: str | None = None
+        self._adapters = AdapterVersions(keep=max_loras + 1)  # vLLM has loaded the ones still in use
         self.asleep: set[str] = set()
         """Sleep-mode allocations currently released (subset of SLEEP_TAGS)."""
         self.reset_stats()
@@ -276,11 +268,8 @@ class VLLMEngine(EngineCounters):
         v, m = cfg.rollout.vllm, cfg.model
         colocate = cfg.rollout.placement == "colocate"
         llm_kwargs = {"dtype": m.dtype, **v.engine_kwargs}
-        max_loras = 0
-        if adapter_sync(cfg):  # vLLM applies the adapter; the groups of max_staleness older versions still finish
-            max_loras = staleness(cfg) + 1
-            rank = next((r for r in LORA_RANKS if r >= cfg.train.lora.rank), cfg.train.lora.rank)
-            llm_kwargs = {"enable_lora": True, "max_lora_rank": rank, "max_loras": max_loras, **llm_kwargs}
+        lora = engine_lora_kwargs(cfg)  # vLLM applies the LoRA adapter itself ({} without adapter_sync)
+        llm_kwargs = {**lora, **llm_kwargs}
         if colocate and torch.distributed.is_available() and torch.distributed.is_initialized():
             llm_kwargs["distributed_executor_backend"] = "external_launcher"  # one engine per training rank
         return cls.launch(
@@ -301,7 +290,7 @@ class VLLMEngine(EngineCounters):
             system_prompt=cfg.data.system_prompt,
             push_visual=not (m.freeze_vision and m.freeze_merger),
             sleep_level=1 if colocate and v.enable_sleep_mode else 0,
-            max_loras=max_loras,
+            max_loras=lora.get("max_loras", 0),
         )
 
     @classmethod
@@ -412,30 +401,14 @@ class VLLMEngine(EngineCounters):
     def _take_adapter(self, adapter: Adapter, version: int) -> None:
         """Version `version`'s adapter as a LoRA request named `policy-v{version}`. vLLM keys its prefix cache by the
         adapter, so no entry of an older policy is reused, and holds `max_loras` adapters, so groups of older versions
-        in flight finish on theirs (TRL's async trainer names its adapters by version for the same reasons). The
-        adapter goes through a directory in PEFT's form, the one way vLLM loads one; the oldest directories go."""
-        import atexit
-        import json
-        import shutil
-        import tempfile
-
-        from safetensors.torch import save_file
+        in flight finish on theirs (TRL's async trainer names its adapters by version for the same reasons). vLLM
+        loads an adapter from a directory in PEFT's form (`AdapterVersions`)."""
         from vllm.lora.request import LoRARequest
 
         if not self.max_loras:
             raise RuntimeError("this vLLM engine was built without LoRA (enable_lora): it cannot take an adapter")
-        if self._adapter_root is None:
-            self._adapter_root = tempfile.mkdtemp(prefix="vlgrpo-adapters-")
-            atexit.register(shutil.rmtree, self._adapter_root, True)
-        path = os.path.join(self._adapter_root, f"v{version}")
-        os.makedirs(path, exist_ok=True)
-        with open(os.path.join(path, "adapter_config.json"), "w") as f:
-            json.dump(adapter.config, f)
-        save_file(adapter.tensors, os.path.join(path, "adapter_model.safetensors"))
+        path = self._adapters.write(adapter, version)
         self.lora_request = LoRARequest(f"policy-v{version}", version + 1, path)
-        self._adapter_dirs.append(path)
-        while len(self._adapter_dirs) > self.max_loras + 1:  # vLLM has loaded the ones still in use
-            shutil.rmtree(self._adapter_dirs.pop(0), ignore_errors=True)
         self._counts["adapter_syncs"] += 1
         self.policy_version = int(version)
         if self.cache is not None:

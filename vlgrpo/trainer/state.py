@@ -28,7 +28,8 @@ from vlgrpo.policy.prompt import forbidden_mask
 from vlgrpo.registry import ENGINE
 from vlgrpo.rewards import check_recipe, context_from_config
 from vlgrpo.rewards.context import RewardContext
-from vlgrpo.rollout.base import RolloutEngine, SamplingParams, adapter_sync, staleness
+from vlgrpo.rollout.adapters import adapter_sync
+from vlgrpo.rollout.base import RolloutEngine, SamplingParams, staleness
 from vlgrpo.rollout.split import SplitRollout, worker_gpu
 from vlgrpo.trainer import checkpoint
 from vlgrpo.trainer.backends import Backend, make_backend, max_over_ranks, rank_world
