@@ -255,3 +255,22 @@ def test_cli_eval_suite_mathvista_on_the_tiny_model(tiny_model_dir, tmp_path, ca
     assert "eval suite 'superclevr' has nothing to run on: it needs R1-V's SuperCLEVR test file" in (
         capsys.readouterr().err
     )
+
+
+def test_mathvista_reads_a_parenthesised_letter_before_a_choice_written_out_as_the_official_code_does():
+    """MathVista's normalize_extracted_answer takes a "(x)" letter first: with the choices of testmini pid 168 style,
+    ['(c)', '(a)', '(e)', '(d)', '(b)'], the answer "(b)" is letter B, the second choice "(a)"; and "(a)" is the
+    first choice "(c)". Before, the verbatim choice won: "(b)" was read as "(b)"."""
+    choices = ["(c)", "(a)", "(e)", "(d)", "(b)"]
+    assert mathvista_normalize("(b)", choices, "multi_choice", "text", None) == "(a)"
+    assert mathvista_normalize("(a)", choices, "multi_choice", "text", None) == "(c)"
+    assert mathvista_normalize("B", choices, "multi_choice", "text", None) == "(a)"
+    assert mathvista_normalize("(e)", choices, "multi_choice", "text", None) == "(b)"  # letter E, the fifth choice
+
+
+def test_mmmu_reads_the_whole_response_as_the_official_code_does():
+    """MMMU parses the whole response (its answer usually comes last); before, the first 1,000 (multiple choice) or
+    4,000 (open) characters were read, and a long response ending in its answer was scored wrong."""
+    reasoning = "We compare the options one by one and weigh each. " * 40  # ~2,000 characters, no option named
+    assert mmmu_choice(reasoning + "So the answer is (C).", ["red", "green", "blue", "black"]) == "C"
+    assert 6.5 in mmmu_open_predictions(reasoning * 3 + "Therefore the length is 6.5")

@@ -92,9 +92,10 @@ def mathvista_normalize(
         choices = list(choices or [])
         if not choices:
             return None
-        if text in choices:
-            return text
-        letter = re.findall(r"\(([a-zA-Z])\)", text[:MAX_COMPARED_CHARS])
+        # MathVista's order: a "(x)" letter first, then a letter names its choice, else the most similar choice (a
+        # choice written out verbatim is its own most similar one, unless it holds a "(x)": "(b)" among the
+        # choices ['(c)', '(a)', ...] is letter B, the second choice, as the official code reads it)
+        letter = re.findall(r"\(([a-zA-Z])\)", text)
         if letter:
             text = letter[0].upper()
         letters = [chr(ord("A") + i) for i in range(len(choices))]
@@ -154,7 +155,7 @@ def mmmu_choice(response: str | None, options: list[str]) -> str | None:
     letters = [chr(ord("A") + i) for i in range(len(options))]
     for char in ",.!?;:'":
         response = response.strip(char)
-    response = f" {response[:MAX_COMPARED_CHARS]} "
+    response = f" {response} "  # the whole response, as MMMU reads it: the answer is usually at its end
     candidates = [c for c in letters if f"({c})" in response]
     where = lambda c: response.rfind(f"({c})")  # noqa: E731
     if not candidates:
@@ -193,7 +194,7 @@ def mmmu_open_predictions(response: str | None) -> list:
     "=" in the last sentence, ...) of each sentence, plus every number in those tails, normalised."""
     if not response:
         return []
-    response = response[: 4 * MAX_COMPARED_CHARS].strip().strip(".").lower()
+    response = response.strip().strip(".").lower()  # the whole response, as MMMU reads it
     sentences = re.split(r"\.\s(?=[A-Z])|\n", response)
     keys, tails = list(_MMMU_KEYS), []
     for i, sentence in enumerate(sentences):
