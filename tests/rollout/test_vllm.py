@@ -21,8 +21,8 @@ from vlgrpo.rollout.vllm import (
     request_seeds,
     sampling_kwargs,
     to_completions,
-    vllm_param_name,
 )
+from vlgrpo.rollout.vllm_weights import vllm_param_name
 from vlgrpo.vision_cache import VisionCache
 
 

@@ -13,16 +13,14 @@ nothing of rewards or losses.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor
 
-from vlgrpo import heartbeat
 from vlgrpo.config.schema import check_mm_limits
 from vlgrpo.data.images import ProcessorGeometry
 from vlgrpo.data.video import VideoSampling
-from vlgrpo.models import is_visual
 from vlgrpo.policy.prompt import build_prompt, forbidden_mask
 from vlgrpo.rollout.adapters import AdapterVersions, engine_lora_kwargs
 from vlgrpo.rollout.base import Adapter, EngineCounters, SamplingParams, cut_at_stop
@@ -34,31 +32,14 @@ from vlgrpo.rollout.vllm_inputs import (  # noqa: F401 - build_request, engine_p
     check_prompt_limits,
     engine_prompt_ids,
 )
+from vlgrpo.rollout.vllm_weights import _refresh_tied_lm_head, checkpoint_weights
 from vlgrpo.types import Completion, RolloutGroup, Sample
 
 PLACEHOLDER_BIAS = -1.0e4  # exp(-1e4) == 0 in fp32: the same distribution as a -inf mask
 SLEEP_TAGS = ("weights", "kv_cache")  # vLLM's sleep-mode allocations, in the order they must wake
-_WRAPPER_PREFIXES = ("module.", "base_model.model.", "_orig_mod.")
-_WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "base_layer.", "modules_to_save.default.")
 
 
 # ---------------------------------------------------------------- pure helpers (tested on the CPU)
-
-
-def vllm_param_name(name: str) -> str | None:
-    """HF/peft/DeepSpeed parameter name -> the checkpoint name vLLM's `load_weights` accepts; None = do not push.
-
-    LoRA factors (`lora_A/B`, `lora_embedding_*`) and peft's `original_module` copies are skipped: after
-    `merge_adapter()` the merged weight sits in `base_layer`, whose name maps to the plain checkpoint name.
-    """
-    if "lora_" in name or ".original_module." in name:
-        return None
-    for prefix in _WRAPPER_PREFIXES:
-        while name.startswith(prefix):
-            name = name[len(prefix) :]
-    for part in _WRAPPER_PARTS:
-        name = name.replace(part, "")
-    return name
 
 
 def sampling_kwargs(params: SamplingParams, forbidden_ids: list[int], seed: int | None = None) -> dict:
@@ -104,34 +85,6 @@ def to_completions(output, params: SamplingParams, forbidden_ids: set[int], deco
             ids, logps, reason = ids[:hit], (logps[:hit] if logps else logps), "placeholder"
         completions.append(Completion(ids, cut_at_stop(decode(ids), params.stop), reason, logps))
     return completions, bad
-
-
-def checkpoint_weights(named_params: Iterable[tuple[str, Tensor]], push_visual: bool, pushed: dict) -> Iterator:
-    """(checkpoint name, tensor) pairs for vLLM's reload, counting into `pushed` (`params`, `visual`)."""
-    for name, tensor in named_params:
-        vname = vllm_param_name(name)
-        if vname is None or (is_visual(vname) and not push_visual):
-            continue
-        pushed["params"] += 1
-        pushed["visual"] = pushed["visual"] or is_visual(vname)
-        heartbeat.beat("weight sync to vLLM")
-        yield vname, tensor
-
-
-def _refresh_tied_lm_head(worker) -> int:
-    """Worker-side (through `collective_rpc`): re-run the LM head's post-load step after a reload.
-
-    With tied embeddings vLLM's loader skips `lm_head.weight` (it is the embedding), but on the CPU backend the LM
-    head keeps a packed copy of the weight made after loading, which the in-place reload leaves stale (measured:
-    1.7e-2 log-prob error). Re-processing the head repacks it from the (reloaded) shared weight; on GPUs the head
-    reads the shared weight directly and this is a cheap no-op. Returns how many heads were refreshed."""
-    refreshed = 0
-    for name, module in worker.get_model().named_modules():
-        method = getattr(module, "quant_method", None)
-        if name.endswith("lm_head") and method is not None and hasattr(module, "weight"):
-            method.process_weights_after_loading(module)
-            refreshed += 1
-    return refreshed
 
 
 # ---------------------------------------------------------------- the engine

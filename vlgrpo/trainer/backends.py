@@ -75,13 +75,17 @@ def rank_world() -> tuple[int, int]:
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
 
+def _collective_device() -> str:
+    """Where a collective's tensor must live: this rank's GPU under NCCL, the CPU under gloo."""
+    return f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+
+
 def _reduce(values: torch.Tensor, op) -> torch.Tensor:
     """`values` (a CPU tensor) reduced over the data-parallel ranks with `op`, on the device the backend needs; the
     tensor itself in a single process."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return values
-    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
-    t = values.to(device)
+    t = values.to(_collective_device())
     with waiting_for_ranks("an all-reduce of counts"):
         dist.all_reduce(t, op=op)
     return t.cpu()
@@ -134,8 +138,7 @@ def from_rank0(value: int) -> int:
     which checkpoint verified."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return value
-    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
-    t = torch.tensor([value], dtype=torch.long, device=device)
+    t = torch.tensor([value], dtype=torch.long, device=_collective_device())
     dist.broadcast(t, src=0)
     return int(t.item())
 

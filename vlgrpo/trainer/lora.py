@@ -155,8 +155,6 @@ def _delta_weight(layer) -> torch.Tensor:
     for adapter in layer.active_adapters:
         if adapter not in layer.lora_A:
             continue
-        if layer.use_dora.get(adapter, False):
-            raise NotImplementedError("DoRA adapters: vlgrpo's LoRA backend does not configure them")
         if isinstance(layer, Linear):
             d = layer.lora_B[adapter].weight.float() @ layer.lora_A[adapter].weight.float()
             d = (d.T if layer.fan_in_fan_out else d) * layer.scaling[adapter]
