@@ -92,9 +92,14 @@ def mark_permanent_failure(run_dir: Path, error: BaseException) -> None:
     """Record that this attempt failed in a way a restart would only repeat. Best effort: a disk too full for this
     small file leaves the restart to find out again, as before."""
     record = {"attempt": restart_attempt(), "error": f"{type(error).__name__}: {error}", "time": time.time()}
+    path = Path(run_dir) / PERMANENT_FAILURE
+    tmp = path.with_name(f"{PERMANENT_FAILURE}.{os.getpid()}")
     try:
-        Path(run_dir).mkdir(parents=True, exist_ok=True)
-        (Path(run_dir) / PERMANENT_FAILURE).write_text(json.dumps(record))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(record))
+        # atomic: every rank of the failing attempt writes it, and torchrun kills the slower ones, maybe mid-write; a
+        # truncated record read by a restarted rank would let it replay the failure
+        os.replace(tmp, path)
     except OSError:
         pass
 
