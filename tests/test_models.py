@@ -9,16 +9,19 @@ from vlgrpo.cli import main
 from vlgrpo.models import ModelLoadError, detect_arch, load_model, placeholder_token_ids
 
 
-@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl", "qwen3_vl"])
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen3_5"])
 def test_init_tiny_loads_back_and_generates_with_an_image(tmp_path, arch, capsys):
     out = tmp_path / arch
     assert main(["model", "init-tiny", "--arch", arch, "--out", str(out)]) == 0
     assert "parameters" in capsys.readouterr().out
     assert json.loads((out / "config.json").read_text())["model_type"] == arch
     lm = load_model(str(out))
-    expected = {"qwen2_5_vl": "Qwen2_5_VLProcessor", "qwen2_vl": "Qwen2VLProcessor", "qwen3_vl": "Qwen3VLProcessor"}[
-        arch
-    ]
+    expected = {
+        "qwen2_5_vl": "Qwen2_5_VLProcessor",
+        "qwen2_vl": "Qwen2VLProcessor",
+        "qwen3_vl": "Qwen3VLProcessor",
+        "qwen3_5": "Qwen3VLProcessor",  # Qwen3.5's released processor is Qwen3-VL's
+    }[arch]
     assert type(lm.processor).__name__ == expected  # not a bare tokenizer
     assert lm.processor.tokenizer.padding_side == "left"
     n_params = sum(p.numel() for p in lm.model.parameters())
@@ -44,8 +47,51 @@ def test_placeholders_and_arch_detection(tiny_model_dir):
     assert detect_arch("Qwen/Qwen2.5-VL-7B-Instruct") == "qwen2_5_vl"
     assert detect_arch("Qwen/Qwen2-VL-2B-Instruct") == "qwen2_vl"
     assert detect_arch("Qwen/Qwen3-VL-8B-Instruct") == "qwen3_vl"
+    assert detect_arch("Qwen/Qwen3.5-9B") == "qwen3_5"
     with pytest.raises(ModelLoadError, match="set model.arch"):
         detect_arch("meta-llama/Llama-3-8B")
+
+
+@pytest.mark.parametrize(
+    "name, family",
+    [("Qwen/Qwen3.5-35B-A3B", "Qwen3.5 mixture-of-experts"), ("Qwen/Qwen3-VL-30B-A3B-Instruct", "Qwen3-VL mixture")],
+)
+def test_mixture_of_experts_checkpoints_are_refused_by_name(tmp_path, name, family):
+    with pytest.raises(ModelLoadError, match=family):
+        detect_arch(name)
+    model_type = "qwen3_5_moe" if "3.5" in name else "qwen3_vl_moe"
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
+    with pytest.raises(ModelLoadError, match=rf"model_type '{model_type}' \(a {family}.*accepted: .*qwen3_5"):
+        detect_arch(str(tmp_path))
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_tiny_qwen3_5_is_hybrid_with_16px_patches_and_no_deepstack(tmp_path, tied):
+    from vlgrpo.data.images import ProcessorGeometry
+    from vlgrpo.tiny import TinySpec, init_tiny
+
+    out = init_tiny(tmp_path / "m", "qwen3_5", spec=TinySpec(tie_word_embeddings=tied))
+    assert detect_arch(str(out)) == "qwen3_5"
+    lm = load_model(str(out))
+    assert type(lm.model).__name__ == "Qwen3_5ForConditionalGeneration"
+    vision, text = lm.model.config.vision_config, lm.model.config.get_text_config()
+    assert not hasattr(vision, "deepstack_visual_indexes") and vision.patch_size == 16
+    assert text.layer_types == ["linear_attention"] * 3 + ["full_attention"]  # 3 : 1, as the released models
+    layers = lm.model.model.language_model.layers
+    assert {"in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj", "conv1d"} <= {
+        n for n, _ in layers[0].linear_attn.named_children()
+    }
+    assert layers[0].linear_attn.conv1d.kernel_size == (4,) and layers[0].linear_attn.A_log.shape == (4,)
+    # vLLM's CPU kernels: full-attention head 64, Gated DeltaNet key/value heads 64; a quarter of the head rotates
+    assert text.head_dim == 64 and (text.linear_key_head_dim, text.linear_value_head_dim) == (64, 64)
+    assert text.rope_parameters["partial_rotary_factor"] == 0.25 and text.rope_parameters["mrope_section"] == [3, 3, 2]
+    assert layers[3].self_attn.q_proj.out_features == 2 * 4 * 64  # each head's query and its output gate
+    assert ProcessorGeometry.from_processor(lm.processor).factor == 32
+    head, embed = lm.model.lm_head.weight, lm.model.model.language_model.embed_tokens.weight
+    assert (head.data_ptr() == embed.data_ptr()) is tied
+    with pytest.raises(ModelLoadError, match="float16 with qwen3_5.*use model.dtype=bfloat16"):
+        load_model(str(out), dtype="float16")
+    assert load_model(str(out), dtype="bfloat16").model.dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])

@@ -39,7 +39,7 @@ def _pixel_features(lm, paths):
     return list(feats.pooler_output), out["image_grid_thw"]
 
 
-@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl", "qwen3_5"])
 def test_features_equal_the_pixel_path_and_duplicates_are_encoded_once(tiny_model_dir, images, arch):
     lm = load_model(tiny_model_dir(arch))
     cache = VisionCache(lm.model, lm.processor)
@@ -334,6 +334,42 @@ def test_a_qwen3_vl_entry_holds_every_deepstack_map_and_a_hit_prefills_bit_for_b
         assert (_prefill(lm, s, [dropped])[0] - own).abs().max() > 1e-3  # the maps matter at this size
     with pytest.raises(ValueError, match="lack the model's 2 DeepStack maps"):
         _prefill(lm, samples[0], [ImageFeatures(fresh[0].embeds, fresh[0].grid_thw)])
+
+
+def test_a_qwen3_5_entry_has_no_deepstack_maps_and_a_hit_prefills_every_layer_state_bit_for_bit(
+    tiny_model_dir, shapes_dir, tmp_path
+):
+    """Qwen3.5 (Qwen3-VL's tower without DeepStack): entries hold the embeddings and grid alone; a fresh encode, a
+    memory hit and a disk hit give the same prefill bit for bit, keys and values of the attention layers and the
+    conv and recurrent states of the Gated DeltaNet ones, equal to the model's own pixel forward."""
+    samples = load_samples(shapes_dir / "train.jsonl").samples[:2]
+    lm = load_model(tiny_model_dir("qwen3_5"))
+    disk = tmp_path / "vc"
+    cache = VisionCache(lm.model, lm.processor, disk_dir=disk)
+    fresh = cache.get([s.image for s in samples])
+    assert all(f.deepstack is None for f in fresh)
+    files = sorted(disk.glob("*/*.safetensors"))
+    assert len(files) == 2 and all(set(load_file(str(p))) == {"embeds", "grid_thw"} for p in files)
+    memory = cache.get([s.image for s in samples])
+    again = load_model(tiny_model_dir("qwen3_5"))  # a restart: the same key, served from disk
+    from_disk = VisionCache(again.model, again.processor, disk_dir=disk).get([s.image for s in samples])
+
+    def states(kv):
+        return [
+            (layer.conv_states[0], layer.recurrent_states[0])
+            if hasattr(layer, "conv_states")
+            else (layer.keys, layer.values)
+            for layer in kv.layers
+        ]
+
+    for j, s in enumerate(samples):
+        last, kv = _prefill(lm, s, [fresh[j]])
+        assert [len(x) for x in states(kv)] == [2] * 4 and hasattr(kv.layers[0], "conv_states")
+        for feats in (memory[j], from_disk[j]):
+            hit_last, hit_kv = _prefill(lm, s, [feats])
+            assert torch.equal(hit_last, last)
+            assert all(torch.equal(a, b) for x, y in zip(states(hit_kv), states(kv)) for a, b in zip(x, y))
+        assert (last - _pixel_last_logits(lm, s)).abs().max() <= 1e-5
 
 
 def test_a_disk_entry_short_of_its_deepstack_maps_is_refused_and_re_encoded(tiny_model_dir, images, tmp_path):

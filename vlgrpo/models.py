@@ -1,4 +1,4 @@
-"""Load a Qwen2-VL / Qwen2.5-VL / Qwen3-VL policy and its processor through one function.
+"""Load a Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 policy and its processor through one function.
 
 What a real checkpoint needs: the supported archs (`ArchSpec`, `ARCHS`), telling a checkpoint's arch, loading its
 processor and model, the vision placeholders a policy must never sample, eval mode and parameter counts. The tiny
@@ -9,6 +9,7 @@ nothing of training, rollout, rewards or the tiny model.
 from __future__ import annotations
 
 import json
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,10 +17,13 @@ from pathlib import Path
 import torch
 
 from vlgrpo.data.prompts import VISION_PLACEHOLDERS
+from vlgrpo.families import REFUSED, family
 from vlgrpo.registry import MODEL_ARCH
 from vlgrpo.types import InputError
 
 ARCHS = tuple(name for name in MODEL_ARCH.names if name != "auto")
+_MOE_NAME = re.compile(r"_a\d+b(?:_|$)|_moe(?:_|$)")
+"""A hub id naming a mixture-of-experts checkpoint: Qwen3.5-35B-A3B, Qwen3-VL-30B-A3B-Instruct."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,7 @@ class ArchSpec:
 QWEN2_VL = ArchSpec("Qwen2VLForConditionalGeneration", "Qwen2VLProcessor")
 QWEN2_5_VL = ArchSpec("Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor")
 QWEN3_VL = ArchSpec("Qwen3VLForConditionalGeneration", "Qwen3VLProcessor")
+QWEN3_5 = ArchSpec("Qwen3_5ForConditionalGeneration", "Qwen3VLProcessor")  # its released processor is Qwen3-VL's
 
 
 class ModelLoadError(InputError):
@@ -53,16 +58,20 @@ class LoadedModel:
 
 
 def detect_arch(name_or_path: str) -> str:
-    """A registered arch (qwen2_vl, qwen2_5_vl, qwen3_vl) from a local config.json's model_type (or the hub id's
-    name)."""
+    """A registered arch (qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5) from a local config.json's model_type (or the hub
+    id's name). The mixture-of-experts types are refused by name (`vlgrpo.families.REFUSED`)."""
     cfg = Path(name_or_path) / "config.json"
     if cfg.is_file():
         model_type = json.loads(cfg.read_text()).get("model_type", "")
         if model_type in ARCHS:
             return model_type
-        raise ModelLoadError(f"{cfg}: model_type '{model_type}' is not supported; accepted: {', '.join(ARCHS)}")
+        why = f" ({REFUSED[model_type]})" if model_type in REFUSED else ""
+        raise ModelLoadError(f"{cfg}: model_type '{model_type}'{why} is not supported; accepted: {', '.join(ARCHS)}")
     low = name_or_path.lower().replace(".", "_").replace("-", "_")
     named = [arch for arch in ARCHS if arch in low]  # Qwen/Qwen2.5-VL-7B-Instruct -> qwen/qwen2_5_vl_7b_instruct
+    moe = [t for t in REFUSED if t.split("_moe")[0] in named and _MOE_NAME.search(low)]  # Qwen/Qwen3.5-35B-A3B
+    if moe:
+        raise ModelLoadError(f"'{name_or_path}' names {REFUSED[moe[0]]}")
     if len(named) == 1:
         return named[0]
     raise ModelLoadError(
@@ -108,6 +117,11 @@ def load_model(
     arch = detect_arch(name_or_path) if arch == "auto" else arch
     if arch not in ARCHS:
         raise ModelLoadError(f"model.arch '{arch}' is not supported; accepted: auto, {', '.join(ARCHS)}")
+    if dtype == "float16" and family(arch).hybrid_attention:
+        raise ModelLoadError(
+            f"model.dtype=float16 with {arch} ({name_or_path}): its Gated DeltaNet layers overflow in fp16 (NaN "
+            "gradient norms, the decay's exp and the recurrent state); use model.dtype=bfloat16 (or float32)"
+        )
     model_cls, _ = arch_classes(arch)
     model = model_cls.from_pretrained(
         name_or_path, dtype=getattr(torch, dtype), attn_implementation=attn_implementation

@@ -27,6 +27,7 @@ from vlgrpo.data.doctor import (
 from vlgrpo.data.images import checkpoint_geometry
 from vlgrpo.data.prompts import check_system_prompt
 from vlgrpo.data.video import VideoSampling
+from vlgrpo.families import family
 from vlgrpo.models import detect_arch
 from vlgrpo.rewards import check_recipe, context_from_config, score
 from vlgrpo.rewards.render import render_completion
@@ -54,7 +55,7 @@ def settings_from_config(cfg) -> tuple[DoctorSettings, Any]:
         preset=cfg.data.preset,
         columns=dict(cfg.data.columns),
         video=VideoSampling.from_config(cfg.data.video),
-        video_timestamps=arch == "qwen3_vl",
+        video_timestamps=family(arch).video_timestamps,
     )
     return settings, ctx
 

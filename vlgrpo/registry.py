@@ -63,6 +63,11 @@ MODEL_ARCH = Registry(
         "vlgrpo.models:QWEN3_VL",
         "Qwen3-VL (dense): DeepStack features cached with the image's; boxes as bbox_2d on 0-1000",
     ),
+    Option(
+        "qwen3_5",
+        "vlgrpo.models:QWEN3_5",
+        "Qwen3.5 (dense): Gated DeltaNet + gated attention, Qwen3-VL's tower without DeepStack; bbox_2d on 0-1000",
+    ),
 )
 BACKEND = Registry(
     "train.backend",

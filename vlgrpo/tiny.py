@@ -110,16 +110,47 @@ class TinySpec:
     hidden states of language-model layer 0, 1, ... at the image tokens). Each must be < vision_depth."""
     tie_word_embeddings: bool = True
     """The LM head shares the token embedding (Qwen2/2.5-VL 2B-3B and Qwen3-VL 2B-4B do; 7B/8B and up do not)."""
+    head_dim: int | None = None
+    """Attention head size; None: hidden_size / num_heads, except Qwen3.5, whose default is 64: vLLM's CPU
+    attention kernels accept no smaller head (a 7B's is 128, Qwen3.5's full attention 256)."""
+    linear_num_key_heads: int = 2
+    """Qwen3.5 only: Gated DeltaNet key heads (the 9B: 16); its value heads are linear_num_value_heads (the 9B: 32)."""
+    linear_num_value_heads: int = 4
+    linear_key_head_dim: int = 64
+    """Qwen3.5 only: the Gated DeltaNet key and value head sizes (the 9B: 128). vLLM's CPU kernels want multiples of
+    32 for the value head and refuse 32 for the key head: 64 is the smallest both accept."""
+    linear_value_head_dim: int = 64
+    full_attention_interval: int = 4
+    """Qwen3.5 only: every this-many-th layer is full (gated) attention, the others Gated DeltaNet (3 : 1)."""
+
+    def attention_head_dim(self, arch: str) -> int:
+        if self.head_dim is not None:
+            return self.head_dim
+        return 64 if arch == "qwen3_5" else self.hidden_size // self.num_heads
 
 
 def _mrope_section(arch: str, half: int) -> list[int]:
-    """(temporal, height, width) M-RoPE frequency pairs summing to head_dim / 2 = `half`: about 1/4, 3/8, 3/8
-    (Qwen2/2.5-VL's 16, 24, 24 of 64), or 3/8, 5/16, 5/16 for Qwen3-VL's interleaved M-RoPE (its 24, 20, 20 of 64)."""
+    """(temporal, height, width) M-RoPE frequency pairs summing to the rotary dims / 2 = `half`: about 1/4, 3/8, 3/8
+    (Qwen2/2.5-VL's 16, 24, 24 of 64), 3/8, 5/16, 5/16 for Qwen3-VL's interleaved M-RoPE (its 24, 20, 20 of 64), or
+    11/32, 11/32, 10/32 for Qwen3.5's (its 11, 11, 10 of the 32 rotary pairs of a 256-dim head)."""
+    if arch == "qwen3_5":
+        part = round(half * 11 / 32)
+        return [part, part, half - 2 * part]
     part = half // 3 if arch == "qwen3_vl" else half * 3 // 8
     return [half - 2 * part, part, part]
 
 
 def _vision_config(arch: str, spec: TinySpec) -> dict:
+    if arch == "qwen3_5":  # Qwen3-VL's tower without DeepStack
+        return dict(
+            depth=spec.vision_depth,
+            hidden_size=spec.vision_hidden,
+            intermediate_size=spec.vision_intermediate,
+            num_heads=spec.vision_heads,
+            out_hidden_size=spec.hidden_size,
+            patch_size=16,
+            num_position_embeddings=256,
+        )
     if arch == "qwen3_vl":
         bad = [i for i in spec.deepstack_visual_indexes if not 0 <= i < spec.vision_depth]
         if bad:
@@ -157,13 +188,16 @@ def _vision_config(arch: str, spec: TinySpec) -> dict:
 
 
 def tiny_config(arch: str, spec: TinySpec, tokenizer):
-    """The transformers config of a tiny `arch` (qwen2_vl, qwen2_5_vl or qwen3_vl) sized by `spec`."""
+    """The transformers config of a tiny `arch` (qwen2_vl, qwen2_5_vl, qwen3_vl or qwen3_5) sized by `spec`."""
     import transformers as tf
 
-    head_dim = spec.hidden_size // spec.num_heads
-    rope = {"rope_type": "default", "rope_theta": spec.rope_theta, "mrope_section": _mrope_section(arch, head_dim // 2)}
-    if arch == "qwen3_vl":
+    head_dim = spec.attention_head_dim(arch)
+    rotary = head_dim // 4 if arch == "qwen3_5" else head_dim  # Qwen3.5 rotates a quarter of each head
+    rope = {"rope_type": "default", "rope_theta": spec.rope_theta, "mrope_section": _mrope_section(arch, rotary // 2)}
+    if arch in ("qwen3_vl", "qwen3_5"):
         rope["mrope_interleaved"] = True  # as the released config.json says; transformers always interleaves
+    if arch == "qwen3_5":
+        rope["partial_rotary_factor"] = 0.25
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     text = dict(
         vocab_size=len(tokenizer),
@@ -178,9 +212,25 @@ def tiny_config(arch: str, spec: TinySpec, tokenizer):
         eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|endoftext|>"],
     )
-    if arch == "qwen3_vl":
+    if arch in ("qwen3_vl", "qwen3_5"):
         text["head_dim"] = head_dim  # Qwen3 states it (default 128), Qwen2 derives it from the hidden size
-    cfg_cls = {"qwen3_vl": tf.Qwen3VLConfig, "qwen2_5_vl": tf.Qwen2_5_VLConfig, "qwen2_vl": tf.Qwen2VLConfig}[arch]
+    if arch == "qwen3_5":
+        text.update(
+            linear_num_key_heads=spec.linear_num_key_heads,
+            linear_num_value_heads=spec.linear_num_value_heads,
+            linear_key_head_dim=spec.linear_key_head_dim,
+            linear_value_head_dim=spec.linear_value_head_dim,
+            layer_types=[
+                "full_attention" if (i + 1) % spec.full_attention_interval == 0 else "linear_attention"
+                for i in range(spec.num_layers)
+            ],
+        )
+    cfg_cls = {
+        "qwen3_5": tf.Qwen3_5Config,
+        "qwen3_vl": tf.Qwen3VLConfig,
+        "qwen2_5_vl": tf.Qwen2_5_VLConfig,
+        "qwen2_vl": tf.Qwen2VLConfig,
+    }[arch]
     return cfg_cls(
         text_config=text,
         vision_config=_vision_config(arch, spec),
@@ -193,12 +243,13 @@ def tiny_config(arch: str, spec: TinySpec, tokenizer):
 
 
 def tiny_processors(arch: str, spec: TinySpec) -> tuple:
-    """(image processor, video processor) of a tiny `arch`: Qwen3-VL's 16 px patches (a merged token covers 32 px)
-    normalised to [-1, 1] as its released preprocessor_config.json says; Qwen2/2.5-VL's 14 px with CLIP's mean/std."""
+    """(image processor, video processor) of a tiny `arch`: Qwen3-VL's and Qwen3.5's 16 px patches (a merged token
+    covers 32 px) normalised to [-1, 1] as their released preprocessor_config.json says; Qwen2/2.5-VL's 14 px with
+    CLIP's mean/std."""
     import transformers as tf
 
     size = {"shortest_edge": spec.min_pixels, "longest_edge": spec.max_pixels}
-    if arch == "qwen3_vl":
+    if arch in ("qwen3_vl", "qwen3_5"):
         image = tf.Qwen2VLImageProcessor(size=size, patch_size=16, image_mean=[0.5] * 3, image_std=[0.5] * 3)
         return image, tf.Qwen3VLVideoProcessor()
     return tf.Qwen2VLImageProcessor(size=size), tf.Qwen2VLVideoProcessor()

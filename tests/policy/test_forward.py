@@ -18,7 +18,7 @@ from vlgrpo.policy.prompt import build_prompt, forbidden_mask
 from vlgrpo.types import Completion, RolloutGroup
 from vlgrpo.vision_cache import VisionCache
 
-ARCHS = ["qwen2_5_vl", "qwen2_vl", "qwen3_vl"]
+ARCHS = ["qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen3_5"]
 
 
 def _pixel_batch(processor, samples, completions):
@@ -78,8 +78,9 @@ def _groups(samples, processor, completions_per_prompt):
 @pytest.mark.parametrize("packed", [True, False], ids=["packed", "transformers"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_shared_prefix_logits_and_grads_equal_whole_rows(load, samples, arch, packed, monkeypatch):
-    """The packed completion pass (no layer on padding) and the transformers one over the gathered cache both give
-    the pixel path's logits and gradients, with a left-padded prompt and rows of 1 to 4 tokens."""
+    """The packed completion pass (no layer on padding) and the transformers one over the gathered cache (whole rows
+    for Qwen3.5, whose linear-attention cache has no per-row select) both give the pixel path's logits and gradients,
+    with a left-padded prompt and rows of 1 to 4 tokens."""
     model, processor = load(arch)
     assert forward_module.supports_text_decoder(model)
     if not packed:
@@ -132,7 +133,7 @@ def test_shared_prefix_logits_and_grads_equal_whole_rows(load, samples, arch, pa
     assert (part - full[[2, 4]]).abs().max() <= 1e-5
 
 
-@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl", "qwen3_5"])
 def test_gradient_checkpointing_falls_back_to_whole_rows(load, samples, arch):
     model, processor = load(arch)
     groups = _groups(samples[:1], processor, [[[25, 26, 27], [28, 29, 3]]])

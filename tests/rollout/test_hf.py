@@ -49,7 +49,7 @@ def _engine(model, processor, **kw):
     return HFEngine(model, processor, VisionCache(model, processor), **kw)
 
 
-@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl", "qwen3_vl"])
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen3_5"])
 def test_greedy_equals_transformers_generate_on_pixels(load, samples, arch):
     model, processor = load(arch, spread_by=0.1)
     engine = _engine(model, processor, batch_prompts=3)  # three prompts of different lengths in one left-padded batch
@@ -80,7 +80,7 @@ def test_greedy_equals_transformers_generate_on_pixels(load, samples, arch):
     assert [g.completions[0].token_ids for g in one_by_one] == [g.completions[0].token_ids for g in groups]
 
 
-@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl", "qwen3_5"])
 def test_prefill_once_per_prompt_and_one_encoder_call_per_unique_image(load, samples, arch):
     model, processor = load(arch)
     engine = _engine(model, processor, batch_prompts=2)
@@ -128,7 +128,7 @@ def test_sampling_logprobs_equal_the_trainers_pass(load, samples):
     assert [c.token_ids for g in other for c in g.completions] != [c.token_ids for c in rows]
 
 
-@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl", "qwen3_vl"])
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen3_5"])
 def test_shared_prefix_decode_samples_what_the_transformers_forward_samples(load, samples, arch, monkeypatch):
     """The decode step that reads each prompt's KV once for its G rows against the transformers forward over a KV
     cache copied G ways: the same tokens and log-probs, with left padding and rows that stop at different steps, and
@@ -161,7 +161,7 @@ def test_shared_prefix_decode_samples_what_the_transformers_forward_samples(load
     assert held[-1] < held[0]  # a prompt left while another's rows went on
 
 
-@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl", "qwen3_5"])
 def test_engine_logprobs_equal_the_models_own_forward_on_pixels(load, samples, arch):
     """The HF engine's sampling log-probs (cached features, DeepStack maps injected at the one prefill per prompt,
     the shared-prefix decode step with Qwen3's q/k norms) against the transformers model called with pixel_values on
@@ -194,7 +194,9 @@ def test_engine_logprobs_equal_the_models_own_forward_on_pixels(load, samples, a
         hook.remove()
     lengths = [len(c.token_ids) for g in groups for c in g.completions]
     assert len(set(lengths)) > 2 and max(lengths) >= 6, lengths  # rows finished at different steps
-    assert max(diffs) <= 1e-5
+    # Qwen3.5 decodes its Gated DeltaNet by the recurrent rule, the whole-row forward by the chunked one: float32
+    # rounds them apart by ~1e-5 (transformers' own generate against its own forward on this model: up to 1.5e-5)
+    assert max(diffs) <= (2e-5 if arch == "qwen3_5" else 1e-5)
 
 
 def test_dropping_finished_prompts_changes_no_token_or_logprob(load, samples):

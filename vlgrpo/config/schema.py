@@ -22,12 +22,14 @@ class ConfigError(InputError):
 @dataclass
 class ModelConfig:
     name_or_path: str = "runs/tiny-qwen2_5_vl"
-    """Local checkpoint directory or hub id of a Qwen2-VL, Qwen2.5-VL or Qwen3-VL model."""
+    """Local checkpoint directory or hub id of a Qwen2-VL, Qwen2.5-VL, Qwen3-VL or Qwen3.5 (dense) model."""
     arch: str = "auto"
-    """Model family: auto (read config.json's model_type), qwen2_vl, qwen2_5_vl or qwen3_vl. Decides the processor and
-    the box convention (qwen2_vl: 0-1000 box tokens, qwen2_5_vl: resized-input pixels, qwen3_vl: 0-1000 bbox_2d)."""
+    """Model family: auto (read config.json's model_type), qwen2_vl, qwen2_5_vl, qwen3_vl or qwen3_5. Decides the
+    processor and the box convention (qwen2_vl: 0-1000 box tokens, qwen2_5_vl: resized-input pixels, qwen3_vl and
+    qwen3_5: 0-1000 bbox_2d)."""
     dtype: str = "float32"
-    """Weights dtype for training: float32, bfloat16 or float16."""
+    """Weights dtype for training: float32, bfloat16 or float16 (not for qwen3_5: its Gated DeltaNet overflows in
+    fp16; use bfloat16)."""
     attn_implementation: str = "sdpa"
     """Attention kernel: sdpa, eager or flash_attention_2."""
     min_pixels: int | None = None

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from vlgrpo.families import FAMILIES
 from vlgrpo.types import InputError
 
 
@@ -200,11 +201,11 @@ def checkpoint_geometry(
 ) -> tuple[ProcessorGeometry, str]:
     """The resize geometry a run will use, without loading anything heavy: the checkpoint directory's
     preprocessor_config.json / processor_config.json when local, else the released processors' (QWEN3_VL_GEOMETRY
-    for arch qwen3_vl, DEFAULT_GEOMETRY otherwise); then the model.min_pixels / max_pixels overrides. Returns
-    (geometry, where it came from)."""
+    for the 16 px families qwen3_vl and qwen3_5, DEFAULT_GEOMETRY otherwise); then the model.min_pixels / max_pixels
+    overrides. Returns (geometry, where it came from)."""
     geometry, source = DEFAULT_GEOMETRY, "released Qwen processor defaults"
-    if arch == "qwen3_vl":
-        geometry, source = QWEN3_VL_GEOMETRY, "released Qwen3-VL processor defaults"
+    if arch in FAMILIES and FAMILIES[arch].patch_size == QWEN3_VL_GEOMETRY.patch_size:  # Qwen3-VL, Qwen3.5
+        geometry, source = QWEN3_VL_GEOMETRY, f"released {arch} processor defaults (Qwen3-VL's)"
     for name in ("preprocessor_config.json", "processor_config.json"):
         path = Path(name_or_path) / name
         if path.is_file():

@@ -20,7 +20,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from vlgrpo.policy.packed import packed_completion_logits
 from vlgrpo.policy.prompt import left_pad
-from vlgrpo.policy.text_decoder import supports_text_decoder
+from vlgrpo.policy.text_decoder import is_hybrid, supports_text_decoder
 
 
 def core_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -28,7 +28,7 @@ def core_model(model: torch.nn.Module) -> torch.nn.Module:
     for m in model.modules():
         if hasattr(m, "get_rope_index") and hasattr(m, "visual"):
             return m
-    raise ValueError(f"{type(model).__name__} is not a Qwen2-VL / 2.5-VL / 3-VL model (no get_rope_index)")
+    raise ValueError(f"{type(model).__name__} is not a Qwen2-VL / 2.5-VL / 3-VL / 3.5 model (no get_rope_index)")
 
 
 def row_parts(features: list) -> list[list]:
@@ -220,10 +220,13 @@ def completion_logits(model, batch: CompletionBatch, features: list) -> Tensor:
     Shared prefix: the prompts are forwarded once and the completions against their KV cache (the prompt is never
     recomputed per completion; gradients flow through the cache). The completion pass is `packed.py`'s, which runs
     no layer on padding, for the models it supports; else the transformers forward over the cache gathered to the R
-    rows. Under active gradient checkpointing it falls back to whole rows through `policy_logits` (same numbers).
+    rows. Under active gradient checkpointing it falls back to whole rows through `policy_logits` (same numbers), as
+    does a hybrid model (Qwen3.5) the packed pass does not run: transformers' cache cannot gather its linear-attention
+    states per row.
     """
-    if _checkpointing(model):
-        return _completion_logits_full_rows(model, batch, features)
+    if _checkpointing(model) or (is_hybrid(model) and not supports_text_decoder(model)):
+        return _completion_logits_full_rows(model, batch, features)  # transformers' linear-attention cache has no
+        # per-row select
     last, cache, next_pos = prefill(model, batch.prompt_ids, batch.prompt_mask, batch.mm_token_type_ids, features)
     if supports_text_decoder(model):
         return packed_completion_logits(

@@ -4,7 +4,9 @@ A training batch holds R completions right-padded to the longest, C tokens. In t
 slots are padding (short answers beside 49-token box answers), and the transformers forward runs every projection,
 MLP and the LM head on all of them. Here the tokens that predict a real next token are packed into one [N, H] matrix
 for everything but attention; attention alone goes through the padded [R, L] layout (L = C - 1), where each row reads
-its prompt's prefill keys and values (padding masked) and its own earlier tokens (causal). The KV heads are repeated
+its prompt's prefill keys and values (padding masked) and its own earlier tokens (causal). Qwen3.5's Gated DeltaNet
+layers also run in that layout, each row continuing its own prompt's conv and recurrent states
+(`linear_attention.gated_delta`): no state crosses from one packed row into the next. The KV heads are repeated
 over their query heads, as transformers does for a masked SDPA on CUDA, whose GQA path falls back to the math kernel
 when there is a mask. The prompt's own pass is `forward.prefill`, once per prompt, with gradients flowing through its
 KV cache. The logits come back as [R, C, V] in the layout the loss expects, zero on padding (masked there).
@@ -22,7 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vlgrpo.policy.text_decoder import project_qkv, rotate_half, text_rotary
+from vlgrpo.policy.linear_attention import gated_delta, is_linear_attention, prompt_states
+from vlgrpo.policy.text_decoder import first_attention, gated, project_qkv, rotate, text_rotary
 
 
 def packed_completion_logits(
@@ -48,28 +51,46 @@ def packed_completion_logits(
         return out
     length = int(cols.max()) + 1
     x = text.embed_tokens(completion_ids[rows, cols])  # [N, H]
-    cos, sin = text_rotary(text.rotary_emb, next_pos[row_prompt][rows] + cols, x.dtype)  # [N, 1, d]
-    attn0 = text.layers[0].self_attn
+    cos, sin = text_rotary(text.rotary_emb, next_pos[row_prompt][rows] + cols, x.dtype)  # [N, 1, r]
+    attn0 = first_attention(text)
     heads, kv_heads, d = text.config.num_attention_heads, text.config.num_key_value_heads, attn0.head_dim
     prompt_ok = prompt_mask.bool()[row_prompt][:, None, None, :].expand(r, 1, length, prompt_mask.shape[1])
     causal = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
     allowed = torch.cat((prompt_ok, causal.expand(r, 1, length, length)), dim=-1)  # [R, 1, L, Tp + L]
+    valid = inputs[:, :length]  # [R, L]
 
-    def padded(t: Tensor) -> Tensor:  # [N, h, d] -> [R, h, L, d], zeros on padding
-        return t.new_zeros(r, length, *t.shape[1:]).index_put((rows, cols), t).transpose(1, 2)
+    def padded(t: Tensor) -> Tensor:  # [N, ...] -> [R, L, ...], zeros on padding
+        return t.new_zeros(r, length, *t.shape[1:]).index_put((rows, cols), t)
 
     for li, layer in enumerate(text.layers):
-        attn = layer.self_attn
         h = layer.input_layernorm(x)
-        q, k, v = project_qkv(attn, h, heads, kv_heads, d)
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        keys = torch.cat((cache.layers[li].keys[row_prompt], padded(k)), dim=2)  # [R, kvh, Tp + L, d]
-        values = torch.cat((cache.layers[li].values[row_prompt], padded(v)), dim=2)
-        if heads != kv_heads:  # query head j reads KV head j // rep; CUDA's SDPA takes a mask with GQA only in
-            keys = keys.repeat_interleave(heads // kv_heads, dim=1)  # its math kernel ([L, Tp + L] scores per
-            values = values.repeat_interleave(heads // kv_heads, dim=1)  # head), so the heads are repeated
-        o = F.scaled_dot_product_attention(padded(q), keys, values, attn_mask=allowed, scale=attn.scaling)
-        x = x + attn.o_proj(o.transpose(1, 2)[rows, cols].reshape(-1, heads * d))
+        if is_linear_attention(layer):  # Gated DeltaNet: each row continues its own prompt's states
+            conv, state = prompt_states(cache, li)
+            o, _, _ = gated_delta(layer.linear_attn, padded(h), valid, conv[row_prompt], state[row_prompt])
+            x = x + o[rows, cols]
+        else:
+            x = (
+                x
+                + _attention(
+                    layer.self_attn, h, cache.layers[li], row_prompt, allowed, (heads, kv_heads, d), padded, cos, sin
+                )[rows, cols]
+            )
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     out[rows, cols + 1] = head(text.norm(x)).to(out.dtype)  # in place: one [R, C, V] tensor, not two
     return out
+
+
+def _attention(attn, h: Tensor, kv, row_prompt: Tensor, allowed: Tensor, shape, padded, cos: Tensor, sin: Tensor):
+    """One attention layer for the packed tokens h [N, H]: each row reads its prompt's keys and values `kv` (the
+    prefill cache's layer) and its own earlier tokens -> [R, L, H] in the padded layout."""
+    heads, kv_heads, d = shape
+    q, k, v, gate = project_qkv(attn, h, heads, kv_heads, d)
+    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    keys = torch.cat((kv.keys[row_prompt], padded(k).transpose(1, 2)), dim=2)  # [R, kvh, Tp + L, d]
+    values = torch.cat((kv.values[row_prompt], padded(v).transpose(1, 2)), dim=2)
+    if heads != kv_heads:  # query head j reads KV head j // rep; CUDA's SDPA takes a mask with GQA only in its math
+        keys = keys.repeat_interleave(heads // kv_heads, dim=1)  # kernel ([L, Tp + L] scores per head), so the heads
+        values = values.repeat_interleave(heads // kv_heads, dim=1)  # are repeated
+    o = F.scaled_dot_product_attention(padded(q).transpose(1, 2), keys, values, attn_mask=allowed, scale=attn.scaling)
+    o = o.transpose(1, 2)  # [R, L, heads, d]
+    return attn.o_proj(gated(o.reshape(*o.shape[:2], heads * d), None if gate is None else padded(gate)))

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from vlgrpo.families import FAMILIES
 from vlgrpo.registry import BOX_FORMAT
 
 if TYPE_CHECKING:  # the real import pulls in transformers; it happens lazily, only for qwen2_5 conversion
@@ -20,7 +21,7 @@ if TYPE_CHECKING:  # the real import pulls in transformers; it happens lazily, o
 
 Box = tuple[float, float, float, float]
 BOX_FORMATS = tuple(name for name in BOX_FORMAT.names if name != "auto")
-ARCH_BOX_FORMAT = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2_5", "qwen3_vl": "qwen3"}
+ARCH_BOX_FORMAT = {arch: f.box_format for arch, f in FAMILIES.items()}
 MAX_BOXES = 100
 """Boxes read from one completion at most (scoring is O(predicted x gold); more boxes only lower the reward)."""
 MAX_BOX_TEXT = 20_000
@@ -38,7 +39,8 @@ _LIST_BOX = re.compile(rf"\[\s*({_NUM})\s*,\s*({_NUM})\s*,\s*({_NUM})\s*,\s*({_N
 
 
 def box_format_for_arch(arch: str) -> str:
-    """The box convention a model family writes: qwen2_vl -> qwen2, qwen2_5_vl -> qwen2_5, qwen3_vl -> qwen3."""
+    """The box convention a model family writes: qwen2_vl -> qwen2, qwen2_5_vl -> qwen2_5, qwen3_vl and qwen3_5 ->
+    qwen3 (`vlgrpo.families`)."""
     if arch not in ARCH_BOX_FORMAT:
         raise ValueError(
             f"no box convention known for model arch {arch!r}; accepted: {', '.join(ARCH_BOX_FORMAT)} "

@@ -13,6 +13,8 @@ weights work as in the transformers forward. Decode tokens are text: their three
 which makes M-RoPE the plain rotary embedding at that position (Qwen2-VL, Qwen2.5-VL and Qwen3-VL's interleaved
 sections alike), and DeepStack, which touches image tokens only, has nothing to add. Qwen3's RMSNorm on each head's
 queries and keys runs before the rotation, as in its attention (these pieces: `policy.text_decoder`).
+Qwen3.5's Gated DeltaNet layers have no keys to share: each row carries its own conv and recurrent state, the
+prompt's repeated G ways after the one prefill, and steps it by the recurrent rule (`policy.linear_attention`).
 `SharedPrefixDecoder.supports` names the models it applies to; the engine falls back to the transformers forward for
 any other.
 """
@@ -22,7 +24,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from vlgrpo.policy.text_decoder import project_qkv, rotate_half, supports_text_decoder, text_rotary
+from vlgrpo.policy.linear_attention import gated_delta, is_linear_attention, prompt_states
+from vlgrpo.policy.text_decoder import (
+    first_attention,
+    gated,
+    project_qkv,
+    rotate,
+    supports_text_decoder,
+    text_rotary,
+)
 
 
 class SharedPrefixDecoder:
@@ -33,25 +43,33 @@ class SharedPrefixDecoder:
         return supports_text_decoder(model)
 
     def __init__(self, model, cache, prompt_mask: Tensor | None, g: int, max_new: int) -> None:
-        """cache: the prefill's KV cache of B prompts ([B, kv heads, T, d] per layer), prompt_mask [B, T] (None when
-        unpadded), g: rows per prompt, max_new: decode steps at most."""
+        """cache: the prefill's cache of B prompts ([B, kv heads, T, d] per attention layer; conv and recurrent
+        states per Gated DeltaNet layer), prompt_mask [B, T] (None when unpadded), g: rows per prompt, max_new: decode
+        steps at most."""
         self.text, self.head = model.get_decoder(), model.get_output_embeddings()
-        attn = self.text.layers[0].self_attn
+        attn = first_attention(self.text)
         cfg = self.text.config
         self.heads, self.kv_heads, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, attn.head_dim
         self.rep, self.scale, self.g = self.heads // self.kv_heads, attn.scaling, g
-        self.prompt_k = [layer.keys for layer in cache.layers]  # [B, kvh, T, d] each, never copied
-        self.prompt_v = [layer.values for layer in cache.layers]
-        b, _, t, _ = self.prompt_k[0].shape
+        self.linear = [is_linear_attention(layer) for layer in self.text.layers]
+        # attention layers: the prompt's keys and values, never copied; linear ones: each row's own conv and recurrent
+        # state, the prompt's repeated G ways (a state is per sequence: the rows diverge from their first token)
+        self.prompt_k = [None if lin else layer.keys for lin, layer in zip(self.linear, cache.layers)]
+        self.prompt_v = [None if lin else layer.values for lin, layer in zip(self.linear, cache.layers)]
+        self.states = [
+            [s.repeat_interleave(g, dim=0) for s in prompt_states(cache, li)] if lin else None
+            for li, lin in enumerate(self.linear)
+        ]
+        k0 = next(k for k in self.prompt_k if k is not None)
+        b, _, t, _ = k0.shape
         self.b, self.rows = b, b * g
-        k0 = self.prompt_k[0]
         self.bias = None  # [B, 1, 1, T] additive: -inf on left padding
         if prompt_mask is not None:
             self.bias = torch.zeros(b, 1, 1, t, dtype=k0.dtype, device=k0.device)
             self.bias.masked_fill_(prompt_mask[:, None, None, :] == 0, torch.finfo(k0.dtype).min)
         shape = (self.rows, self.kv_heads, max_new, self.d)
-        self.own_k = [k0.new_empty(shape) for _ in self.prompt_k]  # the rows' own tokens, written in place
-        self.own_v = [k0.new_empty(shape) for _ in self.prompt_k]
+        self.own_k = [None if k is None else k0.new_empty(shape) for k in self.prompt_k]  # the rows' own tokens,
+        self.own_v = [None if k is None else k0.new_empty(shape) for k in self.prompt_k]  # written in place
         self.length = 0
 
     def keep(self, prompts: Tensor) -> Tensor:
@@ -59,10 +77,10 @@ class SharedPrefixDecoder:
         loop drops a prompt once all its rows have finished, so later steps compute only rows that can still sample.
         -> the kept rows' indices [b' * G] into the current rows."""
         rows = (prompts[:, None] * self.g + torch.arange(self.g, device=prompts.device)).flatten()
-        self.prompt_k = [k[prompts] for k in self.prompt_k]
-        self.prompt_v = [v[prompts] for v in self.prompt_v]
-        self.own_k = [k[rows] for k in self.own_k]
-        self.own_v = [v[rows] for v in self.own_v]
+        pick = lambda xs, idx: [None if x is None else x[idx] for x in xs]  # noqa: E731
+        self.prompt_k, self.prompt_v = pick(self.prompt_k, prompts), pick(self.prompt_v, prompts)
+        self.own_k, self.own_v = pick(self.own_k, rows), pick(self.own_v, rows)
+        self.states = [None if s is None else pick(s, rows) for s in self.states]
         self.bias = self.bias[prompts] if self.bias is not None else None
         self.b, self.rows = len(prompts), len(rows)
         return rows
@@ -85,26 +103,34 @@ class SharedPrefixDecoder:
 
     def step(self, tokens: Tensor, positions: Tensor) -> Tensor:
         """tokens [R] long, positions [R] (their M-RoPE position) -> next-token logits [R, V]."""
-        i = self.length
         x = self.text.embed_tokens(tokens)  # [R, H]
-        cos, sin = text_rotary(self.text.rotary_emb, positions, x.dtype)  # [R, 1, d]
+        cos, sin = text_rotary(self.text.rotary_emb, positions, x.dtype)  # [R, 1, r]
         for li, layer in enumerate(self.text.layers):
-            attn = layer.self_attn
             h = layer.input_layernorm(x)
-            q, k, v = project_qkv(attn, h, self.heads, self.kv_heads, self.d)
-            q = q * cos + rotate_half(q) * sin
-            self.own_k[li][:, :, i] = k * cos + rotate_half(k) * sin
-            self.own_v[li][:, :, i] = v
-            q = q.view(self.rows, self.kv_heads, self.rep, self.d)  # query head j reads KV head j // rep
-            own_k, own_v = self.own_k[li][:, :, : i + 1], self.own_v[li][:, :, : i + 1]
-            prompt_s = (self._grouped(q) @ self.prompt_k[li].transpose(-1, -2)) * self.scale  # [B, kvh, G*rep, T]
-            if self.bias is not None:
-                prompt_s = prompt_s + self.bias
-            own_s = self._grouped(q @ own_k.transpose(-1, -2)) * self.scale  # [B, kvh, G*rep, i+1]
-            p = torch.softmax(torch.cat((prompt_s, own_s), dim=-1).float(), dim=-1).to(q.dtype)
-            t = prompt_s.shape[-1]
-            out = self._rows(p[..., :t] @ self.prompt_v[li]) + self._rows(p[..., t:]) @ own_v  # [R, kvh, rep, d]
-            x = x + attn.o_proj(out.reshape(self.rows, self.heads * self.d))
+            if self.linear[li]:  # Gated DeltaNet: one recurrent step of each row's own state
+                o, conv, state = gated_delta(layer.linear_attn, h[:, None], None, *self.states[li], final_state=True)
+                self.states[li] = [conv, state]
+                x = x + o[:, 0]
+            else:
+                x = x + self._attention(li, layer.self_attn, h, cos, sin)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        self.length = i + 1
+        self.length += 1
         return self.head(self.text.norm(x))
+
+    def _attention(self, li: int, attn, h: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """Attention layer `li` for the current token of every row: the prompt's keys read once for its G rows."""
+        i = self.length
+        q, k, v, gate = project_qkv(attn, h, self.heads, self.kv_heads, self.d)
+        q = rotate(q, cos, sin)
+        self.own_k[li][:, :, i] = rotate(k, cos, sin)
+        self.own_v[li][:, :, i] = v
+        q = q.view(self.rows, self.kv_heads, self.rep, self.d)  # query head j reads KV head j // rep
+        own_k, own_v = self.own_k[li][:, :, : i + 1], self.own_v[li][:, :, : i + 1]
+        prompt_s = (self._grouped(q) @ self.prompt_k[li].transpose(-1, -2)) * self.scale  # [B, kvh, G*rep, T]
+        if self.bias is not None:
+            prompt_s = prompt_s + self.bias
+        own_s = self._grouped(q @ own_k.transpose(-1, -2)) * self.scale  # [B, kvh, G*rep, i+1]
+        p = torch.softmax(torch.cat((prompt_s, own_s), dim=-1).float(), dim=-1).to(q.dtype)
+        t = prompt_s.shape[-1]
+        out = self._rows(p[..., :t] @ self.prompt_v[li]) + self._rows(p[..., t:]) @ own_v  # [R, kvh, rep, d]
+        return attn.o_proj(gated(out.reshape(self.rows, self.heads * self.d), gate))

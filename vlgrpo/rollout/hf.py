@@ -18,6 +18,7 @@ from vlgrpo.data.images import ProcessorGeometry
 from vlgrpo.data.video import VideoSampling
 from vlgrpo.models import eval_mode
 from vlgrpo.policy.forward import prefill
+from vlgrpo.policy.linear_attention import select_cache_rows
 from vlgrpo.policy.prompt import PromptInputs, build_prompt, forbidden_mask, left_pad, vocab_size
 from vlgrpo.rollout.base import EngineCounters, SamplingParams, cut_at_stop
 from vlgrpo.rollout.decode import SharedPrefixDecoder
@@ -152,9 +153,10 @@ def decode_shared(
 
 
 def decode_copied(model, last: Tensor, cache, next_pos: Tensor, prompt_mask: Tensor | None, run: DecodeRun) -> list:
-    """The transformers forward over a KV cache copied G ways (any model), from which finished rows are dropped."""
+    """The transformers forward over a cache copied G ways (any model), from which finished rows are dropped."""
     g = run.params.completions_per_prompt
-    cache.batch_repeat_interleave(g)  # [B*G, heads, T, d]: one prefill, G continuations
+    rows_of = torch.arange(last.shape[0], device=last.device).repeat_interleave(g)
+    select_cache_rows(cache, rows_of)  # one prefill, G continuations: [B*G, heads, T, d] or a Gated DeltaNet's states
     logits, pos = last.repeat_interleave(g, dim=0), next_pos.repeat_interleave(g)
     mask = prompt_mask.repeat_interleave(g, dim=0) if prompt_mask is not None else None
     rows = [_Row() for _ in range(logits.shape[0])]
@@ -165,7 +167,7 @@ def decode_copied(model, last: Tensor, cache, next_pos: Tensor, prompt_mask: Ten
             break
         if len(keep) < len(active):  # drop finished rows from the batch and the cache
             idx = torch.tensor(keep, device=tok.device)
-            cache.batch_select_indices(idx)
+            select_cache_rows(cache, idx)
             tok, pos = tok[idx], pos[idx]
             mask = mask[idx] if mask is not None else None
             active = [active[j] for j in keep]

@@ -1,0 +1,69 @@
+"""Qwen3.5's Gated DeltaNet outside the transformers forward: rows that continue their own prompt's states equal the
+layer's own forward over each whole sequence, and no state crosses from one packed row into the next."""
+
+import torch
+from transformers import DynamicCache
+
+from vlgrpo.policy.linear_attention import gated_delta, prompt_states, select_cache_rows
+
+
+def _layer(load):
+    model, _ = load("qwen3_5", spread_by=0.1)
+    text = model.get_decoder()
+    return text.layers[0].linear_attn, text.config
+
+
+def test_three_packed_rows_each_continue_their_own_prompt_state_and_nothing_leaks(load):
+    attn, config = _layer(load)
+    gen = torch.Generator().manual_seed(0)
+    hidden = config.hidden_size
+    prompts = [torch.randn(1, n, hidden, generator=gen) for n in (7, 3, 5)]  # 3 < the conv kernel + 1
+    rows = [torch.randn(1, n, hidden, generator=gen) for n in (4, 1, 6)]  # continuations of 4, 1 and 6 tokens
+    with torch.no_grad():
+        # the reference: the layer's own forward over each whole sequence, one at a time
+        ref = [attn(torch.cat((p, r), 1))[0, p.shape[1] :] for p, r in zip(prompts, rows)]
+        # ours: each prompt's states from a transformers prefill, then the three rows packed side by side
+        convs, states = [], []
+        for p in prompts:
+            cache = DynamicCache(config=config)
+            attn(p, cache_params=cache)
+            conv, state = prompt_states(cache, 0)
+            convs.append(conv)
+            states.append(state)
+        length = max(r.shape[1] for r in rows)
+        padded = torch.zeros(3, length, hidden)
+        valid = torch.zeros(3, length, dtype=torch.bool)
+        for i, r in enumerate(rows):
+            padded[i, : r.shape[1]], valid[i, : r.shape[1]] = r[0], True
+        out, _, _ = gated_delta(attn, padded, valid, torch.cat(convs), torch.cat(states))
+        for i, r in enumerate(rows):
+            assert (out[i, : r.shape[1]] - ref[i]).abs().max() <= 1e-5
+        # the trap it avoids: the three rows packed into one sequence whose state flows from one row into the next
+        flat = torch.cat([r[0] for r in rows])[None]
+        leaked, _, _ = gated_delta(attn, flat, None, convs[0], states[0])
+        starts = [0, 4, 5]
+        for i, r in enumerate(rows[1:], start=1):
+            got = leaked[0, starts[i] : starts[i] + r.shape[1]]
+            assert (got - ref[i]).abs().max() > 1e-2  # a leak is visible at this tolerance
+
+
+def test_a_decode_step_carries_the_state_as_the_layers_own_cache_does(load):
+    """One token at a time through `gated_delta` (the HF engine's step, the recurrent rule) against the layer's own
+    cached decode, over 5 steps; and `select_cache_rows` repeats and selects a hybrid cache's rows."""
+    attn, config = _layer(load)
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randn(2, 6, config.hidden_size, generator=gen)
+    steps = torch.randn(2, 5, config.hidden_size, generator=gen)
+    with torch.no_grad():
+        cache = DynamicCache(config=config)
+        attn(prompt, cache_params=cache)
+        conv, state = (s[[1, 1, 0]] for s in prompt_states(cache, 0))  # copies: the cache updates in place
+        select_cache_rows(cache, torch.tensor([1, 1, 0]))
+        assert torch.equal(prompt_states(cache, 0)[1], state)
+        for t in range(5):
+            x = steps[[1, 1, 0], t : t + 1]
+            ref = attn(x, cache_params=cache)
+            out, conv, state = gated_delta(attn, x, None, conv, state, final_state=True)
+            assert (out - ref).abs().max() <= 1e-6
+            assert (state - prompt_states(cache, 0)[1]).abs().max() <= 1e-6
+            assert (conv - prompt_states(cache, 0)[0]).abs().max() == 0
