@@ -238,7 +238,7 @@ def test_bare_plan_plans_the_config_defaults(tmp_path, monkeypatch, capsys):
     assert r["inputs"]["image_tokens"] == 64  # its processor caps images at 28 x 28 x 64 px: 8 x 8 tokens
 
 
-@pytest.mark.parametrize("arch,tokens", [("qwen2_5_vl", 64), ("qwen2_vl", 64), ("qwen3_vl", 49)])
+@pytest.mark.parametrize("arch,tokens", [("qwen2_5_vl", 64), ("qwen2_vl", 64), ("qwen3_vl", 49), ("qwen3_5", 49)])
 def test_the_default_model_is_planned_as_init_tiny_builds_it(
     arch, tokens, tiny_model_dir, tmp_path, monkeypatch, capsys
 ):
@@ -272,7 +272,8 @@ def test_the_default_model_of_an_arch_the_planner_cannot_count_is_named():
     cfg = Config()
     cfg.model.arch = "llava"  # not an accepted model.arch: only a hand-built config reaches the planner with it
     with pytest.raises(
-        PlanError, match="model.arch=llava: the planner counts the parameters of qwen2_vl, qwen2_5_vl, qwen3_vl models"
+        PlanError,
+        match="model.arch=llava: the planner counts the parameters of qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5 models",
     ):
         init_tiny_spec(TinySpec(), cfg)
 
@@ -342,3 +343,32 @@ def test_qwen3_vl_moe_is_refused_in_one_line(capsys):
     assert main(["plan", "--model", "Qwen/Qwen3-VL-30B-A3B-Instruct", "--gpus", "8"]) == 2
     err = capsys.readouterr().err
     assert "Qwen/Qwen3-VL-30B-A3B-Instruct is a Qwen3-VL mixture-of-experts model" in err and "--params N" in err
+
+
+def test_qwen3_5_9b_lora_and_zero3_on_8_gpus(capsys):
+    """`vlgrpo plan --model qwen3.5-9b --gpus 8` with LoRA rank 64 (the default targets: the Gated DeltaNet
+    projections included) and with ZeRO-3: the peaks this code computes, pinned, and the rollout term holding the KV
+    of the 8 attention layers and a fixed state per sequence for the 24 Gated DeltaNet ones."""
+    from vlgrpo.memory import MODEL_TABLE
+
+    s = MODEL_TABLE["Qwen/Qwen3.5-9B"]
+    lora = run_json(capsys, "--model", "qwen3.5-9b", "--gpus", "8", "--lora-rank", "64")
+    attention = 8 * ((4096 + 8192) + 2 * (4096 + 1024) + (4096 + 4096))  # q_proj: query and gate
+    linear = 24 * ((4096 + 8192) + (4096 + 4096) + 2 * (4096 + 32) + (4096 + 4096))
+    mlp = 32 * 3 * (4096 + 12288)
+    assert lora["counts"]["trainable_params"] == 64 * (attention + linear + mlp) == 173_113_344
+    assert lora["per_gpu"]["weights"] == 9_409_813_744 * 2 + 173_113_344 * 4
+    prompts, g = lora["inputs"]["prompts_per_step"], lora["inputs"]["completions_per_prompt"]
+    prompt = lora["inputs"]["text_tokens"] + lora["inputs"]["image_tokens"]  # one image, no video
+    tokens = prompts * (prompt + g * lora["inputs"]["completion_tokens"])
+    assert lora["per_gpu"]["kv_cache"] == tokens * 8 * 2 * 4 * 256 * 2 + prompts * (g + 1) * s.state_bytes_per_sequence(
+        2
+    )
+    assert lora["per_gpu"]["total"] == 46_891_121_120
+    zero3 = run_json(capsys, "--model", "qwen3.5-9b", "--gpus", "8", "--zero", "3")
+    assert zero3["counts"]["trainable_params"] == s.language_params() == 8_953_803_264
+    assert zero3["per_gpu"]["zero3_gather"] == 248320 * 4096 * 2  # the embedding, gathered in bf16
+    assert zero3["per_gpu"]["total"] == 45_357_526_716
+    for argv in (("--lora-rank", "64"), ("--zero", "3")):
+        rows = verdict_rows(capsys, "--model", "qwen3.5-9b", "--gpus", "8", *argv)
+        assert " fits: update peak" in rows["A100-80GB"] and "does NOT fit" in rows["A100-40GB"]

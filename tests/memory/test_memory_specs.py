@@ -121,6 +121,7 @@ TINY_3 = {  # Qwen3-VL: explicit head_dim, q/k norms, learned positions, two Dee
     },
 }
 CLASSES = {
+    "qwen3_5": ("Qwen3_5ForConditionalGeneration", "Qwen3_5Config"),
     "qwen2_5_vl": ("Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLConfig"),
     "qwen2_vl": ("Qwen2VLForConditionalGeneration", "Qwen2VLConfig"),
     "qwen3_vl": ("Qwen3VLForConditionalGeneration", "Qwen3VLConfig"),
@@ -335,4 +336,107 @@ def test_qwen3_vl_moe_is_refused_by_name(name, tmp_path):
     assert "dense Qwen3-VL 2B, 4B, 8B and 32B" in msg
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_vl_moe"}))
     with pytest.raises(PlanError, match="config.json' is a Qwen3-VL mixture-of-experts model"):
+        resolve_model(str(tmp_path))
+
+
+# The released Qwen3.5 config.json values (sources: docs/memory.md, "Qwen3.5 sizes"): head_dim 256, vocab 248,320,
+# Gated DeltaNet in 3 of 4 layers with 16 key heads of 128 and value heads of 128; Qwen3-VL's tower, no DeepStack.
+def _qwen3_5_released(hidden, inter, layers, heads, kv, v_heads, tie, depth, hv, iv) -> dict:
+    return {
+        "model_type": "qwen3_5",
+        "tie_word_embeddings": tie,
+        "text_config": {
+            "hidden_size": hidden,
+            "intermediate_size": inter,
+            "num_hidden_layers": layers,
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv,
+            "head_dim": 256,
+            "vocab_size": 248320,
+            "full_attention_interval": 4,
+            "linear_conv_kernel_dim": 4,
+            "linear_key_head_dim": 128,
+            "linear_num_key_heads": 16,
+            "linear_num_value_heads": v_heads,
+            "linear_value_head_dim": 128,
+            "tie_word_embeddings": tie,
+        },
+        "vision_config": {
+            "deepstack_visual_indexes": [],
+            "depth": depth,
+            "hidden_size": hv,
+            "intermediate_size": iv,
+            "num_heads": 16,
+            "out_hidden_size": hidden,
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "num_position_embeddings": 2304,
+        },
+    }
+
+
+QWEN3_5_RELEASED = {
+    "Qwen/Qwen3.5-0.8B": _qwen3_5_released(1024, 3584, 24, 8, 2, 16, True, 12, 768, 3072),
+    "Qwen/Qwen3.5-2B": _qwen3_5_released(2048, 6144, 24, 8, 2, 16, True, 24, 1024, 4096),
+    "Qwen/Qwen3.5-4B": _qwen3_5_released(2560, 9216, 32, 16, 4, 32, True, 24, 1024, 4096),
+    "Qwen/Qwen3.5-9B": _qwen3_5_released(4096, 12288, 32, 16, 4, 32, False, 27, 1152, 4304),
+    "Qwen/Qwen3.5-27B": _qwen3_5_released(5120, 17408, 64, 24, 4, 48, False, 27, 1152, 4304),
+}
+# transformers' own count of Qwen3_5ForConditionalGeneration(Qwen3_5Config(**config.json)) on the meta device
+# (transformers 5.20.2; the checkpoints' MTP layer is not part of the model transformers builds)
+QWEN3_5_PARAMS = {
+    "Qwen/Qwen3.5-0.8B": 852_985_920,
+    "Qwen/Qwen3.5-2B": 2_213_241_664,
+    "Qwen/Qwen3.5-4B": 4_539_265_536,
+    "Qwen/Qwen3.5-9B": 9_409_813_744,
+    "Qwen/Qwen3.5-27B": 27_356_728_560,
+}
+
+
+@pytest.mark.parametrize("name", sorted(QWEN3_5_PARAMS))
+def test_qwen3_5_table_is_the_released_config_and_counts_equal_transformers(name, tmp_path):
+    spec = MODEL_TABLE[name]
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_5_RELEASED[name]))
+    assert resolve_model(str(tmp_path)) == dataclasses.replace(spec, name=str(tmp_path))
+    counts = _torch_counts(QWEN3_5_RELEASED[name], parts=True)
+    assert counts == {
+        "total": QWEN3_5_PARAMS[name],
+        "largest": spec.largest_layer_params(),
+        "vision": spec.vision_params(),
+        "merger": spec.merger_params(),
+    }
+
+
+def test_qwen3_5_9b_exact_breakdown_state_and_lora():
+    s = resolve_model("qwen3.5-9b")
+    assert s is MODEL_TABLE["Qwen/Qwen3.5-9B"]
+    assert (s.layers, s.linear_layers, s.attention_layers, s.deepstack_mergers) == (32, 24, 8, 0)
+    h = 4096
+    # gated attention: q_proj 4096 -> 2 x 16 x 256 (query and gate), k, v 4096 -> 4 x 256, o 4096 -> 4096, q/k norms
+    attention = h * 8192 + 2 * h * 1024 + 4096 * h + 2 * 256
+    # Gated DeltaNet: qkv 4096 -> 2 x 2048 + 4096, z 4096 -> 4096, b and a 4096 -> 32, conv 8192 x 4, dt_bias and A_log
+    # (32 each), the gated norm over 128, out_proj 4096 -> 4096
+    linear = h * 8192 + h * 4096 + 2 * h * 32 + 8192 * 4 + 2 * 32 + 128 + 4096 * h
+    assert s.linear_attention_params() == linear
+    rest = 3 * h * 12288 + 2 * h
+    assert s.language_params() == 8 * attention + 24 * linear + 32 * rest + 2 * 248320 * h + h
+    # a sequence's state: 24 layers x (32 heads x 128 x 128 fp32 recurrent + 8192 x 4 bf16 conv) = 48.75 MiB
+    assert s.state_bytes_per_sequence(2) == 24 * (32 * 128 * 128 * 4 + 8192 * 4 * 2) == 51_904_512
+    # KV for the 8 attention layers only: 8 x 2 x 4 x 256 x bf16 = 32 KiB per token
+    assert kv_cache_bytes(s.attention_layers, s.kv_heads, s.head_dim, 1, 1, 2) == 32 * 1024
+    # LoRA: attention names on the 8 attention layers (q_proj's output is query + gate), Gated DeltaNet names on the
+    # 24 linear ones, the MLP on all 32
+    assert lora_params(s, 16, ("q_proj",)) == 16 * 8 * (h + 8192)
+    assert lora_params(s, 16, ("in_proj_qkv", "out_proj")) == 16 * 24 * ((h + 8192) + (4096 + h))
+    assert lora_params(s, 16, ("down_proj",)) == 16 * 32 * (12288 + h)
+    assert lora_params(MODEL_TABLE["Qwen/Qwen3-VL-8B-Instruct"], 16, ("in_proj_qkv",)) == 0  # no such layer there
+
+
+@pytest.mark.parametrize("name", ["qwen3.5-35b-a3b", "Qwen/Qwen3.5-397B-A17B"])
+def test_qwen3_5_moe_is_refused_by_name(name, tmp_path):
+    with pytest.raises(PlanError, match=r"Qwen3.5 mixture-of-experts model .*dense Qwen3.5 0.8B, 2B, 4B, 9B and 27B"):
+        resolve_model(name)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_5_moe"}))
+    with pytest.raises(PlanError, match="model_type qwen3_5_moe"):
         resolve_model(str(tmp_path))

@@ -12,7 +12,11 @@ from vlgrpo.trainer.metrics import read_metrics
 from vlgrpo.trainer.state import build_state
 
 WORKER = Path(__file__).with_name("dist_worker.py")
-MODEL_CLASS = {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration", "qwen3_vl": "Qwen3VLForConditionalGeneration"}
+MODEL_CLASS = {
+    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+    "qwen3_vl": "Qwen3VLForConditionalGeneration",
+    "qwen3_5": "Qwen3_5ForConditionalGeneration",
+}
 
 
 def _torchrun(tmp_path, port: int, *overrides: str, timeout: int = 600) -> list[dict]:
@@ -42,8 +46,8 @@ def _config(tmp_path, tiny_model_dir, shapes_dir, *extra, arch: str = "qwen2_5_v
 # (untied: the head is a tensor of its own, gathered and exported as itself)
 @pytest.mark.parametrize(
     "arch, port, tied",
-    [("qwen2_5_vl", 29517, True), ("qwen3_vl", 29522, True), ("qwen3_vl", 29523, False)],
-    ids=["qwen2_5_vl", "qwen3_vl", "qwen3_vl-untied"],
+    [("qwen2_5_vl", 29517, True), ("qwen3_vl", 29522, True), ("qwen3_vl", 29523, False), ("qwen3_5", 29525, False)],
+    ids=["qwen2_5_vl", "qwen3_vl", "qwen3_vl-untied", "qwen3_5-untied"],
 )
 def test_zero3_two_ranks_on_cpu_trains_and_exports_the_gathered_weights(
     tmp_path, tiny_model_dir, shapes_dir, arch, port, tied
@@ -196,3 +200,13 @@ def test_zero3_with_a_trainable_tower_and_a_kl_term_trains_on_two_ranks(tmp_path
     exported = load_model(str(tmp_path / "export")).model.state_dict()
     base = load_model(tiny_model_dir()).model.state_dict()
     assert any(not torch.equal(exported[n], base[n]) for n in base if ".visual.blocks." in f".{n}")
+
+
+def test_zero3_refuses_a_persistence_threshold_that_would_partition_qwen3_5s_gated_delta_vectors(tiny_model_dir):
+    pytest.importorskip("deepspeed")
+    from vlgrpo.trainer.zero3 import register_linear_attention_parameters
+
+    model = load_model(tiny_model_dir("qwen3_5")).model  # A_log and dt_bias: 4 entries each (one per value head)
+    with pytest.raises(ValueError, match="stage3_param_persistence_threshold=3 partitions.*at least 4"):
+        register_linear_attention_parameters(model, {"zero_optimization": {"stage3_param_persistence_threshold": 3}})
+    assert register_linear_attention_parameters(load_model(tiny_model_dir("qwen2_5_vl")).model, {}) == 0

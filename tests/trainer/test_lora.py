@@ -73,16 +73,23 @@ def test_lora_training_and_merged_export(tmp_path, tiny_model_dir, shapes_dir):
     assert changed > 0 and (out / "adapter" / "adapter_config.json").is_file()
 
 
-@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
-def test_qwen3_vl_lora_trains_the_language_model_and_vlgrpo_export_merges_it(tmp_path, shapes_dir, tied):
-    """LoRA on a Qwen3-VL: adapters on the language model's 7 linears per layer only (the tower and its DeepStack
-    mergers frozen); `vlgrpo export` writes the merged weights, which transformers loads as a
-    Qwen3VLForConditionalGeneration equal to what trained, with the LM head tied to the embedding or not as built."""
+# Qwen3-VL: 7 linears in each of 4 layers. Qwen3.5: 3 Gated DeltaNet layers with 5 projections + 3 MLP linears, and
+# a full-attention layer with 7
+ADAPTED = {"qwen3_vl": 7 * 4, "qwen3_5": 3 * 8 + 7}
+MODEL_CLASS = {"qwen3_vl": "Qwen3VLForConditionalGeneration", "qwen3_5": "Qwen3_5ForConditionalGeneration"}
+
+
+@pytest.mark.parametrize("arch, tied", [("qwen3_vl", True), ("qwen3_vl", False), ("qwen3_5", True), ("qwen3_5", False)])
+def test_qwen3_lora_trains_the_language_model_and_vlgrpo_export_merges_it(tmp_path, shapes_dir, arch, tied):
+    """LoRA on a Qwen3-VL or Qwen3.5: adapters on the language model's linears only (the tower and Qwen3-VL's
+    DeepStack mergers frozen; Qwen3.5's Gated DeltaNet projections adapted, its conv1d, A_log and dt_bias frozen);
+    `vlgrpo export` writes the merged weights, which transformers loads as the model class equal to what trained,
+    with the LM head tied to the embedding or not as built."""
     from transformers import AutoModelForImageTextToText
 
     from vlgrpo.cli import main
 
-    model_dir = init_tiny(tmp_path / "m", "qwen3_vl", spec=TinySpec(tie_word_embeddings=tied))
+    model_dir = init_tiny(tmp_path / "m", arch, spec=TinySpec(tie_word_embeddings=tied))
     spec = write_reward_module(tmp_path)
     cfg = tiny_config(
         str(model_dir),
@@ -101,21 +108,29 @@ def test_qwen3_vl_lora_trains_the_language_model_and_vlgrpo_export_merges_it(tmp
         if ".lora_A." in n
     }
     assert all(p.requires_grad == ("lora_" in n) for n, p in state.backend.model.named_parameters())
-    assert len(adapted) == 7 * 4 and all(".language_model.layers." in n for n in adapted)
+    assert len(adapted) == ADAPTED[arch] and all(".language_model.layers." in n for n in adapted)
+    if arch == "qwen3_5":
+        assert {n.rsplit(".", 1)[1] for n in adapted if ".linear_attn." in n} == {
+            "in_proj_qkv",
+            "in_proj_z",
+            "in_proj_b",
+            "in_proj_a",
+            "out_proj",
+        }
     Trainer(state).train()
     trained = dict(state.backend.named_weights())
     state.close()
     assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "export")]) == 0
     exported = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "export"))
-    assert type(exported).__name__ == "Qwen3VLForConditionalGeneration"
-    assert exported.config.architectures == ["Qwen3VLForConditionalGeneration"]
+    assert type(exported).__name__ == MODEL_CLASS[arch]
+    assert exported.config.architectures == [MODEL_CLASS[arch]]
     base = load_model(str(model_dir)).model.state_dict()
     weights = exported.state_dict()
     assert set(weights) == set(trained)
     for n, w in weights.items():
         assert torch.equal(w, trained[n]), n  # the merged weights, exactly
-        if ".visual." in f".{n}" or "norm" in n:
-            assert torch.equal(w, base[n]), n  # no adapter there: the tower, DeepStack mergers, norms unchanged
+        if ".visual." in f".{n}" or "norm" in n or any(k in n for k in ("conv1d", "A_log", "dt_bias")):
+            assert torch.equal(w, base[n]), n  # no adapter: the tower, DeepStack mergers, norms, conv1d unchanged
     assert all(not torch.equal(weights[f"{n}.weight"], base[f"{n}.weight"]) for n in adapted)  # trained
     embed, head = exported.model.language_model.embed_tokens.weight, exported.lm_head.weight
     assert (head.data_ptr() == embed.data_ptr()) == tied

@@ -22,6 +22,11 @@ PINNED = {
         2: (0.001841627061367035, 1.8125, 0.046040307730436325),
         3: (0.002074994146823883, 1.725, 0.05186977982521057),
     },
+    "qwen3_5": {  # hybrid: Gated DeltaNet layers 0-2, gated full attention in layer 3 (init-tiny)
+        1: (2.4028122425079346e-07, 2.0500000000000003, 0.0),
+        2: (0.002695688046514988, 1.8500000000000003, 0.06739093735814095),
+        3: (0.0059107267297804356, 1.85, 0.14777600765228271),
+    },
 }
 
 
@@ -67,3 +72,20 @@ def test_the_qwen3_vl_pin_needs_deepstack(tmp_path, tiny_model_dir, shapes_dir, 
     monkeypatch.setattr(Qwen3VLTextModel, "_deepstack_process", lambda self, hidden_states, *a, **k: hidden_states)
     got = _run(tmp_path, tiny_model_dir("qwen3_vl"), shapes_dir)
     assert set(got) == {1, 2, 3} and not _matches(got, PINNED["qwen3_vl"])
+
+
+def test_the_qwen3_5_pin_needs_each_rows_prompt_state(tmp_path, tiny_model_dir, shapes_dir, monkeypatch):
+    """The mutation check: the same run with the Gated DeltaNet rows starting from a zero state instead of their
+    prompt's (the trainer's packed pass and the engine's decode step alike) misses the pin."""
+    from vlgrpo.policy import linear_attention, packed
+    from vlgrpo.rollout import decode
+
+    def forgetful(attn, h, valid, conv, state, final_state=False):
+        return linear_attention.gated_delta(
+            attn, h, valid, conv.new_zeros(conv.shape), state.new_zeros(state.shape), final_state
+        )
+
+    monkeypatch.setattr(packed, "gated_delta", forgetful)
+    monkeypatch.setattr(decode, "gated_delta", forgetful)
+    got = _run(tmp_path, tiny_model_dir("qwen3_5"), shapes_dir)
+    assert set(got) == {1, 2, 3} and not _matches(got, PINNED["qwen3_5"])

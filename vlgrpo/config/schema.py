@@ -227,9 +227,24 @@ class LoRAConfig:
     dropout: float = 0.0
     """Dropout on the LoRA input."""
     target_modules: list[str] = field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        default_factory=lambda: [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+            "in_proj_qkv",
+            "in_proj_z",
+            "in_proj_b",
+            "in_proj_a",
+            "out_proj",
+        ]
     )
-    """Linear layers of the language model that get adapters (never the vision tower unless listed)."""
+    """Linear layers of the language model that get adapters (never the vision tower unless listed). The in_proj_* and
+    out_proj names are Qwen3.5's Gated DeltaNet projections (other families have none); its conv1d, A_log and dt_bias
+    are not linear layers and train only in a full fine-tune (plain, zero3)."""
 
 
 @dataclass

@@ -110,7 +110,8 @@ def conventions(inp: PlanInput) -> dict[str, str]:
         "activations": "flash/SDPA attention (no T^2 term); with checkpointing only each layer's input is kept",
         "logits": "lm_head output + fp32 copy + fp32 log_softmax on the completion tokens (gradient checkpointing "
         "forwards whole rows but keeps the prompt's positions out of the lm_head)",
-        "kv_cache": "2 x layers x kv_heads x head_dim x bytes per token; a group's prompt is stored once",
+        "kv_cache": "2 x attention layers x kv_heads x head_dim x bytes per token; a group's prompt is stored once; "
+        "Qwen3.5's Gated DeltaNet layers: a fixed recurrent + conv state per sequence instead",
         "visual_tokens": "every image of a prompt and its video (frames / temporal patch x tokens per frame) in the "
         "prompt, the tower's patches (x merge^2) and the step's cached features",
         "zero3_rollout_gather": "ZeRO-3, colocated: the rest of the vision tower + merger (vLLM engine) or of the "

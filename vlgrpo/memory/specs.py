@@ -1,4 +1,5 @@
-"""Model specs for the memory planner: architecture numbers of Qwen2-VL / Qwen2.5-VL / Qwen3-VL and parameter counts.
+"""Model specs for the memory planner: architecture numbers of Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 and parameter
+counts.
 
 Built-in table of the released checkpoints, or a local HF `config.json`; parameter counts come from the
 architecture formulas (checked against transformers in the tests). Pure arithmetic: no torch, no weights.
@@ -15,10 +16,12 @@ from typing import Any
 from vlgrpo.types import InputError
 
 LM_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
+LINEAR_ATTENTION_LINEARS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
+"""Qwen3.5's Gated DeltaNet projections (no such layer in the other families: they count zero there)."""
 VISION_LINEARS = ("qkv", "proj", "fc1", "fc2", "visual.gate_proj", "visual.up_proj", "visual.down_proj")
 
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5")
 
 
 class PlanError(InputError):
@@ -31,8 +34,10 @@ class ModelSpec:
 
     name: str
     family: str
-    """qwen2_vl (LayerNorm, GELU MLP in the ViT), qwen2_5_vl (RMSNorm, SwiGLU MLP in the ViT) or qwen3_vl (LayerNorm,
-    GELU MLP, learned position embeddings and DeepStack mergers in the ViT; Qwen3 attention in the language model)."""
+    """qwen2_vl (LayerNorm, GELU MLP in the ViT), qwen2_5_vl (RMSNorm, SwiGLU MLP in the ViT), qwen3_vl (LayerNorm,
+    GELU MLP, learned position embeddings and DeepStack mergers in the ViT; Qwen3 attention in the language model) or
+    qwen3_5 (Qwen3-VL's ViT without DeepStack; gated Qwen3 attention in every `full_attention_interval`-th layer, Gated
+    DeltaNet in the others)."""
     hidden: int
     intermediate: int
     layers: int
@@ -58,19 +63,56 @@ class ModelSpec:
     processor files, else the released processors' bounds of the family (`vlgrpo.data.images.checkpoint_geometry`)."""
     max_pixels: int | None = None
     """The processor's largest image area when the spec knows it; None as for min_pixels."""
+    linear_layers: int = 0
+    """Qwen3.5: the Gated DeltaNet layers (3 of every 4); the others are full (gated) attention."""
+    linear_k_heads: int = 0
+    linear_v_heads: int = 0
+    linear_k_dim: int = 0
+    linear_v_dim: int = 0
+    conv_kernel: int = 4
 
     @property
     def qwen3(self) -> bool:
-        return self.family == "qwen3_vl"
+        """Qwen3 attention (no biases, q/k norms) and Qwen3-VL's tower (a conv bias, learned positions)."""
+        return self.family in ("qwen3_vl", "qwen3_5")
+
+    @property
+    def attention_layers(self) -> int:
+        return self.layers - self.linear_layers
+
+    @property
+    def gated_attention(self) -> bool:
+        """Qwen3.5's attention: q_proj emits each head's query and its output gate (twice the query width)."""
+        return self.family == "qwen3_5"
+
+    @property
+    def linear_conv_dim(self) -> int:
+        """Channels of a Gated DeltaNet's causal convolution: queries, keys and values."""
+        return 2 * self.linear_k_heads * self.linear_k_dim + self.linear_v_heads * self.linear_v_dim
+
+    def linear_attention_params(self) -> int:
+        """One Gated DeltaNet layer's token mixer: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, the depthwise conv
+        (no bias), dt_bias, A_log, the gated RMSNorm over a value head and out_proj."""
+        h, vd, hv = self.hidden, self.linear_v_heads * self.linear_v_dim, self.linear_v_heads
+        conv = self.linear_conv_dim
+        return h * conv + h * vd + 2 * h * hv + conv * self.conv_kernel + 2 * hv + self.linear_v_dim + vd * h
+
+    def state_bytes_per_sequence(self, dtype_bytes: int) -> int:
+        """A Gated DeltaNet's state of one sequence over every linear layer: the recurrent state (v heads x k dim x v
+        dim, fp32 as the released configs' mamba_ssm_dtype and transformers keep it) and the conv window (conv dim x
+        kernel, in the model's dtype); it replaces those layers' KV cache and does not grow with the sequence."""
+        recurrent = self.linear_v_heads * self.linear_k_dim * self.linear_v_dim * 4
+        return self.linear_layers * (recurrent + self.linear_conv_dim * self.conv_kernel * dtype_bytes)
 
     def language_params(self) -> int:
         h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        attn = h * q + 2 * h * kv + q * h  # q, k, v, o_proj weights
+        attn = h * q * (2 if self.gated_attention else 1) + 2 * h * kv + q * h  # q (+ gate), k, v, o_proj weights
         # Qwen2: q/k/v biases. Qwen3: no biases, an RMSNorm over each head's queries and keys (q_norm, k_norm)
         attn += 2 * self.head_dim if self.qwen3 else q + 2 * kv
-        layer = attn + 3 * h * self.intermediate + 2 * h  # SwiGLU gate/up/down + two RMSNorms
+        rest = 3 * h * self.intermediate + 2 * h  # SwiGLU gate/up/down + two RMSNorms
+        mixers = self.attention_layers * attn + self.linear_layers * self.linear_attention_params()
         embeddings = self.vocab * h * (1 if self.tie_embeddings else 2)  # embed_tokens (+ lm_head unless tied)
-        return self.layers * layer + embeddings + h  # + final norm
+        return mixers + self.layers * rest + embeddings + h  # + final norm
 
     def vision_params(self) -> int:
         """ViT blocks, the conv3d patch embedding and Qwen3-VL's position table (the mergers are counted apart)."""
@@ -103,7 +145,8 @@ class ModelSpec:
         return max(
             self.vocab * h,
             h * self.intermediate,
-            h * q + (0 if self.qwen3 else q),  # embedding / lm_head, MLP, q_proj
+            h * q * (2 if self.gated_attention else 1) + (0 if self.qwen3 else q),  # embedding / lm_head, MLP, q_proj
+            h * self.linear_conv_dim,  # Qwen3.5's in_proj_qkv
             self.in_channels * self.temporal_patch * self.patch**2 * hv + (hv if self.qwen3 else 0),  # conv3d
             self.position_embeddings * hv,  # Qwen3-VL's learned position table
             hv * 3 * hv + 3 * hv,
@@ -149,6 +192,35 @@ def _qwen3(name, hidden, inter, layers, heads, kv, tie, vision, deepstack) -> Mo
     )
 
 
+def _qwen3_5(name, hidden, inter, layers, heads, kv, linear_v_heads, tie, vision) -> ModelSpec:
+    """A dense Qwen3.5: head_dim 256 (a quarter rotated), vocabulary 248,320, Gated DeltaNet in 3 of every 4 layers
+    with 16 key heads of 128 and `linear_v_heads` value heads of 128, conv kernel 4; Qwen3-VL's tower (16 px, 2,304
+    learned positions) without DeepStack. `vision` is (depth, hidden, intermediate)."""
+    depth, hv, iv = vision
+    return ModelSpec(
+        name,
+        "qwen3_5",
+        hidden,
+        inter,
+        layers,
+        heads,
+        kv,
+        256,
+        248320,
+        tie,
+        vision_depth=depth,
+        vision_hidden=hv,
+        vision_intermediate=iv,
+        patch=16,
+        position_embeddings=2304,
+        linear_layers=layers * 3 // 4,
+        linear_k_heads=16,
+        linear_v_heads=linear_v_heads,
+        linear_k_dim=128,
+        linear_v_dim=128,
+    )
+
+
 # Public config.json values of the released checkpoints. Qwen3-VL (docs/memory.md names the sources): transformers'
 # Qwen3VLConfig defaults are none of them (its text defaults are 32 layers x 4096 with intermediate 22016).
 MODEL_TABLE: dict[str, ModelSpec] = {
@@ -164,16 +236,25 @@ MODEL_TABLE: dict[str, ModelSpec] = {
         _qwen3("Qwen/Qwen3-VL-4B-Instruct", 2560, 9728, 36, 32, 8, True, (24, 1024, 4096), (5, 11, 17)),
         _qwen3("Qwen/Qwen3-VL-8B-Instruct", 4096, 12288, 36, 32, 8, False, (27, 1152, 4304), (8, 16, 24)),
         _qwen3("Qwen/Qwen3-VL-32B-Instruct", 5120, 25600, 64, 64, 8, False, (27, 1152, 4304), (8, 16, 24)),
+        _qwen3_5("Qwen/Qwen3.5-0.8B", 1024, 3584, 24, 8, 2, 16, True, (12, 768, 3072)),
+        _qwen3_5("Qwen/Qwen3.5-2B", 2048, 6144, 24, 8, 2, 16, True, (24, 1024, 4096)),
+        _qwen3_5("Qwen/Qwen3.5-4B", 2560, 9216, 32, 16, 4, 32, True, (24, 1024, 4096)),
+        _qwen3_5("Qwen/Qwen3.5-9B", 4096, 12288, 32, 16, 4, 32, False, (27, 1152, 4304)),
+        _qwen3_5("Qwen/Qwen3.5-27B", 5120, 17408, 64, 24, 4, 48, False, (27, 1152, 4304)),
     )
 }
-MOE = re.compile(r"qwen3-vl-\d+b-a\d+b")
-"""Qwen3-VL-30B-A3B, -235B-A22B (-Instruct / -Thinking): mixture-of-experts, refused by name."""
+MOE = re.compile(r"qwen3(?:-vl|\.5)-\d+b-a\d+b")
+"""Qwen3-VL-30B-A3B, -235B-A22B (-Instruct / -Thinking), Qwen3.5-35B-A3B, -122B-A10B, -397B-A17B: mixture-of-experts,
+refused by name."""
 
 
-def moe_refusal(what: str) -> PlanError:
+def moe_refusal(what: str, qwen3_5: bool = False) -> PlanError:
+    family, dense = ("Qwen3.5", "0.8B, 2B, 4B, 9B and 27B") if qwen3_5 else ("Qwen3-VL", "2B, 4B, 8B and 32B")
+    model_type = "qwen3_5_moe" if qwen3_5 else "qwen3_vl_moe"
+    arch = "qwen3_5" if qwen3_5 else "qwen3_vl"
     return PlanError(
-        f"{what} is a Qwen3-VL mixture-of-experts model (model_type qwen3_vl_moe), which vlgrpo neither trains "
-        "(model.arch: qwen3_vl is the dense family) nor counts; planned: the dense Qwen3-VL 2B, 4B, 8B and 32B. "
+        f"{what} is a {family} mixture-of-experts model (model_type {model_type}), which vlgrpo neither trains "
+        f"(model.arch: {arch} is the dense family) nor counts; planned: the dense {family} {dense}. "
         "Plan its model states with --params N (N: the total count, every expert stays in memory)"
     )
 
@@ -191,8 +272,8 @@ def spec_from_config_json(path: str | Path) -> ModelSpec:
     except (OSError, json.JSONDecodeError) as e:
         raise PlanError(f"cannot read model config '{path}': {e}") from None
     family = raw.get("model_type")
-    if family == "qwen3_vl_moe":
-        raise moe_refusal(f"'{path}'")
+    if family in ("qwen3_vl_moe", "qwen3_5_moe"):
+        raise moe_refusal(f"'{path}'", qwen3_5=family == "qwen3_5_moe")
     if family not in FAMILIES:
         raise PlanError(f"'{path}': model_type {family!r} is not supported; accepted: {', '.join(FAMILIES)}")
     text, vis = {**raw, **(raw.get("text_config") or {})}, raw.get("vision_config") or {}
@@ -209,8 +290,8 @@ def spec_from_config_json(path: str | Path) -> ModelSpec:
         iv = int(hv * vis.get("mlp_ratio", 4))
     else:
         hv, iv = need(vis, "hidden_size", "vision_config."), need(vis, "intermediate_size", "vision_config.")
-    qwen3 = family == "qwen3_vl"
-    # transformers ties Qwen3-VL's lm_head by the top-level key only (the released files set both to the same value)
+    qwen3 = family in ("qwen3_vl", "qwen3_5")
+    # transformers ties Qwen3-VL's and Qwen3.5's lm_head by the top-level key only (the released files set both alike)
     tie = raw.get("tie_word_embeddings", False) if qwen3 else text.get("tie_word_embeddings", False)
     return ModelSpec(
         name=str(path.parent),
@@ -231,7 +312,25 @@ def spec_from_config_json(path: str | Path) -> ModelSpec:
         temporal_patch=vis.get("temporal_patch_size", 2),
         in_channels=vis.get("in_channels", vis.get("in_chans", 3)),
         position_embeddings=vis.get("num_position_embeddings", 2304) if qwen3 else 0,
-        deepstack_mergers=len(vis.get("deepstack_visual_indexes", (8, 16, 24))) if qwen3 else 0,
+        deepstack_mergers=len(vis.get("deepstack_visual_indexes", (8, 16, 24))) if family == "qwen3_vl" else 0,
+        **(_linear_attention(text) if family == "qwen3_5" else {}),
+    )
+
+
+def _linear_attention(text: dict) -> dict:
+    """Qwen3.5's Gated DeltaNet numbers from its text config (transformers' defaults where a key is absent)."""
+    layers = text["num_hidden_layers"]
+    interval = text.get("full_attention_interval", 4)
+    types = text.get("layer_types") or [
+        "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)
+    ]
+    return dict(
+        linear_layers=sum(t == "linear_attention" for t in types),
+        linear_k_heads=text.get("linear_num_key_heads", 16),
+        linear_v_heads=text.get("linear_num_value_heads", 32),
+        linear_k_dim=text.get("linear_key_head_dim", 128),
+        linear_v_dim=text.get("linear_value_head_dim", 128),
+        conv_kernel=text.get("linear_conv_kernel_dim", 4),
     )
 
 
@@ -247,7 +346,7 @@ def resolve_model(name_or_path: str) -> ModelSpec:
     if _short(name_or_path) in by_short:
         return by_short[_short(name_or_path)]
     if MOE.search(_short(name_or_path)):
-        raise moe_refusal(name_or_path)
+        raise moe_refusal(name_or_path, qwen3_5="qwen3.5" in _short(name_or_path))
     raise PlanError(
         f"model '{name_or_path}' is neither a directory holding config.json nor a known model; known: "
         f"{', '.join(MODEL_TABLE)} (short forms like qwen2.5-vl-7b work too), or plan with --params N"
@@ -255,17 +354,25 @@ def resolve_model(name_or_path: str) -> ModelSpec:
 
 
 def lora_params(spec: ModelSpec, rank: int, targets: tuple[str, ...]) -> int:
-    """Adapter parameters r·(in + out) per targeted linear layer (language model; ViT names when listed)."""
+    """Adapter parameters r·(in + out) per targeted linear layer (language model; ViT names when listed): attention
+    projections in the attention layers, Gated DeltaNet ones in the linear layers (Qwen3.5), the MLP in every one."""
     h, kv, i, q = spec.hidden, spec.kv_heads * spec.head_dim, spec.intermediate, spec.heads * spec.head_dim
     hv, iv = spec.vision_hidden, spec.vision_intermediate
-    lm = {
-        "q_proj": h + q,
-        "k_proj": h + kv,
-        "v_proj": h + kv,
-        "o_proj": q + h,
-        "gate_proj": h + i,
-        "up_proj": h + i,
-        "down_proj": i + h,
+    vd, v_heads = spec.linear_v_heads * spec.linear_v_dim, spec.linear_v_heads
+    attention = spec.attention_layers
+    lm = {  # (in + out, layers that have it)
+        "q_proj": (h + q * (2 if spec.gated_attention else 1), attention),
+        "k_proj": (h + kv, attention),
+        "v_proj": (h + kv, attention),
+        "o_proj": (q + h, attention),
+        "gate_proj": (h + i, spec.layers),
+        "up_proj": (h + i, spec.layers),
+        "down_proj": (i + h, spec.layers),
+        "in_proj_qkv": (h + spec.linear_conv_dim, spec.linear_layers),
+        "in_proj_z": (h + vd, spec.linear_layers),
+        "in_proj_b": (h + v_heads, spec.linear_layers),
+        "in_proj_a": (h + v_heads, spec.linear_layers),
+        "out_proj": (vd + h, spec.linear_layers),
     }
     vit = {
         "qkv": 4 * hv,
@@ -278,13 +385,14 @@ def lora_params(spec: ModelSpec, rank: int, targets: tuple[str, ...]) -> int:
     }
     bad = [t for t in targets if t not in lm and t not in vit and t != "lm_head"]
     if bad:
-        raise PlanError(f"train.lora.target_modules has {bad}; accepted: {', '.join(LM_LINEARS + VISION_LINEARS)}")
+        accepted = LM_LINEARS + LINEAR_ATTENTION_LINEARS + VISION_LINEARS
+        raise PlanError(f"train.lora.target_modules has {bad}; accepted: {', '.join(accepted)}")
     total = 0
     for t in targets:
         if t == "lm_head":
             total += rank * (h + spec.vocab)
         elif t in lm:
-            total += rank * lm[t] * spec.layers
+            total += rank * lm[t][0] * lm[t][1]
         else:
             total += rank * vit[t] * spec.vision_depth
     return total

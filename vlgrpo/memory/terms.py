@@ -86,9 +86,16 @@ def activation_bytes(inp: PlanInput, seq_len: int) -> int:
         return 0
     # Per token per decoder layer: norm in, q_proj in, norm in, MLP in (h each); q, attn out (q each); k, v; gate, up,
     # act, product (I each); Qwen3's q_norm / k_norm also keep their inputs (q, kv). Qwen2: q = h, no q/k norms.
+    # Qwen3.5's gated attention also keeps its gate and the gated product (2q). Its Gated DeltaNet layers keep, per
+    # token: norm in, the projections' input, the conv's input and output (conv dim each), z, the delta rule's output
+    # and the gated norm's output (v dim each), and the MLP's (4 I + h); the chunked rule's fp32 intermediates are
+    # per 64-token chunk and left out.
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
-    per_token = 4 * s.hidden + 2 * q + 2 * kv + 4 * s.intermediate + ((q + kv) if s.family == "qwen3_vl" else 0)
-    per_layer = b * per_token * mb * seq_len
+    per_token = 4 * s.hidden + 2 * q + 2 * kv + 4 * s.intermediate + ((q + kv) if s.qwen3 else 0)
+    per_token += 2 * q if s.gated_attention else 0
+    vd = s.linear_v_heads * s.linear_v_dim
+    per_linear_token = 4 * s.hidden + 2 * s.linear_conv_dim + 3 * vd + 4 * s.intermediate
+    per_layer = b * mb * seq_len * (per_token * s.attention_layers + per_linear_token * s.linear_layers) // s.layers
     lm = (b * s.hidden * mb * seq_len * s.layers + per_layer) if inp.gradient_checkpointing else per_layer * s.layers
     if "vision" not in inp.trainable or inp.lora_rank:
         return lm  # frozen ViT: features come from the cache, no graph through the tower
@@ -135,5 +142,7 @@ def rollout_terms(inp: PlanInput, engine_params: int) -> dict[str, int]:
     else:
         weights = 0
     tokens = prompts * (prompt + g * c)  # the prompt's KV is stored once per group
-    kv = 0 if s is None else kv_cache_bytes(s.layers, s.kv_heads, s.head_dim, 1, tokens, inp.dtype_bytes)
+    kv = 0 if s is None else kv_cache_bytes(s.attention_layers, s.kv_heads, s.head_dim, 1, tokens, inp.dtype_bytes)
+    if s is not None and s.linear_layers:  # Gated DeltaNet: a fixed state per sequence (each row's and the prompt's)
+        kv += prompts * (g + 1) * s.state_bytes_per_sequence(inp.dtype_bytes)
     return {"rollout_weights": weights, "kv_cache": kv // inp.tensor_parallel}

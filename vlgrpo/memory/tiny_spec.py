@@ -32,7 +32,19 @@ def init_tiny_spec(tiny: Any, cfg: Config) -> tuple[ModelSpec, str]:
     vision_mlp = tiny.vision_intermediate
     if arch == "qwen2_vl":  # Qwen2-VL's ViT MLP is mlp_ratio x embed_dim
         vision_mlp = tiny.vision_intermediate // tiny.vision_hidden * tiny.vision_hidden
-    qwen3 = arch == "qwen3_vl"  # vlgrpo.tiny's Qwen3-VL: 16 px patches, 256 learned positions, DeepStack on
+    qwen3 = arch in ("qwen3_vl", "qwen3_5")  # vlgrpo.tiny's: 16 px patches, 256 learned positions
+    hybrid = arch == "qwen3_5"  # Gated DeltaNet in all but every full_attention_interval-th layer, no DeepStack
+    linear = (
+        dict(
+            linear_layers=tiny.num_layers - tiny.num_layers // tiny.full_attention_interval,
+            linear_k_heads=tiny.linear_num_key_heads,
+            linear_v_heads=tiny.linear_num_value_heads,
+            linear_k_dim=tiny.linear_key_head_dim,
+            linear_v_dim=tiny.linear_value_head_dim,
+        )
+        if hybrid
+        else {}
+    )
     name = cfg.model.name_or_path
     spec = ModelSpec(
         name=name,
@@ -42,7 +54,7 @@ def init_tiny_spec(tiny: Any, cfg: Config) -> tuple[ModelSpec, str]:
         layers=tiny.num_layers,
         heads=tiny.num_heads,
         kv_heads=tiny.num_kv_heads,
-        head_dim=tiny.hidden_size // tiny.num_heads,
+        head_dim=tiny.attention_head_dim(arch),
         vocab=tiny.vocab_size,
         tie_embeddings=tiny.tie_word_embeddings,
         vision_depth=tiny.vision_depth,
@@ -50,9 +62,10 @@ def init_tiny_spec(tiny: Any, cfg: Config) -> tuple[ModelSpec, str]:
         vision_intermediate=vision_mlp,
         patch=16 if qwen3 else 14,
         position_embeddings=256 if qwen3 else 0,
-        deepstack_mergers=len(tiny.deepstack_visual_indexes) if qwen3 else 0,
+        deepstack_mergers=len(tiny.deepstack_visual_indexes) if arch == "qwen3_vl" else 0,
         min_pixels=tiny.min_pixels,
         max_pixels=tiny.max_pixels,
+        **linear,
     )
     flag = "" if arch == "qwen2_5_vl" else f" --arch {arch}"
     note = (

@@ -24,8 +24,9 @@ def video_tokens(inp: PlanInput) -> int:
 
 
 def prompt_parts(inp: PlanInput) -> dict[str, int]:
-    """One prompt's tokens by part: text, every image, the video's pads and (Qwen3-VL) its timestamp labels."""
-    qwen3 = inp.spec is not None and inp.spec.family == "qwen3_vl"
+    """One prompt's tokens by part: text, every image, the video's pads and (Qwen3-VL, Qwen3.5) its timestamp
+    labels."""
+    qwen3 = inp.spec is not None and inp.spec.family in ("qwen3_vl", "qwen3_5")
     return {
         "text": inp.text_tokens,
         "images": inp.images_per_sample * inp.image_tokens,

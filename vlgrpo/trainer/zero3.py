@@ -110,6 +110,41 @@ def prepare_partitioned_load(cfg: Config) -> None:
     _HF_DS_CONFIG = HfDeepSpeedConfig(ds_config(cfg, torch.distributed.get_world_size()))
 
 
+def register_linear_attention_parameters(model: torch.nn.Module, config: dict) -> int:
+    """Make ZeRO-3 gather what a Gated DeltaNet layer (Qwen3.5) reads outside its own modules' forwards -> how many
+    layers. transformers' forward reads `conv1d.weight` in the layer's forward: registered to the layer as an
+    external parameter. vlgrpo's passes (`policy.linear_attention.gated_delta`) call the layer's submodules one by
+    one, never the layer, and read its `A_log` and `dt_bias` right after `in_proj_a`: a pre-forward hook on
+    `in_proj_a` gathers the two vectors (one entry per value head) whenever they are partitioned (at the start, and
+    after every re-partition: a checkpoint, the rollout's gathered weights). ZeRO-3 keeps parameters under
+    stage3_param_persistence_threshold elements whole once gathered; a config whose threshold is smaller would
+    partition them again mid-pass and is refused."""
+    import deepspeed
+
+    layers = [m for m in model.modules() if hasattr(m, "A_log") and hasattr(m, "in_proj_a")]
+    if not layers:
+        return 0
+    threshold = config.get("zero_optimization", {}).get("stage3_param_persistence_threshold", 100_000)
+    largest = max(getattr(m.A_log, "ds_numel", m.A_log.numel()) for m in layers)
+    if threshold < largest:
+        raise ValueError(
+            f"zero_optimization.stage3_param_persistence_threshold={threshold} partitions the Gated DeltaNet's A_log "
+            f"and dt_bias ({largest} elements each): vlgrpo's passes need them whole; set it to at least {largest} "
+            "(DeepSpeed's default is 100000)"
+        )
+
+    def gather_vectors(module, _inputs):
+        vectors = [p for p in module.ds_gated_delta_vectors if p.ds_status.name == "NOT_AVAILABLE"]
+        if vectors:
+            vectors[0].all_gather(param_list=vectors)
+
+    for m in layers:
+        deepspeed.zero.register_external_parameter(m, m.conv1d.weight)
+        m.in_proj_a.ds_gated_delta_vectors = (m.A_log, m.dt_bias)
+        m.in_proj_a.register_forward_pre_hook(gather_vectors)
+    return len(layers)
+
+
 class Zero3Backend:
     name = "zero3"
 
@@ -122,11 +157,13 @@ class Zero3Backend:
         if m.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         config = ds_config(cfg, torch.distributed.get_world_size())
+        register_linear_attention_parameters(model, config)
         self._ref = None
         if need_reference:  # a second load (partitioned the same way: no deepcopy of shards), frozen, no optimiser
             from vlgrpo.models import load_model
 
             ref = load_model(m.name_or_path, m.arch, m.dtype, m.attn_implementation).model.requires_grad_(False)
+            register_linear_attention_parameters(ref, config)
             ref_config = {k: v for k, v in config.items() if k not in ("optimizer", "scheduler")}
             self._ref, *_ = deepspeed.initialize(model=ref.eval(), config=ref_config)
         params = [p for p in model.parameters() if p.requires_grad]
