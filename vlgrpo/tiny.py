@@ -34,6 +34,13 @@ CHAT_TEMPLATE = (
     "{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+QWEN3_5_CHAT_TEMPLATE = CHAT_TEMPLATE.replace(
+    "<|im_start|>assistant\n{% endif %}",
+    "<|im_start|>assistant\n{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}{% endif %}",
+)
+"""The tiny Qwen3.5's: the released Qwen3.5 template's generation prompt, which opens <think> unless
+enable_thinking is false (then an empty block, closed)."""
 
 
 def _tokenizer_corpus() -> list[str]:
@@ -273,13 +280,15 @@ def init_tiny(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tiny_tokenizer(out, spec.vocab_size)
+    template = QWEN3_5_CHAT_TEMPLATE if arch == "qwen3_5" else CHAT_TEMPLATE
+    tokenizer.chat_template = template
     image_processor, video_processor = tiny_processors(arch, spec)
     model_cls, processor_cls = arch_classes(arch)
     processor = processor_cls(
         image_processor=image_processor,
         tokenizer=tokenizer,
         video_processor=video_processor,
-        chat_template=CHAT_TEMPLATE,
+        chat_template=template,
     )
     torch.manual_seed(seed)
     with torch.device(device):

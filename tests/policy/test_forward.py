@@ -3,6 +3,7 @@
 
 import pytest
 import torch
+from exact_delta_rule import use_exact_rule
 
 from vlgrpo.data.images import load_image
 from vlgrpo.data.prompts import render_messages
@@ -83,6 +84,8 @@ def test_shared_prefix_logits_and_grads_equal_whole_rows(load, samples, arch, pa
     with a left-padded prompt and rows of 1 to 4 tokens."""
     model, processor = load(arch)
     assert forward_module.supports_text_decoder(model)
+    if arch == "qwen3_5":  # the float32 chunked rule's own error on a whole row exceeds the tolerance (see the module)
+        use_exact_rule(monkeypatch)
     if not packed:
         monkeypatch.setattr(forward_module, "supports_text_decoder", lambda m: False)
     groups = _groups(samples[:2], processor, [[[25, 26, 27], [28, 29]], [[30], [31, 32, 33, 34], [35, 36]]])

@@ -190,3 +190,21 @@ def test_eval_failures_carry_over_a_resume(tmp_path, tiny_model_dir, shapes_dir)
         (3, 1.0),
         (4, 1.0),
     ]
+
+
+def test_the_sft_gold_of_a_prompt_that_opens_think_teaches_what_follows_it(tmp_path, tiny_model_dir, shapes_dir):
+    """Qwen3.5's template opens <think> in the prompt: the SFT target's tokens start inside the block (the tag is
+    not taught twice) and its text is the whole turn, as the engines write a completion's."""
+    cfg = tiny_config(
+        tiny_model_dir("qwen3_5"), shapes_dir, tmp_path / "run", "train.stage=sft", "data.answer_format=think_answer"
+    )
+    state = build_state(cfg, progress=False)
+    try:
+        sample = state.rows.draw(1)[0]
+        group = Trainer(state)._gold_group(sample)
+        prompt_tail = state.tokenizer.decode(group.prompt_ids[-8:])
+    finally:
+        state.close()
+    taught = state.tokenizer.decode(group.completions[0].token_ids, skip_special_tokens=True)
+    assert prompt_tail.endswith("<think>\n") and not taught.startswith("<think>")
+    assert group.completions[0].text == "<think>\n" + taught and "</think><answer>" in taught

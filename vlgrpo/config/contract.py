@@ -24,6 +24,7 @@ CONFIG_KEYS = {
     "answer_format": "data.answer_format",
     "box_format": "reward.box_format",
     "system_prompt": "data.system_prompt",
+    "thinking": "data.thinking",
     "min_pixels": "model.min_pixels",
     "max_pixels": "model.max_pixels",
 }
@@ -45,6 +46,8 @@ class PromptContract:
     max_new_tokens: int | None = None
     """The completion budget it was trained with (rollout.max_new_tokens): `vlgrpo eval`'s default, so reasoning is
     not cut shorter than in training. Not applied to a config (None: a contract written before it was recorded)."""
+    thinking: str = "auto"
+    """The chat template's thinking switch in training (data.thinking): auto, on or off."""
     video: dict | None = None
     """How videos were sampled in training (data.video: fps, max_frames, min_pixels, max_pixels): `vlgrpo eval`'s
     video settings, so a video row is prompted with the frames it was trained on. None: a contract written before it
@@ -54,6 +57,7 @@ class PromptContract:
         accepted = {
             "arch": [a for a in CHOICES["model.arch"] if a != "auto"],
             "answer_format": CHOICES["data.answer_format"],
+            "thinking": CHOICES["data.thinking"],
             "box_format": [b for b in CHOICES["reward.box_format"] if b != "auto"],
         }
         for key, values in accepted.items():
@@ -83,6 +87,7 @@ class PromptContract:
             min_pixels=cfg.model.min_pixels,
             max_pixels=cfg.model.max_pixels,
             max_new_tokens=cfg.rollout.max_new_tokens,
+            thinking=cfg.data.thinking,
             video=video,
         )
 

@@ -89,6 +89,11 @@ class DataConfig:
     """Optional system message placed before every question."""
     answer_format: str = "think_answer"
     """Format the model is asked for: think_answer (<think>..</think><answer>..</answer>) or answer."""
+    thinking: str = "auto"
+    """The chat template's thinking switch (enable_thinking): auto (the template's own default), on or off. Qwen3.5's
+    template opens <think> in the generation prompt unless off (off closes an empty block: pair it with
+    answer_format answer); where the prompt opens it (Qwen3-VL Thinking checkpoints always do), the completion is
+    read, rewarded and scored as starting inside that block. Templates without the switch ignore it."""
     max_prompt_length: int = 1024
     """Longest prompt in tokens (text + image and video tokens); longer samples are reported and skipped."""
     video: VideoConfig = field(default_factory=VideoConfig)
@@ -359,6 +364,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.dtype": ("float32", "bfloat16", "float16"),
     "model.attn_implementation": ("sdpa", "eager", "flash_attention_2"),
     "data.answer_format": ("think_answer", "answer"),
+    "data.thinking": ("auto", "on", "off"),
     "rollout.placement": ("colocate", "split"),
     "rollout.vllm.mm_input": ("embeds", "pixels"),
     "grpo.rollout_is": ("auto", "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),

@@ -135,6 +135,7 @@ def run_eval_cli(
             box_format=ctx.box_format,
             system_prompt=system_prompt,
             video_sampling=_video_sampling(run_cfg, contract),
+            thinking=run_cfg.data.thinking if run_cfg is not None else contract.thinking if contract else "auto",
         )
         if engine not in ENGINE.names:
             raise InputError(f"--engine must be one of {', '.join(ENGINE.names)}, got {engine!r}")

@@ -38,6 +38,10 @@ class PromptInputs:
     sources: list
     """The visual inputs in injection order (`data.video.visual_sources`): image refs, then a VideoClip. The vision
     cache's key sources."""
+    opened: str = ""
+    """What the generation prompt already opened of the assistant's turn and left unclosed ("<think>\n" for Qwen3.5
+    with thinking on, Qwen3-VL Thinking checkpoints): the completion continues inside it, so its text is read,
+    rewarded and scored as `opened + completion`; "" otherwise."""
 
     @property
     def image(self) -> str | bytes | None:
@@ -53,17 +57,20 @@ def build_prompt(
     box_format: str = "qwen2_5",
     system_prompt: str = "",
     video_sampling: VideoSampling | None = None,
+    thinking: str = "auto",
 ) -> PromptInputs:
     """Chat-template the sample and expand its placeholders from the sizes alone (no pixel processing): each image's
     <|image_pad|> to its token count, the video's to its frames' (Qwen3-VL: one `<t seconds>` block per temporal
-    patch, as Qwen's processor writes it). The same ids as `processor(text, images, videos)`; tests pin that."""
+    patch, as Qwen's processor writes it). The same ids as `processor(text, images, videos)`; tests pin that.
+    `thinking` (data.thinking): auto leaves the template's enable_thinking at its default, on / off set it."""
     if not sample.images and sample.video is None:
         raise InputError(f"sample '{sample.id}' has no image or video; every vlgrpo prompt carries at least one")
     geometry = geometry or ProcessorGeometry.from_processor(processor)
     sources = visual_sources(sample, video_sampling or VideoSampling())
     grids = [geometry.grid_thw(*reversed(image_size(img))) for img in sample.images]
     messages = render_messages(sample, answer_format, box_format, system_prompt)
-    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    switch = {} if thinking == "auto" else {"enable_thinking": thinking == "on"}
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **switch)
     wants = {IMAGE_PAD: len(grids), VIDEO_PAD: int(sample.video is not None)}
     for pad, n in wants.items():
         if text.count(pad) != n:
@@ -92,7 +99,39 @@ def build_prompt(
         image_grid_thw=torch.tensor(grids, dtype=torch.long).reshape(-1, 3),
         video_grid_thw=None if video_grid is None else torch.tensor([video_grid], dtype=torch.long),
         sources=sources,
+        opened=opened_in_prompt(text),
     )
+
+
+ASSISTANT_TURN = "<|im_start|>assistant\n"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def opened_in_prompt(prompt_text: str) -> str:
+    """The part of the assistant's turn the generation prompt already wrote, when it leaves a <think> block open
+    (Qwen3.5's "<think>\n"); "" when it opens none or closes the one it opens (thinking off: "<think>\n\n</think>")."""
+    start = prompt_text.rfind(ASSISTANT_TURN)
+    if start < 0:
+        return ""
+    turn = prompt_text[start + len(ASSISTANT_TURN) :]
+    think = turn.rfind(THINK_OPEN)
+    return turn if think >= 0 and THINK_CLOSE not in turn[think:] else ""
+
+
+def continue_turn(opened: str, target: str, where: str = "") -> str:
+    """The part of a whole assistant turn `target` (a gold answer rendered as "<think>...</think><answer>...") that a
+    model prompted with `opened` still writes; `target` itself when nothing was opened. A target without the opened
+    block cannot follow such a prompt: InputError (`where` names the row)."""
+    if not opened:
+        return target
+    tag = opened.strip()
+    if not target.lstrip().startswith(tag):
+        raise InputError(
+            f"{where}the prompt opens {tag!r} (data.thinking, or a Thinking checkpoint's template) but the target "
+            f"{target[:40]!r} does not start inside it: use data.answer_format=think_answer, or data.thinking=off"
+        )
+    rest, space = target.lstrip()[len(tag) :], opened[len(opened.rstrip()) :]  # space: the "\n" after the tag
+    return rest[len(space) :] if rest.startswith(space) else rest
 
 
 def writes_timestamps(processor) -> bool:

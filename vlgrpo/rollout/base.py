@@ -67,6 +67,10 @@ class SamplingParams:
         return self.temperature == 0
 
 
+PROMPT_KEYS = ("answer_format", "box_format", "system_prompt", "video_sampling", "thinking")
+"""The prompt settings an engine passes to `policy.prompt.build_prompt` (its `prompt_kw`)."""
+
+
 def cut_at_stop(text: str, stop: list[str]) -> str:
     """The completion text as every engine reports it: cut before the first stop string (the tokens keep it)."""
     found = [text.index(s) for s in stop if s in text]

@@ -20,7 +20,7 @@ from vlgrpo.models import eval_mode
 from vlgrpo.policy.forward import prefill
 from vlgrpo.policy.linear_attention import select_cache_rows
 from vlgrpo.policy.prompt import PromptInputs, build_prompt, forbidden_mask, left_pad, vocab_size
-from vlgrpo.rollout.base import EngineCounters, SamplingParams, cut_at_stop
+from vlgrpo.rollout.base import PROMPT_KEYS, EngineCounters, SamplingParams, cut_at_stop
 from vlgrpo.rollout.decode import SharedPrefixDecoder
 from vlgrpo.types import Completion, RolloutGroup, Sample
 
@@ -205,15 +205,14 @@ class HFEngine(EngineCounters):
             d.system_prompt,
             batch_prompts=cfg.train.prompts_per_step,
             video_sampling=VideoSampling.from_config(d.video),
+            thinking=d.thinking,
         )
 
     @classmethod
     def for_eval(cls, lm, vision_cache, *, batch_prompts: int = 8, **kwargs) -> HFEngine:
         """The greedy decoder of `vlgrpo eval --model`: the loaded model itself (dtype, engine_kwargs and
         gpu_memory_utilization concern engines that load their own copy)."""
-        prompt_kw = {
-            k: kwargs[k] for k in ("answer_format", "box_format", "system_prompt", "video_sampling") if k in kwargs
-        }
+        prompt_kw = {k: kwargs[k] for k in PROMPT_KEYS if k in kwargs}
         return cls(lm.model.eval(), lm.processor, vision_cache, **prompt_kw, batch_prompts=batch_prompts)
 
     def __init__(
@@ -227,6 +226,7 @@ class HFEngine(EngineCounters):
         batch_prompts: int = 8,
         video_sampling: VideoSampling | None = None,
         decode: Callable[..., list] | None = None,
+        thinking: str = "auto",
     ):
         """`decode`: the decode of a prefilled chunk, with `decode_loop`'s signature; None: `decode_loop` (the
         shared-prefix step where the model supports it, else the transformers forward). Benchmarks and tests pass
@@ -239,6 +239,7 @@ class HFEngine(EngineCounters):
             box_format=box_format,
             system_prompt=system_prompt,
             video_sampling=video_sampling or VideoSampling(),
+            thinking=thinking,
         )
         self.batch_prompts = batch_prompts
         self.decode = decode
@@ -293,7 +294,7 @@ class HFEngine(EngineCounters):
         for b, (s, p) in enumerate(zip(samples, prompts)):
             completions = []
             for row in rows[b * run_g : (b + 1) * run_g] * (g // run_g):
-                text = stop.cut(tok.decode(row.token_ids, skip_special_tokens=True))
+                text = p.opened + stop.cut(tok.decode(row.token_ids, skip_special_tokens=True))
                 completions.append(Completion(list(row.token_ids), text, row.finish_reason, list(row.logprobs)))
                 self._counts[f"finish_{row.finish_reason}"] += 1
                 self._counts["generated_tokens"] += len(row.token_ids)

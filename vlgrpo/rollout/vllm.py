@@ -63,13 +63,16 @@ def request_seeds(seed: int | None, count: int) -> list[int | None]:
     return [None] * count if seed is None else [(seed * 1_000_003 + i) % 2**63 for i in range(count)]
 
 
-def to_completions(output, params: SamplingParams, forbidden_ids: set[int], decode) -> tuple[list[Completion], int]:
+def to_completions(
+    output, params: SamplingParams, forbidden_ids: set[int], decode, opened: str = ""
+) -> tuple[list[Completion], int]:
     """A vLLM RequestOutput -> G Completions, and how many sampled a vision placeholder.
 
     A completion that sampled a placeholder is cut just before it and marked finish_reason "placeholder" (the trainer
     masks it); its id must never reach a forward pass ("Image features and image tokens do not match"). The text is
     decoded from the ids with our tokenizer, as the HF engine does (vLLM's incremental detokenizer holds back a
-    trailing partial UTF-8 character), so rewards and evals see the same text from either engine.
+    trailing partial UTF-8 character), so rewards and evals see the same text from either engine; `opened` (what the
+    prompt opened of the turn, `PromptInputs.opened`) leads it, as in the HF engine.
     """
     outs = list(output.outputs)
     if params.greedy and params.completions_per_prompt > 1:
@@ -83,7 +86,7 @@ def to_completions(output, params: SamplingParams, forbidden_ids: set[int], deco
         if hit is not None:
             bad += 1
             ids, logps, reason = ids[:hit], (logps[:hit] if logps else logps), "placeholder"
-        completions.append(Completion(ids, cut_at_stop(decode(ids), params.stop), reason, logps))
+        completions.append(Completion(ids, opened + cut_at_stop(decode(ids), params.stop), reason, logps))
     return completions, bad
 
 
@@ -118,6 +121,7 @@ class VLLMEngine(EngineCounters):
         video_sampling: VideoSampling | None = None,
         limit_mm_per_prompt: dict | None = None,
         max_loras: int = 0,
+        thinking: str = "auto",
     ):
         if mm_input not in MM_INPUTS:
             raise ValueError(f"rollout.vllm.mm_input must be one of {', '.join(MM_INPUTS)}, got {mm_input!r}")
@@ -129,6 +133,7 @@ class VLLMEngine(EngineCounters):
             box_format=box_format,
             system_prompt=system_prompt,
             video_sampling=video_sampling or VideoSampling(),
+            thinking=thinking,
         )
         self.geometry = ProcessorGeometry.from_processor(processor)
         self.format = PlaceholderFormat.from_processor(processor, self.geometry.temporal_patch_size, deepstack_maps)
@@ -241,6 +246,7 @@ class VLLMEngine(EngineCounters):
             answer_format=cfg.data.answer_format,
             box_format=box_format,
             system_prompt=cfg.data.system_prompt,
+            thinking=cfg.data.thinking,
             push_visual=not (m.freeze_vision and m.freeze_merger),
             sleep_level=1 if colocate and v.enable_sleep_mode else 0,
             max_loras=lora.get("max_loras", 0),
@@ -305,7 +311,7 @@ class VLLMEngine(EngineCounters):
                     f"vLLM expanded sample '{s.id}' to {len(engine_ids)} prompt tokens, the trainer has "
                     f"{len(p.input_ids)}: its image or video token count differs (check min/max pixels)"
                 )
-            completions, bad = to_completions(out, params, set(self.forbidden_ids), self._decode)
+            completions, bad = to_completions(out, params, set(self.forbidden_ids), self._decode, p.opened)
             self._counts["placeholder_sampled"] += bad
             self._counts["prefill_tokens"] += len(p.input_ids)
             self._counts["generated_tokens"] += sum(len(c.token_ids) for c in completions)

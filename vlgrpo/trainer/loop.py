@@ -14,6 +14,7 @@ import torch
 from vlgrpo import grpo
 from vlgrpo.models import eval_mode
 from vlgrpo.policy.forward import completion_logprobs_and_entropy
+from vlgrpo.policy.prompt import continue_turn
 from vlgrpo.registry import ADVANTAGE, AGGREGATION, RATIO
 from vlgrpo.rewards import score
 from vlgrpo.rollout.base import staleness
@@ -300,11 +301,13 @@ class Trainer:
         """The gold answer, rendered in the target format and tokenised (+ EOS), as a one-completion group."""
         state = self.state
         text = render_target(sample, state.cfg.data.answer_format, state.reward_ctx.box_format, state.geometry)
-        ids = state.tokenizer(text, add_special_tokens=False)["input_ids"] + [state.tokenizer.eos_token_id]
+        prompt = state.rows.prompt(sample)
+        written = continue_turn(prompt.opened, text, f"sample '{sample.id}': ")  # what follows an opened <think>
+        ids = state.tokenizer(written, add_special_tokens=False)["input_ids"] + [state.tokenizer.eos_token_id]
         return RolloutGroup(
             sample=sample,
-            prompt_ids=state.rows.prompt(sample).input_ids,
-            completions=[Completion(token_ids=ids, text=text, finish_reason="stop")],
+            prompt_ids=prompt.input_ids,
+            completions=[Completion(token_ids=ids, text=prompt.opened + written, finish_reason="stop")],
         )
 
     # ------------------------------------------------------------------ driving

@@ -60,6 +60,7 @@ class CheckedRows:
                 self.box_format,
                 d.system_prompt,
                 VideoSampling.from_config(d.video),
+                d.thinking,
             )
         return self._prompts[sample.id]
 
