@@ -3,6 +3,7 @@ calls against a stand-in that enforces vLLM's sleep-mode and weight-reload rules
 
 The real engine (vLLM's CPU build) runs in tests/rollout/test_vllm_engine.py, marked `vllm`."""
 
+import math
 import sys
 import types
 from types import SimpleNamespace as NS
@@ -90,6 +91,11 @@ def test_outputs_become_completions_and_placeholders_are_cut():
     three = SamplingParams(completions_per_prompt=3, temperature=0)
     greedy, _ = to_completions(NS(outputs=[_out([4])]), three, set(), str)
     assert [c.token_ids for c in greedy] == [[4], [4], [4]]
+    # non-finite log-probs (vLLM 0.32's CPU Gated DeltaNet on Qwen3.5) stop the run instead of being trained on
+    with pytest.raises(RuntimeError, match="NaN log-probs.*rollout.engine=hf"):
+        to_completions(NS(outputs=[_out([3, 4], [-0.5, float("nan")])]), SamplingParams(), set(), str)
+    masked, _ = to_completions(NS(outputs=[_out([3], [-math.inf])]), SamplingParams(), set(), str)
+    assert masked[0].logprobs == [-math.inf]  # a token at -inf is a masked one, not a failure
 
 
 class StrictLLM:

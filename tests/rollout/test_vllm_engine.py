@@ -425,3 +425,37 @@ def test_a_chosen_mrope_section_decodes_like_the_hf_engine(tmp_path, spread, sam
     other = load_model(default)
     hf_other = HFEngine(other.model, other.processor, VisionCache(other.model.eval(), other.processor))
     assert [g.completions[0].token_ids for g in hf_other.generate(samples[:8], greedy)] != want
+
+
+def test_qwen3_5_on_vllms_cpu_build_decodes_as_the_hf_engine_or_stops_clearly(
+    tmp_path, tiny_model_dir, spread, samples
+):
+    """vLLM's CPU build runs Qwen3.5 in bf16 only ("CPU GDN attention requires BF16"), switching its hybrid prefix
+    caching to "align" mode. On the CPUs this project runs on (AVX-512 BF16, no AMX) its Gated DeltaNet kernel
+    returns NaN logits, measured 2026-12-05 at head dims 64 and 128, spread or not: the engine must then stop with
+    a clear error, never hand NaN log-probs to the trainer. Where the kernel works, greedy tokens must equal the HF
+    engine's in bf16."""
+    from vlgrpo.rollout.vllm import VLLMEngine
+
+    lm = load_model(tiny_model_dir("qwen3_5"))
+    spread(lm.model, 0.1)
+    lm.model.save_pretrained(tmp_path / "m")
+    lm.processor.save_pretrained(tmp_path / "m")
+    lm = load_model(str(tmp_path / "m"), dtype="bfloat16")
+    cache = VisionCache(lm.model.eval(), lm.processor)
+    engine = VLLMEngine.launch(
+        str(tmp_path / "m"),
+        lm.processor,
+        cache,
+        max_model_len=512,
+        llm_kwargs={**ENGINE_KWARGS, "dtype": "bfloat16"},
+    )
+    greedy = SamplingParams(completions_per_prompt=1, temperature=0, max_new_tokens=8)
+    want = [g.completions[0].token_ids for g in HFEngine(lm.model, lm.processor, cache).generate(samples[:4], greedy)]
+    try:
+        got = [g.completions[0].token_ids for g in engine.generate(samples[:4], greedy)]
+    except RuntimeError as e:
+        assert "NaN log-probs" in str(e) and "rollout.engine=hf" in str(e)
+        print("vLLM's CPU Gated DeltaNet returned NaN: the engine stopped with a clear error")
+        return
+    assert got == want

@@ -12,6 +12,7 @@ nothing of rewards or losses.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable
 
@@ -81,6 +82,12 @@ def to_completions(
     for o in outs:
         ids = list(o.token_ids)
         logps = [lp[t].logprob for lp, t in zip(o.logprobs, ids)] if o.logprobs else None
+        if logps and not all(math.isfinite(lp) or lp == -math.inf for lp in logps):
+            raise RuntimeError(
+                "vLLM returned NaN log-probs for a completion: its kernels computed non-finite logits, so neither "
+                "the tokens nor the log-probs can be trained on. vLLM 0.32's CPU build does this for Qwen3.5 (its "
+                "CPU Gated DeltaNet kernel, on a CPU without AMX); use rollout.engine=hf (or a GPU)"
+            )
         reason = "stop" if o.finish_reason == "stop" else "length"
         hit = next((i for i, t in enumerate(ids) if t in forbidden_ids), None)
         if hit is not None:
