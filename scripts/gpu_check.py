@@ -5,7 +5,8 @@ reading seconds per phase (`timing/*`) and the vision cache's encoder calls (`vi
 metrics, and (2) the memory planner (`vlgrpo.memory`) against `torch.cuda.max_memory_allocated` for a randomly
 initialised ~2 B Qwen2.5-VL built from a config (LoRA; full fine-tune with gradient checkpointing). It writes a
 table to docs/gpu-validation.md. `--arch qwen3_vl` runs both on Qwen3-VL (DeepStack on; the ~2 B model in
-Qwen3-VL-2B's layout) and writes docs/gpu-validation-qwen3_vl.md. Everything goes through the package's own code:
+Qwen3-VL-2B's layout) and writes docs/gpu-validation-qwen3_vl.md; `--arch qwen3_5` on Qwen3.5 (hybrid Gated DeltaNet,
+Qwen3.5-2B's layout; install the `gpu` extra for its kernels). Everything goes through the package's own code:
 `init_tiny`, `synth_dataset`, `build_state` + `Trainer`, `plan_input_from_config` + `plan`. `--dry-run` runs the same
 path on the CPU at tiny sizes (fp32, no CUDA figures) and writes elsewhere; tests/test_gpu_check.py runs it.
 """
@@ -96,6 +97,22 @@ MEMORY_SPECS = {
         vision_intermediate=4096,
         deepstack_visual_indexes=(5, 11, 17),
     ),  # Qwen3-VL-2B-Instruct's config.json sizes, ~2.1 B
+    "qwen3_5": dict(
+        hidden_size=2048,
+        num_layers=24,
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=256,
+        intermediate_size=6144,
+        linear_num_key_heads=16,
+        linear_num_value_heads=16,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        vision_hidden=1024,
+        vision_depth=24,
+        vision_heads=16,
+        vision_intermediate=4096,
+    ),  # Qwen3.5-2B's sizes (18 Gated DeltaNet + 6 gated-attention layers), ~2.2 B with its own vocabulary
 }
 """The ~2 B memory model of each arch the check runs (random weights; the vocabulary stays the tiny tokenizer's)."""
 ARCHS = tuple(MEMORY_SPECS)
@@ -387,7 +404,7 @@ def render(
     how = (f" --arch {arch}" if arch != "qwen2_5_vl" else "") + (
         " --dry-run (CPU, tiny sizes: not a GPU record)" if sz is DRY_RUN else ""
     )
-    name = {"qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL (DeepStack on)"}[arch]
+    name = {"qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL (DeepStack on)", "qwen3_5": "Qwen3.5 (hybrid)"}[arch]
     lines = [
         "# GPU validation",
         "",

@@ -4,6 +4,7 @@
 #   scripts/gpu_check.sh              # ~3-5 minutes on one GPU; writes docs/gpu-validation.md
 #   scripts/gpu_check.sh --dry-run    # the same code path on the CPU at tiny sizes; writes under --work, not docs/
 #   scripts/gpu_check.sh --arch qwen3_vl   # the same on Qwen3-VL (DeepStack); writes docs/gpu-validation-qwen3_vl.md
+#   scripts/gpu_check.sh --arch qwen3_5    # the same on Qwen3.5 (hybrid); writes docs/gpu-validation-qwen3_5.md
 #
 # It measures 20 GRPO steps of the demo task (LoRA and full fine-tune, bf16, HF engine): seconds per phase and the
 # vision cache's encoder calls; and the memory planner against torch.cuda.max_memory_allocated for a random ~2 B

@@ -37,10 +37,12 @@ def test_the_shipped_recipes_are_all_there():
         "qwen2_vl_2b_lora_1gpu.yaml",
         "qwen3_vl_8b_lora_8xa100.yaml",
         "qwen3_vl_8b_zero3_8xa100.yaml",
+        "qwen3_5_9b_lora_8xa100.yaml",
+        "qwen3_5_9b_zero3_8xa100.yaml",
         "tiny_grpo.yaml",
         "tiny_sft.yaml",
     } <= names
-    assert len(NODE_8XA100) == 4
+    assert len(NODE_8XA100) == 6
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
@@ -51,10 +53,10 @@ def test_config_loads_validates_and_holds_only_what_differs_from_the_defaults(pa
     assert same == [], f"{path.name} repeats default values: {same}"
     if cfg.model.name_or_path.startswith("Qwen/"):  # the real recipes: the stated hardware assumptions hold
         m, r = cfg.model, cfg.rollout
-        assert m.dtype == "bfloat16" and m.max_pixels and m.arch in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+        assert m.dtype == "bfloat16" and m.max_pixels and m.arch in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5")
         assert r.engine == "vllm" and m.freeze_vision and m.freeze_merger and r.vision_cache_dir
         assert r.placement == "colocate" and r.vllm.enable_sleep_mode
-        token_px = 32 if m.arch == "qwen3_vl" else 28  # one image token covers 2 x 2 patches of 16 or 14 px
+        token_px = 32 if m.arch in ("qwen3_vl", "qwen3_5") else 28  # a token covers 2 x 2 patches of 16 or 14 px
         assert m.max_pixels % token_px**2 == 0
         assert m.max_pixels // token_px**2 + 64 <= cfg.data.max_prompt_length  # the largest image + a question fits
 
@@ -84,6 +86,24 @@ QWEN3_VERDICTS = {
 }
 
 
+# `vlgrpo plan` of the Qwen3.5-9B recipes (docs/train-qwen3_5-9b.md quotes these rows): 1024-token completions; the
+# rollout term holds the 8 attention layers' KV and a fixed Gated DeltaNet state per sequence
+QWEN3_5_VERDICTS = {
+    "qwen3_5_9b_lora_8xa100.yaml": "A100-80GB        85.90     55.26     30.64  fits: rollout peak 55.26 GB <= 85.90 GB capacity",  # noqa: E501
+    "qwen3_5_9b_zero3_8xa100.yaml": "A100-80GB        85.90     55.24     30.66  fits: rollout peak 55.24 GB <= 85.90 GB capacity",  # noqa: E501
+}
+
+
+@pytest.mark.parametrize("name", sorted(QWEN3_5_VERDICTS))
+def test_qwen3_5_9b_recipes_verdict_on_a100_80gb(name, capsys):
+    assert main(["plan", str(ROOT / "configs" / name)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("model: Qwen/Qwen3.5-9B  (")
+    assert "tokens: 64 text + 196 image + 1024 completion" in out  # 448 px: 14 x 14 tokens of 32 px
+    row = next(line for line in out.splitlines() if line.startswith("A100-80GB"))
+    assert row == QWEN3_5_VERDICTS[name]
+
+
 @pytest.mark.parametrize("name", sorted(QWEN3_VERDICTS))
 def test_qwen3_vl_8b_recipes_verdict_on_a100_80gb(name, capsys):
     assert main(["plan", str(ROOT / "configs" / name)]) == 0
@@ -102,7 +122,7 @@ def test_real_model_recipes_are_clean_under_the_doctor(path, shapes_dir, capsys)
     assert main(["data", "doctor", str(path), "--no-progress", *(a for s in splits for a in ("--set", s))]) == 0
     out = capsys.readouterr().out
     assert "0 error(s), 0 warning(s): ready" in out
-    qwen3 = load_config(path).model.arch == "qwen3_vl"
+    qwen3 = load_config(path).model.arch in ("qwen3_vl", "qwen3_5")
     assert ("geometry: patch 16, merge 2, pixels 65536.." if qwen3 else "geometry: patch 14, merge 2") in out
 
 
