@@ -67,9 +67,31 @@ SPEC_QWEN3 = TinySpec(
     deepstack_visual_indexes=(0, 1, 2),
     tie_word_embeddings=False,
 )
-SPECS = {"qwen2_5_vl": SPEC, "qwen3_vl": SPEC_QWEN3}
-"""--arch -> the tiny model's spec (both keep max_pixels above a 448 px image, so it is never resized)."""
-ARCH_NAMES = {"qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL"}
+# A 9B's proportions: Qwen3.5-9B has 9.41 B parameters, 0.46 B (4.9%) in the vision tower and merger; 32 layers of
+# width 4096, every fourth gated attention (16 heads / 4 KV heads of 256 = the width, a quarter rotated), the others
+# Gated DeltaNet (16 key / 32 value heads of 128: value width = the width), an untied LM head; no DeepStack. Here: 8
+# layers of width 192 (6 Gated DeltaNet, 2 attention), 4 heads / 1 KV head of 48, 2 key / 4 value heads of 48.
+SPEC_QWEN3_5 = TinySpec(
+    hidden_size=192,
+    num_layers=8,
+    num_heads=4,
+    num_kv_heads=1,
+    head_dim=48,
+    intermediate_size=576,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=48,
+    linear_value_head_dim=48,
+    vision_hidden=32,
+    vision_depth=4,
+    vision_heads=2,
+    vision_intermediate=96,
+    max_pixels=28 * 28 * 1280,
+    tie_word_embeddings=False,
+)
+SPECS = {"qwen2_5_vl": SPEC, "qwen3_vl": SPEC_QWEN3, "qwen3_5": SPEC_QWEN3_5}
+"""--arch -> the tiny model's spec (each keeps max_pixels above a 448 px image, so it is never resized)."""
+ARCH_NAMES = {"qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL", "qwen3_5": "Qwen3.5"}
 LR, CLIP = 1e-5, 0.2
 PHASES = ("vision", "rollout", "reward", "advantage", "old_logprob", "ref_logprob", "update", "sync")
 ROLLOUT_PARTS = PhaseTimer()

@@ -151,3 +151,16 @@ def test_the_watchdog_must_fire_before_the_process_group_times_out():
     ):
         load_config(None, ["train.fault_timeout_s=600", "train.dist_timeout_s=900"])
     load_config(None, ["train.fault_timeout_s=0", "train.dist_timeout_s=60"])  # watchdog off: any timeout
+
+
+def test_data_thinking_reads_yaml_on_and_off_as_the_switch_not_booleans(tmp_path):
+    """YAML 1.1 reads `on` / `off` as true / false: data.thinking takes them as the switch's values."""
+    path = tmp_path / "c.yaml"
+    path.write_text("data:\n  thinking: off\n")
+    assert load_config(path).data.thinking == "off"
+    assert load_config(None, ["data.thinking=on"]).data.thinking == "on"
+    assert load_config(None, ["data.thinking=true"]).data.thinking == "on"
+    with pytest.raises(ConfigError, match="data.thinking' = 'maybe' is not accepted; use one of: auto, on, off"):
+        load_config(None, ["data.thinking=maybe"])
+    with pytest.raises(ConfigError, match="data.answer_format' must be a string"):
+        load_config(None, ["data.answer_format=false"])  # other string keys still refuse a boolean

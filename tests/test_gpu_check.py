@@ -56,7 +56,9 @@ def test_dry_run_takes_the_whole_path_and_leaves_the_docs_file_alone(tmp_path, a
         _, tokens, planned, measured, ratio, within = _row(text, run)
         assert float(planned.split()[0]) > 0 and (measured, ratio, within) == ("—", "—", "n/a (no CUDA)")
         # 112 px image under max_pixels 112²: 16 image tokens of 28 px; Qwen3-VL's 32 px tokens fit 96 px: 3 x 3
-        assert tokens.startswith({"qwen2_5_vl": "16 + ", "qwen3_vl": "9 + ", "qwen3_5": "9 + "}[arch])  # as the planner counts them
+        assert tokens.startswith(
+            {"qwen2_5_vl": "16 + ", "qwen3_vl": "9 + ", "qwen3_5": "9 + "}[arch]
+        )  # as the planner counts them
     assert "| `rollout/logprob_abs_diff` |" in text and ("not checkable there" in text or "not measured" in text)
 
 

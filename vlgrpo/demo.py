@@ -42,6 +42,7 @@ class DemoSettings:
     motion (a video of frame files), answered in text (first / second, left / right) and scored by the VQA suite."""
     max_shapes: int = 3
     answer_format: str = "think_answer"  # the SFT target thinks by listing the shapes asked about (meta.reasoning)
+    thinking: str = "auto"  # data.thinking: Qwen3.5's template opens <think> unless off (off: answer-only formats)
     sft_steps: int = 120  # a cold start until the format holds (0.99 of test completions on seed 0; 100: 0.67)
     sft_prompts: int = 16
     sft_lr: float = 1e-3
@@ -69,6 +70,7 @@ def from_scratch(**changes) -> DemoSettings:
         "kinds": ("colour",),
         "max_shapes": 1,
         "answer_format": "answer",
+        "thinking": "off",  # an answer-only target: a template that would open <think> (Qwen3.5) closes it empty
         "sft_steps": 300,
         "grpo_steps": 400,
         "max_new_tokens": 24,
@@ -106,6 +108,7 @@ def stage_config(s: DemoSettings, out: Path, stage: str, model_dir: Path, extra:
         f"data.val={data / 'val.jsonl'}",
         f"data.test={data / 'test.jsonl'}",
         f"data.answer_format={s.answer_format}",
+        f"data.thinking={s.thinking}",
         f"train.seed={s.seed}",
         f"train.output_dir={out / stage}",
         "train.resume=false",
@@ -174,6 +177,7 @@ def evaluate_model(model_dir: Path, cfg: Config, test: Path, s: DemoSettings, su
         cfg.data.system_prompt,
         32,
         VideoSampling.from_config(cfg.data.video),
+        thinking=cfg.data.thinking,
     )  # prompted (and sampled) as the run was trained
     return evaluate(engine, data, ctx, batch_prompts=32, max_new_tokens=s.max_new_tokens, progress=True)
 

@@ -19,7 +19,9 @@ def _own_forward_logprobs(model, processor, groups, forbidden, prompt_kw):
     """Each completion's token log-probs from the transformers model called with pixel_values on prompt + completion."""
     out = []
     for g in groups:
-        messages = render_messages(g.sample, **{k: v for k, v in prompt_kw.items() if k != "video_sampling"})
+        messages = render_messages(
+            g.sample, **{k: v for k, v in prompt_kw.items() if k not in ("video_sampling", "thinking")}
+        )
         text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         for c in g.completions:
             inputs = processor(text=[text], images=[load_image(g.sample.image)], return_tensors="pt")

@@ -63,6 +63,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"config key '{key}' must be a finite number, got {value!r}")
         return float(value)
     if tp is str:
+        if isinstance(value, bool) and {"on", "off"} <= set(CHOICES.get(key, ())):
+            return "on" if value else "off"  # YAML 1.1 reads on / off (data.thinking) as booleans
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise ConfigError(f"config key '{key}' must be a string, got {value!r}")
         return str(value)
