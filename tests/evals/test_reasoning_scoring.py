@@ -274,3 +274,12 @@ def test_mmmu_reads_the_whole_response_as_the_official_code_does():
     reasoning = "We compare the options one by one and weigh each. " * 40  # ~2,000 characters, no option named
     assert mmmu_choice(reasoning + "So the answer is (C).", ["red", "green", "blue", "black"]) == "C"
     assert 6.5 in mmmu_open_predictions(reasoning * 3 + "Therefore the length is 6.5")
+
+
+@pytest.mark.parametrize("name", ["mathvista", "geometry3k", "superclevr", "mmmu"])
+def test_a_reasoning_suite_with_no_samples_scores_nothing_instead_of_raising(name):
+    """An empty suite (a filter left no rows) gives no metric and a count of 0; it used to raise IndexError."""
+    from vlgrpo.registry import EVAL_SUITE
+
+    suite = EVAL_SUITE.load(name)
+    assert suite.score([], [], RewardContext(), "pope") == ({}, {"": 0}, [])

@@ -142,6 +142,8 @@ def _score(
     name: str, judge: Callable[[str, Sample, RewardContext], Verdict], groups: Callable[[Sample], list[str]]
 ) -> Callable[..., Scores]:
     def score(samples: list[Sample], completions: list[Completion], ctx: RewardContext, parser: str) -> Scores:
+        if not samples:  # nothing to score: no metric, a count of 0 (`select_suites` reports why it is empty)
+            return {}, {"": 0}, []
         ctx = ungated(ctx)
         verdicts = [judge(c.text, s, ctx) for s, c in zip(samples, completions)]
         by_group: dict[str, list[bool]] = {"": [v.correct for v in verdicts]}
