@@ -1,5 +1,6 @@
 """The docs say what a user types: every `vlgrpo …` command in README.md and docs/*.md parses with the CLI's own
-parser, and every repository path that the docs, the recipes and the scripts' usage lines name exists.
+parser, every repository path that the docs, the recipes and the scripts' usage lines name exists, and every
+config key the docs name is one.
 
 Code-block lines are parsed whole (`parse_args`, as the shell would pass them); an inline `vlgrpo …` span in prose
 is often a synopsis (`[--json]`, `CONFIG`, `…`), so only its subcommands and flag names are checked.
@@ -215,3 +216,27 @@ def test_readme_is_an_entry_point():
     assert rows["VQA accuracy"] == list(vqa)
     assert rows["count / colour / existence"] == [" / ".join(x[i] for x in (count, colour, exist)) for i in (0, 1)]
     assert rows["POPE F1"] == list(pope) and rows["grounding Acc@0.5"] == list(ground)
+
+
+CONFIG_KEY = re.compile(r"`((?:model|data|rollout|train|grpo|reward|eval|logging)\.[A-Za-z_][\w.]*?)(?=[`=:\s\[])")
+CODE_SPANS = {"model.generate", "model.load_weights", "model.model.rope_deltas"}
+"""Spans that read like config keys but are attributes of a transformers or vLLM model object."""
+
+
+def test_every_config_key_the_docs_name_exists():
+    """A backticked `section.key` in README.md or docs/*.md is a key of the config (a section, a field, or a former
+    name the loader still accepts), so the docs never send a user to a key that is gone."""
+    from vlgrpo.config import Config, get_key
+    from vlgrpo.config.schema import RENAMED_KEYS
+
+    cfg, missing = Config(), []
+    for doc in DOCS:
+        for no, line in enumerate(doc.read_text().splitlines(), 1):
+            for key in (m.group(1).rstrip(".") for m in CONFIG_KEY.finditer(line)):
+                if key in CODE_SPANS or key in RENAMED_KEYS:
+                    continue
+                try:
+                    get_key(cfg, key)
+                except (AttributeError, KeyError, ValueError):
+                    missing.append(f"{doc.name}:{no}: {key}")
+    assert not missing, "config keys the docs name that do not exist:\n" + "\n".join(missing)
