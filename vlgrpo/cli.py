@@ -120,6 +120,11 @@ def add_eval_command(sub) -> None:
         help=f"comma list of {', '.join(EVAL_SUITES)} (default pope,grounding,vqa)",
     )
     p.add_argument("--data", help="Sample dataset (or a POPE question file); default for a run: data.test/data.val")
+    p.add_argument(
+        "--split",
+        help="split of a dataset saved as a DatasetDict (default: a published benchmark's own, e.g. MathVista's "
+        "testmini; else the first of test, testmini, validation, val, train it holds)",
+    )
     p.add_argument("--out", dest="eval_out", help="output directory (default: eval_out)")
     p.add_argument("--max-samples", type=int, help="at most N samples per suite (POPE: about N questions per split)")
     p.add_argument("--pope-parser", choices=PARSERS, default="pope")
@@ -213,6 +218,7 @@ def _cmd_eval_run(args) -> int:
         dtype=args.dtype,
         device=args.device,
         cache_dir=args.vision_cache_dir,
+        split=args.split,
         progress=not args.no_progress,
         engine=args.engine,
         engine_kwargs=args.engine_kwargs,

@@ -350,3 +350,30 @@ def test_more_than_half_without_an_answer_is_a_loud_warning(tmp_path):
     three = {**engine.answers, "How many?": "<answer>", "Colour?": "", "Where?": "nothing"}  # 3 of 7: no warning
     result = evaluate(ScriptedEngine(three), data, RewardContext(box_format="qwen2"), progress=False)
     assert result.info["no_answer"] == 3 and "warning" not in result.info
+
+
+def test_eval_data_from_a_saved_datasetdict_picks_a_test_split_or_the_one_asked(tmp_path, shapes_dir):
+    """`vlgrpo eval --data DIR` on a DatasetDict saved with save_to_disk: its test split unless `--split` names
+    another (it used to read `train`, and fail on a dict without one); an unknown split names the ones there."""
+    import datasets
+
+    from vlgrpo.evals.run import eval_split
+
+    def rows(split):
+        out = [json.loads(line) for line in (shapes_dir / f"{split}.jsonl").read_text().splitlines()]
+        for r in out:  # absolute paths: a saved dataset's images resolve against its parent directory
+            r["image"] = str(shapes_dir / r["image"]) if not r["image"].startswith("/") else r["image"]
+        return [{k: v for k, v in r.items() if k != "meta"} for r in out]  # meta's scene lists: not for Arrow
+
+    saved = tmp_path / "dd"
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(rows("train")), "test": datasets.Dataset.from_list(rows("test"))}
+    ).save_to_disk(str(saved))
+    test_ids = {json.loads(line)["id"] for line in (shapes_dir / "test.jsonl").read_text().splitlines()}
+    assert eval_split(saved) == "test" and eval_split(saved, "train") == "train" and eval_split(shapes_dir) == "train"
+    picked = build_eval_data(saved, "vqa")
+    assert {s.id for s in picked.by_suite["vqa"]} <= test_ids and picked.by_suite["vqa"]
+    train = build_eval_data(saved, "vqa", split="train")
+    assert not {s.id for s in train.by_suite["vqa"]} & test_ids
+    with pytest.raises(Exception, match="has no split 'val'; splits: train, test"):
+        build_eval_data(saved, "vqa", split="val")

@@ -82,6 +82,7 @@ def run_eval_cli(
     engine: str = "hf",
     engine_kwargs: dict | None = None,
     gpu_memory_utilization: float = 0.8,
+    split: str | None = None,
 ) -> EvalResult:
     """Load the model, pick the suites' samples, evaluate, write metrics.json / predictions.jsonl / report.md.
 
@@ -124,6 +125,7 @@ def run_eval_cli(
             pope_per_image=pope_per_image,
             pope_min_objects=pope_min_objects,
             ctx=ctx,
+            split=split,
             **({"preset": run_cfg.data.preset, "columns": dict(run_cfg.data.columns)} if run_cfg is not None else {}),
         )
         cache = VisionCache(lm.model, lm.processor, disk_dir=cache_dir)

@@ -9,6 +9,7 @@ through its protocol; knows nothing of losses, optimisers or checkpoint formats.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -59,6 +60,7 @@ def build_eval_data(
     ctx: RewardContext | None = None,
     preset: str = "none",
     columns: dict[str, str] | None = None,
+    split: str | None = None,
 ) -> EvalData:
     """Each suite's samples from one dataset (`load_samples`), chosen by the suite (`Suite.select`): vqa = the
     number/choice/yesno/text/math samples, grounding = the box samples, pope = probes built from the samples'
@@ -66,7 +68,8 @@ def build_eval_data(
     images up to `max_samples` questions per split, so a small cap still has the whole dataset's objects to pick
     negatives from). `pope_data`, or `data` itself when it is a POPE question file, supplies POPE instead (every
     split in it unless `pope_splits`). max_samples caps every suite (the first N). With `ctx`, VQA gold answers are
-    checked before any decoding. A suite with nothing to run on is an InputError naming every such suite."""
+    checked before any decoding. A suite with nothing to run on is an InputError naming every such suite. `split`:
+    the split of a dataset saved as a DatasetDict (None: a published benchmark's own, else `eval_split`'s pick)."""
     names = parse_suites(suites)
     sel = _selection(
         data,
@@ -79,6 +82,7 @@ def build_eval_data(
         ctx=ctx,
         preset=preset,
         columns=columns,
+        split=split,
     )
     selected, problems = select_suites(names, sel)
     if problems:
@@ -92,6 +96,7 @@ def _selection(
     pope_data: str | Path | None = None,
     preset: str = "none",
     columns: dict[str, str] | None = None,
+    split: str | None = None,
     **asked: Any,
 ) -> Selection:
     """The Selection of `build_eval_data`'s arguments: the dataset's samples read once (none when `data` is a POPE
@@ -102,9 +107,30 @@ def _selection(
         raise InputError("no eval data: pass --data (a Sample dataset or a POPE question file) or set eval.data")
     pope_file = pope_data if pope_data is not None else (data if is_pope_file(data) else None)
     if pope_file != data and published_benchmark(data, preset):  # MathVista, MMMU, ... read as published
-        return Selection(data, load_benchmark(data), pope_file=pope_file, **asked)
-    samples = [] if data is None or pope_file == data else load_samples(data, preset=preset, columns=columns).samples
+        options = {} if split is None else {"split": split}  # else the benchmark's published split (testmini, ...)
+        return Selection(data, load_benchmark(data, **options), pope_file=pope_file, **asked)
+    samples = (
+        []
+        if data is None or pope_file == data
+        else load_samples(data, preset=preset, columns=columns, split=eval_split(data, split)).samples
+    )
     return Selection(data, samples, pope_file=pope_file, **asked)
+
+
+EVAL_SPLITS = ("test", "testmini", "validation", "val", "train")
+"""The split an eval reads from a saved DatasetDict when none is named: the first of these it holds."""
+
+
+def eval_split(data: str | Path, split: str | None = None) -> str:
+    """`split`, else for a dataset saved as a DatasetDict (its dataset_dict.json) the first of EVAL_SPLITS it holds
+    (its first split when none), else "train" (what the readers of single datasets ignore)."""
+    if split is not None:
+        return split
+    index = Path(data) / "dataset_dict.json"
+    if not index.is_file():
+        return "train"
+    names = list(json.loads(index.read_text()).get("splits", []))
+    return next((s for s in EVAL_SPLITS if s in names), names[0] if names else "train")
 
 
 def select_suites(names: list[str], sel: Selection) -> tuple[dict[str, list[Sample]], dict[str, str]]:
