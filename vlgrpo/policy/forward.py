@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
+from vlgrpo.families import family_of
 from vlgrpo.policy.packed import packed_completion_logits
 from vlgrpo.policy.prompt import left_pad
 from vlgrpo.policy.text_decoder import is_hybrid, supports_text_decoder
@@ -46,18 +47,11 @@ def _grids(model, rows: list[list]) -> dict:
         "image_grid_thw": torch.stack(images).reshape(-1, 3) if images else None,
         "video_grid_thw": torch.stack([f.grid_thw for f in videos]) if videos else None,
     }
-    if videos and _takes_seconds(core_model(model)):
-        tps = core_model(model).config.vision_config.temporal_patch_size
+    config = core_model(model).config
+    if videos and family_of(config).video_seconds:  # Qwen2.5-VL spaces a video's temporal positions by seconds
+        tps = config.vision_config.temporal_patch_size
         out["second_per_grid_ts"] = torch.tensor([tps / f.video_fps for f in videos])
     return out
-
-
-def _takes_seconds(core) -> bool:
-    """Qwen2.5-VL spaces a video's temporal positions by seconds (`second_per_grid_ts`); Qwen2-VL by patch index,
-    Qwen3-VL by the timestamps written in the text."""
-    import inspect
-
-    return "second_per_grid_ts" in inspect.signature(core.get_rope_index).parameters
 
 
 def mrope_positions(model, input_ids: Tensor, attention_mask: Tensor, mm_token_type_ids: Tensor, features: list):

@@ -15,6 +15,7 @@ from torch import Tensor
 from vlgrpo.data.images import ProcessorGeometry, image_size
 from vlgrpo.data.prompts import render_messages
 from vlgrpo.data.video import VideoSampling, frame_timestamps, visual_sources
+from vlgrpo.families import family_of
 from vlgrpo.models import placeholder_token_ids
 from vlgrpo.types import InputError, Sample
 
@@ -135,8 +136,9 @@ def continue_turn(opened: str, target: str, where: str = "") -> str:
 
 
 def writes_timestamps(processor) -> bool:
-    """Qwen3-VL's processor writes each video frame's time as text (`<1.2 seconds>`); Qwen2/2.5-VL's do not."""
-    return type(processor).__name__.startswith("Qwen3VL")
+    """Qwen3-VL's (and Qwen3.5's) processor writes each video frame's time as text (`<1.2 seconds>`); Qwen2/2.5-VL's
+    do not."""
+    return family_of(processor).video_timestamps
 
 
 def _expand_video(text: str, info, grid: tuple[int, int, int], geometry: ProcessorGeometry, timestamps: bool) -> str:

@@ -25,6 +25,7 @@ from torch import Tensor
 from vlgrpo.config.schema import MM_LIMIT_KEY as LIMIT_KEY
 from vlgrpo.data.images import image_sha256, load_image
 from vlgrpo.data.video import VideoClip, frame_timestamps
+from vlgrpo.families import family_of
 from vlgrpo.policy.prompt import IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START, PromptInputs, writes_timestamps
 from vlgrpo.types import InputError
 
@@ -72,7 +73,7 @@ class PlaceholderFormat:
             vision_end_id=end,
             timestamps=qwen3,
             video_triple=qwen3 and not replaces_pad,
-            seconds_per_patch=type(processor).__name__.startswith("Qwen2_5"),
+            seconds_per_patch=family_of(processor).video_seconds,
             temporal_patch_size=temporal_patch_size,
             deepstack_maps=deepstack_maps,
             tokenizer=tok,
