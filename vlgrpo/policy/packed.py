@@ -62,6 +62,19 @@ def packed_completion_logits(
     def padded(t: Tensor) -> Tensor:  # [N, ...] -> [R, L, ...], zeros on padding
         return t.new_zeros(r, length, *t.shape[1:]).index_put((rows, cols), t)
 
+    def attention(attn, h: Tensor, kv) -> Tensor:  # [N, H] -> [N, H]: the rows read their prompt's keys and values
+        q, k, v, gate = project_qkv(attn, h, heads, kv_heads, d)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        keys = torch.cat((kv.keys[row_prompt], padded(k).transpose(1, 2)), dim=2)  # [R, kvh, Tp + L, d]
+        values = torch.cat((kv.values[row_prompt], padded(v).transpose(1, 2)), dim=2)
+        if heads != kv_heads:  # query head j reads KV head j // rep; CUDA's SDPA takes a mask with GQA only in its
+            keys = keys.repeat_interleave(heads // kv_heads, dim=1)  # math kernel ([L, Tp + L] scores per head),
+            values = values.repeat_interleave(heads // kv_heads, dim=1)  # so the heads are repeated
+        o = F.scaled_dot_product_attention(
+            padded(q).transpose(1, 2), keys, values, attn_mask=allowed, scale=attn.scaling
+        )
+        return attn.o_proj(gated(o.transpose(1, 2)[rows, cols].reshape(-1, heads * d), gate))
+
     for li, layer in enumerate(text.layers):
         h = layer.input_layernorm(x)
         if is_linear_attention(layer):  # Gated DeltaNet: each row continues its own prompt's states
@@ -69,28 +82,7 @@ def packed_completion_logits(
             o, _, _ = gated_delta(layer.linear_attn, padded(h), valid, conv[row_prompt], state[row_prompt])
             x = x + o[rows, cols]
         else:
-            x = (
-                x
-                + _attention(
-                    layer.self_attn, h, cache.layers[li], row_prompt, allowed, (heads, kv_heads, d), padded, cos, sin
-                )[rows, cols]
-            )
+            x = x + attention(layer.self_attn, h, cache.layers[li])
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     out[rows, cols + 1] = head(text.norm(x)).to(out.dtype)  # in place: one [R, C, V] tensor, not two
     return out
-
-
-def _attention(attn, h: Tensor, kv, row_prompt: Tensor, allowed: Tensor, shape, padded, cos: Tensor, sin: Tensor):
-    """One attention layer for the packed tokens h [N, H]: each row reads its prompt's keys and values `kv` (the
-    prefill cache's layer) and its own earlier tokens -> [R, L, H] in the padded layout."""
-    heads, kv_heads, d = shape
-    q, k, v, gate = project_qkv(attn, h, heads, kv_heads, d)
-    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-    keys = torch.cat((kv.keys[row_prompt], padded(k).transpose(1, 2)), dim=2)  # [R, kvh, Tp + L, d]
-    values = torch.cat((kv.values[row_prompt], padded(v).transpose(1, 2)), dim=2)
-    if heads != kv_heads:  # query head j reads KV head j // rep; CUDA's SDPA takes a mask with GQA only in its math
-        keys = keys.repeat_interleave(heads // kv_heads, dim=1)  # kernel ([L, Tp + L] scores per head), so the heads
-        values = values.repeat_interleave(heads // kv_heads, dim=1)  # are repeated
-    o = F.scaled_dot_product_attention(padded(q).transpose(1, 2), keys, values, attn_mask=allowed, scale=attn.scaling)
-    o = o.transpose(1, 2)  # [R, L, heads, d]
-    return attn.o_proj(gated(o.reshape(*o.shape[:2], heads * d), None if gate is None else padded(gate)))
