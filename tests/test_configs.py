@@ -94,24 +94,22 @@ QWEN3_5_VERDICTS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(QWEN3_5_VERDICTS))
-def test_qwen3_5_9b_recipes_verdict_on_a100_80gb(name, capsys):
-    assert main(["plan", str(ROOT / "configs" / name)]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("model: Qwen/Qwen3.5-9B  (")
-    assert "tokens: 64 text + 196 image + 1024 completion" in out  # 448 px: 14 x 14 tokens of 32 px
-    row = next(line for line in out.splitlines() if line.startswith("A100-80GB"))
-    assert row == QWEN3_5_VERDICTS[name]
+# recipe -> (the model line's start, the tokens line, the A100-80GB row)
+RECIPE_PLANS = {
+    **{n: ("Qwen/Qwen3-VL-8B-Instruct", "64 text + 196 image + 512 completion", v) for n, v in QWEN3_VERDICTS.items()},
+    **{n: ("Qwen/Qwen3.5-9B", "64 text + 196 image + 1024 completion", v) for n, v in QWEN3_5_VERDICTS.items()},
+}
 
 
-@pytest.mark.parametrize("name", sorted(QWEN3_VERDICTS))
-def test_qwen3_vl_8b_recipes_verdict_on_a100_80gb(name, capsys):
+@pytest.mark.parametrize("name", sorted(RECIPE_PLANS))
+def test_qwen3_vl_8b_and_qwen3_5_9b_recipes_verdict_on_a100_80gb(name, capsys):
+    model, tokens, verdict = RECIPE_PLANS[name]
     assert main(["plan", str(ROOT / "configs" / name)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("model: Qwen/Qwen3-VL-8B-Instruct  (")
-    assert "tokens: 64 text + 196 image + 512 completion" in out  # 448 px: 14 x 14 tokens of 32 px
+    assert out.startswith(f"model: {model}  (")
+    assert f"tokens: {tokens}" in out  # 448 px: 14 x 14 tokens of 32 px
     row = next(line for line in out.splitlines() if line.startswith("A100-80GB"))
-    assert row == QWEN3_VERDICTS[name]
+    assert row == verdict
 
 
 @pytest.mark.parametrize("path", [p for p in CONFIGS if p.name.startswith("qwen")], ids=lambda p: p.name)

@@ -148,8 +148,8 @@ def _mrope_section(arch: str, half: int) -> list[int]:
 
 
 def _vision_config(arch: str, spec: TinySpec) -> dict:
-    if arch == "qwen3_5":  # Qwen3-VL's tower without DeepStack
-        return dict(
+    if arch in ("qwen3_vl", "qwen3_5"):  # Qwen3.5: Qwen3-VL's tower without DeepStack
+        tower = dict(
             depth=spec.vision_depth,
             hidden_size=spec.vision_hidden,
             intermediate_size=spec.vision_intermediate,
@@ -158,23 +158,15 @@ def _vision_config(arch: str, spec: TinySpec) -> dict:
             patch_size=16,
             num_position_embeddings=256,
         )
-    if arch == "qwen3_vl":
+        if arch == "qwen3_5":
+            return tower
         bad = [i for i in spec.deepstack_visual_indexes if not 0 <= i < spec.vision_depth]
         if bad:
             raise ValueError(
                 f"TinySpec.deepstack_visual_indexes {list(spec.deepstack_visual_indexes)}: {bad} not "
                 f"a vision block (0 .. vision_depth - 1 = {spec.vision_depth - 1})"
             )
-        return dict(
-            depth=spec.vision_depth,
-            hidden_size=spec.vision_hidden,
-            intermediate_size=spec.vision_intermediate,
-            num_heads=spec.vision_heads,
-            out_hidden_size=spec.hidden_size,
-            patch_size=16,
-            num_position_embeddings=256,
-            deepstack_visual_indexes=list(spec.deepstack_visual_indexes),
-        )
+        return {**tower, "deepstack_visual_indexes": list(spec.deepstack_visual_indexes)}
     if arch == "qwen2_5_vl":
         return dict(
             depth=spec.vision_depth,

@@ -223,6 +223,10 @@ class GRPOConfig:
     capped behaviour weight). Off: the behaviour log-probs are the ratio's base (no extra pass)."""
 
 
+ATTENTION_MLP_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+GATED_DELTANET_LINEARS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")  # Qwen3.5's linear layers
+
+
 @dataclass
 class LoRAConfig:
     rank: int = 16
@@ -231,22 +235,7 @@ class LoRAConfig:
     """LoRA scaling alpha (effective scale alpha / r)."""
     dropout: float = 0.0
     """Dropout on the LoRA input."""
-    target_modules: list[str] = field(
-        default_factory=lambda: [
-            "q_proj",
-            "k_proj",
-            "v_proj",
-            "o_proj",
-            "gate_proj",
-            "up_proj",
-            "down_proj",
-            "in_proj_qkv",
-            "in_proj_z",
-            "in_proj_b",
-            "in_proj_a",
-            "out_proj",
-        ]
-    )
+    target_modules: list[str] = field(default_factory=lambda: [*ATTENTION_MLP_LINEARS, *GATED_DELTANET_LINEARS])
     """Linear layers of the language model that get adapters (never the vision tower unless listed). The in_proj_* and
     out_proj names are Qwen3.5's Gated DeltaNet projections (other families have none); its conv1d, A_log and dt_bias
     are not linear layers and train only in a full fine-tune (plain, zero3)."""
