@@ -5,6 +5,7 @@ build the right commands, and docs/configuration.md is what the generator writes
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,10 +40,11 @@ def test_the_shipped_recipes_are_all_there():
         "qwen3_vl_8b_zero3_8xa100.yaml",
         "qwen3_5_9b_lora_8xa100.yaml",
         "qwen3_5_9b_zero3_8xa100.yaml",
+        "qwen2_5_vl_7b_deepeyes_8xa100.yaml",
         "tiny_grpo.yaml",
         "tiny_sft.yaml",
     } <= names
-    assert len(NODE_8XA100) == 6
+    assert len(NODE_8XA100) == 7
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
@@ -54,8 +56,9 @@ def test_config_loads_validates_and_holds_only_what_differs_from_the_defaults(pa
     if cfg.model.name_or_path.startswith("Qwen/"):  # the real recipes: the stated hardware assumptions hold
         m, r = cfg.model, cfg.rollout
         assert m.dtype == "bfloat16" and m.max_pixels and m.arch in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5")
-        assert r.engine == "vllm" and m.freeze_vision and m.freeze_merger and r.vision_cache_dir
-        assert r.placement == "colocate" and r.vllm.enable_sleep_mode
+        assert m.freeze_vision and m.freeze_merger and r.vision_cache_dir and r.placement == "colocate"
+        # vLLM everywhere but the tool recipe: multi-turn rollouts run on the HF engine so far
+        assert r.engine == ("hf" if r.tools else "vllm") and r.vllm.enable_sleep_mode
         token_px = 32 if m.arch in ("qwen3_vl", "qwen3_5") else 28  # a token covers 2 x 2 patches of 16 or 14 px
         assert m.max_pixels % token_px**2 == 0
         assert m.max_pixels // token_px**2 + 64 <= cfg.data.max_prompt_length  # the largest image + a question fits
@@ -305,7 +308,7 @@ def test_configuration_reference_is_generated_and_current():
 def _doc_block(doc: str, first_line: str) -> str:
     """The fenced code block of docs/<doc> whose first line is `first_line`."""
     text = (ROOT / "docs" / doc).read_text()
-    start = text.index(f"\n{first_line}\n") + 1
+    start = re.search(r"\n```\w*\n" + re.escape(first_line) + "\n", text).end() - len(first_line) - 1
     return text[start : text.index("\n```", start)]
 
 

@@ -1,6 +1,6 @@
 """The docs say what a user types: every `vlgrpo …` command in README.md and docs/*.md parses with the CLI's own
-parser, every repository path that the docs, the recipes and the scripts' usage lines name exists, and every
-config key the docs name is one.
+parser, every repository path that the docs, the recipes and the scripts' usage lines name exists, every config key,
+vlgrpo module, function, class or attribute the docs name is one, and every metric they name is one the code writes.
 
 Code-block lines are parsed whole (`parse_args`, as the shell would pass them); an inline `vlgrpo …` span in prose
 is often a synopsis (`[--json]`, `CONFIG`, `…`), so only its subcommands and flag names are checked.
@@ -9,6 +9,9 @@ is often a synopsis (`[--json]`, `CONFIG`, `…`), so only its subcommands and f
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib
+import inspect
 import re
 import shlex
 from pathlib import Path
@@ -240,3 +243,181 @@ def test_every_config_key_the_docs_name_exists():
                 except (AttributeError, KeyError, ValueError):
                     missing.append(f"{doc.name}:{no}: {key}")
     assert not missing, "config keys the docs name that do not exist:\n" + "\n".join(missing)
+
+
+# ---------------------------------------------------------------- Python names
+
+CONFIG_SECTIONS = {"model", "data", "rollout", "train", "grpo", "reward", "eval", "logging"}
+"""`data.…`, `rollout.…`, `grpo.…` read as config keys (checked above); the package's other top-level modules are
+names when the docs write them without `vlgrpo.` (`trainer.backends.average_gradients`)."""
+MODULES = sorted({p.stem for p in (ROOT / "vlgrpo").iterdir() if p.suffix == ".py" or p.is_dir()} - CONFIG_SECTIONS)
+PY_NAME = re.compile(r"`((?:vlgrpo|" + "|".join(MODULES) + r")\.[\w.]*\w(?::\w+)?)[`(]")
+FILE_SUFFIXES = {"json", "yaml", "py", "md"}
+"""`vlgrpo.json` (an export's prompt contract) and `config.yaml` are files, not modules."""
+_MODULE_FILE = r"`(?P<path>(?:vlgrpo/)?[\w/]+)\.py`"
+BY_FILE = (re.compile(_MODULE_FILE + r"'s `(?P<name>\w+)`"), re.compile(r"`(?P<name>\w+)`(?:\(\))? in " + _MODULE_FILE))
+"""A name given with its module's file: `rollout/hf.py`'s `decode_loop`, `union_std` in `vlgrpo/grpo/advantages.py`."""
+CLASS_ATTR = re.compile(r"`([A-Z]\w*)\.(\w+)[`(]")
+
+
+def doc_python_names() -> list[tuple[str, str]]:
+    """(file:line, `vlgrpo.module.name` or `vlgrpo.module:name`) of each vlgrpo module, function, class or constant
+    the docs name: dotted (with or without `vlgrpo.`), as a registry target (`module:name`), or with its file."""
+    found = []
+    for doc in DOCS:
+        for no, line in enumerate(doc.read_text().splitlines(), 1):
+            names = [m.group(1) for m in PY_NAME.finditer(line) if m.group(1).rsplit(".", 1)[-1] not in FILE_SUFFIXES]
+            for m in (m for rx in BY_FILE for m in rx.finditer(line)):
+                module = m["path"].removeprefix("vlgrpo/")
+                if (ROOT / "vlgrpo" / f"{module}.py").is_file():
+                    names.append(f"{module.replace('/', '.')}.{m['name']}")
+            found += [(f"{doc.name}:{no}", n if n.startswith("vlgrpo.") else f"vlgrpo.{n}") for n in names]
+    return found
+
+
+def resolve(name: str) -> object:
+    """The object `vlgrpo.a.b.c` or `vlgrpo.a.b:c` names: the longest importable module, then attributes."""
+    path, _, attr = name.partition(":")
+    parts = path.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for part in parts[cut:] + ([attr] if attr else []):
+            obj = getattr(obj, part)
+        return obj
+    raise ModuleNotFoundError(name)
+
+
+def test_every_python_name_the_docs_give_resolves():
+    names = doc_python_names()
+    assert len(names) >= 60  # the docs hold that many: a broken collector must not pass silently
+    missing = []
+    for where, name in names:
+        try:
+            resolve(name)
+        except (ImportError, AttributeError) as e:
+            missing.append(f"{where}: {name} ({e})")
+    assert not missing, "Python names in the docs that do not exist:\n" + "\n".join(missing)
+
+
+def vlgrpo_classes() -> dict[str, list[str]]:
+    """{class name: the modules defining it} over the package."""
+    found: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "vlgrpo").rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                found.setdefault(node.name, []).append(module)
+    return found
+
+
+def has_attribute(cls: type, attr: str) -> bool:
+    """A class attribute or method, a field (annotated), or an attribute its methods set (`self.step_fn = …`)."""
+    if hasattr(cls, attr) or any(attr in getattr(k, "__annotations__", {}) for k in cls.__mro__):
+        return True
+    stores = (n for n in ast.walk(ast.parse(inspect.getsource(cls))) if isinstance(getattr(n, "ctx", None), ast.Store))
+    return any(isinstance(n, ast.Attribute) and n.attr == attr and ast.unparse(n.value) == "self" for n in stores)
+
+
+def test_every_attribute_of_a_vlgrpo_class_the_docs_name_exists():
+    """`CheckedRows.draw`, `Trainer.step_fn()`: the class is vlgrpo's (other projects' classes are not checked)."""
+    classes, checked, missing = vlgrpo_classes(), 0, []
+    for doc in DOCS:
+        for no, line in enumerate(doc.read_text().splitlines(), 1):
+            for cls_name, attr in CLASS_ATTR.findall(line):
+                for module in classes.get(cls_name, []):
+                    checked += 1
+                    if not has_attribute(resolve(f"{module}:{cls_name}"), attr):
+                        missing.append(f"{doc.name}:{no}: {cls_name}.{attr} ({module})")
+    assert checked >= 20 and not missing, "class attributes in the docs that do not exist:\n" + "\n".join(missing)
+
+
+# ---------------------------------------------------------------- metrics
+
+METRIC_NAMESPACES = ("data", "eval", "grpo", "memory", "reward", "rollout", "sync", "timing", "train", "vision")
+"""STYLE.md's namespaces (reward, timing, vision, grpo, memory, eval) and the trainer's others."""
+_SEGMENT = r"[\w*<>{}\[\]]+"
+DOC_METRIC = re.compile(rf"`((?:{'|'.join(METRIC_NAMESPACES)})(?:/{_SEGMENT})+)`")
+"""`reward/accuracy`, `timing/<phase>`, `grpo/clip_frac_*`, `rollout/logprob_abs_diff[_max]`; not a path
+(`data/models/`, `rollout/decode.py`)."""
+CODE_METRIC = re.compile(rf"(?:{'|'.join(METRIC_NAMESPACES)})(?:/[\w{{}}]+)+")
+PLACEHOLDER = re.compile(r"<[^>]*>|\{[^}]*\}|\*")
+
+
+def code_metrics() -> tuple[set[str], set[str]]:
+    """(the metric names the package writes, as templates with `{}` where an f-string or `"reward/" + name` fills in;
+    the words those fills can be: every identifier-like string constant of the package, `"encoder_calls"` of
+    `f"vision/{k}"` among them)."""
+
+    def template(node) -> str | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        if isinstance(node, ast.JoinedStr):
+            return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and (left := template(node.left)):
+            return left + "{}"
+        return None
+
+    names, words = set(), set()
+    for path in sorted((ROOT / "vlgrpo").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            text = template(node)
+            if text is not None and CODE_METRIC.fullmatch(text):
+                names.add(text)
+            elif isinstance(node, ast.Constant) and re.fullmatch(r"\w+", str(node.value)):
+                words.add(node.value)
+    return names, words
+
+
+def _regex(template: str, fill: str) -> re.Pattern:
+    return re.compile(fill.join(re.escape(part) for part in template.split("{}")))
+
+
+def emitted(doc: str, code: str, words: set[str]) -> bool:
+    """Whether the code's name or template `code` writes the doc's `doc` (a name, or a template where the doc says
+    `<phase>` or `*`). What a doc name puts in a code template's `{}` must be a word of the package."""
+    m = _regex(code, "([^/]+)").fullmatch(doc)
+    if m and all("{}" in fill or fill in words for fill in m.groups()):
+        return True
+    return "{}" in doc and _regex(doc, ".+").fullmatch(code) is not None
+
+
+def metric_problem(name: str, names: set[str], words: set[str]) -> str | None:
+    """Why a metric the docs name is not one the code writes; None when it is (each `[optional]` part both ways)."""
+    opt = re.search(r"\[(\w*)\]", name)
+    variants = [name[: opt.start()] + part + name[opt.end() :] for part in ("", opt[1])] if opt else [name]
+    for variant in (PLACEHOLDER.sub("{}", v) for v in variants):
+        if not any(emitted(variant, code, words) for code in names):
+            return f"no metric the code writes is {variant}"
+    return None
+
+
+def test_every_metric_the_docs_name_is_written_by_the_code():
+    names, words = code_metrics()
+    spans = [
+        (f"{doc.name}:{no}", m.group(1))
+        for doc in DOCS
+        for no, line in enumerate(doc.read_text().splitlines(), 1)
+        for m in DOC_METRIC.finditer(line)
+    ]
+    assert len(spans) >= 100 and len(names) >= 50  # a broken collector must not pass silently
+    bad = [f"{where}: `{name}`: {p}" for where, name in spans if (p := metric_problem(name, names, words))]
+    assert not bad, "metrics the docs name that the code does not write:\n" + "\n".join(bad)
+
+
+def test_the_name_checks_refuse_a_wrong_name():
+    names, words = code_metrics()
+    for good in ("vision/encoder_calls", "timing/<phase>", "grpo/clip_frac_*", "eval/pope/adversarial/f1", "eval/*"):
+        assert metric_problem(good, names, words) is None, good
+    for bad in ("vision/encoder_call", "reward/totl", "train/loss_scale", "timing/rollout/<phase>"):
+        assert metric_problem(bad, names, words), bad
+    assert metric_problem("rollout/logprob_abs_diff[_mean]", names, words) == (
+        "no metric the code writes is rollout/logprob_abs_diff_mean"
+    )
+    for bad in ("vlgrpo.data.video.visual_source", "vlgrpo.grpo.losses:token_means"):
+        with pytest.raises(AttributeError):
+            resolve(bad)
+    trainer = resolve("vlgrpo.trainer.loop:Trainer")
+    assert has_attribute(trainer, "step_fn") and not has_attribute(trainer, "step")

@@ -68,7 +68,7 @@ def add_demo_command(sub) -> None:
     p.add_argument(
         "--kinds",
         help="question kinds, comma-separated, of count,colour,exist,ground (default: all four), "
-        "compare (two images), motion (a video)",
+        "compare (two images), motion (a video), zoom (a tiny shape in a 4x image)",
     )
     p.add_argument(
         "--from-scratch",
@@ -165,6 +165,21 @@ def add_eval_command(sub) -> None:
         help="JSON keyword arguments of vllm.LLM, e.g. '{\"enforce_eager\": true}'",
     )
     p.add_argument("--gpu-memory-utilization", type=float, default=0.8, help="vLLM's share of the GPU (default 0.8)")
+    p.add_argument(
+        "--judge",
+        nargs="?",
+        const="",
+        metavar="CONFIG",
+        help="also score the answers with the judge model of CONFIG's reward.judge (default: the run directory's), "
+        "as training rewarded them: eval/<suite>/judge_score",
+    )
+    p.add_argument(
+        "--tools",
+        default="",
+        help="comma list of tools the model may call, e.g. zoom_in (its crop comes back as a new image), "
+        "module:function or file.py:function; multi-turn, hf engine (default: none)",
+    )
+    p.add_argument("--max-turns", type=int, default=5, help="turns a sample may take with --tools (default 5)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     # Actions are subcommands; without one, the flags above run the model (handler _cmd_eval_run).
     esub = p.add_subparsers(dest="eval_command", required=False, metavar="ACTION")
@@ -223,6 +238,9 @@ def _cmd_eval_run(args) -> int:
         engine=args.engine,
         engine_kwargs=args.engine_kwargs,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        judge=args.judge,
+        tools=tuple(t.strip() for t in args.tools.split(",") if t.strip()),
+        max_turns=args.max_turns,
     )
     for key, value in result.metrics.items():
         print(f"{key:<48} {value:.4f}")

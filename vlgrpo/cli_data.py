@@ -20,7 +20,7 @@ def add_data_command(sub) -> None:
         "--kinds",
         default="count,colour,exist,ground",
         help="question kinds, comma-separated: count, colour, exist, ground (one image each; the "
-        "default), compare (two images), motion (a video of frame PNGs)",
+        "default), compare (two images), motion (a video of frame PNGs), zoom (a tiny shape in a 4x image)",
     )
     synth.add_argument("--max-shapes", type=int, default=6, help="most shapes per scene (1-6)")
     synth.set_defaults(handler=_cmd_synth)

@@ -65,7 +65,7 @@ def _cmd_plan(args) -> int:
     from vlgrpo.config import load_config
     from vlgrpo.memory.deepspeed_json import config_notes
     from vlgrpo.memory.flags import parse_image_size, parse_offload
-    from vlgrpo.memory.from_config import plan_input_from_config, video_notes
+    from vlgrpo.memory.from_config import judge_notes, plan_input_from_config, tool_notes, video_notes
     from vlgrpo.memory.report import build_report, format_report
     from vlgrpo.memory.tiny_spec import init_tiny_spec, unbuilt_default_model
 
@@ -109,6 +109,7 @@ def _cmd_plan(args) -> int:
         "logits_chunk": args.logits_chunk,
     }
     inp = dataclasses.replace(inp, **{k: v for k, v in changes.items() if v is not None})
+    notes += judge_notes(cfg, inp) + tool_notes(cfg, inp)
     report = build_report(inp, args.gpu_type, notes, args.write_gbps)
     print(json.dumps(report, indent=2, default=str) if args.json else format_report(report))
     return 0

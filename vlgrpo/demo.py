@@ -38,8 +38,9 @@ class DemoSettings:
     n_samples: int = 6000  # the 10 % test split holds 150 questions of each kind
     image_size: int = 112  # the size the base was pretrained at: 16 image tokens per image
     kinds: tuple[str, ...] = ("count", "colour", "exist", "ground")
-    """Question kinds of `vlgrpo data synth`: count, colour, exist, ground on one image; compare (two images) and
-    motion (a video of frame files), answered in text (first / second, left / right) and scored by the VQA suite."""
+    """Question kinds of `vlgrpo data synth`: count, colour, exist, ground on one image; compare (two images), motion
+    (a video of frame files) and zoom (a tiny shape's colour in a 4x larger image), answered in text (first / second,
+    left / right, a colour) and scored by the VQA suite."""
     max_shapes: int = 3
     answer_format: str = "think_answer"  # the SFT target thinks by listing the shapes asked about (meta.reasoning)
     thinking: str = "auto"  # data.thinking: Qwen3.5's template opens <think> unless off (off: answer-only formats)
@@ -81,7 +82,8 @@ def from_scratch(**changes) -> DemoSettings:
 
 
 ONE_IMAGE_KINDS = ("count", "colour", "exist", "ground")
-"""The kinds asked about one image: POPE's probes are built from their scenes (compare and motion rows have none)."""
+"""The kinds asked about one image: POPE's probes are built from their scenes (compare, motion and zoom rows have
+none)."""
 
 
 def demo_suites(kinds: tuple[str, ...]) -> list[str]:

@@ -62,11 +62,13 @@ def settings_from_config(cfg) -> tuple[DoctorSettings, Any]:
 
 def reward_checker(recipe: dict[str, float], ctx) -> GoldCheck:
     """Score a completion that states each gold answer with the run's recipe: a reward that raises means the gold
-    answer cannot be parsed (error); a correctness reward below 1 means it can never earn full marks (warning)."""
+    answer cannot be parsed (error); a correctness reward below 1 means it can never earn full marks (warning). The
+    judge is left out: a request per row would load its server for nothing."""
     check_recipe(recipe)  # an unknown reward name fails here, once
+    recipe = {name: weight for name, weight in recipe.items() if name != "judge"}  # it parses no gold answer
 
     def check(s: Sample, size: tuple[int, int] | None) -> list[tuple[str, str, str]]:
-        if s.answer_type == "box" and size is None:
+        if not recipe or (s.answer_type == "box" and size is None):
             return []  # the image problem is already reported; boxes cannot be rendered without its size
         sized = s if size is None else dataclasses.replace(s, image_size=size)  # boxes scale by the decoded size
         text = render_completion(sized, ctx.answer_format, ctx.box_format, ctx.geometry, decimals=6)

@@ -142,6 +142,11 @@ DATA_PRESET = Registry(
     Option("messages", "vlgrpo.data.presets:messages", "chat messages with typed content parts (TRL, OpenAI)"),
     Option("r1v", "vlgrpo.data.presets:r1v", "R1-V / VLM-R1 / Visual-RFT: image, problem, solution"),
     Option("easyr1", "vlgrpo.data.presets:easyr1", "EasyR1: images (a list), problem with <image>, answer"),
+    Option(
+        "deepeyes",
+        "vlgrpo.data.presets:deepeyes",
+        "DeepEyes-47k (verl's RL rows): prompt messages with <image>, images, reward_model.ground_truth",
+    ),
 )
 BOX_FORMAT = Registry(
     "reward.box_format",
@@ -180,6 +185,12 @@ EVAL_SUITE = Registry(
         "vlgrpo.evals.reasoning_suite:MMMU",
         "MMMU (val) by its option-letter and open-answer parsing: "
         "accuracy overall, per discipline and subject (single-image rows)",
+    ),
+    Option(
+        "vstar",
+        "vlgrpo.evals.vstar:SUITE",
+        "V* Bench (direct_attributes, relative_position folders) by the option letter or text: accuracy overall and "
+        "per category",
     ),
 )
 POPE_PARSER = Registry(

@@ -118,6 +118,14 @@ class Completion:
     """"stop" (EOS or stop string), "length" (max new tokens reached)."""
     logprobs: list[float] | None = None
     """Sampling log-probs of each token under the engine, when the engine reports them."""
+    tool_mask: list[int] | None = None
+    """Multi-turn rollouts with tools (`rollout/turns.py`): 1 on each token a tool-response turn inserted (the model
+    did not sample it: no loss, no ratio), 0 on the model's own; None: every token is the model's."""
+    images: list[bytes] = field(default_factory=list)
+    """PNG bytes of each image a tool returned, in the order of their <|image_pad|> runs in `token_ids`."""
+    turns: list[dict] = field(default_factory=list)
+    """A multi-turn completion's turns as chat messages (role, content parts; an image part's `image` is the index of
+    its entry in `images`); empty for a one-turn completion."""
 
 
 @dataclass

@@ -61,8 +61,16 @@ def test_skip_mode_reports_every_bad_row_and_keeps_the_rest(tmp_path):
 def test_hf_saved_parquet_and_in_memory(tmp_path):
     datasets = pytest.importorskip("datasets")
     img = Image.new("RGB", (20, 10), (0, 0, 255))
-    rows = [_row(id="h1", image=str(tmp_path / "x.png"), answer_type="box", answer=None, boxes=[[1, 1, 5, 5]],
-                 image_size=[20, 10])]
+    rows = [
+        _row(
+            id="h1",
+            image=str(tmp_path / "x.png"),
+            answer_type="box",
+            answer=None,
+            boxes=[[1, 1, 5, 5]],
+            image_size=[20, 10],
+        )
+    ]
     img.save(tmp_path / "x.png")
     ds = datasets.Dataset.from_list(rows)
     ds.save_to_disk(str(tmp_path / "saved"))

@@ -23,8 +23,11 @@ def _image(path: Path, size: tuple[int, int], colour=(200, 30, 30)) -> bytes:
 
 
 def _llava(image: str, question: str, answer: str, **extra) -> dict:
-    return {"image": image, "conversations": [{"from": "human", "value": question}, {"from": "gpt", "value": answer}],
-            **extra}
+    return {
+        "image": image,
+        "conversations": [{"from": "human", "value": question}, {"from": "gpt", "value": answer}],
+        **extra,
+    }
 
 
 def _write(path: Path, rows: list[dict]) -> Path:
@@ -64,12 +67,30 @@ def test_converted_image_paths_are_relative_and_the_folder_moves(tmp_path, capsy
     Image.new("RGB", (32, 16), (0, 0, 250)).save(embedded, format="PNG")
     url = "data:image/png;base64," + base64.b64encode(embedded.getvalue()).decode()
     chat = project / "raw/chat.jsonl"
-    chat.write_text(json.dumps({"messages": [
-        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "Is "
-                                     "it blue?"}]}, {"role": "assistant", "content": "yes"}]}) + "\n")
+    chat.write_text(
+        json.dumps(
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image_url", "image_url": {"url": url}},
+                            {"type": "text", "text": "Is it blue?"},
+                        ],
+                    },
+                    {"role": "assistant", "content": "yes"},
+                ]
+            }
+        )
+        + "\n"
+    )
     train, val = project / "data/train.jsonl", project / "data/val.jsonl"
-    assert _convert(capsys, str(llava), "--preset", "llava", "--image-root", str(project / "images"),
-                    "--out", str(train))[0] == 0
+    assert (
+        _convert(capsys, str(llava), "--preset", "llava", "--image-root", str(project / "images"), "--out", str(train))[
+            0
+        ]
+        == 0
+    )
     assert _convert(capsys, str(chat), "--preset", "messages", "--out", str(val))[0] == 0
     assert _rows(train)[0]["image"] == "../images/a.png"  # relative to the output file's directory
     (written,) = (project / "data/val_images").iterdir()  # the embedded image, written once as a file
@@ -88,8 +109,10 @@ def test_converted_image_paths_are_relative_and_the_folder_moves(tmp_path, capsy
 
 def test_splits_converted_separately_get_disjoint_ids(tmp_path, capsys):
     _image(tmp_path / "src/a.png", (112, 112))
-    rows = [{"image": "a.png", "problem": f"How many cubes are there? ({i})", "solution": "<answer> 3 </answer>"}
-            for i in range(2)]  # R1-V rows carry no id
+    rows = [
+        {"image": "a.png", "problem": f"How many cubes are there? ({i})", "solution": "<answer> 3 </answer>"}
+        for i in range(2)
+    ]  # R1-V rows carry no id
     for split in ("train", "val"):
         src = _write(tmp_path / f"src/{split}.json", rows)
         assert _convert(capsys, str(src), "--preset", "r1v", "--out", str(tmp_path / f"data/{split}.jsonl"))[0] == 0
@@ -123,6 +146,8 @@ def test_a_missing_image_exits_1_listing_each_row_and_path(tmp_path, capsys):
     assert rc == 1 and summary["invalid"] == [] and summary["samples"] == 1
     missing = summary["missing_images"]
     assert [(m["row"], Path(m["image"]).name) for m in missing] == [
-        *((i, f"gone{i}.png") for i in range(2, 13)), (13, "lost.png")]
+        *((i, f"gone{i}.png") for i in range(2, 13)),
+        (13, "lost.png"),
+    ]
     assert missing[0]["problem"] == f"image file '{tmp_path / 'src/img/gone2.png'}' does not exist"
     assert missing[-1]["problem"].startswith("the row declares no image size and it cannot be read from the image")

@@ -10,8 +10,13 @@ from vlgrpo.data.schema import DataError
 
 
 def _row(sid: str, question: str = "How many?") -> bytes:
-    return json.dumps({"id": sid, "image": "img.png", "question": question, "answer": "2",
-                       "answer_type": "number"}, ensure_ascii=False).encode() + b"\n"
+    return (
+        json.dumps(
+            {"id": sid, "image": "img.png", "question": question, "answer": "2", "answer_type": "number"},
+            ensure_ascii=False,
+        ).encode()
+        + b"\n"
+    )
 
 
 def test_a_latin1_line_is_a_row_error_with_its_line_and_byte_offset(tmp_path):

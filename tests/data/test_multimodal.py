@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
+from video_files import write_mp4
 
 from vlgrpo.cli import main
 from vlgrpo.data.adapters import load_samples
@@ -17,7 +18,6 @@ from vlgrpo.data.rowcheck import RowVisuals, prompt_budget, row_problems
 from vlgrpo.data.schema import DataError, sample_from_dict
 from vlgrpo.data.video import VideoSampling, inspect_video
 from vlgrpo.types import Sample, Video
-from video_files import write_mp4
 
 
 @pytest.fixture
@@ -59,8 +59,10 @@ def test_schema_reads_images_video_markers_and_boxes(folder):
     assert (b.boxes, b.box_images) == ([[10.0, 20.0, 30.0, 40.0], [1.0, 2.0, 3.0, 4.0]], [1, 0])
     assert sample_from_dict(b.to_dict(), src, 4, None).box_images == [1, 0]  # to_dict writes the named form back
     refused = [
-        (_row(images=["a.png", "b.png"], answer_type="box", boxes=[[1, 2, 3, 4]]), "row 5, field 'boxes': the row "
-         "has 2 images: name the image of each box"),
+        (
+            _row(images=["a.png", "b.png"], answer_type="box", boxes=[[1, 2, 3, 4]]),
+            "row 5, field 'boxes': the row has 2 images: name the image of each box",
+        ),
         (_row(images=["a.png", "b.png"], boxes=[{"image": 2, "box": [1, 2, 3, 4]}]), r"field 'boxes'.* 0\.\.1"),
         (_row(image="a.png", images=["b.png"]), "field 'images': give `image`"),
         (_row(image=["a.png", "b.png"]), "field 'image': holds one image; put several in `images`"),
@@ -82,10 +84,18 @@ def test_markers_place_the_parts_else_they_go_first():
     tail = " " + instruction("text", "answer", "qwen2_5")
     first = Sample("a", "Which is wider?", images=["a.png", "b.png"], video=Video(path="v.mp4"))
     assert text(render_messages(first, "answer")[0]["content"]) == ["image", "image", "video", "Which is wider?" + tail]
-    placed = Sample("b", "Is <image> wider than <image> in <video>?", images=["a.png", "b.png"],
-                    video=Video(path="v.mp4"))
+    placed = Sample(
+        "b", "Is <image> wider than <image> in <video>?", images=["a.png", "b.png"], video=Video(path="v.mp4")
+    )
     assert text(render_messages(placed, "answer")[0]["content"]) == [
-        "Is ", "image", " wider than ", "image", " in ", "video", "?" + tail]
+        "Is ",
+        "image",
+        " wider than ",
+        "image",
+        " in ",
+        "video",
+        "?" + tail,
+    ]
     one = Sample("c", "What is <image> this?", image="a.png")  # a marker places the one image too
     assert text(render_messages(one, "answer")[0]["content"]) == ["What is ", "image", " this?" + tail]
 
@@ -96,8 +106,9 @@ def test_rows_with_several_images_or_a_video_have_no_problem_of_their_own(folder
     clip = Sample("clip", "q", "x", video=Video(path=str(folder / "v.mp4")))
     assert row_problems(two, RowVisuals([inspect_image(p) for p in two.images]), DEFAULT_GEOMETRY) == []
     assert row_problems(clip, RowVisuals([], inspect_video(clip.video, VideoSampling())), DEFAULT_GEOMETRY) == []
-    boxes = Sample("boxes", "Where?", None, "box", images=two.images, boxes=[[1, 1, 5, 5], [2, 2, 6, 6]],
-                   box_images=[0, 1])
+    boxes = Sample(
+        "boxes", "Where?", None, "box", images=two.images, boxes=[[1, 1, 5, 5], [2, 2, 6, 6]], box_images=[0, 1]
+    )
     problems = row_problems(boxes, RowVisuals([inspect_image(p) for p in two.images]), DEFAULT_GEOMETRY)
     assert [p[0] for p in problems] == ["boxes_across_images"]  # a box answer names no image
     one = Sample("one", "q", "x", image=str(folder / "a.png"))
@@ -120,12 +131,19 @@ def test_prompt_budget_by_hand(folder):
 
 
 def test_doctor_lists_rows_over_the_budget_and_warns_of_the_rest(folder):
-    rows = [_row(id="two", images=["a.png", "b.png"]),
-            _row(id="clip", video="v.mp4", question="What happens?"),
-            _row(id="short", video={"frames": ["f0.png", "f1.png"], "max_frames": 2}, question="What happens?"),
-            _row(id="box", images=["a.png", "b.png"], answer_type="box", answer=None,
-                 boxes=[{"image": 0, "box": [100, 10, 120, 20]}, {"image": 1, "box": [100, 10, 120, 20]}]),
-            _row(id="gone", images=["a.png", "nope.png"])]
+    rows = [
+        _row(id="two", images=["a.png", "b.png"]),
+        _row(id="clip", video="v.mp4", question="What happens?"),
+        _row(id="short", video={"frames": ["f0.png", "f1.png"], "max_frames": 2}, question="What happens?"),
+        _row(
+            id="box",
+            images=["a.png", "b.png"],
+            answer_type="box",
+            answer=None,
+            boxes=[{"image": 0, "box": [100, 10, 120, 20]}, {"image": 1, "box": [100, 10, 120, 20]}],
+        ),
+        _row(id="gone", images=["a.png", "nope.png"]),
+    ]
     (folder / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     stats, findings = check_split("d", str(folder / "d.jsonl"), DoctorSettings(max_prompt_length=300))
     by_row: dict[int, list[tuple[str, str]]] = {}
@@ -149,11 +167,13 @@ def test_doctor_lists_rows_over_the_budget_and_warns_of_the_rest(folder):
 def test_presets_keep_several_images_and_videos_through_convert(folder, capsys):
     hg = lambda q, a: [{"from": "human", "value": q}, {"from": "gpt", "value": a}]  # noqa: E731
     (folder / "raw").mkdir()
-    llava = [{"id": 1, "image": ["../a.png", "../b.png"], "conversations": hg("<image>\n<image>\nWider one?", "B")},
-             {"id": 2, "video": "../v.mp4", "conversations": hg("<video>\nWhat happens?", "it brightens")},
-             {"id": 3, "image": ["../a.png", "../b.png"], "conversations": hg("Where?", "[1, 2, 30, 40]")},
-             {"id": 4, "image": "../a.png", "conversations": hg("<image>Q?", "yes"), "more": 1},
-             {"id": 5, "image": "../a.png", "conversations": [*hg("Q?", "yes"), *hg("And?", "no")]}]
+    llava = [
+        {"id": 1, "image": ["../a.png", "../b.png"], "conversations": hg("<image>\n<image>\nWider one?", "B")},
+        {"id": 2, "video": "../v.mp4", "conversations": hg("<video>\nWhat happens?", "it brightens")},
+        {"id": 3, "image": ["../a.png", "../b.png"], "conversations": hg("Where?", "[1, 2, 30, 40]")},
+        {"id": 4, "image": "../a.png", "conversations": hg("<image>Q?", "yes"), "more": 1},
+        {"id": 5, "image": "../a.png", "conversations": [*hg("Q?", "yes"), *hg("And?", "no")]},
+    ]
     (folder / "raw/llava.json").write_text(json.dumps(llava))
     out = folder / "conv/llava.jsonl"
     assert main(["data", "convert", str(folder / "raw/llava.json"), "--preset", "llava", "--out", str(out)]) == 1
@@ -167,10 +187,25 @@ def test_presets_keep_several_images_and_videos_through_convert(folder, capsys):
     assert clip.video == Video(path=str(folder / "conv/../v.mp4")) and clip.question == "What happens?"
     assert one.image == str(folder / "conv/../a.png")
 
-    messages = [{"messages": [{"role": "user", "content": [
-        {"type": "text", "text": "Compare"}, {"type": "image"}, {"type": "text", "text": "and"}, {"type": "image"},
-        {"type": "video", "video": ["f0.png", "f1.png", "f2.png"]}, {"type": "text", "text": "Same colour?"}]},
-        {"role": "assistant", "content": "no"}], "images": ["a.png", "b.png"]}]
+    messages = [
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "Compare"},
+                        {"type": "image"},
+                        {"type": "text", "text": "and"},
+                        {"type": "image"},
+                        {"type": "video", "video": ["f0.png", "f1.png", "f2.png"]},
+                        {"type": "text", "text": "Same colour?"},
+                    ],
+                },
+                {"role": "assistant", "content": "no"},
+            ],
+            "images": ["a.png", "b.png"],
+        }
+    ]
     (folder / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in messages))
     out = folder / "conv/m.jsonl"
     assert main(["data", "convert", str(folder / "m.jsonl"), "--preset", "messages", "--out", str(out)]) == 0
@@ -181,20 +216,29 @@ def test_presets_keep_several_images_and_videos_through_convert(folder, capsys):
     assert [Path(p).name for p in s.video.frames] == ["f0.png", "f1.png", "f2.png"]
     assert json.loads(out.read_text())["video"] == ["../f0.png", "../f1.png", "../f2.png"]
 
-    easyr1 = [{"images": [], "videos": [["f0.png", "f1.png", "gone.png"]], "problem": "<video>Brighter?",
-               "answer": "yes"},
-              {"images": ["a.png"], "videos": ["v.mp4"], "problem": "<image><video>Same?", "answer": "no"},
-              {"videos": ["v.mp4", "v.mp4"], "problem": "<video><video>Same?", "answer": "yes"}]
+    easyr1 = [
+        {"images": [], "videos": [["f0.png", "f1.png", "gone.png"]], "problem": "<video>Brighter?", "answer": "yes"},
+        {"images": ["a.png"], "videos": ["v.mp4"], "problem": "<image><video>Same?", "answer": "no"},
+        {"videos": ["v.mp4", "v.mp4"], "problem": "<video><video>Same?", "answer": "yes"},
+    ]
     (folder / "e.jsonl").write_text("".join(json.dumps(r) + "\n" for r in easyr1))
     out = folder / "conv/e.jsonl"
     assert main(["data", "convert", str(folder / "e.jsonl"), "--preset", "easyr1", "--out", str(out), "--json"]) == 1
     summary = json.loads(capsys.readouterr().out)
     assert summary["skipped"] == {"several_videos": [3]} and summary["samples"] == 1
-    assert summary["missing_images"] == [{"row": 1, "image": str(folder / "gone.png"),
-                                          "problem": f"frame 2 of the video '{folder / 'gone.png'}' does not exist"}]
+    assert summary["missing_images"] == [
+        {
+            "row": 1,
+            "image": str(folder / "gone.png"),
+            "problem": f"frame 2 of the video '{folder / 'gone.png'}' does not exist",
+        }
+    ]
     (s,) = load_samples(out).samples
-    assert (s.images, s.video, s.question) == ([str(folder / "conv/../a.png")], Video(str(folder / "conv/../v.mp4")),
-                                               "Same?")
+    assert (s.images, s.video, s.question) == (
+        [str(folder / "conv/../a.png")],
+        Video(str(folder / "conv/../v.mp4")),
+        "Same?",
+    )
 
 
 def test_the_doctor_of_a_run_config_samples_video_as_its_data_video_says(folder):

@@ -45,24 +45,56 @@ def _human_gpt(question, answer):
 def test_llava_mix665k_json_array(tmp_path):
     _image(tmp_path / "coco/train2017/000000314530.jpg")
     rows = [
-        {"id": "000000033471", "image": "coco/train2017/000000033471.jpg", "conversations": [
-            *_human_gpt("<image>\nWhat are the colors of the bus in the image?",
-                        "The bus in the image is white and red."),
-            *_human_gpt("What feature can be seen on the back of the bus?",
-                        "The back of the bus features an advertisement.")]},
-        {"id": "000000215677", "image": "coco/train2017/000000215677.jpg", "conversations": _human_gpt(
-            "<image>\nIs the man wearing a hat?\nAnswer the question using a single word or phrase.", "Yes")},
-        {"id": "aokvqa_1", "image": "coco/train2017/000000215677.jpg", "conversations": _human_gpt(
-            "<image>\nWhat is the man holding?\nA. a kite\nB. a frisbee\nC. an umbrella\nD. a bat\n"
-            "Answer with the option's letter from the given choices directly.", "B")},
-        {"id": "000000262145", "image": "coco/train2017/000000262145.jpg", "conversations": _human_gpt(
-            "<image>\nHow many giraffes are there?\nAnswer the question using a single word or phrase.", "2")},
-        {"id": "000000314530", "image": "coco/train2017/000000314530.jpg", "conversations": _human_gpt(
-            "<image>\nPlease provide the bounding box coordinate of the region this sentence describes: a man bent "
-            "over behind the cigarette.", "[0.61, 0.36, 0.92, 0.83]")},
+        {
+            "id": "000000033471",
+            "image": "coco/train2017/000000033471.jpg",
+            "conversations": [
+                *_human_gpt(
+                    "<image>\nWhat are the colors of the bus in the image?", "The bus in the image is white and red."
+                ),
+                *_human_gpt(
+                    "What feature can be seen on the back of the bus?", "The back of the bus features an advertisement."
+                ),
+            ],
+        },
+        {
+            "id": "000000215677",
+            "image": "coco/train2017/000000215677.jpg",
+            "conversations": _human_gpt(
+                "<image>\nIs the man wearing a hat?\nAnswer the question using a single word or phrase.", "Yes"
+            ),
+        },
+        {
+            "id": "aokvqa_1",
+            "image": "coco/train2017/000000215677.jpg",
+            "conversations": _human_gpt(
+                "<image>\nWhat is the man holding?\nA. a kite\nB. a frisbee\nC. an umbrella\nD. a bat\n"
+                "Answer with the option's letter from the given choices directly.",
+                "B",
+            ),
+        },
+        {
+            "id": "000000262145",
+            "image": "coco/train2017/000000262145.jpg",
+            "conversations": _human_gpt(
+                "<image>\nHow many giraffes are there?\nAnswer the question using a single word or phrase.", "2"
+            ),
+        },
+        {
+            "id": "000000314530",
+            "image": "coco/train2017/000000314530.jpg",
+            "conversations": _human_gpt(
+                "<image>\nPlease provide the bounding box coordinate of the region this sentence describes: a man bent "
+                "over behind the cigarette.",
+                "[0.61, 0.36, 0.92, 0.83]",
+            ),
+        },
         {"id": "i6IyJda_0", "model": "", "conversations": _human_gpt("Write a haiku about spring.", "…")},
-        {"id": "000000033472", "image": "coco/train2017/000000033472.jpg", "conversations": _human_gpt(
-            "<image>\nDescribe the image concisely.", "A red bus parked by the road.")},
+        {
+            "id": "000000033472",
+            "image": "coco/train2017/000000033472.jpg",
+            "conversations": _human_gpt("<image>\nDescribe the image concisely.", "A red bus parked by the road."),
+        },
         {"id": "broken", "image": "coco/train2017/x.jpg", "conversations": [{"from": "gpt", "value": "hi"}]},
     ]
     path = tmp_path / "llava_v1_5_mix665k.json"
@@ -95,15 +127,31 @@ def test_llava_mix665k_json_array(tmp_path):
 # relative to --image_folders, a list of paths for multi-image rows; REC answers are original-image pixels.
 def test_vlm_r1_jsonl_through_the_llava_preset(tmp_path):
     rows = [
-        {"id": 1, "image": "Clevr_CoGenT_TrainA_R1/data/images/CLEVR_trainA_000001_16885.png",
-         "conversations": _human_gpt("<image>What number of purple metallic balls are there?", "0")},
-        {"id": 2, "image": ["Clevr_CoGenT_TrainA_R1/data/images/CLEVR_trainA_000001_16885.png",
-                            "Clevr_CoGenT_TrainA_R1/data/images/CLEVR_trainA_000001_16886.png"],
-         "conversations": _human_gpt("<image><image>What number of purple metallic balls in total within the two "
-                                     "images?", "3")},
-        {"id": 3, "image": "train2014/COCO_train2014_000000581857.jpg", "accu_reward_method": "default",
-         "conversations": _human_gpt("<image>Please provide the bounding box coordinate of the region this sentence "
-                                     "describes: the lady with the blue shirt.", "[103.93, 299.99, 238.15, 477.41]")},
+        {
+            "id": 1,
+            "image": "Clevr_CoGenT_TrainA_R1/data/images/CLEVR_trainA_000001_16885.png",
+            "conversations": _human_gpt("<image>What number of purple metallic balls are there?", "0"),
+        },
+        {
+            "id": 2,
+            "image": [
+                "Clevr_CoGenT_TrainA_R1/data/images/CLEVR_trainA_000001_16885.png",
+                "Clevr_CoGenT_TrainA_R1/data/images/CLEVR_trainA_000001_16886.png",
+            ],
+            "conversations": _human_gpt(
+                "<image><image>What number of purple metallic balls in total within the two images?", "3"
+            ),
+        },
+        {
+            "id": 3,
+            "image": "train2014/COCO_train2014_000000581857.jpg",
+            "accu_reward_method": "default",
+            "conversations": _human_gpt(
+                "<image>Please provide the bounding box coordinate of the region this sentence "
+                "describes: the lady with the blue shirt.",
+                "[103.93, 299.99, 238.15, 477.41]",
+            ),
+        },
     ]
     path = tmp_path / "annotations" / "rec.jsonl"
     path.parent.mkdir()
@@ -116,8 +164,10 @@ def test_vlm_r1_jsonl_through_the_llava_preset(tmp_path):
     assert clevr.image == str(tmp_path / "images/Clevr_CoGenT_TrainA_R1/data/images/CLEVR_trainA_000001_16885.png")
     assert clevr.images == [clevr.image]  # the one-image form
     # two images: kept, in order; their leading markers dropped (the images go first anyway); `image` stays None
-    assert both.image is None and [Path(p).name for p in both.images] == ["CLEVR_trainA_000001_16885.png",
-                                                                           "CLEVR_trainA_000001_16886.png"]
+    assert both.image is None and [Path(p).name for p in both.images] == [
+        "CLEVR_trainA_000001_16885.png",
+        "CLEVR_trainA_000001_16886.png",
+    ]
     assert (both.question, both.answer) == ("What number of purple metallic balls in total within the two images?", "3")
     assert rec.answer_type == "box" and rec.boxes == [[103.93, 299.99, 238.15, 477.41]]  # pixels: kept as they are
     assert rec.image_size == (427, 640)  # not declared: read from the image header (box rewards convert with it)
@@ -131,17 +181,26 @@ def test_vlm_r1_jsonl_through_the_llava_preset(tmp_path):
 # on a 0-1000 scale, or 'No Objects' (laolao77/ViRFT_COCO_base65 data card).
 def test_r1v_and_visual_rft_parquet(tmp_path):
     datasets = pytest.importorskip("datasets")
-    detect = ("Detect all objects belonging to the category '{c}' in the image, and provide the bounding boxes "
-              "(between 0 and 1000, integer) and confidence (between 0 and 1, with two decimal places).\nIf no object "
-              "belonging to the category '{c}' in the image, return 'No Objects'.\nOutput the thinking process in "
-              "<think> </think> and final answer in <answer> </answer> tags.")
+    detect = (
+        "Detect all objects belonging to the category '{c}' in the image, and provide the bounding boxes "
+        "(between 0 and 1000, integer) and confidence (between 0 and 1, with two decimal places).\nIf no object "
+        "belonging to the category '{c}' in the image, return 'No Objects'.\nOutput the thinking process in "
+        "<think> </think> and final answer in <answer> </answer> tags."
+    )
     table = {
         "image": [Image.open(io.BytesIO(_png())) for _ in range(4)],
-        "problem": ["How many items are there in the image?", "What is the date on the letter?",
-                    detect.format(c="tv"), detect.format(c="zebra")],
-        "solution": ["<answer> 3 </answer>", "<answer> 1/8/93 </answer>",
-                     "<answer>[{'Position': [1, 364, 98, 649], 'Confidence': 1}]</answer>",
-                     "<answer>No Objects</answer>"],
+        "problem": [
+            "How many items are there in the image?",
+            "What is the date on the letter?",
+            detect.format(c="tv"),
+            detect.format(c="zebra"),
+        ],
+        "solution": [
+            "<answer> 3 </answer>",
+            "<answer> 1/8/93 </answer>",
+            "<answer>[{'Position': [1, 364, 98, 649], 'Confidence': 1}]</answer>",
+            "<answer>No Objects</answer>",
+        ],
     }
     ds = datasets.Dataset.from_dict(table).cast_column("image", datasets.Image())
     ds.to_parquet(str(tmp_path / "train.parquet"))
@@ -160,14 +219,25 @@ def test_r1v_and_visual_rft_parquet(tmp_path):
 # VLM-R1's REC annotations (rec_jsons_processed/*.json): a JSON array; `solution` is [x1, y1, x2, y2] in original-image
 # pixels, with `width`, `height` and a 0-1000 `normalized_solution` beside it (the row quoted in om-ai-lab/VLM-R1#11).
 def test_vlm_r1_rec_json(tmp_path):
-    row = {"height": 640, "width": 427, "id": 0, "original_id": 1719310, "dataset_name": "refcoco",
-           "area": 14863.6156, "iscrowd": 0, "image_id": 0, "category_id": 1,
-           "bbox_list": [[103.93, 299.99, 237.15, 476.41]], "text_type": "caption",
-           "image": "train2014/COCO_train2014_000000581857.jpg",
-           "problem": "Please provide the bounding box coordinate of the region this sentence describes: the lady "
-                      "with the blue shirt.",
-           "normal_caption": "the lady with the blue shirt", "solution": [103.93, 299.99, 238.15, 477.41],
-           "normalized_solution": [243, 468, 557, 745]}
+    row = {
+        "height": 640,
+        "width": 427,
+        "id": 0,
+        "original_id": 1719310,
+        "dataset_name": "refcoco",
+        "area": 14863.6156,
+        "iscrowd": 0,
+        "image_id": 0,
+        "category_id": 1,
+        "bbox_list": [[103.93, 299.99, 237.15, 476.41]],
+        "text_type": "caption",
+        "image": "train2014/COCO_train2014_000000581857.jpg",
+        "problem": "Please provide the bounding box coordinate of the region this sentence describes: the lady "
+        "with the blue shirt.",
+        "normal_caption": "the lady with the blue shirt",
+        "solution": [103.93, 299.99, 238.15, 477.41],
+        "normalized_solution": [243, 468, 557, 745],
+    }
     edge = {**row, "id": 1, "solution": [300.0, 500.0, 427.9, 640.5]}  # x + w + 1 past the right and bottom edges
     path = tmp_path / "refcoco_train.json"
     path.write_text(json.dumps([row, edge], indent=4))
@@ -186,10 +256,14 @@ def test_messages_trl_saved_dataset(tmp_path):
     def part(kind, text=None, index=None):
         return {"index": index, "text": text, "type": kind}
 
-    single = [{"role": "user", "content": [part("text", "How many dogs are in the picture?"), part("image", index=0)]},
-              {"role": "assistant", "content": [part("text", "2")]}]
-    several = single + [{"role": "user", "content": [part("text", "What breed?")]},
-                        {"role": "assistant", "content": [part("text", "Corgis.")]}]
+    single = [
+        {"role": "user", "content": [part("text", "How many dogs are in the picture?"), part("image", index=0)]},
+        {"role": "assistant", "content": [part("text", "2")]},
+    ]
+    several = single + [
+        {"role": "user", "content": [part("text", "What breed?")]},
+        {"role": "assistant", "content": [part("text", "Corgis.")]},
+    ]
     image = Image.open(io.BytesIO(_png()))
     ds = datasets.Dataset.from_dict({"messages": [single, several], "images": [[image], [image]]})
     ds = ds.cast_column("images", datasets.Sequence(datasets.Image()))
@@ -197,8 +271,7 @@ def test_messages_trl_saved_dataset(tmp_path):
 
     result = load_samples(tmp_path / "vsft", errors="skip", preset="messages")
     (s,) = result.samples
-    assert (s.id, s.question, s.answer_type, s.answer) == ("vsft-1", "How many dogs are in the picture?", "number",
-                                                           "2")
+    assert (s.id, s.question, s.answer_type, s.answer) == ("vsft-1", "How many dogs are in the picture?", "number", "2")
     assert isinstance(s.image, bytes) and _skipped(result) == {2: "several_turns"}
 
 
@@ -209,17 +282,33 @@ def test_messages_openai_jsonl_and_trl_prompt_completion(tmp_path):
     data_url = "data:image/png;base64," + base64.b64encode(_png()).decode()
     _image(tmp_path / "sky.png", fmt="PNG")
     rows = [
-        {"messages": [{"role": "system", "content": "You are an assistant that identifies animals."},
-                      {"role": "user", "content": "Is there a cat in this picture?"},
-                      {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url}}]},
-                      {"role": "assistant", "content": "Yes"}]},
-        {"messages": [{"role": "user", "content": [{"type": "text", "text": "Describe this artwork."},
-                      {"type": "image_url", "image_url": {"url": "https://upload.wikimedia.org/a.jpg"}}]},
-                      {"role": "assistant", "content": "A sunflower still life."}]},
-        {"images": ["sky.png"],
-         "prompt": [{"role": "user",
-                     "content": [{"type": "image"}, {"type": "text", "text": "What color is the sky?"}]}],
-         "completion": [{"role": "assistant", "content": [{"type": "text", "text": "It is blue."}]}]},
+        {
+            "messages": [
+                {"role": "system", "content": "You are an assistant that identifies animals."},
+                {"role": "user", "content": "Is there a cat in this picture?"},
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url}}]},
+                {"role": "assistant", "content": "Yes"},
+            ]
+        },
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "Describe this artwork."},
+                        {"type": "image_url", "image_url": {"url": "https://upload.wikimedia.org/a.jpg"}},
+                    ],
+                },
+                {"role": "assistant", "content": "A sunflower still life."},
+            ]
+        },
+        {
+            "images": ["sky.png"],
+            "prompt": [
+                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What color is the sky?"}]}
+            ],
+            "completion": [{"role": "assistant", "content": [{"type": "text", "text": "It is blue."}]}],
+        },
     ]
     path = tmp_path / "train.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -238,11 +327,13 @@ def test_messages_openai_jsonl_and_trl_prompt_completion(tmp_path):
 def test_easyr1_geometry3k_parquet_and_the_cli(tmp_path, capsys):
     datasets = pytest.importorskip("datasets")
     image = Image.open(io.BytesIO(_png()))
-    ds = datasets.Dataset.from_dict({
-        "images": [[image], [image], [image, image]],
-        "problem": ["<image>Find x.", "<image>Find the length of the altitude.", "<image><image>Which is larger?"],
-        "answer": ["3", "2 \\sqrt { 3 }", "A"],
-    }).cast_column("images", datasets.Sequence(datasets.Image()))
+    ds = datasets.Dataset.from_dict(
+        {
+            "images": [[image], [image], [image, image]],
+            "problem": ["<image>Find x.", "<image>Find the length of the altitude.", "<image><image>Which is larger?"],
+            "answer": ["3", "2 \\sqrt { 3 }", "A"],
+        }
+    ).cast_column("images", datasets.Sequence(datasets.Image()))
     src = tmp_path / "geometry3k" / "train.parquet"
     src.parent.mkdir()
     ds.to_parquet(str(src))
@@ -328,8 +419,10 @@ def test_infer_answer(answer, question, hint, expected):
 # two images: `vlgrpo data doctor --preset` reads them as training does.
 def test_doctor_reads_a_preset_and_column_renames(tmp_path, capsys):
     _image(tmp_path / "a.png", fmt="PNG")
-    rows = [{"image": "a.png", "problem": "How many cubes are there?", "solution": "<answer> 3 </answer>"},
-            {"image": ["a.png", "a.png"], "problem": "Same?", "solution": "<answer> yes </answer>"}]
+    rows = [
+        {"image": "a.png", "problem": "How many cubes are there?", "solution": "<answer> 3 </answer>"},
+        {"image": ["a.png", "a.png"], "problem": "Same?", "solution": "<answer> yes </answer>"},
+    ]
     path = tmp_path / "r1v.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     argv = ["data", "doctor", str(path), "--no-progress", "--json"]
@@ -343,3 +436,92 @@ def test_doctor_reads_a_preset_and_column_renames(tmp_path, capsys):
     renamed.write_text(json.dumps({"img": "a.png", "query": "Is it red?", "label": "yes"}) + "\n")
     columns = "image=img,question=query,answer=label"
     assert main(["data", "doctor", str(renamed), "--no-progress", "--columns", columns]) == 0
+
+
+# DeepEyes-47k (ChenShawn/DeepEyes-Datasets-47k), verl's RL parquet rows as Visual-Agent/DeepEyes trains on them:
+# `prompt` chat messages (the system turn describes image_zoom_in_tool; the user turn holds `<image>`, split there by
+# verl/utils/dataset/rl_dataset.py, and PROMPT.USER_PROMPT_V2), `images` a list of {"bytes", "path"}, `reward_model`
+# {"ground_truth", "style"}, `extra_info` {"question", "answer", "index", "split"} (vl_agent.py's reward reads
+# extra_info["question"]), `data_source` (vstar, chart, thinklite_eureka: verl/utils/reward_score/__init__.py),
+# `env_name` (visual_toolbox_v2 for the rows whose rollout may call the tool), `ability`.
+DEEPEYES_SYSTEM = "You are a helpful assistant.\n\n# Tools\nYou may call one or more functions to assist with the user"
+DEEPEYES_INSTRUCTION = (
+    "\nThink first, call **image_zoom_in_tool** if needed, then answer. Format strictly as:  <think>...</think>  "
+    "<tool_call>...</tool_call> (if tools needed)  <answer>...</answer> "
+)
+
+
+def _deepeyes_row(source, question, truth, env="visual_toolbox_v2", asked=True, images=1, turns=()):
+    return {
+        "data_source": source,
+        "prompt": [
+            {"role": "system", "content": DEEPEYES_SYSTEM},
+            {"role": "user", "content": "<image>\n" + question + DEEPEYES_INSTRUCTION},
+            *turns,
+        ],
+        "images": [{"bytes": _png(), "path": None} for _ in range(images)],
+        "ability": "vqa" if source != "thinklite_eureka" else "math",
+        "env_name": env,
+        "reward_model": {"ground_truth": truth, "style": "model"},
+        "extra_info": {"question": question if asked else None, "answer": truth, "index": 7, "split": "train"},
+    }
+
+
+def test_deepeyes_parquet_rows(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [
+        _deepeyes_row("vstar", "What is the color of the woman's bag?", "The woman's bag is red."),
+        _deepeyes_row("chart", "What is the highest value in the chart?", "42"),
+        _deepeyes_row("thinklite_eureka", "Find x.", "\\frac{1}{2}", env="", asked=False),
+        _deepeyes_row("vstar", "Which side is the dog on?\n(A) left\n(B) right", "B"),
+        _deepeyes_row("vstar", "Is it red?", "yes", turns=[{"role": "assistant", "content": "<answer>yes</answer>"}]),
+        _deepeyes_row("vstar", "Is it red?", "yes", images=0),
+    ]
+    src = tmp_path / "data_v0.8_visual_toolbox_v2.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), src)
+
+    result = load_samples(src, preset="deepeyes")
+    bag, chart, math, side = result.samples
+    assert (bag.question, bag.answer_type, bag.answer) == (
+        "What is the color of the woman's bag?",
+        "text",  # a sentence: the judge reward (reward.judge) scores it, as DeepEyes' Qwen2.5-72B judge does
+        "The woman's bag is red.",
+    )
+    assert isinstance(bag.image, bytes) and bag.image == _png()
+    assert bag.meta == {
+        "data_source": "vstar",
+        "ability": "vqa",
+        "env_name": "visual_toolbox_v2",
+        "extra_info": {
+            "question": "What is the color of the woman's bag?",
+            "answer": "The woman's bag is red.",
+            "index": 7,
+            "split": "train",
+        },
+        "system": DEEPEYES_SYSTEM,
+    }
+    assert (chart.answer_type, chart.answer) == ("number", "42")
+    # no extra_info.question: the user turn without <image> and without DeepEyes' format instruction
+    assert (math.question, math.answer_type, math.answer) == ("Find x.", "math", "\\frac{1}{2}")
+    assert (side.answer_type, side.answer) == ("choice", "B")  # a letter the question lists
+    assert _skipped(result) == {5: "several_turns", 6: "no_image"} and len(result.errors) == 2
+
+    out = tmp_path / "converted.jsonl"
+    assert main(["data", "convert", str(src), "--preset", "deepeyes", "--out", str(out)]) == 0
+    assert "2 skipped" in capsys.readouterr().out
+    assert [s.answer for s in load_samples(out).samples] == ["The woman's bag is red.", "42", "\\frac{1}{2}", "B"]
+
+    bad = tmp_path / "bad.parquet"  # a row without its gold answer is an error naming the field, not a skip
+    no_gold = {**_deepeyes_row("chart", "What is it?", "x"), "reward_model": {"ground_truth": "", "style": "model"}}
+    pq.write_table(pa.Table.from_pylist([rows[0], no_gold]), bad)
+    with pytest.raises(DataError, match=r"bad.parquet, row 2, field 'reward_model': needs ground_truth"):
+        load_samples(bad, preset="deepeyes")
+
+
+def test_deepeyes_rows_are_told_apart_from_the_other_presets():
+    keys = ["data_source", "prompt", "images", "ability", "env_name", "reward_model", "extra_info"]
+    assert matching_presets(keys) == ["deepeyes"]
+    assert matching_presets(["prompt", "images", "reward_model"]) == []  # verl's rows without data_source: no guess
+    assert CHOICES["data.preset"][-1] == "deepeyes"

@@ -40,7 +40,7 @@ def test_answers_and_boxes_match_the_pixels(tmp_path):
         pixels = np.asarray(Image.open(s.image).convert("RGB")).astype(int)
         for obj in scene:  # each box is the exact extent of its coloured pixels
             x1, y1, x2, y2 = obj["box"]
-            mask = (np.abs(pixels[y1:y2, x1:x2] - 255).sum(-1) > 0)
+            mask = np.abs(pixels[y1:y2, x1:x2] - 255).sum(-1) > 0
             ys, xs = np.nonzero(mask)
             assert (xs.min(), xs.max() + 1) == (0, x2 - x1) and ys.max() + 1 == y2 - y1
         boxes = [o["box"] for o in scene]
@@ -137,10 +137,77 @@ def test_compare_and_motion_answers_match_the_pixels(tmp_path):
     for s in motion:  # the circle's centre, frame by frame, from its pixels
         colour = s.question.split()[2]  # "Does the red circle move left or right?"
         assert s.image is None and s.images == [] and len(s.video.frames) == 4
-        xs = [np.nonzero((np.asarray(Image.open(f).convert("RGB")) == RGB[colour]).all(-1))[1].mean()
-              for f in s.video.frames]
+        xs = [
+            np.nonzero((np.asarray(Image.open(f).convert("RGB")) == RGB[colour]).all(-1))[1].mean()
+            for f in s.video.frames
+        ]
         steps = np.diff(xs)
         assert (steps > 0).all() if s.answer == "right" else (steps < 0).all()
         assert abs(xs[-1] - xs[0]) >= 112 - 2 * (112 // 4) - 112 // 6 - 1  # from one quarter to the other
     with pytest.raises(InputError, match="accepted: count, colour, exist, ground, compare, motion"):
         synth_dataset(tmp_path / "bad", 10, kinds=("spin",))
+
+
+def test_zoom_rows_hold_one_tiny_target_whose_colour_the_pixels_at_its_box_centre_show(tmp_path):
+    from vlgrpo.data.synth import COLOURS, RGB, ZOOM_PLACES
+
+    assert main(["data", "synth", "--out", str(tmp_path), "--n", "60", "--seed", "4", "--kinds", "zoom"]) == 0
+    samples = [s for split in ("train", "val", "test") for s in load_samples(tmp_path / f"{split}.jsonl").samples]
+    assert len(samples) == 60 and {s.task for s in samples} == {"shapes/zoom"}
+    places = set()
+    for s in samples:
+        pixels = np.asarray(Image.open(s.image).convert("RGB")).astype(int)
+        assert pixels.shape == (448, 448, 3) and s.image_size == (448, 448)  # 4 x the 112 px default
+        assert (s.answer_type, s.objects) == ("text", []) and s.answer in COLOURS
+        ((x1, y1, x2, y2),) = s.boxes  # the target, in original pixels: 7 px (112 // 16), inside the image
+        assert (x2 - x1, y2 - y1) == (7, 7) and 0 <= x1 and 0 <= y1 and x2 <= 448 and y2 <= 448
+        cx, cy = int(x1 + x2) // 2, int(y1 + y2) // 2
+        assert tuple(pixels[cy, cx]) == RGB[s.answer]  # the answer is the colour drawn at the box centre
+        where = s.question.removeprefix("What colour is the small shape near the ").removesuffix(" of the image?")
+        assert ZOOM_PLACES[(cy // (448 // 3), cx // (448 // 3))] == where  # the 3 x 3 cell the question names
+        places.add(where)
+        *others, target = s.meta["scene"]
+        assert (
+            target["box"] == s.boxes[0]
+            and target["colour"] == s.answer
+            and s.meta["reasoning"] == (f"{target['colour']} {target['shape']}")
+        )
+        for o in others:  # the distractors are 28-56 px and keep a target's width away from it
+            bx1, by1, bx2, by2 = o["box"]
+            assert 28 <= bx2 - bx1 <= 56
+            assert x2 + 7 <= bx1 or bx2 + 7 <= x1 or y2 + 7 <= by1 or by2 + 7 <= y1
+    assert len(places) == 9  # every cell of the grid is asked about
+
+
+def test_the_zoom_target_is_a_few_pixels_after_the_tiny_bases_resize():
+    """The tiny base's processor (max_pixels 224 x 224) halves a 448 px zoom image: its 7 px target keeps 3-4 px,
+    under a quarter of a 14 px patch."""
+    from pathlib import Path
+
+    from vlgrpo.data.images import checkpoint_geometry
+
+    base = Path(__file__).resolve().parents[2] / "data" / "models" / "shapes-tiny-qwen2_5_vl"
+    geometry, _ = checkpoint_geometry(str(base))
+    assert geometry.resized_hw(448, 448) == (224, 224) and geometry.num_image_tokens(448, 448) == 64
+
+
+def test_the_default_kinds_write_byte_for_byte_what_they_wrote_before_zoom(tmp_path):
+    """Zoom draws from the random stream only on its own rows: the default data (and so the demo's pinned figures)
+    are unchanged. The digests are of the JSONL, which holds no encoder output (only boxes, names and paths)."""
+    paths = synth_dataset(tmp_path, 50, seed=0)
+    digests = {split: hashlib.sha256(path.read_bytes()).hexdigest()[:16] for split, path in paths.items()}
+    assert digests == {"train": "2aa2fec37464552a", "val": "d48f3a7a80db64d0", "test": "5bfde610547db807"}
+
+
+def test_the_demo_selects_the_zoom_kind(tmp_path, monkeypatch):
+    """`vlgrpo demo --kinds count,zoom` hands the kinds to the data synthesis; zoom is scored by the VQA suite and adds
+    no POPE of its own; the default demo keeps its four kinds."""
+    import vlgrpo.demo as demo
+
+    seen = []
+    monkeypatch.setattr(demo, "run_demo", lambda out, settings: seen.append(settings))
+    assert main(["demo", "--out", str(tmp_path / "d"), "--kinds", "count,zoom"]) == 0
+    assert seen == [demo.DemoSettings(kinds=("count", "zoom"))] and demo.DemoSettings().kinds == KINDS
+    assert demo.demo_suites(("zoom",)) == ["vqa"] and demo.demo_suites(("count", "zoom")) == ["vqa", "pope"]
+    grpo = demo.stage_config(seen[0], tmp_path, "grpo", tmp_path / "sft_model")
+    assert grpo.eval.suites == ["vqa"] and "iou" not in grpo.reward.recipe

@@ -372,3 +372,28 @@ def test_qwen3_5_9b_lora_and_zero3_on_8_gpus(capsys):
     for argv in (("--lora-rank", "64"), ("--zero", "3")):
         rows = verdict_rows(capsys, "--model", "qwen3.5-9b", "--gpus", "8", *argv)
         assert " fits: update peak" in rows["A100-80GB"] and "does NOT fit" in rows["A100-40GB"]
+
+
+def test_plan_prices_a_judge_per_step(capsys):
+    """8 GPUs x 4 prompts x 8 completions = 256 requests; a prompt: the template's 9 characters outside its
+    placeholders (2 tokens at 4 characters a token) + 64 question tokens + 100 completion tokens = 166."""
+    recipe = ["--set", "reward.recipe={judge: 1.0}", "--set", "reward.judge.base_url=http://judge:8000/v1"]
+    judge = ["--set", "reward.judge.model=big", "--set", "reward.judge.prompt=Q {question} A {answer} R {response}."]
+    argv = ["plan", "configs/qwen2_5_vl_7b_lora_8xa100.yaml", "--set", "rollout.max_new_tokens=100", *recipe, *judge]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "judge (big at http://judge:8000/v1): at most 256 requests per step (4 prompts x 8 completions x 8 " in out
+    assert "each of about 166 prompt tokens and up to 16 reply tokens: about 42,496 tokens prefilled" in out
+    assert main(["plan", "configs/qwen2_5_vl_7b_lora_8xa100.yaml"]) == 0 and "judge" not in capsys.readouterr().out
+
+
+def test_plan_prices_tool_turns(capsys):
+    """rollout.max_turns=5 at 512 new tokens a turn and 256-token images (448 px, the default plan image): 5 x 512
+    sampled + 4 tool responses x (256 crop tokens + 24) = 3,680 tokens after the prompt, priced in every term."""
+    tools = ["--set", "rollout.tools=[zoom_in]", "--set", "rollout.max_turns=5", "--set", "rollout.engine=hf"]
+    assert main(["plan", "configs/qwen2_5_vl_7b_lora_8xa100.yaml", "--json", *tools]) == 0
+    assert json.loads(capsys.readouterr().out)["inputs"]["completion_tokens"] == 3680
+    assert main(["plan", "configs/qwen2_5_vl_7b_lora_8xa100.yaml", *tools]) == 0
+    assert "rollout.max_turns=5: 3,680 tokens after the prompt planned (5 x 512 sampled + 4 tool responses" in (
+        capsys.readouterr().out
+    )

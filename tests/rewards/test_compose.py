@@ -178,7 +178,7 @@ def test_default_recipes_and_registry_names():
     assert default_recipe("box") == {"iou": 1.0, "format": 0.5}
     with pytest.raises(RewardError, match="answer_type 'video' has no default recipe"):
         default_recipe("video")
-    assert set(REWARDS) == {"accuracy", "format", "iou", "iou_threshold", "giou"}
+    assert set(REWARDS) == {"accuracy", "format", "iou", "iou_threshold", "giou", "judge", "tool"}
     assert "overlong" not in REWARDS  # the GRPO module shapes overlong completions
 
 

@@ -4,6 +4,7 @@ from trainer_helpers import tiny_config, write_reward_module
 from vlgrpo.trainer import run_training
 from vlgrpo.trainer.loop import Trainer
 from vlgrpo.trainer.metrics import read_metrics
+from vlgrpo.trainer.sft import gold_group
 from vlgrpo.trainer.state import build_state
 
 
@@ -201,7 +202,7 @@ def test_the_sft_gold_of_a_prompt_that_opens_think_teaches_what_follows_it(tmp_p
     state = build_state(cfg, progress=False)
     try:
         sample = state.rows.draw(1)[0]
-        group = Trainer(state)._gold_group(sample)
+        group = gold_group(state, sample)
         prompt_tail = state.tokenizer.decode(group.prompt_ids[-8:])
     finally:
         state.close()

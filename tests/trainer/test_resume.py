@@ -38,6 +38,14 @@ def length(completion, **fields):
     return len(completion) / 10.0
 """
 
+LORA_BF16_SPLIT = [
+    "train.backend=lora",
+    "train.lora.rank=4",
+    "train.lr=1e-2",
+    "model.dtype=bfloat16",
+    "rollout.placement=split",
+    "rollout.max_staleness=0",
+]
 # backend -> (overrides, ranks, optimiser steps). Few steps keep the 2-rank ZeRO-3 case (3 launches) near a minute.
 BACKENDS = {
     "plain": (["train.lr_schedule=cosine", "train.warmup_steps=2"], 1, 6),
@@ -54,21 +62,14 @@ BACKENDS = {
     ),
     "zero3": (["train.backend=zero3", "train.lr_schedule=cosine", "train.warmup_steps=1"], 2, 4),
     # bf16 LoRA with the engine in a split worker: a weight sync after every step (its merge used to write the base)
-    "lora-bf16-split": (
-        [
-            "train.backend=lora",
-            "train.lora.rank=4",
-            "train.lr=1e-2",
-            "model.dtype=bfloat16",
-            "rollout.placement=split",
-            "rollout.max_staleness=0",
-        ],
-        1,
-        6,
-    ),
+    "lora-bf16-split": (LORA_BF16_SPLIT, 1, 6),
     # bf16 full weights: the fp32 master copy is part of the checkpoint
     "plain-bf16": (["model.dtype=bfloat16", "train.lr=1e-3"], 1, 4),
+    # Qwen3.5 (Gated DeltaNet layers) in bf16, LoRA on its linear-attention projections too, the engine split
+    "qwen3_5-lora-bf16-split": (LORA_BF16_SPLIT, 1, 4),
 }
+ARCH = {"qwen3_5-lora-bf16-split": "qwen3_5"}
+"""The cases that run another tiny model than the default Qwen2.5-VL one."""
 
 
 def _launch(cfg_path, ranks: int, **extra_env: str) -> subprocess.Popen:
@@ -159,7 +160,7 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(backend, tmp_p
     configs = {}
     for name in ("straight", "killed"):
         cfg = tiny_config(
-            tiny_model_dir(),
+            tiny_model_dir(ARCH.get(backend, "qwen2_5_vl")),
             shapes_dir,
             tmp_path / name,
             f"reward.recipe={{'{spec}': 1.0}}",

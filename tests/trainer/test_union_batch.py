@@ -55,20 +55,24 @@ def _assert_union_equal(split: dict, union: dict) -> dict:
 
 
 @pytest.mark.parametrize(
-    "backend, ranks, port",
+    "backend, ranks, port, arch",
     [
-        ("plain", 2, 29611),
-        ("plain", 3, 29613),
-        ("lora", 2, 29615),
-        ("lora", 3, 29617),
-        ("zero3", 2, 29619),
-        ("zero3", 3, 29621),
+        ("plain", 2, 29611, "qwen2_5_vl"),
+        ("plain", 3, 29613, "qwen2_5_vl"),
+        ("lora", 2, 29615, "qwen2_5_vl"),
+        ("lora", 3, 29617, "qwen2_5_vl"),
+        ("zero3", 2, 29619, "qwen2_5_vl"),
+        ("zero3", 3, 29621, "qwen2_5_vl"),
+        ("lora", 2, 29623, "qwen3_5"),  # Gated DeltaNet layers: each row's states from its own prompt, on any rank
+        ("zero3", 2, 29625, "qwen3_5"),  # + A_log / dt_bias gathered by vlgrpo's hook, conv1d as an external param
     ],
 )
-def test_n_ranks_update_as_one_process_on_the_union_batch(tmp_path, tiny_model_dir, shapes_dir, backend, ranks, port):
+def test_n_ranks_update_as_one_process_on_the_union_batch(
+    tmp_path, tiny_model_dir, shapes_dir, backend, ranks, port, arch
+):
     if backend == "zero3":
         pytest.importorskip("deepspeed")
-    (tmp_path / "model").symlink_to(tiny_model_dir())
+    (tmp_path / "model").symlink_to(tiny_model_dir(arch))
     (tmp_path / "data").symlink_to(shapes_dir)
     extra = [f"train.backend={backend}"] + (["train.lora.rank=4"] if backend == "lora" else [])
     split = _update(tmp_path, "split", ranks, ranks, port, *extra)

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from vlgrpo.config.judge import check_judge
 from vlgrpo.config.schema import (
     CHOICES,
     EVAL_SUITES,
@@ -24,6 +25,7 @@ from vlgrpo.config.schema import (
     check_mm_limits,
 )
 from vlgrpo.registry import BY_KEY
+from vlgrpo.types import InputError
 
 # ---------------------------------------------------------------- merging dicts into dataclasses
 
@@ -334,6 +336,31 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"reward.overlong.cache_length ({o.cache_length}) must be in (0, reward.overlong.max_length={o.max_length}]"
         )
+    _check_tools(cfg)
+    try:
+        check_judge(cfg.reward.judge, "judge" in cfg.reward.recipe)
+    except InputError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _check_tools(cfg: Config) -> None:
+    """rollout.tools / max_turns: multi-turn rollouts run on the colocated hf engine with a frozen vision tower."""
+    r = cfg.rollout
+    if r.max_turns < 1:
+        raise ConfigError(f"config key 'rollout.max_turns' must be >= 1 (got {r.max_turns})")
+    if bool(r.tools) != (r.max_turns > 1):
+        raise ConfigError(
+            f"rollout.tools={r.tools} with rollout.max_turns={r.max_turns}: tools need turns to answer in (max_turns "
+            ">= 2), and more than one turn needs a tool to call (set both, e.g. tools: [zoom_in], max_turns: 5)"
+        )
+    why = [
+        (r.engine != "hf", f"rollout.engine={r.engine} (multi-turn rollouts run on the hf engine so far)"),
+        (r.placement != "colocate", f"rollout.placement={r.placement} (the colocated engine only so far)"),
+        (not cfg.model.freeze_vision, "model.freeze_vision=false (crops are encoded by the frozen tower's cache)"),
+    ]
+    for bad, reason in why:
+        if r.tools and bad:
+            raise ConfigError(f"rollout.tools does not run with {reason}")
 
 
 def _check_placement(cfg: Config) -> None:

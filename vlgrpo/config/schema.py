@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vlgrpo.config.judge import JudgeConfig
 from vlgrpo.registry import BY_KEY, EVAL_SUITE
 from vlgrpo.types import InputError
 
@@ -76,8 +77,8 @@ class DataConfig:
     """Adapter: auto (from the path), jsonl, hf, parquet or folder."""
     preset: str = "none"
     """Row shape of the data files: none (vlgrpo's row schema), llava (`conversations`), messages (chat messages with
-    image parts), r1v (R1-V / VLM-R1 / Visual-RFT `problem` + `solution`) or easyr1 (`images`, `problem`, `answer`);
-    see docs/adapt-your-dataset.md."""
+    image parts), r1v (R1-V / VLM-R1 / Visual-RFT `problem` + `solution`), easyr1 (`images`, `problem`, `answer`) or
+    deepeyes (DeepEyes-47k's verl rows: `prompt`, `images`, `reward_model`); see docs/adapt-your-dataset.md."""
     columns: dict[str, str] = field(default_factory=dict)
     """Column renames {target: source} applied before the preset; without one the targets are row fields, e.g.
     {question: problem, answer: solution}."""
@@ -148,6 +149,13 @@ class RolloutConfig:
     """Top-k sampling (0 disables)."""
     stop: list[str] = field(default_factory=list)
     """Extra stop strings besides EOS."""
+    tools: list[str] = field(default_factory=list)
+    """Tools the policy may call (thinking with images): zoom_in (the crop comes back as a new image; the model calls
+    it image_zoom_in_tool), module:function or file.py:function. Needs max_turns >= 2 and the colocated hf engine."""
+    max_turns: int = 1
+    """Turns a trajectory may take: each tool call and its response begin another (1: one-turn rollouts)."""
+    over_turn_masking: bool = False
+    """Trajectories still calling a tool at max_turns get advantage 0 (Mini-o3): no penalty for the cap."""
     vision_cache_dir: str | None = None
     """On-disk vision-feature cache directory (None: memory only)."""
     vision_cache_bytes: int = 2 * 1024**3
@@ -183,6 +191,7 @@ class RewardConfig:
     iou_threshold: float = 0.5
     """Threshold of the thresholded-IoU grounding reward."""
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
 
 
 @dataclass
@@ -332,6 +341,9 @@ class LoggingConfig:
     """Also log to this wandb project."""
     progress_bar: bool = True
     """Show a tqdm bar with step, reward, accuracy and s/step."""
+    trajectories_every: int = 10
+    """With rollout.tools: every N steps, write a few trajectories that called a tool (messages + crops) to
+    <run>/trajectories/ (0: never)."""
 
 
 @dataclass

@@ -10,9 +10,10 @@ import csv
 import io
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from vlgrpo.data.jsonl import json_rows, read_text
 from vlgrpo.data.preset_fields import LABEL_FILES, ConversionReport, RowSkipped
@@ -53,7 +54,9 @@ def detect_format(path: str | Path) -> str:
     else:
         raise DataError(str(path), None, None, "does not exist")
     raise DataError(
-        str(path), None, None,
+        str(path),
+        None,
+        None,
         "cannot tell the format: expected a .jsonl/.parquet file, a directory saved with datasets' save_to_disk, "
         f"or an image folder with {' or '.join(LABEL_FILES)}; set data.format to one of {', '.join(FORMATS[1:])}",
     )
@@ -151,8 +154,13 @@ def schema_sample(row: Any, source: str, no: int | None, base: Path | None) -> S
 
 
 def load_samples(
-    source: str | Path | Any, format: str = "auto", errors: str = "raise", split: str = "train",
-    max_samples: int | None = None, preset: str = "none", columns: dict[str, str] | None = None,
+    source: str | Path | Any,
+    format: str = "auto",
+    errors: str = "raise",
+    split: str = "train",
+    max_samples: int | None = None,
+    preset: str = "none",
+    columns: dict[str, str] | None = None,
     image_root: str | Path | None = None,
 ) -> LoadResult:
     """Read a dataset into Samples. errors="raise" fails on the first bad row; "skip" reports and skips it.
@@ -196,15 +204,21 @@ def skip_summary(skipped: list[tuple[str, int | None]], shown: int = 10) -> str:
         rows.setdefault(reason, []).append(str(row))
     return ", ".join(
         f"{reason} {len(nos)} ({'row' if len(nos) == 1 else 'rows'} {', '.join(nos[:shown])}"
-        f"{', ...' if len(nos) > shown else ''})" for reason, nos in rows.items()
+        f"{', ...' if len(nos) > shown else ''})"
+        for reason, nos in rows.items()
     )
 
 
 def no_usable_row(source: str, skipped: list[tuple[str, int | None]], scope: str = "") -> DataError:
     """The error when every row of a training set was skipped: how many, for which reasons, at which rows."""
     which = f"all {len(skipped)} rows were" if len(skipped) > 1 else "its only row was"
-    return DataError(source, None, None, f"no usable row{scope}: {which} skipped: {skip_summary(skipped)}; "
-                     "`vlgrpo data doctor` on the file lists every problem")
+    return DataError(
+        source,
+        None,
+        None,
+        f"no usable row{scope}: {which} skipped: {skip_summary(skipped)}; "
+        "`vlgrpo data doctor` on the file lists every problem",
+    )
 
 
 def write_jsonl(samples: list[Sample], path: str | Path) -> None:
@@ -232,8 +246,13 @@ def write_jsonl(samples: list[Sample], path: str | Path) -> None:
                 row["images"] = [relative(p) for p in row["images"]]
             video = row.get("video")
             if isinstance(video, dict):
-                video.update({k: relative(v) if k == "path" else [relative(p) for p in v]
-                              for k, v in video.items() if k in ("path", "frames")})
+                video.update(
+                    {
+                        k: relative(v) if k == "path" else [relative(p) for p in v]
+                        for k, v in video.items()
+                        if k in ("path", "frames")
+                    }
+                )
             elif video is not None:
                 row["video"] = relative(video) if isinstance(video, str) else [relative(p) for p in video]
             f.write(json.dumps(row) + "\n")

@@ -21,14 +21,20 @@ SHOWN_ROWS = 10
 
 
 def convert_dataset(
-    source: str | Path, out: str | Path, preset: str = "none", columns: dict[str, str] | None = None,
-    image_root: str | Path | None = None, split: str = "train", fmt: str = "auto",
+    source: str | Path,
+    out: str | Path,
+    preset: str = "none",
+    columns: dict[str, str] | None = None,
+    image_root: str | Path | None = None,
+    split: str = "train",
+    fmt: str = "auto",
 ) -> LoadResult:
     """Convert every row it can, skip (and keep in `errors`) the rest, write `out` (JSONL) and return the result.
     A row with a missing image, video or frame file is left out too (an ImageUnusable error), as training could
     not use it."""
-    result = load_samples(source, fmt, errors="skip", split=split, preset=preset, columns=columns,
-                          image_root=image_root)
+    result = load_samples(
+        source, fmt, errors="skip", split=split, preset=preset, columns=columns, image_root=image_root
+    )
     is_file: dict[str, bool] = {}  # path -> whether it is a file (rows often share an image: one stat each)
     kept = []
     for s in result.samples:
@@ -110,8 +116,9 @@ def conversion_summary(result: LoadResult) -> dict[str, Any]:
         "notes": dict(rep.notes) if rep else {},
         "skipped": skipped,
         "invalid": [str(e) for e in result.errors if not isinstance(e, (RowSkipped, ImageUnusable))],
-        "missing_images": [{"row": e.row, "image": e.image, "problem": e.problem}
-                           for e in sorted(missing, key=lambda e: e.row or 0)],
+        "missing_images": [
+            {"row": e.row, "image": e.image, "problem": e.problem} for e in sorted(missing, key=lambda e: e.row or 0)
+        ],
     }
 
 
@@ -131,8 +138,10 @@ def format_summary(summary: dict[str, Any], source: str, out: str) -> str:
         "  answer types: " + (", ".join(f"{k} {v}" for k, v in s["answer_types"].items()) or "-"),
     ]
     if s["answer_type_not_inferred_rows"]:
-        lines.append("  answer_type not inferred (kept as text; the answer is no number, option letter, yes/no, math "
-                     f"or box): rows {_rows(s['answer_type_not_inferred_rows'])}")
+        lines.append(
+            "  answer_type not inferred (kept as text; the answer is no number, option letter, yes/no, math "
+            f"or box): rows {_rows(s['answer_type_not_inferred_rows'])}"
+        )
     lines += [f"  boxes read as {k}: {v} rows" for k, v in s["box_conventions"].items()]
     lines += [f"  {k}: {v} rows" for k, v in s["notes"].items()]
     lines += [f"  skipped, {reason}: rows {_rows(rows)}" for reason, rows in s["skipped"].items()]
@@ -143,6 +152,8 @@ def format_summary(summary: dict[str, Any], source: str, out: str) -> str:
     if len(missing) > SHOWN_ROWS:
         lines.append(f"  … {len(missing) - SHOWN_ROWS} more rows with a missing image (--json lists them all)")
     if missing:
-        lines.append(f"  {len(missing)} rows not written (exit status 1): their image file is missing or unreadable; "
-                     "fix the paths (or --image-root) and convert again")
+        lines.append(
+            f"  {len(missing)} rows not written (exit status 1): their image file is missing or unreadable; "
+            "fix the paths (or --image-root) and convert again"
+        )
     return "\n".join(lines)

@@ -2,8 +2,8 @@
 image placeholders, gold answers against the configured reward, duplicate ids and the answer distribution.
 
 Loads no model: image and video tokens come from Qwen's smart_resize geometry (read from the checkpoint directory
-when it is local). Rewards are a peer layer, so they are imported lazily, only inside `reward_checker`; the checks themselves
-take the gold-answer check as a plain function argument.
+when it is local). Rewards are a layer above data: the checks take the gold-answer check as a plain function argument,
+which `vlgrpo.preflight.reward_checker` builds from the run's recipe.
 """
 
 from __future__ import annotations
@@ -12,18 +12,24 @@ import dataclasses
 import hashlib
 import math
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from vlgrpo.data.adapters import raw_rows, schema_sample, skip_reason
-from vlgrpo.data.preset_fields import ConversionReport, RowSkipped
-from vlgrpo.data.presets import convert_rows
 from vlgrpo.data.images import DEFAULT_GEOMETRY, ProcessorGeometry, inspect_image
 from vlgrpo.data.jsonl import ACCEPTED
+from vlgrpo.data.preset_fields import ConversionReport, RowSkipped
+from vlgrpo.data.presets import convert_rows
 from vlgrpo.data.prompts import instruction
 from vlgrpo.data.rowcheck import (
-    DEFAULT_SYSTEM_TOKENS, TEMPLATE_TOKENS, VISION_WRAP, PromptBudget, RowVisuals, prompt_budget,
+    DEFAULT_SYSTEM_TOKENS,
+    TEMPLATE_TOKENS,
+    VISION_WRAP,
+    PromptBudget,
+    RowVisuals,
+    prompt_budget,
     row_problems,
 )
 from vlgrpo.data.schema import DataError
@@ -101,10 +107,14 @@ class SplitStats:
     def to_dict(self) -> dict[str, Any]:
         toks = sorted(self.image_tokens)
         return {
-            "source": self.source, "rows": self.rows, "samples": self.samples, "images": self.images,
+            "source": self.source,
+            "rows": self.rows,
+            "samples": self.samples,
+            "images": self.images,
             "videos": self.videos,
             "image_tokens": {"min": toks[0], "median": toks[len(toks) // 2], "max": toks[-1]} if toks else None,
-            "prompt_tokens_max_estimate": self.prompt_tokens_max, "answer_types": dict(self.answer_types),
+            "prompt_tokens_max_estimate": self.prompt_tokens_max,
+            "answer_types": dict(self.answer_types),
             "tasks": dict(self.tasks),
             "top_answers": {kind: dict(c.most_common(5)) for kind, c in self.answers.items()},
         }
@@ -135,7 +145,9 @@ class DoctorReport:
         s = self.settings
         checks = self.by_check()
         return {
-            "ok": self.errors == 0, "errors": self.errors, "warnings": self.warnings,
+            "ok": self.errors == 0,
+            "errors": self.errors,
+            "warnings": self.warnings,
             "settings": {**dataclasses.asdict(s), "geometry": dataclasses.asdict(s.geometry)},
             "splits": {name: st.to_dict() for name, st in self.splits.items()},
             "checks": {c: {"severity": fs[0].severity, "count": len(fs)} for c, fs in checks.items()},
@@ -186,18 +198,36 @@ def sample_findings(
     problems = row_problems(s, visuals, settings.geometry)
     out = [(ERROR, check, msg) for check, msg in problems]
     text = f"{s.question} {instruction(s.answer_type, settings.answer_format, settings.box_format)}"
-    budget = prompt_budget(s, visuals, settings.geometry, text_estimate(text, settings.system_prompt),
-                           settings.system_prompt, settings.video_timestamps)
+    budget = prompt_budget(
+        s,
+        visuals,
+        settings.geometry,
+        text_estimate(text, settings.system_prompt),
+        settings.system_prompt,
+        settings.video_timestamps,
+    )
     if not all(budget.images) or (s.video is not None and not budget.video):
         return out, 0, 0
     limit = settings.max_prompt_length
     if budget.certain > limit:
-        out.append((ERROR, "prompt_too_long", f"{_parts(s, visuals, budget)}, {budget.certain} with the chat template, "
-                    f"over data.max_prompt_length={limit}: lower model.max_pixels (data.video.max_pixels or "
-                    "max_frames for a video) or raise data.max_prompt_length"))
+        out.append(
+            (
+                ERROR,
+                "prompt_too_long",
+                f"{_parts(s, visuals, budget)}, {budget.certain} with the chat template, "
+                f"over data.max_prompt_length={limit}: lower model.max_pixels (data.video.max_pixels or "
+                "max_frames for a video) or raise data.max_prompt_length",
+            )
+        )
     elif budget.total > limit:
-        out.append((WARNING, "prompt_maybe_too_long", f"about {budget.total} prompt tokens ({budget.visual} visual + ~"
-                    f"{budget.total - budget.visual} text) may exceed data.max_prompt_length={limit}"))
+        out.append(
+            (
+                WARNING,
+                "prompt_maybe_too_long",
+                f"about {budget.total} prompt tokens ({budget.visual} visual + ~"
+                f"{budget.total - budget.visual} text) may exceed data.max_prompt_length={limit}",
+            )
+        )
     return out, budget.visual, budget.total
 
 
@@ -223,8 +253,16 @@ def inspect_images(images: list, workers: int = 8, progress: bool = False, desc:
     for image in images:
         unique.setdefault(image_key(image), image)
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        infos = list(tqdm(pool.map(inspect_image, unique.values()), total=len(unique), desc=desc, unit="image",
-                          disable=not progress, leave=False))
+        infos = list(
+            tqdm(
+                pool.map(inspect_image, unique.values()),
+                total=len(unique),
+                desc=desc,
+                unit="image",
+                disable=not progress,
+                leave=False,
+            )
+        )
     return dict(zip(unique, infos))
 
 
@@ -247,7 +285,11 @@ def inspect_videos(videos: list[Video], sampling: VideoSampling) -> dict[str, Vi
 
 
 def check_split(
-    name: str, source: str, settings: DoctorSettings, gold_check: GoldCheck | None = None, progress: bool = False,
+    name: str,
+    source: str,
+    settings: DoctorSettings,
+    gold_check: GoldCheck | None = None,
+    progress: bool = False,
     workers: int = 8,
 ) -> tuple[SplitStats, list[Finding]]:
     """Every row of one dataset: schema, image, per-sample checks, gold answers, duplicate ids, answer skew."""
@@ -273,21 +315,33 @@ def check_split(
             add(severity, skip_reason(e), no, raw.get("id") if isinstance(raw, dict) else None, e.problem, e.field)
             continue
         if s.id in stats.ids:
-            add(ERROR, "duplicate_id", no, s.id, f"id {s.id!r} was already used at row {stats.ids[s.id]}: ids must "
-                "be unique (prompts, predictions and reward failures are keyed by them)")
+            add(
+                ERROR,
+                "duplicate_id",
+                no,
+                s.id,
+                f"id {s.id!r} was already used at row {stats.ids[s.id]}: ids must "
+                "be unique (prompts, predictions and reward failures are keyed by them)",
+            )
         stats.ids.setdefault(s.id, no)
         samples.append((no, s))
     if stats.rows == 0:
-        add(ERROR, "dataset_empty", None, None, f"holds no rows (an empty file, or only blank lines): nothing to train "
-            f"or evaluate on; {ACCEPTED}")
+        add(
+            ERROR,
+            "dataset_empty",
+            None,
+            None,
+            f"holds no rows (an empty file, or only blank lines): nothing to train or evaluate on; {ACCEPTED}",
+        )
     # 2. every distinct image opened completely, every distinct video decoded, once
     images = inspect_images([im for _, s in samples for im in s.images], workers, progress, f"doctor {name}")
     videos = inspect_videos([s.video for _, s in samples if s.video is not None], settings.video)
     stats.images, stats.videos = len(images), len(videos)
     # 3. per sample: images, video, tokens, boxes, placeholders, then the gold answer against the reward
     for no, s in samples:
-        visuals = RowVisuals([images[image_key(im)] for im in s.images],
-                             videos[video_key(s.video)] if s.video is not None else None)
+        visuals = RowVisuals(
+            [images[image_key(im)] for im in s.images], videos[video_key(s.video)] if s.video is not None else None
+        )
         problems, tokens, estimate = sample_findings(s, visuals, settings)
         if gold_check is not None:
             problems += gold_check(s, visuals.images[0].decoded if s.image is not None else None)
@@ -307,15 +361,27 @@ def _skew(split: str, source: str, stats: SplitStats) -> list[Finding]:
         if n >= SKEW_MIN_SAMPLES:
             top, k = counts.most_common(1)[0]
             if k / n > SKEW_SHARE:
-                out.append(Finding(WARNING, "answer_skew", split, source, None, None,
-                                   f"{k} of the {n} '{kind}' answers ({k / n:.0%}) are {top!r}: a policy that always "
-                                   f"answers {top!r} scores {k / n:.0%}; balance the classes or judge accuracy "
-                                   "against that baseline"))
+                out.append(
+                    Finding(
+                        WARNING,
+                        "answer_skew",
+                        split,
+                        source,
+                        None,
+                        None,
+                        f"{k} of the {n} '{kind}' answers ({k / n:.0%}) are {top!r}: a policy that always "
+                        f"answers {top!r} scores {k / n:.0%}; balance the classes or judge accuracy "
+                        "against that baseline",
+                    )
+                )
     return out
 
 
 def run_doctor(
-    splits: dict[str, str], settings: DoctorSettings, gold_check: GoldCheck | None = None, progress: bool = False,
+    splits: dict[str, str],
+    settings: DoctorSettings,
+    gold_check: GoldCheck | None = None,
+    progress: bool = False,
     workers: int = 8,
 ) -> DoctorReport:
     """Check each named dataset; ids shared between splits are a warning (a test sample seen in training)."""
@@ -330,10 +396,18 @@ def run_doctor(
         for b in names[i + 1 :]:
             shared = sorted(set(ids[a]) & set(ids[b]))
             if shared:
-                report.findings.append(Finding(
-                    WARNING, "split_overlap", f"{a}/{b}", splits[b], ids[b][shared[0]], shared[0],
-                    f"{len(shared)} id(s) appear in both {a} and {b} (first: {shared[0]!r}): a held-out sample "
-                    "that is also trained on inflates the eval"))
+                report.findings.append(
+                    Finding(
+                        WARNING,
+                        "split_overlap",
+                        f"{a}/{b}",
+                        splits[b],
+                        ids[b][shared[0]],
+                        shared[0],
+                        f"{len(shared)} id(s) appear in both {a} and {b} (first: {shared[0]!r}): a held-out sample "
+                        "that is also trained on inflates the eval",
+                    )
+                )
     return report
 
 
@@ -349,16 +423,21 @@ def format_report(report: DoctorReport, examples: int = 5) -> str:
         f"prompt tokens = image and video tokens + {TEMPLATE_TOKENS} template + {VISION_WRAP} per image or video + "
         f"{DEFAULT_SYSTEM_TOKENS} default system + text chars / {CHARS_PER_TOKEN} (an estimate on the long side); "
         f"data.max_prompt_length = {s.max_prompt_length}; video: {s.video.fps:g} fps, at most {s.video.max_frames} "
-        "frames", "",
+        "frames",
+        "",
     ]
     w = max([5, *map(len, report.splits)]) + 2
-    lines.append(f"{'split':<{w}}{'rows':>8}{'samples':>9}{'images':>8}{'videos':>8}  {'visual tokens min/med/max':>25}"
-                 f"{'prompt max':>12}  source")
+    lines.append(
+        f"{'split':<{w}}{'rows':>8}{'samples':>9}{'images':>8}{'videos':>8}  {'visual tokens min/med/max':>25}"
+        f"{'prompt max':>12}  source"
+    )
     for name, st in report.splits.items():
         d = st.to_dict()
         toks = "/".join(str(d["image_tokens"][k]) for k in ("min", "median", "max")) if d["image_tokens"] else "-"
-        lines.append(f"{name:<{w}}{st.rows:>8}{st.samples:>9}{st.images:>8}{st.videos:>8}  {toks:>25}"
-                     f"{st.prompt_tokens_max:>12}  {st.source}")
+        lines.append(
+            f"{name:<{w}}{st.rows:>8}{st.samples:>9}{st.images:>8}{st.videos:>8}  {toks:>25}"
+            f"{st.prompt_tokens_max:>12}  {st.source}"
+        )
     for name, st in report.splits.items():
         if st.samples:
             kinds = ", ".join(f"{k} {v}" for k, v in st.answer_types.most_common())

@@ -142,7 +142,7 @@ class ProcessorGeometry:
     max_pixels: int = RELEASED_MAX_PIXELS
 
     @classmethod
-    def from_processor(cls, processor) -> "ProcessorGeometry":
+    def from_processor(cls, processor) -> ProcessorGeometry:
         """Read the geometry from a Qwen2-VL/2.5-VL processor or its image processor."""
         ip = getattr(processor, "image_processor", processor)
         size = getattr(ip, "size", None) or {}
@@ -156,7 +156,7 @@ class ProcessorGeometry:
             max_pixels=int(max_pixels),
         )
 
-    def with_pixels(self, min_pixels: int | None = None, max_pixels: int | None = None) -> "ProcessorGeometry":
+    def with_pixels(self, min_pixels: int | None = None, max_pixels: int | None = None) -> ProcessorGeometry:
         """This geometry with model.min_pixels / model.max_pixels applied where they are set (not None or 0)."""
         return replace(self, min_pixels=min_pixels or self.min_pixels, max_pixels=max_pixels or self.max_pixels)
 
@@ -213,7 +213,8 @@ def checkpoint_geometry(
             ip = ip.get("image_processor", ip)
             size = ip.get("size") or {}
             geometry = ProcessorGeometry(
-                patch_size=int(ip.get("patch_size", 14)), merge_size=int(ip.get("merge_size", 2)),
+                patch_size=int(ip.get("patch_size", 14)),
+                merge_size=int(ip.get("merge_size", 2)),
                 temporal_patch_size=int(ip.get("temporal_patch_size", 2)),
                 min_pixels=int(ip.get("min_pixels") or size.get("shortest_edge") or RELEASED_MIN_PIXELS),
                 max_pixels=int(ip.get("max_pixels") or size.get("longest_edge") or RELEASED_MAX_PIXELS),

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import codecs
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from vlgrpo.data.schema import DataError
 
@@ -20,8 +21,13 @@ _BOM = codecs.BOM_UTF8
 
 
 def _not_utf8(source: str, line: int, offset: int, byte: int) -> DataError:
-    return DataError(source, line, None, f"is not UTF-8: byte 0x{byte:02x} at byte offset {offset} (line {line}); "
-                     f"{ACCEPTED}: re-encode the file, e.g. `iconv -f latin1 -t utf-8 IN > OUT`")
+    return DataError(
+        source,
+        line,
+        None,
+        f"is not UTF-8: byte 0x{byte:02x} at byte offset {offset} (line {line}); "
+        f"{ACCEPTED}: re-encode the file, e.g. `iconv -f latin1 -t utf-8 IN > OUT`",
+    )
 
 
 def iter_lines(path: str | Path) -> Iterator[tuple[int, str | DataError]]:
@@ -73,8 +79,15 @@ def json_rows(path: str | Path, documents: bool = False) -> Iterator[tuple[int, 
                 return
         except json.JSONDecodeError as e:
             if head == b"[" and e.msg != "Extra data":  # "Extra data": several values, i.e. JSONL
-                yield e.lineno, DataError(str(path), e.lineno, None, f"malformed JSON array ({e.msg} at line "
-                                          f"{e.lineno}, column {e.colno})")
+                yield (
+                    e.lineno,
+                    DataError(
+                        str(path),
+                        e.lineno,
+                        None,
+                        f"malformed JSON array ({e.msg} at line {e.lineno}, column {e.colno})",
+                    ),
+                )
                 return
         else:
             if isinstance(doc, list):

@@ -10,9 +10,10 @@ import ast
 import base64
 import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from vlgrpo.data.images import ImageError, image_size
 from vlgrpo.data.schema import DataError
@@ -98,8 +99,11 @@ def question_text(text: Any, row: Row, fld: str, images: int = 1, video: bool = 
         text = re.sub(r"\s*<image>\s*", " ", text)
     elif n_image or n_video:
         if (n_image, n_video) != (images, int(video)):
-            raise row.error(fld, f"{n_image} <image> and {n_video} <video> marker(s) but the row has {images} "
-                            f"image(s) and {int(video)} video: each marker places one of them")
+            raise row.error(
+                fld,
+                f"{n_image} <image> and {n_video} <video> marker(s) but the row has {images} "
+                f"image(s) and {int(video)} video: each marker places one of them",
+            )
         leading = re.match(r"(?:\s*<(?:image|video)>)+\s*", text)
         if leading and re.sub(r"\s", "", leading.group()) == "<image>" * images + "<video>" * video:
             text = text[leading.end() :]
@@ -132,8 +136,11 @@ def infer_answer(answer: str, question: str, hint: str | None = None) -> tuple[s
 
 
 def _is_box(v: Any) -> bool:
-    return isinstance(v, (list, tuple)) and len(v) == 4 and all(
-        isinstance(c, (int, float)) and not isinstance(c, bool) for c in v)
+    return (
+        isinstance(v, (list, tuple))
+        and len(v) == 4
+        and all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in v)
+    )
 
 
 def parse_box_value(value: Any) -> tuple[list[list[float]], str] | None:
@@ -158,8 +165,11 @@ def parse_box_value(value: Any) -> tuple[list[list[float]], str] | None:
     return [[float(c) for c in b] for b in value], scale
 
 
-SCALES = {"pixels": "original-image pixels", "unit": "normalised [0, 1] of the original image (scaled to pixels)",
-          "per_mille": "0-1000 of the original image (Visual-RFT; scaled to pixels)"}
+SCALES = {
+    "pixels": "original-image pixels",
+    "unit": "normalised [0, 1] of the original image (scaled to pixels)",
+    "per_mille": "0-1000 of the original image (Visual-RFT; scaled to pixels)",
+}
 
 
 def to_pixels(boxes: list[list[float]], scale: str, image: Any, size, row: Row) -> tuple[list, tuple | None]:
@@ -192,9 +202,12 @@ def gold_fields(solution: Any, question: str, row: Row, fld: str, images: list, 
     parsed = parse_box_value(solution)
     if parsed:
         if len(images) != 1:
-            raise row.error(fld, f"a box answer on a row with {len(images)} images does not say which image it lies "
-                            "in: write such rows in vlgrpo's schema, each box as {\"image\": i, \"box\": [x1, y1, x2, "
-                            "y2]} (i: 0-based index in `images`)")
+            raise row.error(
+                fld,
+                f"a box answer on a row with {len(images)} images does not say which image it lies "
+                'in: write such rows in vlgrpo\'s schema, each box as {"image": i, "box": [x1, y1, x2, '
+                "y2]} (i: 0-based index in `images`)",
+            )
         boxes, size = to_pixels(*parsed, images[0], size, row)
         return {"answer_type": "box", "boxes": boxes, "image_size": list(size) if size else None}
     if isinstance(solution, bool) or not isinstance(solution, (str, int, float)) or solution == "":
@@ -254,8 +267,10 @@ def _read_size(image: Any, row: Row) -> tuple[int, int]:
         return image_size(image)
     except ImageError as e:
         where = image if isinstance(image, str) else f"<{len(image)} bytes>"
-        problem = (f"the row declares no image size and it cannot be read from the image: {e}; fix the path (or "
-                   "--image-root), or give the row's width and height")
+        problem = (
+            f"the row declares no image size and it cannot be read from the image: {e}; fix the path (or "
+            "--image-root), or give the row's width and height"
+        )
         raise ImageUnusable(row.source, row.no, where, problem) from None
 
 

@@ -1,5 +1,6 @@
 """Presets: rows in the shapes other VLM-RL projects publish (LLaVA conversations, chat messages, R1-V problem /
-solution, EasyR1 parquet), rewritten into vlgrpo's row schema before `schema.sample_from_dict` checks them.
+solution, EasyR1 parquet, DeepEyes' verl parquet), rewritten into vlgrpo's row schema before
+`schema.sample_from_dict` checks them.
 
 `vlgrpo.registry.DATA_PRESET` names each converter here: the config's choices, the CLI's and `load_samples(preset=...)`
 read it. A converter returns a schema row (one image, several, a video), or raises RowSkipped (a row vlgrpo cannot
@@ -11,18 +12,32 @@ Knows nothing of models.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable, Iterable, Iterator
 from itertools import takewhile
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from vlgrpo.data.preset_fields import (
-    ANSWER_TAGS, ConversionReport, Row, declared_size, extras, gold_fields, image_list, one_video, parse_box_value,
-    question_text, row_id, to_pixels, url_image, visual_fields,
+    ANSWER_TAGS,
+    ConversionReport,
+    Row,
+    declared_size,
+    extras,
+    gold_fields,
+    image_list,
+    infer_answer,
+    one_video,
+    parse_box_value,
+    question_text,
+    row_id,
+    to_pixels,
+    url_image,
+    visual_fields,
 )
 from vlgrpo.data.schema import FIELDS, DataError
 from vlgrpo.registry import DATA_PRESET
 from vlgrpo.types import InputError
-
 
 # ---------------------------------------------------------------- the presets
 
@@ -49,14 +64,18 @@ def llava(raw: dict, row: Row) -> dict[str, Any]:
     visual = visual_fields(images, video, row, "image")
     turns = [t for t in raw.get("conversations") or [] if isinstance(t, dict) and t.get("from") != "system"]
     if [ROLES.get(t.get("from")) for t in turns[:2]] != ["user", "assistant"]:
-        raise row.error("conversations", "needs a list of turns {'from': 'human' | 'gpt', 'value': text}, human "
-                        f"first, got {raw.get('conversations')!r:.120}")
+        raise row.error(
+            "conversations",
+            "needs a list of turns {'from': 'human' | 'gpt', 'value': text}, human "
+            f"first, got {raw.get('conversations')!r:.120}",
+        )
     if len(turns) > 2:
         raise row.skip("conversations", "several_turns", f"{len(turns)} turns; vlgrpo trains on one question")
     question = question_text(turns[0].get("value"), row, "conversations", len(images), video is not None)
     size = declared_size(raw) if len(images) == 1 else None
-    gold = gold_fields(turns[1].get("value"), question, row, "conversations", images, size,
-                       raw.get("accu_reward_method"))
+    gold = gold_fields(
+        turns[1].get("value"), question, row, "conversations", images, size, raw.get("accu_reward_method")
+    )
     meta = extras(raw, ("id", "image", "video", "conversations", "width", "height"))
     return {"id": row_id(raw, row), **visual, "question": question, **gold, "meta": meta}
 
@@ -98,8 +117,11 @@ def _inline_or_column(inline: list, column: Any, row: Row, fld: str, kind: str) 
     if inline and all(v is not None for v in inline):
         return inline
     if inline and len(column) != len(inline):
-        raise row.error(fld, f"{len(inline)} {kind} part(s) without their {kind} inline, but the row's {kind}s "
-                        f"column holds {len(column)}")
+        raise row.error(
+            fld,
+            f"{len(inline)} {kind} part(s) without their {kind} inline, but the row's {kind}s "
+            f"column holds {len(column)}",
+        )
     return column
 
 
@@ -116,7 +138,7 @@ def messages(raw: dict, row: Row) -> dict[str, Any]:
     system = [p for m in msgs if m.get("role") == "system" for kind, p in _parts(m, row, key) if kind == "text"]
     chat = [m for m in msgs if m.get("role") != "system"]
     users = list(takewhile(lambda m: m.get("role") == "user", chat))
-    replies = chat[len(users):]
+    replies = chat[len(users) :]
     if not users or (replies and replies[0].get("role") != "assistant"):
         roles = [m.get("role") for m in msgs]
         raise row.error(key, f"needs user message(s) then one assistant message, got roles {roles}")
@@ -166,6 +188,59 @@ def easyr1(raw: dict, row: Row) -> dict[str, Any]:
     return {"id": row_id(raw, row), **visual, "question": question, **gold, "meta": meta}
 
 
+DEEPEYES_MATH_SOURCES = ("thinklite_eureka", "xince")
+"""DeepEyes' data_source values scored by math_verify then a judge (verl/utils/reward_score/__init__.py); the other
+sources (vstar, vl_agent, chart) by a judge model alone: free-form answers."""
+_DEEPEYES_INSTRUCTION = re.compile(r"\s*Think first, call \*\*image_zoom_in_tool\*\* if needed.*$", re.S)
+"""DeepEyes' user-turn instruction (PROMPT.USER_PROMPT_V2); vlgrpo appends its own (data.answer_format)."""
+
+
+@shape(("data_source", "prompt", "images", "reward_model"))
+def deepeyes(raw: dict, row: Row) -> dict[str, Any]:
+    """DeepEyes-47k (ChenShawn/DeepEyes-Datasets-47k; verl's RL parquet rows as Visual-Agent/DeepEyes reads them):
+    `prompt` (chat messages: DeepEyes' tool-describing system turn, one user turn with `<image>`), `images` ({'bytes':
+    ...} or paths), `reward_model.ground_truth`, `extra_info.question` (the question its judge reward reads),
+    `data_source`, `env_name` (visual_toolbox_v2: a row its rollout let call the zoom tool), `ability`.
+
+    The question is `extra_info.question`, else the user turn without `<image>` and DeepEyes' format instruction; the
+    gold answer's type is inferred as every preset's (a number, an option letter the question lists, yes/no, LaTeX,
+    else text), math for the math sources (DEEPEYES_MATH_SOURCES). Text golds are mostly sentences ("The cup is on the
+    left."): score them with the judge reward (reward.judge), as DeepEyes does."""
+    msgs = raw.get("prompt")
+    if not isinstance(msgs, (list, tuple)) or not all(isinstance(m, dict) for m in msgs):
+        raise row.error("prompt", f"needs a list of chat messages {{'role', 'content'}}, got {msgs!r:.120}")
+    users = [m for m in msgs if m.get("role") == "user"]
+    if any(m.get("role") not in ("system", "user") for m in msgs) or len(users) > 1:
+        raise row.skip("prompt", "several_turns", f"roles {[m.get('role') for m in msgs]}; vlgrpo takes one question")
+    if not users:
+        raise row.error("prompt", f"has no user message, roles {[m.get('role') for m in msgs]}")
+    images = image_list(raw.get("images"), row, "images")
+    visual = visual_fields(images, None, row, "images")
+    info = raw.get("extra_info") if isinstance(raw.get("extra_info"), dict) else {}
+    asked = info.get("question") if isinstance(info.get("question"), str) and info["question"].strip() else None
+    text = asked or _DEEPEYES_INSTRUCTION.sub("", _user_text(_parts(users[0], row, "prompt")))
+    question = question_text(text, row, "extra_info" if asked else "prompt", len(images))
+    gold = _deepeyes_gold(raw, question, row)
+    system = [p for m in msgs if m.get("role") == "system" for kind, p in _parts(m, row, "prompt") if kind == "text"]
+    meta = extras(raw, ("id", "prompt", "images", "reward_model", "extra_info"))
+    meta.update({"extra_info": extras(info, ())} if info else {})
+    meta.update({"system": "\n".join(system)} if system else {})
+    return {"id": row_id(raw, row), **visual, "question": question, **gold, "meta": meta}
+
+
+def _deepeyes_gold(raw: dict, question: str, row: Row) -> dict[str, Any]:
+    """answer / answer_type from `reward_model.ground_truth` (never a box: DeepEyes' answers are text)."""
+    truth = (raw.get("reward_model") or {}).get("ground_truth") if isinstance(raw.get("reward_model"), dict) else None
+    if isinstance(truth, bool) or not isinstance(truth, (str, int, float)) or not str(truth).strip():
+        raise row.error("reward_model", f"needs ground_truth (the gold answer), got {raw.get('reward_model')!r:.120}")
+    hint = "math" if raw.get("data_source") in DEEPEYES_MATH_SOURCES else None
+    inferred = infer_answer(str(truth), question, hint)
+    if inferred is None:
+        row.report.not_inferred.append(row.no)
+        inferred = ("text", str(truth).strip())
+    return {"answer_type": inferred[0], "answer": inferred[1]}
+
+
 def _schema_row(raw: dict, row: Row) -> dict[str, Any]:
     """`columns` without a preset: the renamed row is in the schema's names; infer what a preset would."""
     out = {k: v for k, v in raw.items() if k in FIELDS}
@@ -206,8 +281,10 @@ def with_preset_hint(error: DataError, raw: Any) -> DataError:
     names = matching_presets(raw) if isinstance(raw, dict) else []
     if not names:
         return error
-    hint = (f"; the row looks like the {' or '.join(names)} preset: run with --preset {names[0]}, or set "
-            f"data.preset: {names[0]} in the config")
+    hint = (
+        f"; the row looks like the {' or '.join(names)} preset: run with --preset {names[0]}, or set "
+        f"data.preset: {names[0]} in the config"
+    )
     return DataError(error.source, error.row, error.field, error.problem + hint)
 
 
@@ -221,17 +298,27 @@ def parse_columns(text: str) -> dict[str, str]:
 
 
 def convert_rows(
-    rows: Iterable[tuple[int, Any]], preset: str, columns: dict[str, str], source: str, base: Path | None,
+    rows: Iterable[tuple[int, Any]],
+    preset: str,
+    columns: dict[str, str],
+    source: str,
+    base: Path | None,
     report: ConversionReport,
 ) -> Iterator[tuple[int, Any]]:
     """Rename `columns` ({target: source}) in each raw row, then apply the preset ("none": the targets are row
     fields). Yields (row number, schema row or DataError). A bad preset or mapping fails before any row is read."""
     if preset not in DATA_PRESET.names:
-        raise DataError(source, None, None, f"data.preset '{preset}' is not accepted; use one of: none, "
-                        f"{', '.join(PRESETS)}")
+        raise DataError(
+            source, None, None, f"data.preset '{preset}' is not accepted; use one of: none, {', '.join(PRESETS)}"
+        )
     if preset == "none" and set(columns) - set(FIELDS):
-        raise DataError(source, None, None, f"data.columns maps onto {sorted(set(columns) - set(FIELDS))}, which are "
-                        f"not row fields ({', '.join(FIELDS)}); with a preset, map onto its input columns")
+        raise DataError(
+            source,
+            None,
+            None,
+            f"data.columns maps onto {sorted(set(columns) - set(FIELDS))}, which are "
+            f"not row fields ({', '.join(FIELDS)}); with a preset, map onto its input columns",
+        )
     convert = DATA_PRESET.load(preset) if preset != "none" else _schema_row
     for no, raw in rows:
         if isinstance(raw, DataError):

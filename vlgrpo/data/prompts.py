@@ -12,16 +12,35 @@ import re
 from vlgrpo.types import InputError, Sample
 
 SPECIAL_TOKENS = [
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
 ]
 """Qwen2-VL / Qwen2.5-VL's special tokens, in Qwen's order (the tiny tokenizer gives them the first ids)."""
 VISION_PLACEHOLDERS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
 """The image placeholders vlgrpo inserts itself; a policy never samples them."""
 RESERVED_TOKENS = (
-    "<|im_start|>", "<|im_end|>", "<|endoftext|>", *VISION_PLACEHOLDERS,
-    "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    *VISION_PLACEHOLDERS,
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
 )
 """Tokens a row's text must not hold: the tokenizer reads them as control tokens, so a question could end its turn and
 forge another (`<|im_end|>\n<|im_start|>assistant`) or add image slots. The box and object-reference tokens are not
@@ -55,8 +74,10 @@ def check_system_prompt(system_prompt: str) -> None:
     """data.system_prompt goes into every prompt: a reserved token there is a config error, not a bad row."""
     found = reserved_tokens(system_prompt)
     if found:
-        raise InputError(f"data.system_prompt contains {', '.join(found)}: the chat template's control tokens would "
-                         "end the system turn early or add image slots to every prompt; remove them")
+        raise InputError(
+            f"data.system_prompt contains {', '.join(found)}: the chat template's control tokens would "
+            "end the system turn early or add image slots to every prompt; remove them"
+        )
 
 
 def instruction(answer_type: str, answer_format: str, box_format: str) -> str:

@@ -49,17 +49,32 @@ def text_problems(s: Sample) -> list[Problem]:
     vision = [t for t in in_question if t in VISION_PLACEHOLDERS]
     other = [t for t in in_question if t not in VISION_PLACEHOLDERS]
     if vision:
-        out.append(("placeholder_literal", f"the question contains {', '.join(vision)}: vlgrpo inserts the image "
-                    "placeholders itself, and a literal one breaks the image-token count; remove it"))
+        out.append(
+            (
+                "placeholder_literal",
+                f"the question contains {', '.join(vision)}: vlgrpo inserts the image "
+                "placeholders itself, and a literal one breaks the image-token count; remove it",
+            )
+        )
     if other:
-        out.append(("template_token", f"the question contains {', '.join(other)}: the tokenizer reads them as the "
-                    "chat template's control tokens, which would end the user turn inside the prompt (or forge "
-                    "another turn); remove them"))
+        out.append(
+            (
+                "template_token",
+                f"the question contains {', '.join(other)}: the tokenizer reads them as the "
+                "chat template's control tokens, which would end the user turn inside the prompt (or forge "
+                "another turn); remove them",
+            )
+        )
     in_answer = reserved_tokens(s.answer or "")
     if in_answer:
-        out.append(("template_token", f"the answer contains {', '.join(in_answer)}: a completion stops at the end of "
-                    "its turn and never samples a vision token, so no completion can state this answer; remove "
-                    "them"))
+        out.append(
+            (
+                "template_token",
+                f"the answer contains {', '.join(in_answer)}: a completion stops at the end of "
+                "its turn and never samples a vision token, so no completion can state this answer; remove "
+                "them",
+            )
+        )
     return out
 
 
@@ -98,17 +113,32 @@ def image_problems(s: Sample, info: ImageInfo, geometry: ProcessorGeometry, inde
     out = []
     pads = tokens if (hw, hh) == (w, h) else geometry.num_image_tokens(hh, hw)  # the prompt's count: the header's
     if pads != tokens:
-        out.append(("placeholder_count", f"{name}the prompt would get {pads} <|image_pad|> tokens (header size "
-                    f"{hw}x{hh}) but the decoded {w}x{h} image gives {tokens} features"))
+        out.append(
+            (
+                "placeholder_count",
+                f"{name}the prompt would get {pads} <|image_pad|> tokens (header size "
+                f"{hw}x{hh}) but the decoded {w}x{h} image gives {tokens} features",
+            )
+        )
     if s.image_size is not None and tuple(s.image_size) != (w, h):
-        out.append(("image_size_mismatch", f"image_size {list(s.image_size)} but the image is {w}x{h} px; box "
-                    "rewards scale by image_size, so every box would move: correct it or leave it out"))
+        out.append(
+            (
+                "image_size_mismatch",
+                f"image_size {list(s.image_size)} but the image is {w}x{h} px; box "
+                "rewards scale by image_size, so every box would move: correct it or leave it out",
+            )
+        )
     owners = s.box_images or [0] * len(s.boxes)
     for box, owner in zip(s.boxes, owners):
         x1, y1, x2, y2 = box
         if owner == (index or 0) and (x1 < 0 or y1 < 0 or x2 > w or y2 > h):
-            out.append(("box_out_of_image", f"{name}box {box} lies outside the {w}x{h} image (boxes are "
-                        "original-image pixels, [x1, y1, x2, y2])"))
+            out.append(
+                (
+                    "box_out_of_image",
+                    f"{name}box {box} lies outside the {w}x{h} image (boxes are "
+                    "original-image pixels, [x1, y1, x2, y2])",
+                )
+            )
     return out
 
 
@@ -137,8 +167,13 @@ def row_problems(s: Sample, info: ImageInfo | RowVisuals, geometry: ProcessorGeo
     several = len(s.images) > 1
     out = []
     if s.answer_type == "box" and len(set(s.box_images)) > 1:
-        out.append(("boxes_across_images", f"the gold boxes lie in images {sorted(set(s.box_images))}: a box answer "
-                    "names no image, so every box of a box-answer row must lie in one image"))
+        out.append(
+            (
+                "boxes_across_images",
+                f"the gold boxes lie in images {sorted(set(s.box_images))}: a box answer "
+                "names no image, so every box of a box-answer row must lie in one image",
+            )
+        )
     for i, image in enumerate(info.images):
         out += image_problems(s, image, geometry, i if several else None)
     if info.video is not None:
@@ -175,7 +210,11 @@ class PromptBudget:
 
 
 def prompt_budget(
-    s: Sample, visuals: RowVisuals, geometry: ProcessorGeometry, text_tokens: int, system_prompt: str = "",
+    s: Sample,
+    visuals: RowVisuals,
+    geometry: ProcessorGeometry,
+    text_tokens: int,
+    system_prompt: str = "",
     timestamps: bool = False,
 ) -> PromptBudget:
     """The prompt tokens of a row: each image by smart_resize at the run's geometry, the video's sampled frames after

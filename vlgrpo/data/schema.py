@@ -11,8 +11,20 @@ from typing import Any
 
 from vlgrpo.types import ANSWER_TYPES, InputError, Sample, Video
 
-FIELDS = ("id", "image", "images", "video", "question", "answer", "answer_type", "boxes", "objects", "image_size",
-          "task", "meta")
+FIELDS = (
+    "id",
+    "image",
+    "images",
+    "video",
+    "question",
+    "answer",
+    "answer_type",
+    "boxes",
+    "objects",
+    "image_size",
+    "task",
+    "meta",
+)
 MARKERS = ("<image>", "<video>")
 """Markers in a question that place the row's images (in `images` order) and its video; without any, every visual
 part goes before the question (Qwen's convention)."""
@@ -75,13 +87,17 @@ def _video(value: Any, base_dir: Path | None, err) -> Video:
     if isinstance(value, dict):
         unknown = sorted(set(value) - set(VIDEO_KEYS))
         if unknown or ("path" in value) == ("frames" in value):
-            raise err("video", f"a video mapping has `path` (a video file) or `frames` (image files), and optionally "
-                      f"`fps` and `max_frames`; got keys {sorted(value)}")
+            raise err(
+                "video",
+                f"a video mapping has `path` (a video file) or `frames` (image files), and optionally "
+                f"`fps` and `max_frames`; got keys {sorted(value)}",
+            )
         fps, max_frames = value.get("fps"), value.get("max_frames")
         if fps is not None and (isinstance(fps, bool) or not isinstance(fps, (int, float)) or not fps > 0):
             raise err("video", f"fps must be a number > 0 (frames per second the model sees), got {fps!r}")
-        if max_frames is not None and (isinstance(max_frames, bool) or not isinstance(max_frames, int)
-                                       or max_frames < 2):
+        if max_frames is not None and (
+            isinstance(max_frames, bool) or not isinstance(max_frames, int) or max_frames < 2
+        ):
             raise err("video", f"max_frames must be an integer >= 2, got {max_frames!r}")
         overrides = {"fps": None if fps is None else float(fps), "max_frames": max_frames}
         value = value.get("path", value.get("frames"))
@@ -89,8 +105,11 @@ def _video(value: Any, base_dir: Path | None, err) -> Video:
         return Video(path=_path(value, base_dir), **overrides)
     if isinstance(value, (list, tuple)) and value:
         return Video(frames=[_image_ref(f, base_dir, err, "video") for f in value], **overrides)
-    raise err("video", f"expected a video file path, a list of frame image files, or a mapping with `path` or "
-              f"`frames`, got {value!r:.120}")
+    raise err(
+        "video",
+        f"expected a video file path, a list of frame image files, or a mapping with `path` or "
+        f"`frames`, got {value!r:.120}",
+    )
 
 
 def _given(value: Any) -> bool:
@@ -129,12 +148,18 @@ def _boxes(value: Any, images: int, size: tuple[int, int] | None, err) -> tuple[
             owner = box.get("image")
             named = set(box) == {"image", "box"} and isinstance(owner, int) and not isinstance(owner, bool)
             if not (named and 0 <= owner < images):
-                raise err("boxes", f"a box naming its image is {{\"image\": i, \"box\": [x1, y1, x2, y2]}} with i in "
-                          f"0..{images - 1} (the row's images, in order), got {box!r}")
+                raise err(
+                    "boxes",
+                    f'a box naming its image is {{"image": i, "box": [x1, y1, x2, y2]}} with i in '
+                    f"0..{images - 1} (the row's images, in order), got {box!r}",
+                )
             box = box["box"]
         elif images > 1:
-            raise err("boxes", f"the row has {images} images: name the image of each box, {{\"image\": i, \"box\": "
-                      f"[x1, y1, x2, y2]}} with i the 0-based index in `images`; got {box!r}")
+            raise err(
+                "boxes",
+                f'the row has {images} images: name the image of each box, {{"image": i, "box": '
+                f"[x1, y1, x2, y2]}} with i the 0-based index in `images`; got {box!r}",
+            )
         boxes.append(_check_box(box, size, err))
         owners.append(owner)
     return boxes, owners if images > 1 else []
@@ -144,9 +169,12 @@ def _check_markers(question: str, images: int, video: bool, err) -> None:
     """`<image>` / `<video>` markers place every visual part or none: their counts match the row's."""
     n_image, n_video = (question.count(m) for m in MARKERS)
     if (n_image or n_video) and (n_image, n_video) != (images, int(video)):
-        raise err("question", f"has {n_image} <image> and {n_video} <video> marker(s) but the row has {images} "
-                  f"image(s) and {int(video)} video: each <image> places the next image of the row and <video> its "
-                  "video; write one marker per part, or none to put them all before the question")
+        raise err(
+            "question",
+            f"has {n_image} <image> and {n_video} <video> marker(s) but the row has {images} "
+            f"image(s) and {int(video)} video: each <image> places the next image of the row and <video> its "
+            "video; write one marker per part, or none to put them all before the question",
+        )
 
 
 def sample_from_dict(row: Any, source: str, row_no: int | None, base_dir: Path | None = None) -> Sample:
@@ -184,8 +212,11 @@ def sample_from_dict(row: Any, source: str, row_no: int | None, base_dir: Path |
             raise err("image_size", f"must be [width, height] in pixels, got {size!r}")
         size = (int(size[0]), int(size[1]))
         if len(images) != 1:
-            raise err("image_size", "is the size of the row's one image; leave it out on a row with several images "
-                      "or a video (their sizes are read from the files)")
+            raise err(
+                "image_size",
+                "is the size of the row's one image; leave it out on a row with several images "
+                "or a video (their sizes are read from the files)",
+            )
     boxes, box_images = _boxes(row.get("boxes") or [], len(images), size, err)
     if answer_type == "box" and not boxes:
         raise err("boxes", "answer_type 'box' needs at least one gold box in original-image pixels")

@@ -1,9 +1,9 @@
 """The synthetic "shapes" task: Pillow scenes of coloured shapes with verifiable questions and exact boxes.
 
-Four question kinds on one image: count (number), colour (text), existence (yes/no) and grounding (box); two more
-on request: compare (two images: which has more shapes of a colour) and motion (a video of frames: which way a circle
-moves). Deterministic for a seed; writes PNG files and train/val/test JSONL in the `Sample` schema. Knows nothing of
-models.
+Four question kinds on one image: count (number), colour (text), existence (yes/no) and grounding (box); three more
+on request: compare (two images: which has more shapes of a colour), motion (a video of frames: which way a circle
+moves) and zoom (the colour of one tiny shape in a 4x larger image: a question the crop answers). Deterministic for a
+seed; writes PNG files and train/val/test JSONL in the `Sample` schema. Knows nothing of models.
 """
 
 from __future__ import annotations
@@ -20,14 +20,20 @@ from vlgrpo.types import InputError, Sample, Video
 SHAPES = ("circle", "square", "triangle")
 COLOURS = ("red", "green", "blue", "yellow", "purple", "orange")
 RGB = {
-    "red": (220, 30, 30), "green": (30, 170, 60), "blue": (40, 70, 220),
-    "yellow": (235, 205, 20), "purple": (140, 50, 170), "orange": (245, 130, 20),
+    "red": (220, 30, 30),
+    "green": (30, 170, 60),
+    "blue": (40, 70, 220),
+    "yellow": (235, 205, 20),
+    "purple": (140, 50, 170),
+    "orange": (245, 130, 20),
 }
 KINDS = ("count", "colour", "exist", "ground")
 """The default question kinds, one image each."""
-MORE_KINDS = ("compare", "motion")
-"""Kinds chosen with --kinds: compare (two images, text answer first / second) and motion (a video of MOTION_FRAMES
-frame PNGs, text answer left / right)."""
+MORE_KINDS = ("compare", "motion", "zoom")
+"""Kinds chosen with --kinds: compare (two images, text answer first / second), motion (a video of MOTION_FRAMES
+frame PNGs, text answer left / right) and zoom (one ZOOM_SCALE x larger image, text answer a colour)."""
+ZOOM_SCALE = 4
+"""A zoom image's side in units of --image-size (448 px at the demo's 112)."""
 MOTION_FRAMES = 4
 """Frames of a motion video: Qwen's fewest (qwen-vl-utils' FPS_MIN_FRAMES), two temporal patches."""
 CROSSED_NEGATIVES = 0.5
@@ -129,7 +135,13 @@ def _question(
             name = rng.choice(crossing if crossed and crossing and rng.random() < crossed else absent)
         hits = [s for s in shapes if s.name == name]  # about: the shapes of that name, so "none" reads as "no"
         article = "an" if name[0] in "aeiou" else "a"  # "an orange circle", as POPE asks
-        return f"Is there {article} {name} in the image?", "yes" if hits else "no", "yesno", [list(s.box) for s in hits], hits
+        return (
+            f"Is there {article} {name} in the image?",
+            "yes" if hits else "no",
+            "yesno",
+            [list(s.box) for s in hits],
+            hits,
+        )
     unique = [s for s in shapes if sum(t.name == s.name for t in shapes) == 1]
     if not unique:
         return None
@@ -148,6 +160,8 @@ def make_sample(
         return compare_sample(rng, f"shapes-{split}-{idx:06d}", size, image_dir, split, max_shapes)
     if kind == "motion":
         return motion_sample(rng, f"shapes-{split}-{idx:06d}", size, image_dir, split)
+    if kind == "zoom":
+        return zoom_sample(rng, f"shapes-{split}-{idx:06d}", size, image_dir, split, max_shapes)
     while True:
         img, shapes = draw_scene(rng, size, max_shapes)
         q = _question(rng, kind, shapes, CROSSED_NEGATIVES if split == "train" else 0.0)
@@ -189,8 +203,12 @@ def compare_sample(rng: random.Random, sid: str, size: int, image_dir: Path, spl
         answer="first" if counts[0] > counts[1] else "second",
         answer_type="text",
         task="shapes/compare",
-        meta={"split": split, "scenes": [_listed(shapes) for _, shapes in scenes], "counts": counts,
-              "reasoning": f"first: {about[0]}; second: {about[1]}"},
+        meta={
+            "split": split,
+            "scenes": [_listed(shapes) for _, shapes in scenes],
+            "counts": counts,
+            "reasoning": f"first: {about[0]}; second: {about[1]}",
+        },
     )
 
 
@@ -204,9 +222,11 @@ def motion_sample(rng: random.Random, sid: str, size: int, image_dir: Path, spli
     ends = [rng.randint(1, size // 4), rng.randint(size - d - 1 - size // 4, size - d - 1)]
     start, end = ends if direction == "right" else ends[::-1]
     xs = [round(start + (end - start) * k / (MOTION_FRAMES - 1)) for k in range(MOTION_FRAMES)]
-    still = [Shape(rng.choice(SHAPES), rng.choice([c for c in COLOURS if c != colour]), box)
-             for box in _place(rng, 3, size, max(10, size // 8), max(14, size // 5))
-             if box[3] + 2 <= y or y + d + 2 <= box[1]]
+    still = [
+        Shape(rng.choice(SHAPES), rng.choice([c for c in COLOURS if c != colour]), box)
+        for box in _place(rng, 3, size, max(10, size // 8), max(14, size // 5))
+        if box[3] + 2 <= y or y + d + 2 <= box[1]
+    ]
     track = [Shape("circle", colour, (x, y, x + d, y + d)) for x in xs]
     for k, moving in enumerate(track):
         img = Image.new("RGB", (size, size), (255, 255, 255))
@@ -221,13 +241,88 @@ def motion_sample(rng: random.Random, sid: str, size: int, image_dir: Path, spli
         answer=direction,
         answer_type="text",
         task="shapes/motion",
-        meta={"split": split, "track": [list(s.box) for s in track], "scene": _listed(still),
-              "reasoning": f"{colour} circle at x {xs[0]}, then x {xs[-1]}"},
+        meta={
+            "split": split,
+            "track": [list(s.box) for s in track],
+            "scene": _listed(still),
+            "reasoning": f"{colour} circle at x {xs[0]}, then x {xs[-1]}",
+        },
+    )
+
+
+ZOOM_PLACES = {
+    (0, 0): "top-left",
+    (0, 1): "top",
+    (0, 2): "top-right",
+    (1, 0): "left",
+    (1, 1): "centre",
+    (1, 2): "right",
+    (2, 0): "bottom-left",
+    (2, 1): "bottom",
+    (2, 2): "bottom-right",
+}
+"""(row, column) of a 3 x 3 grid over the image -> the words a zoom question locates its target with."""
+
+
+def _zoom_target(
+    rng: random.Random, big: int, side: int, taken: list[tuple[int, int, int, int]]
+) -> tuple[tuple[int, int, int, int], str]:
+    """A `side` px box inside one cell of the 3 x 3 grid (a `side` margin from the cell's edges, so "near the top-left"
+    is where it is) and at least `side` px from every box in `taken`; with the cell's words. Cells are drawn until one
+    has room (a 448 px canvas holds at most 6 shapes of 56 px: nearly always the first)."""
+    cell = big // 3
+    while True:
+        r, c = rng.randrange(3), rng.randrange(3)
+        for _ in range(50):
+            x = rng.randint(c * cell + side, (c + 1) * cell - 2 * side)
+            y = rng.randint(r * cell + side, (r + 1) * cell - 2 * side)
+            box = (x, y, x + side, y + side)
+            if all(x + 2 * side <= b[0] or b[2] + side <= x or y + 2 * side <= b[1] or b[3] + side <= y for b in taken):
+                return box, ZOOM_PLACES[(r, c)]
+
+
+def zoom_sample(rng: random.Random, sid: str, size: int, image_dir: Path, split: str, max_shapes: int) -> Sample:
+    """A ZOOM_SCALE x `size` px scene: 1..max_shapes ordinary shapes (a quarter to a half of `size` across) and one
+    tiny shape, `size` // 16 px (at least 4), in a cell of a 3 x 3 grid; "What colour is the small shape near the
+    {top-left} of the image?", answer its colour (text), its box in `boxes` (original pixels) so a zoom can be checked.
+
+    Sizes at the demo's 112 px: a 448 px image and a 7 px target. The tiny base's processor (max_pixels 224 x 224)
+    halves the image, leaving the target 3-4 px of one 28 px token: 49 of the 3,136 original pixels that token sees
+    (1.6 %), where an ordinary 112 px scene's smallest shape (14 px) covers a quarter of its token. A 112 px crop
+    around it, kept at 112 px, shows it 4x larger in share. Qwen2.5-VL's released processor (max_pixels 12.8 M) keeps
+    448 px whole; set model.max_pixels (e.g. 112 * 112) for the same squeeze. `objects` stays empty: POPE's probes are
+    about ordinary scenes."""
+    big, side = ZOOM_SCALE * size, max(4, size // 16)
+    img = Image.new("RGB", (big, big), (255, 255, 255))
+    draw = ImageDraw.Draw(img)
+    shapes = [
+        Shape(rng.choice(SHAPES), rng.choice(COLOURS), box)
+        for box in _place(rng, rng.randint(1, max_shapes), big, max(10, size // 4), max(14, size // 2))
+    ]
+    box, where = _zoom_target(rng, big, side, [s.box for s in shapes])
+    target = Shape(rng.choice(SHAPES), rng.choice(COLOURS), box)
+    for s in [*shapes, target]:
+        _draw(draw, s)
+    img.save(image_dir / f"{sid}.png")
+    return Sample(
+        id=sid,
+        image=f"images/{sid}.png",
+        question=f"What colour is the small shape near the {where} of the image?",
+        answer=target.colour,
+        answer_type="text",
+        boxes=[list(box)],
+        image_size=(big, big),
+        task="shapes/zoom",
+        meta={"split": split, "scene": _listed([*shapes, target]), "where": where, "reasoning": target.name},
     )
 
 
 def synth_dataset(
-    out_dir: str | Path, n: int, seed: int = 0, image_size: int = 112, kinds: tuple[str, ...] = KINDS,
+    out_dir: str | Path,
+    n: int,
+    seed: int = 0,
+    image_size: int = 112,
+    kinds: tuple[str, ...] = KINDS,
     max_shapes: int = 6,
 ) -> dict[str, Path]:
     """Write n samples split 80/10/10 into out_dir/{train,val,test}.jsonl + out_dir/images/*.png (compare: two PNGs

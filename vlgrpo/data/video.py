@@ -1,5 +1,6 @@
 """Videos: which frames the model sees (Qwen's sampling by fps and max_frames), reading them (frame lists need no
-codec; video files are decoded with PyAV, the decoder under qwen-vl-utils' torchvision reader) and their token count.
+codec; video files are decoded with PyAV, the decoder under qwen-vl-utils' torchvision reader, once per process: the
+inspection, the frames and the cache key of a file read one decode) and their token count.
 
 Frame sampling follows qwen-vl-utils (`smart_nframes`, indices by `torch.linspace(...).round()`), so a frame count
 here is the one Qwen's own pipeline gives. Knows nothing of models or datasets.
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from vlgrpo.data.images import ImageError, ProcessorGeometry, inspect_image, load_image
+from vlgrpo.data.video_file import VideoError, decoded
 from vlgrpo.types import InputError, Video
 
 FRAME_FACTOR = 2
@@ -21,12 +23,6 @@ MIN_FRAMES = 4
 """qwen-vl-utils' FPS_MIN_FRAMES: a file gives at least this many frames when it has them."""
 VIDEO_MIN_TOKENS, VIDEO_MAX_TOKENS = 128, 768
 """qwen-vl-utils' default pixel bounds of one video frame, in merged tokens (x factor^2 pixels)."""
-NO_DECODER = ("reading video files needs PyAV, the decoder qwen-vl-utils' torchvision reader runs on: `pip install "
-              "av` (qwen-vl-utils depends on it); or give the video as a list of frame image files")
-
-
-class VideoError(InputError):
-    """A video that cannot be used; the message names the file and what to do."""
 
 
 @dataclass(frozen=True)
@@ -45,24 +41,27 @@ class VideoSampling:
             (self.fps > 0, "fps", "must be > 0"),
             (self.max_frames >= FRAME_FACTOR, "max_frames", f"must be >= {FRAME_FACTOR} (frames come in pairs)"),
             (self.min_pixels >= 0 and self.max_pixels >= 0, "min_pixels/max_pixels", "must be >= 0 (0: Qwen's)"),
-            (not (self.min_pixels and self.max_pixels) or self.min_pixels <= self.max_pixels,
-             "min_pixels", "must not exceed data.video.max_pixels"),
+            (
+                not (self.min_pixels and self.max_pixels) or self.min_pixels <= self.max_pixels,
+                "min_pixels",
+                "must not exceed data.video.max_pixels",
+            ),
         ):
             if not ok:
                 raise InputError(f"data.video.{key} {why} (got {self!r})")
 
     @classmethod
-    def from_config(cls, video) -> "VideoSampling":
+    def from_config(cls, video) -> VideoSampling:
         """From the config's `data.video` section (vlgrpo.config.schema.VideoConfig)."""
         return cls(float(video.fps), int(video.max_frames), int(video.min_pixels or 0), int(video.max_pixels or 0))
 
-    def for_row(self, video: Video) -> "VideoSampling":
+    def for_row(self, video: Video) -> VideoSampling:
         """These settings with the row's own fps / max_frames."""
         return replace(self, fps=video.fps or self.fps, max_frames=video.max_frames or self.max_frames)
 
     def pixel_bounds(self, geometry: ProcessorGeometry) -> tuple[int, int]:
         """(min, max) pixels of one frame: the configured ones, else Qwen's video defaults for this patch size (the
-    default min no larger than a configured max)."""
+        default min no larger than a configured max)."""
         hi = self.max_pixels or VIDEO_MAX_TOKENS * geometry.factor**2
         lo = self.min_pixels or min(VIDEO_MIN_TOKENS * geometry.factor**2, hi)  # a small max_pixels lowers Qwen's min
         return lo, max(hi, lo)
@@ -96,6 +95,11 @@ def file_indices(total: int, native_fps: float, sampling: VideoSampling) -> tupl
     return linspace_indices(total, n), n / total * native_fps
 
 
+def _taken_by(sampling: VideoSampling):
+    """The indices `sampling` takes of a file's (frame count, rate): the frames its decode keeps."""
+    return lambda total, native_fps: file_indices(total, native_fps, sampling)[0]
+
+
 def list_indices(total: int, sampling: VideoSampling) -> tuple[list[int], float]:
     """(indices of the frames taken from a frame list, their rate). Every frame, an odd count padded with the last
     (qwen-vl-utils); above max_frames, that many evenly spaced. The list was taken at `sampling.fps`."""
@@ -110,46 +114,6 @@ def list_indices(total: int, sampling: VideoSampling) -> tuple[list[int], float]
 
 def video_name(video: Video) -> str:
     return f"'{video.path}'" if video.path is not None else f"frame list of {len(video.frames)}"
-
-
-def _container(path: str):
-    try:
-        import av
-    except ImportError:
-        raise VideoError(f"video {path!r}: {NO_DECODER}") from None
-    if not Path(path).is_file():
-        raise VideoError(f"video file '{path}' does not exist")
-    try:
-        return av.open(path)
-    except Exception as e:  # noqa: BLE001 - av raises its own FFmpeg error classes (InvalidDataError, ...)
-        raise VideoError(f"video file '{path}' cannot be decoded ({type(e).__name__}: {e}); convert it to an H.264 "
-                         "MP4, or give its frames as image files") from None
-
-
-def _decode(path: str, keep: set[int] | None = None) -> tuple[int, float, tuple[int, int], dict]:
-    """Decode every frame of a file once: (frame count, average fps, (width, height), {index: PIL image of the kept
-    indices}). Counting decoded frames, as torchvision's reader did, not trusting the container's header."""
-    container = _container(path)
-    kept, total, size = {}, 0, None
-    try:
-        with container:
-            stream = container.streams.video[0] if container.streams.video else None
-            if stream is None:
-                raise VideoError(f"video file '{path}' has no video stream")
-            fps = float(stream.average_rate or 0)
-            for frame in container.decode(stream):
-                size = size or (frame.width, frame.height)
-                if keep is not None and total in keep:
-                    kept[total] = frame.to_image().convert("RGB")
-                total += 1
-    except VideoError:
-        raise
-    except Exception as e:  # noqa: BLE001 - a truncated or corrupt stream fails inside the decode loop
-        raise VideoError(f"video file '{path}' cannot be decoded to the end ({type(e).__name__}: {e}); convert it "
-                         "to an H.264 MP4, or give its frames as image files") from None
-    if total == 0 or size is None or fps <= 0:
-        raise VideoError(f"video file '{path}' holds no decodable frame (or no frame rate)")
-    return total, fps, size, kept
 
 
 @dataclass
@@ -194,14 +158,15 @@ class VideoInfo:
 
 
 def inspect_video(video: Video, sampling: VideoSampling) -> VideoInfo:
-    """Which frames of the video the model would see, checked: a file decoded to the end, every frame of a list
-    decoded and of one size. What `vlgrpo data doctor` (and, later, training) decide a row's video by."""
+    """Which frames of the video the model would see, checked: a file decoded to the end (keeping the frames taken, for
+    `read_video`), every frame of a list decoded and of one size. What `vlgrpo data doctor` (and, later, training)
+    decide a row's video by."""
     sampling = sampling.for_row(video)
     try:
         if video.path is not None:
-            total, native_fps, size, _ = _decode(video.path)
-            indices, fps = file_indices(total, native_fps, sampling)
-            return VideoInfo(None, indices, size, fps, sampling, native_fps)
+            file = decoded(video.path, _taken_by(sampling), frames=False)
+            indices, fps = file_indices(file.total, file.fps, sampling)
+            return VideoInfo(None, indices, file.size, fps, sampling, file.fps)
         infos = [inspect_image(f) for f in video.frames]
         bad = next((i for i, info in enumerate(infos) if info.problem is not None), None)
         if bad is not None:
@@ -234,14 +199,14 @@ class SampledVideo:
 
 
 def read_video(video: Video, sampling: VideoSampling) -> SampledVideo:
-    """The frames the model sees of a video (a file decoded with PyAV; a frame list loaded as images)."""
+    """The frames the model sees of a video (of a file, those its one decode in this process kept; a frame list
+    loaded as images)."""
     sampling = sampling.for_row(video)
     try:
         if video.path is not None:
-            total, native_fps, _, _ = _decode(video.path)  # first pass: count, as torchvision's reader did
-            indices, fps = file_indices(total, native_fps, sampling)
-            kept = _decode(video.path, set(indices))[3]
-            return SampledVideo([kept[i] for i in indices], fps, indices, native_fps)
+            file = decoded(video.path, _taken_by(sampling), frames=True)
+            indices, fps = file_indices(file.total, file.fps, sampling)
+            return SampledVideo([file.frames[i] for i in indices], fps, indices, file.fps)
         indices, fps = list_indices(len(video.frames), sampling)
         loaded = {i: load_image(video.frames[i]) for i in sorted(set(indices))}
     except VideoError:
@@ -261,8 +226,10 @@ def frame_timestamps(indices: list[int], source_fps: float, temporal_patch_size:
 
 class VideoClip:
     """A row's video under given sampling settings: what a prompt counts tokens and timestamps from and what the
-    vision cache keys and encodes. Inspection and the content hash are kept per file state and settings (a file that
-    changes on disk is read again), so a video is decoded for them once per process, not once per draw."""
+    vision cache keys and encodes. A file's one decode in this process (`video_file.decoded`) gives its inspection,
+    its frames and so its content hash; the inspection and the hash are also kept per file state and settings (a file
+    that changes on disk is read again), so a file whose frames that memory let go (`video_file.DECODED_BUDGET`) is
+    decoded again for its frames alone."""
 
     _memo: dict[tuple, tuple] = {}
 

@@ -83,6 +83,9 @@ def run_eval_cli(
     engine_kwargs: dict | None = None,
     gpu_memory_utilization: float = 0.8,
     split: str | None = None,
+    judge: str | None = None,
+    tools: tuple[str, ...] = (),
+    max_turns: int = 5,
 ) -> EvalResult:
     """Load the model, pick the suites' samples, evaluate, write metrics.json / predictions.jsonl / report.md.
 
@@ -94,12 +97,23 @@ def run_eval_cli(
     More than half of the completions without an answer to read is reported loudly (the prompt probably differs
     from training).
     engine: hf (transformers) or vllm (greedy decoding through vLLM, with our cached image features: the same
-    predictions, faster on a GPU; `engine_kwargs` go to `vllm.LLM`)."""
+    predictions, faster on a GPU; `engine_kwargs` go to `vllm.LLM`).
+    judge: also score the answers with a judge model: "" for the run directory's own reward.judge, or a config
+    file holding a reward.judge section (`evals/judged.py`).
+    tools: the tools the model may call (`rollout/tools.py`, e.g. ("zoom_in",)), up to `max_turns` turns a sample
+    (`rollout/turns.py`; the hf engine); each multi-turn row's conversation goes to predictions.jsonl, its crops
+    next to it."""
 
     from vlgrpo.data.images import ProcessorGeometry
     from vlgrpo.rewards import box_format_for_arch, context_from_config
     from vlgrpo.vision_cache import VisionCache
 
+    if tools and engine != "hf":
+        raise InputError(f"--tools runs on --engine hf for now (got {engine}): vLLM's multi-turn comes later")
+    if tools:
+        from vlgrpo.rollout.tools import tool_table
+
+        tool_table(tuple(tools))  # an unknown tool or a user function that cannot load: before the model loads
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     with tempfile.TemporaryDirectory(prefix="vlgrpo-eval-") as tmp:
         lm, run_cfg, contract = load_for_eval(model, Path(tmp), dtype, device)
@@ -115,6 +129,8 @@ def run_eval_cli(
         ctx = dataclasses.replace(
             ctx, box_format=box_format or ctx.box_format, answer_format=answer_format or ctx.answer_format
         )
+        if judge is not None:
+            ctx = dataclasses.replace(ctx, judge=_judge(judge, run_cfg))
         eval_data = build_eval_data(
             data,
             suites,
@@ -150,6 +166,10 @@ def run_eval_cli(
             gpu_memory_utilization=gpu_memory_utilization,
             **prompt_kw,
         )
+        if tools:
+            from vlgrpo.rollout.turns import ToolRollout
+
+            decoder = ToolRollout(decoder, tuple(tools), max_turns)
         result = evaluate(
             decoder,
             eval_data,
@@ -158,6 +178,7 @@ def run_eval_cli(
             batch_prompts=batch_prompts,
             max_new_tokens=max_new_tokens,
             progress=progress,
+            judge=judge is not None,
         )
     result.info.update(
         model=str(model),
@@ -170,10 +191,33 @@ def run_eval_cli(
         video=dataclasses.asdict(prompt_kw["video_sampling"]),
         vision_cache={k: int(v) for k, v in cache.stats().items()},
     )
+    if tools:
+        result.info["tools"] = {
+            "tools": list(tools),
+            "max_turns": max_turns,
+            **{k: v for k, v in decoder.stats().items() if k.startswith("tools/")},
+        }
     write_outputs(result, out)
     if result.info.get("warning"):
         print(f"[vlgrpo] WARNING: {result.info['warning']}", file=sys.stderr)
     return result
+
+
+def _judge(arg: str, run_cfg):
+    """The judge of `--judge [CONFIG]`: the config file's reward.judge, else (no file) the run directory's."""
+    from vlgrpo.rewards.judge import Judge
+
+    if arg:
+        from vlgrpo.config import load_config
+
+        settings, where = load_config(arg).reward.judge, f"--judge {arg}"
+    elif run_cfg is not None:
+        settings, where = run_cfg.reward.judge, "the run's config.yaml"
+    else:
+        raise InputError("--judge without a config file needs --model to be a run directory (its reward.judge)")
+    if not (settings.base_url and settings.model):
+        raise InputError(f"{where} has no reward.judge.base_url and reward.judge.model: no judge to score with")
+    return Judge(settings)
 
 
 def _video_sampling(run_cfg, contract):

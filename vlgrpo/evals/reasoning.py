@@ -1,14 +1,16 @@
-"""Loaders for the reasoning benchmarks described in `evals/` (mathvista, geometry3k, superclevr, mmmu): each reads
-its benchmark's published file as it is - MathVista's testmini.json or parquet, EasyR1's Geometry3K parquet, R1-V's
-SuperCLEVR test JSONL, MMMU's per-subject parquet - into checked Samples whose `meta` keeps the published fields the
-scorers need (`meta["benchmark"]` names the benchmark). The file's rows, its benchmark and the sha256 its manifest
-pins (checked when pinned) come from `evals/reasoning_io.py`; here each published row becomes a Sample. Local files
-only, never downloads; knows nothing of models or scoring rules.
+"""Loaders for the reasoning benchmarks described in `evals/` (mathvista, geometry3k, superclevr, mmmu) and V* Bench
+(vstar): each reads its benchmark's published file as it is - MathVista's testmini.json or parquet, EasyR1's
+Geometry3K parquet, R1-V's SuperCLEVR test JSONL, MMMU's per-subject parquet, V*'s folders of annotated images - into
+checked Samples whose `meta` keeps the published fields the scorers need (`meta["benchmark"]` names the benchmark).
+The file's rows, its benchmark and the sha256 its manifest pins (checked when pinned) come from
+`evals/reasoning_io.py`; here each published row becomes a Sample. Local files only, never downloads; knows nothing of
+models or scoring rules.
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
 import math
 import re
 from collections.abc import Callable
@@ -17,7 +19,15 @@ from typing import Any
 
 from vlgrpo.data.schema import DataError, sample_from_dict
 from vlgrpo.evals.benchmarks import check_image_files
-from vlgrpo.evals.reasoning_io import SHAPES, Rows, benchmark_of, pinned_sha256, read_rows, verify_sha256
+from vlgrpo.evals.reasoning_io import (
+    SHAPES,
+    Rows,
+    benchmark_of,
+    pinned_sha256,
+    read_rows,
+    read_vstar,
+    verify_sha256,
+)
 from vlgrpo.evals.reasoning_score import parse_list
 from vlgrpo.rewards.verifiable import parse_number
 from vlgrpo.types import InputError, Sample
@@ -225,6 +235,51 @@ def _mmmu_images(row: dict, question: str, source: str, no: int) -> tuple[list, 
     return [row[f"image_{k}"] for k in [*unnamed, *named]], question
 
 
+def vstar_rotation(key: str, n: int) -> int:
+    """Where V*'s correct option (published first) goes among n: sha256 of `key` mod n, so the gold letter is spread
+    evenly over the letters and the same on every run and machine."""
+    return int(hashlib.sha256(key.encode()).hexdigest(), 16) % n
+
+
+def _vstar(row: Any, source: str, no: int) -> dict:
+    """One V* annotation (`read_vstar` added category, name, annotation, image): the options lettered after rotating
+    the published order (correct first) by `vstar_rotation`, gold = the correct option's letter; the targets' boxes
+    ([x, y, w, h]) as `boxes` in xyxy pixels, so a zoom can be checked against them."""
+    where, options = row["annotation"], row.get("options")
+    if not isinstance(row.get("question"), str) or not row["question"].strip():
+        raise DataError(where, None, "question", f"must be the question text, got {row.get('question')!r:.120}")
+    if not (isinstance(options, list) and len(options) >= 2 and all(isinstance(o, str) and o for o in options)):
+        raise DataError(where, None, "options", f"must be a list of at least 2 option texts, got {options!r:.120}")
+    k = vstar_rotation(f"{row['category']}/{row['name']}", len(options))
+    shown = options[k:] + options[:k]  # the correct option (index 0) lands at index (n - k) % n
+    letters = _letters(len(shown))
+    lines = "\n".join(f"({letter}) {text}" for letter, text in zip(letters, shown))
+    return {
+        "id": f"vstar-{row['category']}-{row['name']}",
+        "image": row["image"],
+        "question": f"{str(row['question']).strip()}\n{lines}",
+        "answer": letters[(len(shown) - k) % len(shown)],
+        "answer_type": "choice",
+        "boxes": [_vstar_box(b, where) for b in row.get("bbox") or []],
+        "task": f"vstar/{row['category']}",
+        "meta": {
+            "benchmark": "vstar",
+            "category": row["category"],
+            "options": shown,
+            "answer": options[0],
+            "target_object": list(row.get("target_object") or []),
+        },
+    }
+
+
+def _vstar_box(box: Any, where: str) -> list[float]:
+    """A V* target box [x, y, w, h] as [x1, y1, x2, y2]."""
+    if not (isinstance(box, (list, tuple)) and len(box) == 4 and all(isinstance(v, (int, float)) for v in box)):
+        raise DataError(where, None, "bbox", f"each box must be [x, y, w, h] in pixels, got {box!r}")
+    x, y, w, h = (float(v) for v in box)
+    return [x, y, x + w, y + h]
+
+
 # ---------------------------------------------------------------- the loaders
 
 
@@ -278,7 +333,23 @@ def load_mmmu(
     return _load("mmmu", _mmmu, source, image_dir, check_images, read_rows(source, split))
 
 
-LOADERS = {"mathvista": load_mathvista, "geometry3k": load_geometry3k, "superclevr": load_superclevr, "mmmu": load_mmmu}
+def load_vstar(
+    source: str | Path, image_dir: str | Path | None = None, split: str | None = None, check_images: bool = True
+) -> list[Sample]:
+    """V* Bench's folders (direct_attributes/, relative_position/: `<name>.jpg` + `<name>.json` with question,
+    options (correct first), target_object, bbox) as choice Samples `vstar-<category>-<name>`, task
+    `vstar/<category>`; `split` a category reads that one only. `image_dir` is accepted for the loaders' common
+    signature and unused: each image lies beside its annotation."""
+    return _load("vstar", _vstar, source, None, check_images, read_vstar(source, split))
+
+
+LOADERS = {
+    "mathvista": load_mathvista,
+    "geometry3k": load_geometry3k,
+    "superclevr": load_superclevr,
+    "mmmu": load_mmmu,
+    "vstar": load_vstar,
+}
 
 
 def load_benchmark(source: str | Path, name: str | None = None, **options: Any) -> list[Sample]:
@@ -287,7 +358,10 @@ def load_benchmark(source: str | Path, name: str | None = None, **options: Any) 
     name = name or benchmark_of(source)
     if name not in LOADERS:
         shapes = "; ".join(f"{k}: {', '.join(keys)}" for k, keys in SHAPES.items())
-        raise InputError(f"{source}: not a file of {', '.join(LOADERS)} in its published shape ({shapes})")
+        raise InputError(
+            f"{source}: not a file of {', '.join(LOADERS)} in its published shape ({shapes}; vstar: a folder holding "
+            "direct_attributes/ and relative_position/)"
+        )
     if Path(source).is_file():
         verify_sha256(source, pinned_sha256(name, Path(source).name), name)
     return LOADERS[name](source, **options)

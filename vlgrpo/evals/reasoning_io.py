@@ -1,7 +1,8 @@
 """Reading the reasoning benchmarks' published files (mathvista, geometry3k, superclevr, mmmu) for their loaders
 (`evals/reasoning.py`): the rows of a JSON, JSONL or parquet file, a folder of parquet files or a saved dataset, as
-they are; which benchmark a file is, from its first row's keys (`SHAPES`); the sha256 a manifest pins for it. Local
-files only, never downloads; knows nothing of Samples, models or scoring rules.
+they are; which benchmark a file is, from its first row's keys (`SHAPES`); the sha256 a manifest pins for it. V* Bench
+(vstar) is a folder, not a file: its annotation files are read here too (`read_vstar`). Local files only, never
+downloads; knows nothing of Samples, models or scoring rules.
 """
 
 from __future__ import annotations
@@ -23,6 +24,12 @@ SHAPES = {
 }
 """The keys a row of each published file holds; the first row of a file decides which benchmark it is."""
 Rows = list[tuple[int, Any]]
+VSTAR_CATEGORIES = ("direct_attributes", "relative_position")
+"""V* Bench's published folders, one per question category (the hub's craigwu/vstar_bench; penghao-wu/vstar's
+vstar_bench_eval.py reads exactly these two): each image `<name>.jpg` with its annotation `<name>.json` beside it,
+{"target_object": [names], "bbox": [[x, y, w, h], ...], "question": text, "options": [texts, the correct one first]}.
+The hub copy also holds OCR/, GPT4V-hard/ and test_questions.jsonl, which the official eval does not read."""
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 
 
 # ---------------------------------------------------------------- reading published files
@@ -103,9 +110,12 @@ def _columns(path: Path) -> set[str]:
 
 
 def benchmark_of(source: str | Path | None) -> str | None:
-    """The benchmark whose published shape the file has (SHAPES), or None (not one, or not readable as one)."""
+    """The benchmark whose published shape the file has (SHAPES), or "vstar" for a V* Bench folder, or None (not one,
+    or not readable as one)."""
     if not isinstance(source, (str, Path)):  # None, or a Dataset object handed to the Sample reader
         return None
+    if vstar_folders(source):
+        return "vstar"
     try:
         keys = _columns(Path(source))
     except (OSError, ValueError):  # not JSON / parquet / a dataset: the Sample reader reports it
@@ -123,6 +133,56 @@ def published_benchmark(source: str | Path | None, preset: str = "none") -> str 
     from vlgrpo.data.presets import matching_presets
 
     return None if preset in matching_presets(_columns(Path(source))) else name
+
+
+# ---------------------------------------------------------------- V* Bench: a folder of annotated images
+
+
+def vstar_folders(source: str | Path) -> dict[str, Path]:
+    """{category: folder} of a V* Bench copy: `source` holding direct_attributes/ and / or relative_position/ with
+    annotation files in them, or one such category folder itself; {} for anything else."""
+    path = Path(source)
+    if not path.is_dir():
+        return {}
+    named = {path.name: path} if path.name in VSTAR_CATEGORIES else {c: path / c for c in VSTAR_CATEGORIES}
+    return {c: p for c, p in named.items() if p.is_dir() and any(p.glob("*.json"))}
+
+
+def _vstar_image(annotation: Path) -> Path:
+    """The image beside an annotation file: the file of the same name with an image suffix."""
+    found = [annotation.with_suffix(s) for s in IMAGE_SUFFIXES if annotation.with_suffix(s).is_file()]
+    if not found:
+        raise DataError(
+            str(annotation), None, "image", f"no image {annotation.stem}{{{','.join(IMAGE_SUFFIXES)}}} beside it"
+        )
+    return found[0]
+
+
+def read_vstar(source: str | Path, split: str | None = None) -> tuple[Path, Rows]:
+    """(the V* folder, (row number, row) pairs): every annotation JSON of each category folder (VSTAR_CATEGORIES
+    order, files by name), each with `category`, `name` (the file stem), `annotation` (its path) and `image` (the image
+    beside it) added. `split`: None or "test" (V* has one split) reads every category there; a category name reads
+    that one only."""
+    folders = vstar_folders(source)
+    if not folders:
+        layout = " and / or ".join(f"{c}/" for c in VSTAR_CATEGORIES)
+        problem = f"is not a V* Bench folder: it needs {layout} holding <name>.jpg images with <name>.json annotations"
+        raise DataError(str(source), None, None, problem + " (the hub's craigwu/vstar_bench)")
+    if split not in (None, "test"):
+        if split not in folders:
+            raise DataError(str(source), None, "split", f"'{split}': use test (all) or one of {', '.join(folders)}")
+        folders = {split: folders[split]}
+    rows: Rows = []
+    for category, folder in folders.items():
+        for annotation in sorted(folder.glob("*.json")):
+            row = next(iter(json_rows(annotation, documents=True)), (0, None))[1]
+            if isinstance(row, DataError):
+                raise row
+            if not isinstance(row, dict):
+                raise DataError(str(annotation), None, None, "must hold one JSON object (question, options, ...)")
+            extra = {"category": category, "name": annotation.stem, "annotation": str(annotation)}
+            rows.append((len(rows) + 1, {**row, **extra, "image": str(_vstar_image(annotation))}))
+    return Path(source), rows
 
 
 def pinned_sha256(name: str, file_name: str) -> str | None:

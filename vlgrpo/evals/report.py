@@ -13,6 +13,7 @@ from pathlib import Path
 
 from vlgrpo.evals.pope_score import strip_answer_tags
 from vlgrpo.evals.suite import EvalResult
+from vlgrpo.evals.trajectories import trajectory_lines
 from vlgrpo.registry import EVAL_SUITE
 
 EXAMPLES = 3
@@ -56,6 +57,7 @@ def format_report(metrics: dict[str, float], counts: dict[str, int], info: dict,
     lines = ["# Evaluation report", "", *table(["setting", "value"], settings)]
     for suite in info.get("suites", []):  # each suite writes its own section (evals/suite.py)
         lines += ["", *EVAL_SUITE.load(suite).report(metrics, counts, info), *_examples(predictions, suite)]
+    lines += trajectory_lines(predictions)
     return "\n".join(lines) + "\n"
 
 
@@ -66,6 +68,9 @@ def write_outputs(result: EvalResult, out_dir: str | Path) -> dict[str, Path]:
     paths = {"metrics": out / "metrics.json", "predictions": out / "predictions.jsonl", "report": out / "report.md"}
     doc = {"metrics": result.metrics, "counts": result.counts, "info": result.info}
     paths["metrics"].write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    for name, data in result.files.items():  # the tools' crops, which the rows' messages name
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(data)
     with paths["predictions"].open("w", encoding="utf-8") as f:
         for row in result.predictions:
             f.write(json.dumps(row, default=str) + "\n")

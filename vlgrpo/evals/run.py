@@ -19,12 +19,14 @@ import torch
 
 from vlgrpo import heartbeat
 from vlgrpo.config import ConfigError
+from vlgrpo.evals.judged import judge_suites
 from vlgrpo.evals.pope_score import PARSERS
 from vlgrpo.evals.pope_suite import is_pope_file
 from vlgrpo.evals.reasoning import load_benchmark
 from vlgrpo.evals.reasoning_io import published_benchmark
 from vlgrpo.evals.report import write_outputs
 from vlgrpo.evals.suite import EvalData, EvalResult, Selection, load_suite, parse_suites
+from vlgrpo.evals.trajectories import add_trajectories
 from vlgrpo.models import eval_mode
 from vlgrpo.preflight import settings_from_config
 from vlgrpo.rewards.context import RewardContext
@@ -178,8 +180,10 @@ def evaluate(
     batch_prompts: int = 8,
     max_new_tokens: int = 64,
     progress: bool = True,
+    judge: bool = False,
 ) -> EvalResult:
-    """Greedy-decode every suite's samples through `engine` (any RolloutEngine) and score them.
+    """Greedy-decode every suite's samples through `engine` (any RolloutEngine) and score them; with `judge`, also
+    by reward_ctx.judge (`evals/judged.py`).
 
     Suites are decoded back to back in one stream of `batch_prompts`-sized calls, so an image shared by several
     questions (POPE asks six about each) is encoded once by the engine's vision cache."""
@@ -202,7 +206,11 @@ def evaluate(
         result.metrics.update({f"eval/{name}/{k}": v for k, v in metrics.items()})
         result.counts.update({f"{name}/{k}" if k else name: v for k, v in counts.items()})
         result.predictions += rows
+    add_trajectories(result, suites, completions)
+    if judge:
+        judge_suites(result, suites, completions, reward_ctx)
     result.info = {
+        **result.info,
         "suites": list(suites),
         "samples": len(samples),
         "decoding": "greedy",

@@ -94,6 +94,8 @@ class EvalResult:
     """Samples behind the metrics: "<suite>" and "<suite>/<group>" (answer type, task_<task>, POPE split)."""
     info: dict[str, Any] = field(default_factory=dict)
     """Settings and timing of the run (decoding, parser, seconds, and what the caller adds)."""
+    files: dict[str, bytes] = field(default_factory=dict)
+    """Files written next to predictions.jsonl, by relative path: the images tools returned (`evals/trajectories`)."""
 
 
 def prediction_row(suite: str, s: Sample, c: Completion, gold: Any) -> dict:

@@ -8,10 +8,11 @@ geometry (`vlgrpo.data.images`, whose smart_resize pulls in transformers) and th
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from vlgrpo.config import Config, ModelConfig
 from vlgrpo.memory.deepspeed_json import zero3_offload
-from vlgrpo.memory.inputs import DTYPE_BYTES, PlanInput
+from vlgrpo.memory.inputs import DTYPE_BYTES, PlanInput, train_gpus
 from vlgrpo.memory.specs import ModelSpec, PlanError, resolve_model
 from vlgrpo.memory.terms import trainer_optimizer_states
 
@@ -78,6 +79,48 @@ def video_notes(cfg: Config, frames: int) -> list[str]:
     return []
 
 
+TOOL_RESPONSE_TOKENS = 24
+"""At most the text tokens of one tool-response turn around its crop (`rollout.turns.TOOL_RESPONSE`: the closing
+<|im_end|>, the user turn's tags, <tool_response>, the vision markers, the next assistant turn's opening)."""
+
+
+def trajectory_tokens(max_new_tokens: int, max_turns: int, crop_tokens: int) -> int:
+    """The tokens after the prompt that a rollout may hold: one turn's max_new_tokens each turn, and between two turns
+    a tool response with a crop of at most `crop_tokens` (a crop is no larger than the image it is cut from)."""
+    return max_turns * max_new_tokens + (max_turns - 1) * (crop_tokens + TOOL_RESPONSE_TOKENS)
+
+
+def tool_notes(cfg: Config, inp: PlanInput) -> list[str]:
+    """What the plan made of rollout.max_turns."""
+    r = cfg.rollout
+    if r.max_turns <= 1:
+        return []
+    return [
+        f"rollout.max_turns={r.max_turns}: {inp.completion_tokens:,} tokens after the prompt planned ({r.max_turns} x "
+        f"{r.max_new_tokens} sampled + {r.max_turns - 1} tool responses of up to {inp.image_tokens} crop tokens + "
+        f"{TOOL_RESPONSE_TOKENS} each); a row with crops runs whole in the update"
+    ]
+
+
+def judge_notes(cfg: Config, inp: PlanInput) -> list[str]:
+    """What a recipe's `judge` costs per step, on the judge server's own GPUs (not in this plan): requests, and the
+    tokens it prefills (the prompt template at ~4 characters a token, the question, a completion of at most
+    rollout.max_new_tokens, the images with send_image) and decodes (reward.judge.max_tokens)."""
+    j = cfg.reward.judge
+    if "judge" not in cfg.reward.recipe or not j.base_url:
+        return []
+    requests = inp.prompts_per_step * inp.completions_per_prompt * train_gpus(inp)
+    template = len(re.sub(r"\{\w+\}", "", j.prompt + j.system)) // 4
+    images = inp.images_per_sample * inp.image_tokens if j.send_image else 0
+    prompt = template + inp.text_tokens + cfg.rollout.max_new_tokens + images
+    return [
+        f"judge ({j.model} at {j.base_url}): at most {requests:,} requests per step ({inp.prompts_per_step} prompts x "
+        f"{inp.completions_per_prompt} completions x {train_gpus(inp)} training GPUs; repeats are cached), each of "
+        f"about {prompt:,} prompt tokens{' with the images' if images else ''} and up to {j.max_tokens} reply "
+        f"tokens: about {requests * prompt:,} tokens prefilled per step on the judge's own GPUs, not planned here"
+    ]
+
+
 def plan_input_from_config(
     cfg: Config,
     *,
@@ -123,7 +166,7 @@ def plan_input_from_config(
         images_per_sample=images_per_sample,
         video_frames=video_frames_seen(video_frames, cfg.data.video.max_frames) if video_frames else 0,
         video_frame_tokens=video_frame_tokens_for(cfg, spec, video_size) if video_frames else 0,
-        completion_tokens=r.max_new_tokens,
+        completion_tokens=trajectory_tokens(r.max_new_tokens, r.max_turns, image_tokens_for(*image_size, m, spec)),
         max_prompt_length=cfg.data.max_prompt_length,
         gradient_checkpointing=m.gradient_checkpointing,
         engine=r.engine,

@@ -155,6 +155,11 @@ class CompletionBatch:
     completion_ids: Tensor  # [R, C] long, right-padded
     completion_mask: Tensor  # [R, C] long, 1 on real completion tokens
     row_prompt: Tensor  # [R] long: index into the B prompts of each row
+    tool_mask: Tensor | None = None
+    """[R, C] long, 1 on tokens a tool-response turn inserted (multi-turn rollouts); None: none."""
+    row_images: list | None = None
+    """Per row, the features of the images its tools returned (crops), in the order of their pads in the
+    completion; None: no row holds one. Rows with crops run whole (`_completion_logits_full_rows`)."""
 
     def select(self, rows: Tensor | list[int]) -> CompletionBatch:
         """A micro-batch of rows, keeping only the prompts they need (features: index them with `used_prompts`)."""
@@ -167,6 +172,8 @@ class CompletionBatch:
             self.completion_ids[rows],
             self.completion_mask[rows],
             inverse,
+            None if self.tool_mask is None else self.tool_mask[rows],
+            None if self.row_images is None else [self.row_images[i] for i in rows.tolist()],
         )
 
     def used_prompts(self, rows: Tensor | list[int]) -> list[int]:
@@ -191,7 +198,14 @@ def collate_groups(
     mm = (prompt_ids == image_token_id).long()  # the processor's mm_token_type_ids: 1 image, 2 video, 0 text
     if video_token_id is not None:
         mm += 2 * (prompt_ids == video_token_id).long()
-    to = lambda t: t.to(device)  # noqa: E731
+    tool = None
+    masks = [c.tool_mask for g in groups for c in g.completions]
+    if any(m is not None for m in masks):  # multi-turn rows: the tool-response turns' tokens
+        tool = torch.zeros_like(ids)
+        for i, m in enumerate(masks):
+            if m is not None:
+                tool[i, : len(m)] = torch.tensor(m, dtype=torch.long)
+    to = lambda t: None if t is None else t.to(device)  # noqa: E731
     return CompletionBatch(
         to(prompt_ids),
         to(prompt_mask),
@@ -199,6 +213,7 @@ def collate_groups(
         to(ids),
         to(mask),
         to(row_prompt),
+        to(tool),
     )
 
 
@@ -218,6 +233,8 @@ def completion_logits(model, batch: CompletionBatch, features: list) -> Tensor:
     does a hybrid model (Qwen3.5) the packed pass does not run: transformers' cache cannot gather its linear-attention
     states per row.
     """
+    if batch.row_images is not None and any(batch.row_images):  # crops inside completions: whole rows
+        return _completion_logits_full_rows(model, batch, features)
     if _checkpointing(model) or (is_hybrid(model) and not supports_text_decoder(model)):
         return _completion_logits_full_rows(model, batch, features)  # transformers' linear-attention cache has no
         # per-row select
@@ -248,13 +265,21 @@ def completion_logits(model, batch: CompletionBatch, features: list) -> Tensor:
 
 
 def _completion_logits_full_rows(model, batch: CompletionBatch, features: list) -> Tensor:
+    """Each row's prompt and completion forwarded whole; a completion's crops (tool-response turns) are images of the
+    row after its prompt's, their pads image tokens, so M-RoPE runs over the whole interleaved sequence."""
     rp = batch.row_prompt
     ids = torch.cat([batch.prompt_ids[rp], batch.completion_ids], dim=1)
     mask = torch.cat([batch.prompt_mask[rp], batch.completion_mask], dim=1)
-    mm = torch.cat([batch.mm_token_type_ids[rp], torch.zeros_like(batch.completion_ids)], dim=1)
+    rows = [features[i] for i in rp.tolist()]
+    crops = torch.zeros_like(batch.completion_ids)
+    if batch.row_images is not None:
+        rows = [parts + list(extra) for parts, extra in zip(row_parts(rows), batch.row_images)]
+        image_id = core_model(model).config.image_token_id
+        crops = (batch.completion_ids == image_id).long() * batch.completion_mask
+    mm = torch.cat([batch.mm_token_type_ids[rp], crops], dim=1)
     tp = batch.prompt_ids.shape[1]
     # the last prompt position predicts the first completion token: C + 1 positions through the LM head, not T
-    logits = policy_logits(model, ids, mask, mm, [features[i] for i in rp.tolist()], keep=ids.shape[1] - tp + 1)
+    logits = policy_logits(model, ids, mask, mm, rows, keep=ids.shape[1] - tp + 1)
     return logits[:, :-1]
 
 
@@ -262,11 +287,14 @@ def completion_logprobs_and_entropy(
     model, batch: CompletionBatch, features: list, forbidden: Tensor | None, temperature: float = 1.0
 ) -> tuple[Tensor, Tensor]:
     """(log-probs [R, C], entropies [R, C]) of the completion tokens under log softmax(logits / T) with the
-    forbidden (placeholder) ids at -inf: the exact distribution the HF engine samples from. Padding: mask it."""
+    forbidden (placeholder) ids at -inf: the exact distribution the HF engine samples from. Padding: mask it. A
+    tool-response turn's tokens (its crop's placeholders among them) are read as id 0: finite values the loss masks
+    out, where a placeholder's -inf would turn the masked sum into NaN."""
     from vlgrpo.grpo.logprobs import token_logprobs
 
     logits = completion_logits(model, batch, features)
-    return token_logprobs(logits, batch.completion_ids, temperature=temperature, forbidden=forbidden)
+    ids = batch.completion_ids if batch.tool_mask is None else batch.completion_ids.masked_fill(batch.tool_mask > 0, 0)
+    return token_logprobs(logits, ids, temperature=temperature, forbidden=forbidden)
 
 
 def completion_logprobs(

@@ -7,6 +7,7 @@ A prompt holds one image, several, or images and a video, in `visual_sources` or
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import torch
@@ -59,11 +60,13 @@ def build_prompt(
     system_prompt: str = "",
     video_sampling: VideoSampling | None = None,
     thinking: str = "auto",
+    tools: list[dict] | None = None,
 ) -> PromptInputs:
     """Chat-template the sample and expand its placeholders from the sizes alone (no pixel processing): each image's
     <|image_pad|> to its token count, the video's to its frames' (Qwen3-VL: one `<t seconds>` block per temporal
     patch, as Qwen's processor writes it). The same ids as `processor(text, images, videos)`; tests pin that.
-    `thinking` (data.thinking): auto leaves the template's enable_thinking at its default, on / off set it."""
+    `thinking` (data.thinking): auto leaves the template's enable_thinking at its default, on / off set it.
+    `tools`: function schemas the model may call (`rollout/tools.py`), rendered by the template (`tools_text`)."""
     if not sample.images and sample.video is None:
         raise InputError(f"sample '{sample.id}' has no image or video; every vlgrpo prompt carries at least one")
     geometry = geometry or ProcessorGeometry.from_processor(processor)
@@ -71,7 +74,7 @@ def build_prompt(
     grids = [geometry.grid_thw(*reversed(image_size(img))) for img in sample.images]
     messages = render_messages(sample, answer_format, box_format, system_prompt)
     switch = {} if thinking == "auto" else {"enable_thinking": thinking == "on"}
-    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **switch)
+    text = tools_text(processor, messages, tools or [], **switch)
     wants = {IMAGE_PAD: len(grids), VIDEO_PAD: int(sample.video is not None)}
     for pad, n in wants.items():
         if text.count(pad) != n:
@@ -103,6 +106,34 @@ def build_prompt(
         opened=opened_in_prompt(text),
     )
 
+
+def tools_text(processor, messages: list[dict], tools: list[dict], **switch) -> str:
+    """The chat-templated prompt, with the tools' schemas where the template puts them (`tools=`, as Qwen3-VL's
+    template does). A template that ignores `tools` (Qwen2.5-VL's released one) gets the block Qwen2.5's text
+    template writes, at the end of the system turn (DeepEyes writes its zoom tool's schema into the system prompt)."""
+
+    def render(msgs: list[dict], **extra) -> str:
+        return processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False, **switch, **extra)
+
+    text = render(messages)
+    if not tools:
+        return text
+    with_tools = render(messages, tools=tools)
+    if with_tools != text:
+        return with_tools
+    block = HERMES_TOOLS.format("\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
+    if messages and messages[0]["role"] == "system":
+        return render([{"role": "system", "content": f"{messages[0]['content']}\n\n{block}"}, *messages[1:]])
+    return render([{"role": "system", "content": block}, *messages])
+
+
+HERMES_TOOLS = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function "
+    "signatures within <tools></tools> XML tags:\n<tools>\n{}\n</tools>\n\nFor each function call, return a json "
+    "object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
+)
+"""The tools block of Qwen2.5's chat template (hermes style), the schemas one JSON object a line."""
 
 ASSISTANT_TURN = "<|im_start|>assistant\n"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"

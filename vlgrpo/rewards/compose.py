@@ -2,7 +2,9 @@
 
 A recipe is a dict name -> weight (reward.recipe). Each completion is parsed once (`Parsed`) for all components. An
 exception, NaN or inf inside a reward becomes 0 for that completion and is recorded with the sample id; scoring never
-crashes the run. Knows nothing of models or configs.
+crashes the run. The `judge` component is scored for the whole batch at once (`rewards/judge.py`), its requests in
+flight while the other components run; a step whose judge fails too often raises `JudgeError`. Knows nothing of
+models or configs.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ from dataclasses import dataclass, field
 
 from vlgrpo.rewards.context import RewardContext
 from vlgrpo.rewards.parsed import Parsed
-from vlgrpo.rewards.registry import RewardError, RewardFn, resolve_reward
+from vlgrpo.rewards.registry import NO_JUDGE, RewardError, RewardFn, resolve_reward
 from vlgrpo.types import ANSWER_TYPES, Sample
 
 log = logging.getLogger(__name__)
+JUDGE = "judge"
 
 DEFAULT_RECIPES: dict[str, dict[str, float]] = {
     **{kind: {"accuracy": 1.0, "format": 0.5} for kind in ANSWER_TYPES},
@@ -55,6 +58,10 @@ class RewardBatch:
     weights: dict[str, float]
     failures: list[tuple[str, str, str]] = field(default_factory=list)
     """(sample id, component name, error repr) of every reward that raised or returned NaN/inf (scored 0)."""
+    verdicts: list = field(default_factory=list)
+    """The judge's `Verdict` per completion (raw reply, error, cached) when the recipe names `judge`."""
+    extra: dict[str, float] = field(default_factory=dict)
+    """More `reward/*` metrics: the judge's requests, cache hits, failures, retries, latency and wait."""
 
     def metrics(self) -> dict[str, float]:
         """`reward/<name>` means, `reward/total` mean and `reward/failures` count."""
@@ -62,7 +69,7 @@ class RewardBatch:
         out = {f"reward/{name}": sum(values) / n for name, values in self.components.items()}
         out["reward/total"] = sum(self.total) / n
         out["reward/failures"] = float(len(self.failures))
-        return out
+        return {**out, **self.extra}
 
 
 def _safe_call(
@@ -80,20 +87,37 @@ def _safe_call(
     return value
 
 
-def score(completions: list[str], samples: list[Sample], recipe: dict[str, float], ctx: RewardContext) -> RewardBatch:
-    """Score completions[i] against samples[i] (the caller repeats each prompt's sample G times)."""
+def score(
+    completions: list[str],
+    samples: list[Sample],
+    recipe: dict[str, float],
+    ctx: RewardContext,
+    judge_check: bool = True,
+    images_returned: list[int] | None = None,
+) -> RewardBatch:
+    """Score completions[i] against samples[i] (the caller repeats each prompt's sample G times). `judge_check`
+    False: a judge failing on most completions is reported in the batch, not raised (`vlgrpo reward`).
+    `images_returned[i]`: images completion i's tools returned (multi-turn rollouts; the `tool` reward reads it)."""
     if len(completions) != len(samples):
         raise ValueError(f"score: {len(completions)} completions but {len(samples)} samples (need one each)")
     fns = check_recipe(recipe)
     components: dict[str, list[float]] = {name: [] for name in fns}
-    total: list[float] = []
     failures: list[tuple[str, str, str]] = []
-    for completion, sample in zip(completions, samples):  # B*G
-        view = Parsed(completion, ctx)  # parsed once, lazily, for every component (user rewards get the text)
-        row = 0.0
+    pending = None
+    if JUDGE in fns:  # sent first: the judge's requests run while the other components are computed
+        if ctx.judge is None:
+            raise RewardError(NO_JUDGE)
+        pending = ctx.judge.submit(completions, samples, ctx.answer_fallback)
+    returned = images_returned or [0] * len(completions)
+    for completion, sample, n in zip(completions, samples, returned):  # B*G
+        view = Parsed(completion, ctx, n)  # parsed once, lazily, for every component (user rewards get the text)
         for name, fn in fns.items():
-            value = _safe_call(fn, name, view, sample, ctx, failures)
-            components[name].append(value)
-            row += recipe[name] * value
-        total.append(row)
-    return RewardBatch(components=components, total=total, weights=dict(recipe), failures=failures)
+            if name != JUDGE:
+                components[name].append(_safe_call(fn, name, view, sample, ctx, failures))
+    batch = RewardBatch(components=components, total=[], weights=dict(recipe), failures=failures)
+    if pending is not None:
+        batch.verdicts, batch.extra = pending.result(judge_check)
+        components[JUDGE] = [v.score for v in batch.verdicts]
+        failures += [(s.id, JUDGE, f"judge: {v.error}") for s, v in zip(samples, batch.verdicts) if v.error]
+    batch.total = [sum(recipe[name] * components[name][i] for name in fns) for i in range(len(completions))]
+    return batch

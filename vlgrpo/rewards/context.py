@@ -1,8 +1,8 @@
 """RewardContext: the few settings reward functions need, frozen, built once from the config.
 
 Reward functions never see the Config object; they get this record (box convention, answer format, tolerances,
-IoU threshold, the accuracy gate, what the format reward requires and the processor geometry for resized-pixel
-boxes). Knows nothing of models.
+IoU threshold, the accuracy gate, what the format reward requires, the processor geometry for resized-pixel
+boxes and the judge model's client). Knows nothing of models.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from vlgrpo.rewards.format import ANSWER_FORMATS
 
 if TYPE_CHECKING:
     from vlgrpo.data.images import ProcessorGeometry
+    from vlgrpo.rewards.judge import Judge
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ class RewardContext:
     geometry: ProcessorGeometry | None = None
     """Processor resize geometry for qwen2_5 boxes (None: `vlgrpo.data.images.DEFAULT_GEOMETRY`, the released
     Qwen2.5-VL processors' settings)."""
+    judge: Judge | None = None
+    """The judge model's client (reward.judge), shared by every step of a run; None: no judge configured."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -87,6 +90,11 @@ def context_from_config(cfg: Any, arch: str | None = None, geometry: ProcessorGe
             box_format = box_format_for_arch(arch)
         except ValueError as e:
             raise ConfigError(f"reward.box_format=auto: {e}") from None
+    judge = None
+    if r.judge.base_url:
+        from vlgrpo.rewards.judge import Judge
+
+        judge = Judge(r.judge)
     if geometry is None and box_format == "qwen2_5":
         from vlgrpo.data.images import checkpoint_geometry
 
@@ -101,6 +109,7 @@ def context_from_config(cfg: Any, arch: str | None = None, geometry: ProcessorGe
             gate_accuracy_on_format=r.gate_accuracy_on_format,
             format_requires_answer=r.format_requires_answer,
             geometry=geometry,
+            judge=judge,
         )
     except ValueError as e:
         raise ConfigError(f"reward section: {e}") from None

@@ -101,7 +101,7 @@ def _mapping(data: Any, where: str) -> dict[str, float]:
 
 def explain(completion: str, sample: Sample, recipe: dict[str, float], ctx: RewardContext) -> dict[str, Any]:
     """Score one completion and return everything needed to see why it earned what it earned."""
-    batch = score([completion], [sample], recipe, ctx)
+    batch = score([completion], [sample], recipe, ctx, judge_check=False)
     view = Parsed(completion, ctx)
     report: dict[str, Any] = {
         "sample_id": sample.id,
@@ -126,6 +126,17 @@ def explain(completion: str, sample: Sample, recipe: dict[str, float], ctx: Rewa
     report["weights"] = dict(recipe)
     report["total"] = batch.total[0]
     report["failures"] = [{"component": name, "error": err} for _, name, err in batch.failures]
+    if batch.verdicts:  # what the judge was asked and what it said
+        v = batch.verdicts[0]
+        report["judge"] = {
+            "endpoint": ctx.judge.url,
+            "prompt": ctx.judge.prompt(completion, sample, ctx.answer_fallback),
+            "reply": v.reply,
+            "score": v.score,
+            "error": v.error,
+            "latency_s": round(v.latency_s, 3),
+            "attempts": v.attempts,
+        }
     return report
 
 
@@ -146,6 +157,13 @@ def format_report(report: dict[str, Any]) -> str:
         w = report["weights"][name]
         lines.append(f"{name:<{width}}  {value:>8.4f}  {w:>7.3g}  {w * value:>8.4f}")
     lines.append(f"{'total':<{width}}  {'':>8}  {'':>7}  {report['total']:>8.4f}")
+    if "judge" in report:
+        j = report["judge"]
+        lines.append(f"judge {j['endpoint']} ({j['attempts']} attempt(s), {j['latency_s']} s), asked:")
+        lines += ["  " + line for line in j["prompt"].splitlines()]
+        lines.append(
+            f"judge reply: {j['reply']!r} -> score {j['score']:g}" + (f" ({j['error']})" if j["error"] else "")
+        )
     for f in report["failures"]:
         lines.append(f"FAILED {f['component']}: {f['error']} (scored 0)")
     return "\n".join(lines)

@@ -36,8 +36,10 @@ ANSWER_PARSERS: dict[str, Callable[[str], Any]] = {
 class Parsed:
     """Lazily parsed views of one completion under one RewardContext."""
 
-    def __init__(self, text: str, ctx: RewardContext):
+    def __init__(self, text: str, ctx: RewardContext, images_returned: int = 0):
         self.text, self.ctx = text, ctx
+        self.images_returned = images_returned
+        """Images the trajectory's tools returned (multi-turn rollouts; 0 for a one-turn completion)."""
         self._typed: dict[str, Any] = {}
 
     @cached_property
@@ -92,4 +94,6 @@ def parsed(completion: str | Parsed, ctx: RewardContext) -> Parsed:
     """`completion` itself when score() already parsed it under this context, else a fresh Parsed."""
     if isinstance(completion, Parsed) and (completion.ctx is ctx or completion.ctx == ctx):
         return completion
-    return Parsed(completion.text if isinstance(completion, Parsed) else completion, ctx)
+    if isinstance(completion, Parsed):
+        return Parsed(completion.text, ctx, completion.images_returned)
+    return Parsed(completion, ctx)

@@ -1,7 +1,8 @@
 """The named rewards: a plain dict from name to `fn(completion, sample, ctx) -> float`, plus user functions.
 
-Built-ins: accuracy (dispatch on answer_type; thresholded IoU for boxes), format, and the box rewards iou,
-iou_threshold, iou@<tau>, giou (0 on non-box samples).
+Built-ins: accuracy (dispatch on answer_type; thresholded IoU for boxes), format, the box rewards iou,
+iou_threshold, iou@<tau>, giou (0 on non-box samples), judge (a model behind an endpoint, `rewards/judge.py`) and
+tool (an image came back from a tool and the answer is right).
 User rewards are named `module:function` or `path/to/file.py:function` and are plain functions over the completion
 and the sample's fields (see `user_reward`). Knows nothing of models, trainers or the Config object.
 """
@@ -9,13 +10,11 @@ and the sample's fields (see `user_reward`). Knows nothing of models, trainers o
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.util
 import inspect
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+from vlgrpo.plugins import load_callable
 from vlgrpo.rewards.boxes import Box, to_original_pixels
 from vlgrpo.rewards.context import RewardContext
 from vlgrpo.rewards.grounding import giou_reward, iou_reward, iou_threshold_reward
@@ -135,12 +134,38 @@ def giou(completion: str | Parsed, sample: Sample, ctx: RewardContext) -> float:
     return 0.0 if boxes is None else giou_reward(*boxes)
 
 
+def judge(completion: str | Parsed, sample: Sample, ctx: RewardContext) -> float:
+    """The judge model's score in [0, 1] (reward.judge). score() sends a step's completions to the judge together,
+    concurrently with the other components; called alone, this judges one completion and raises on a failure."""
+    if ctx.judge is None:
+        raise RewardError(NO_JUDGE)
+    text = completion.text if isinstance(completion, Parsed) else completion
+    verdict = ctx.judge.submit([text], [sample], ctx.answer_fallback).result()[0][0]
+    if verdict.error:
+        raise ValueError(f"judge: {verdict.error}")
+    return verdict.score
+
+
+def tool(completion: str | Parsed, sample: Sample, ctx: RewardContext) -> float:
+    """DeepEyes' tool reward: 1 when a tool returned an image during the trajectory and the answer is right (by
+    `accuracy`), else 0; so calling the tool pays only when it helped to answer."""
+    p = parsed(completion, ctx)
+    return float(p.images_returned > 0 and accuracy(p, sample, ctx) == 1.0)
+
+
+NO_JUDGE = (
+    "the recipe names 'judge' but no judge is configured: set reward.judge.base_url and reward.judge.model in the "
+    "run config (an OpenAI-compatible server such as `vllm serve`)"
+)
+
 REWARDS: dict[str, RewardFn] = {
     "accuracy": accuracy,
     "format": format_reward,
     "iou": iou,
     "iou_threshold": iou_threshold,
     "giou": giou,
+    "judge": judge,
+    "tool": tool,
 }
 """Built-in rewards by name. `iou@<tau>` (e.g. iou@0.75) is iou_threshold at that tau."""
 
@@ -159,23 +184,10 @@ _FIELD_NAMES = frozenset(Sample("", "").to_dict()) | {"sample", "ctx"}
 
 
 def _load_callable(spec: str) -> Callable:
-    target, _, attr = spec.rpartition(":")
     try:
-        if target.endswith(".py"):
-            path = Path(target)
-            module_spec = importlib.util.spec_from_file_location(f"vlgrpo_user_reward_{path.stem}", path)
-            if module_spec is None or module_spec.loader is None or not path.is_file():
-                raise FileNotFoundError(f"no such file {path}")
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(target)
-    except Exception as e:  # noqa: BLE001 - any import-time failure is reported the same way
-        raise RewardError(f"reward '{spec}': cannot load '{target}' ({type(e).__name__}: {e})") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise RewardError(f"reward '{spec}': '{target}' has no function '{attr}'")
-    return fn
+        return load_callable(spec, "reward")
+    except ValueError as e:
+        raise RewardError(str(e)) from None
 
 
 def user_reward(spec: str) -> RewardFn:

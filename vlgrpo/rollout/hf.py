@@ -259,7 +259,12 @@ class HFEngine(EngineCounters):
     def generate(self, samples: list[Sample], params: SamplingParams) -> list[RolloutGroup]:
         """1. prompts, 2. features of every unique image and video (one encoder call each), 3. per chunk: prefill once
         + decode."""
-        prompts = self.build_prompts(samples)
+        return self.generate_prompts(samples, self.build_prompts(samples), params)
+
+    def generate_prompts(
+        self, samples: list[Sample], prompts: list[PromptInputs], params: SamplingParams
+    ) -> list[RolloutGroup]:
+        """`generate` from prompts built already: a multi-turn rollout's next turn continues a trajectory's ids."""
         feats = self.features(self.cache, prompts)
         gen = torch.Generator(device=self.device).manual_seed(params.seed) if params.seed is not None else None
         stop = _StopCheck(self.processor.tokenizer, params.stop)

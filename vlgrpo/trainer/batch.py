@@ -1,7 +1,8 @@
 """Training batches: rollout groups -> one shared-prefix `CompletionBatch`, its micro-batches, and their log-probs.
 
 Each prompt is forwarded once per pass and its KV cache shared by its G completions (policy/forward.py does the
-model side). Completions that contain a vision placeholder token are masked out of the loss and counted.
+model side). Completions in which the model sampled a vision placeholder token are masked out of the loss and
+counted; the tokens of a multi-turn rollout's tool-response turns (their crops' placeholders too) are out of the loss.
 """
 
 from __future__ import annotations
@@ -56,13 +57,16 @@ def make_batch(
     DeepStack maps or None), kept whole: the log-prob passes inject all of them. `sources`: each group's visual
     sources (default: its images). Tensors go to `device` (the model's)."""
     batch = collate_groups(groups, pad_id, image_token_id, video_token_id, device)
-    loss_mask = batch.completion_mask.float()
+    sampled = batch.completion_mask if batch.tool_mask is None else batch.completion_mask * (1 - batch.tool_mask)
+    loss_mask = sampled.float()  # a tool-response turn's tokens: no loss, no ratio, not in the normalisers
     forbidden = torch.tensor(list(forbidden_ids), dtype=torch.long, device=batch.completion_ids.device)
-    bad = torch.isin(batch.completion_ids, forbidden).any(1)  # [R]
+    bad = (torch.isin(batch.completion_ids, forbidden) & sampled.bool()).any(1)  # [R]: the model sampled one
     if bad.any():  # a placeholder would desync image tokens and has logp = -inf: drop the row, keep the shapes
         batch.completion_ids[bad] = pad_id
         batch.completion_mask[bad] = 0
         loss_mask[bad] = 0.0
+        if batch.tool_mask is not None:
+            batch.tool_mask[bad] = 0
     sources = sources if sources is not None else [list(g.sample.images) for g in groups]
     return TrainBatch(batch, list(features), sources, loss_mask, int(bad.sum()), _engine_logps(groups, batch))
 
@@ -78,3 +82,21 @@ def _engine_logps(groups: list[RolloutGroup], batch) -> torch.Tensor | None:
             n = min(len(lps), out.shape[1])
             out[r, :n] = torch.tensor(lps[:n], dtype=torch.float32)
     return out
+
+
+def attach_crops(batch: TrainBatch, groups: list[RolloutGroup], cache) -> None:
+    """Multi-turn rollouts: each row's crops (the images its tools returned) as features from the vision cache (a
+    crop encoded during the rollout is a hit), on `batch.batch.row_images`; a row dropped from the loss keeps none.
+    Nothing when no completion holds one."""
+    crops = [c.images for g in groups for c in g.completions]
+    if not any(crops):
+        return
+    kept = batch.batch.completion_mask.any(1).tolist()
+    crops = [c if keep else [] for c, keep in zip(crops, kept)]
+    feats = iter(cache.get_rows([c for c in crops if c]))
+    batch.batch.row_images = [next(feats) if c else [] for c in crops]
+
+
+def over_turn_mask(groups: list[RolloutGroup]) -> torch.Tensor:
+    """[B*G] bool: the trajectories still calling a tool when `rollout.max_turns` ended them."""
+    return torch.tensor([c.finish_reason == "max_turns" for g in groups for c in g.completions])

@@ -14,20 +14,20 @@ import torch
 from vlgrpo import grpo
 from vlgrpo.models import eval_mode
 from vlgrpo.policy.forward import completion_logprobs_and_entropy
-from vlgrpo.policy.prompt import continue_turn
 from vlgrpo.registry import ADVANTAGE, AGGREGATION, RATIO
 from vlgrpo.rewards import score
 from vlgrpo.rollout.base import staleness
 from vlgrpo.trainer.backends import global_normalisers, max_over_ranks, no_dropout, sum_tensor_over_ranks
-from vlgrpo.trainer.batch import TrainBatch, make_batch
+from vlgrpo.trainer.batch import TrainBatch, attach_crops, make_batch, over_turn_mask
 from vlgrpo.trainer.checkpoint import checkpoint_dirs
 from vlgrpo.trainer.metrics import memory_metrics
 from vlgrpo.trainer.offpolicy import OffPolicy
-from vlgrpo.trainer.sft import render_target
+from vlgrpo.trainer.sft import gold_group
 from vlgrpo.trainer.source import rollout_source
 from vlgrpo.trainer.state import RunState
+from vlgrpo.trainer.trajectory_log import log_trajectories
 from vlgrpo.trainer.watchdog import Watchdog
-from vlgrpo.types import Completion, InputError, RolloutGroup, Sample
+from vlgrpo.types import InputError, RolloutGroup
 from vlgrpo.vision_cache import VisionCache
 
 
@@ -84,12 +84,15 @@ class Trainer:
         # 1-4. batch -> vision -> rollout -> reward, repeated while dynamic sampling tops the batch up
         scored = self._sample_and_score(B)
         groups, features = scored.groups[:B], scored.features[:B]
+        log_trajectories(state, groups, scored.rewards[: B * G])  # rollout.tools: a few, every N steps
         rewards = torch.tensor(scored.rewards[: B * G])  # [B*G]
         group_ids = torch.arange(len(groups)).repeat_interleave(G)  # [B*G]
 
         # 5. advantage: per group (r - mean) / (std + eps) or its variants
         with timers("advantage"):
             advantages, adv_stats = self.advantages(rewards, group_ids)  # [B*G]
+            if cfg.rollout.over_turn_masking:  # Mini-o3: a trajectory cut at max_turns is neither good nor bad
+                advantages = advantages.masked_fill(over_turn_mask(groups), 0.0)
             advantages = advantages.to(state.device)
             batch = self._collate(groups, features)
 
@@ -109,7 +112,7 @@ class Trainer:
         with timers("sync"):  # nothing, the LoRA adapter alone, or the full weights (RunState.sync_engine)
             state.cache.set_step(state.step)  # a trainable tower's cached features are now stale
             sync_bytes = state.sync_engine()
-        lengths = batch.batch.completion_mask.sum(1).float()  # [R]
+        lengths = batch.loss_mask.sum(1)  # [R]: the tokens the model sampled (not a tool-response turn's)
         return {
             **scored.metrics,
             **update,
@@ -176,7 +179,8 @@ class Trainer:
         state, cfg = self.state, self.state.cfg
         completions = [c for g in groups for c in g.completions]
         samples = [g.sample for g in groups for _ in g.completions]
-        result = score([c.text for c in completions], samples, state.recipe, state.reward_ctx)
+        returned = [len(c.images) for c in completions]
+        result = score([c.text for c in completions], samples, state.recipe, state.reward_ctx, images_returned=returned)
         totals = list(result.total)
         metrics = result.metrics()
         o = cfg.reward.overlong
@@ -193,7 +197,7 @@ class Trainer:
     def _collate(self, groups: list[RolloutGroup], features: list) -> TrainBatch:
         state = self.state
         sources = [state.rows.prompt(g.sample).sources for g in groups]
-        return make_batch(
+        batch = make_batch(
             groups,
             features,
             state.pad_id,
@@ -203,6 +207,8 @@ class Trainer:
             video_token_id=state.video_token_id,
             sources=sources,
         )
+        attach_crops(batch, groups, state.cache)  # multi-turn rollouts: the tools' crops, from the vision cache
+        return batch
 
     def micro_batches(self, batch: TrainBatch, features: list | None = None):
         """(rows, CompletionBatch, features of its prompts). With a trainable vision tower and grad enabled the
@@ -284,7 +290,7 @@ class Trainer:
         with timers("vision"), state.backend.rollout_weights(full=False):  # 2. features from the cache
             feats = state.cache.get_rows([state.rows.prompt(x).sources for x in samples])
         with timers("update"):  # teacher-forced NLL of the gold answer in the target format
-            batch = self._collate([self._gold_group(x) for x in samples], feats)
+            batch = self._collate([gold_group(state, x) for x in samples], feats)
             (num_tokens, _), total = global_normalisers(batch.loss_mask), 0.0  # the union batch's tokens, as GRPO
             with no_dropout(state.backend.model):  # train mode: gradient checkpointing engages
                 for rows, part, feats in self.micro_batches(batch):
@@ -296,19 +302,6 @@ class Trainer:
         state.step += 1
         state.cache.set_step(state.step)
         return {"train/loss": total, **opt_stats}
-
-    def _gold_group(self, sample: Sample) -> RolloutGroup:
-        """The gold answer, rendered in the target format and tokenised (+ EOS), as a one-completion group."""
-        state = self.state
-        text = render_target(sample, state.cfg.data.answer_format, state.reward_ctx.box_format, state.geometry)
-        prompt = state.rows.prompt(sample)
-        written = continue_turn(prompt.opened, text, f"sample '{sample.id}': ")  # what follows an opened <think>
-        ids = state.tokenizer(written, add_special_tokens=False)["input_ids"] + [state.tokenizer.eos_token_id]
-        return RolloutGroup(
-            sample=sample,
-            prompt_ids=prompt.input_ids,
-            completions=[Completion(token_ids=ids, text=prompt.opened + written, finish_reason="stop")],
-        )
 
     # ------------------------------------------------------------------ driving
     def _counters(self) -> dict[str, float]:

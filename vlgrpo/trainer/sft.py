@@ -6,8 +6,9 @@ improves the answers). The loss is the mean negative log-likelihood over all com
 
 from __future__ import annotations
 
+from vlgrpo.policy.prompt import continue_turn
 from vlgrpo.rewards.render import render_completion
-from vlgrpo.types import Sample
+from vlgrpo.types import Completion, RolloutGroup, Sample
 
 
 def render_target(sample: Sample, answer_format: str, box_format: str, geometry=None) -> str:
@@ -15,3 +16,17 @@ def render_target(sample: Sample, answer_format: str, box_format: str, geometry=
     if sample.meta.get("sft_target"):
         return str(sample.meta["sft_target"])
     return render_completion(sample, answer_format, box_format, geometry)
+
+
+def gold_group(state, sample: Sample) -> RolloutGroup:
+    """The gold answer, rendered in the target format and tokenised (+ EOS), as a one-completion group of the run's
+    `state` (what follows the prompt's opened `<think>`, when its template opened one)."""
+    text = render_target(sample, state.cfg.data.answer_format, state.reward_ctx.box_format, state.geometry)
+    prompt = state.rows.prompt(sample)
+    written = continue_turn(prompt.opened, text, f"sample '{sample.id}': ")
+    ids = state.tokenizer(written, add_special_tokens=False)["input_ids"] + [state.tokenizer.eos_token_id]
+    return RolloutGroup(
+        sample=sample,
+        prompt_ids=prompt.input_ids,
+        completions=[Completion(token_ids=ids, text=prompt.opened + written, finish_reason="stop")],
+    )

@@ -28,9 +28,11 @@ from vlgrpo.policy.prompt import forbidden_mask
 from vlgrpo.registry import ENGINE
 from vlgrpo.rewards import check_recipe, context_from_config
 from vlgrpo.rewards.context import RewardContext
+from vlgrpo.rewards.judge import Judge
 from vlgrpo.rollout.adapters import adapter_sync
 from vlgrpo.rollout.base import RolloutEngine, SamplingParams, staleness
 from vlgrpo.rollout.split import SplitRollout, worker_gpu
+from vlgrpo.rollout.turns import ToolRollout
 from vlgrpo.trainer import checkpoint
 from vlgrpo.trainer.backends import Backend, make_backend, max_over_ranks, rank_world
 from vlgrpo.trainer.group import join_group
@@ -167,7 +169,10 @@ def _engine(cfg: Config, lm: LoadedModel, cache: VisionCache, box_format: str):
     if cfg.rollout.placement == "split":  # the engine in a worker process of its own (rollout/split.py)
         return _split_rollout(cfg, box_format), True
     engine_class = ENGINE.load(cfg.rollout.engine)  # vlgrpo.registry.ENGINE: vllm is imported only when chosen
-    return engine_class.from_config(cfg, lm, cache, box_format), engine_class.holds_own_weights
+    engine = engine_class.from_config(cfg, lm, cache, box_format)
+    if cfg.rollout.tools:  # multi-turn: each tool call answered in a turn of its own (rollout/turns.py)
+        engine = ToolRollout(engine, tuple(cfg.rollout.tools), cfg.rollout.max_turns)
+    return engine, engine_class.holds_own_weights
 
 
 def _split_rollout(cfg: Config, box_format: str) -> SplitRollout:
@@ -262,6 +267,8 @@ def _has_rows(path: Path) -> bool:
 def _build(cfg: Config, run: Path, device: str, progress: bool | None, for_export: bool) -> RunState:
     """Load model and data, build backend/cache/engine/rewards/logger into a RunState at step 0."""
     check_system_prompt(cfg.data.system_prompt)  # every prompt holds it: a config error, not a row's
+    if "judge" in cfg.reward.recipe and not for_export:
+        Judge(cfg.reward.judge).headers()  # a missing API key fails now, not after the model loaded
     m = cfg.model
     rank, world = rank_world()
     lm = load_model(m.name_or_path, m.arch, m.dtype, m.attn_implementation, m.min_pixels, m.max_pixels, device)

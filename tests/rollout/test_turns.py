@@ -1,0 +1,105 @@
+"""Multi-turn rollouts with the zoom-in tool on the HF engine (`rollout/turns.py`), the model's turns scripted so the
+tool is called: the trajectory's tokens, its tool mask and crop, the next turn's prompt (its ids, the crop's image
+tokens and vision-cache source), and that prompt's prefill (cached features of the original and the crop) against
+the transformers model's own forward on pixels over the whole interleaved sequence."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+from PIL import Image
+from pixel_reference import pixel_logits
+
+from vlgrpo.data.images import load_image
+from vlgrpo.rollout.base import SamplingParams
+from vlgrpo.rollout.hf import HFEngine, _Row
+from vlgrpo.rollout.turns import TOOL_RESPONSE, ToolRollout
+from vlgrpo.vision_cache import VisionCache
+
+CALL = '<think>small</think><tool_call>{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [0, 0, 56, 56]}}'
+ANSWER = "<think>red</think><answer>red</answer>"
+
+
+class Scripted:
+    """An HF engine `decode` that writes the given texts turn after turn (every row of a call the same) and keeps
+    each call's last-position logits."""
+
+    def __init__(self, tokenizer, texts: list[str]):
+        self.tokenizer, self.texts, self.lasts = tokenizer, list(texts), []
+
+    def __call__(self, model, last, cache, next_pos, mask, run):
+        self.lasts.append(last.clone())
+        ids = self.tokenizer(self.texts.pop(0), add_special_tokens=False)["input_ids"]
+        g = run.params.completions_per_prompt
+        return [_Row(list(ids), [-0.5] * len(ids), "stop") for _ in range(last.shape[0] * g)]
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
+def test_a_zoom_call_returns_the_crop_and_the_next_turn_sees_it(load, samples, arch):
+    model, processor = load(arch, spread_by=0.1)
+    tok = processor.tokenizer
+    script = Scripted(tok, [CALL + "</tool_call>", ANSWER])
+    engine = HFEngine(model, processor, VisionCache(model, processor), box_format="plain", decode=script)
+    tools = ToolRollout(engine, ("zoom_in",), max_turns=3)
+    sample = samples[0]
+    (group,) = tools.generate([sample], SamplingParams(completions_per_prompt=2, temperature=1.0, max_new_tokens=64))
+    c = group.completions[0]
+    # the crop: plain pixels [0, 0, 56, 56] of the original image, as PNG
+    crop = Image.open(io.BytesIO(c.images[0]))
+    assert len(c.images) == 1 and crop.size == (56, 56)
+    assert list(crop.getdata()) == list(load_image(sample.image).crop((0, 0, 56, 56)).getdata())
+    # tokens: turn 1, the tool response (masked), turn 2
+    turn1 = tok(CALL + "</tool_call>", add_special_tokens=False)["input_ids"]
+    grid = engine.geometry.grid_thw(56, 56)
+    pads = grid[1] * grid[2] // engine.geometry.merge_size**2
+    response = tok(
+        TOOL_RESPONSE.format("<|vision_start|>" + "<|image_pad|>" * pads + "<|vision_end|>"), add_special_tokens=False
+    )["input_ids"]
+    turn2 = tok(ANSWER, add_special_tokens=False)["input_ids"]
+    assert c.token_ids == turn1 + response + turn2
+    assert c.tool_mask == [0] * len(turn1) + [1] * len(response) + [0] * len(turn2)
+    assert [math.isnan(x) for x in c.logprobs] == [bool(m) for m in c.tool_mask]
+    assert c.text == CALL + "</tool_call>" + ANSWER and c.finish_reason == "stop"
+    assert [t["role"] for t in c.turns] == ["assistant", "tool", "assistant"]
+    assert c.turns[1]["content"] == [{"type": "image", "image": 0}]
+    stats = tools.stats()
+    assert stats["tools/calls_per_sample"] == 1 and stats["tools/turns"] == 2 and stats["tools/errors"] == 0
+    assert stats["tools/crop_area"] == pytest.approx(56 * 56 / (sample.image_size[0] * sample.image_size[1]))
+    # the second turn's prefill: cached features of the original and the crop, positions over the whole sequence,
+    # equal to the model's own forward on pixels (one prefill per trajectory: two rows, one crop encoded once)
+    ref = pixel_logits(model, processor, group.prompt_ids + turn1 + response, [load_image(sample.image), crop])[-1]
+    assert len(script.lasts) == 2 and script.lasts[1].shape[0] == 2
+    diff = float((script.lasts[1][0] - ref).abs().max())
+    print(arch, "continuation prefill vs pixel forward", diff)
+    assert diff <= 1e-5
+
+
+def test_errors_go_back_as_text_and_the_turn_cap_ends_a_trajectory(load, samples):
+    model, processor = load("qwen2_5_vl", spread_by=0.1)
+    bad = '<tool_call>{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [50, 50, 10, 10]}}</tool_call>'
+    script = Scripted(processor.tokenizer, [bad, CALL + "</tool_call>"])
+    engine = HFEngine(model, processor, VisionCache(model, processor), box_format="plain", decode=script)
+    tools = ToolRollout(engine, ("zoom_in",), max_turns=2)
+    (group,) = tools.generate(samples[:1], SamplingParams(completions_per_prompt=1, max_new_tokens=64))
+    c = group.completions[0]
+    assert c.finish_reason == "max_turns" and c.images == []  # the second call was never answered
+    error = c.turns[1]["content"][0]["text"]
+    assert error.startswith("image_zoom_in_tool:") and tools.stats()["tools/errors"] == 1
+    assert processor.tokenizer.decode(c.token_ids).count(
+        "<tool_response>"
+    ) == 1 and error in processor.tokenizer.decode(c.token_ids)
+
+
+def test_without_a_call_a_completion_is_the_engines_own(load, samples):
+    model, processor = load("qwen2_5_vl", spread_by=0.1)
+    engine = HFEngine(model, processor, VisionCache(model, processor), box_format="plain")
+    tools = ToolRollout(engine, ("zoom_in",), max_turns=3)
+    params = SamplingParams(completions_per_prompt=2, temperature=1.0, max_new_tokens=8, seed=0)
+    groups = tools.generate(samples[:2], params)
+    for g in groups:
+        for c in g.completions:
+            assert c.tool_mask is None and c.turns == [] and c.images == []
+    assert "image_zoom_in_tool" in processor.tokenizer.decode(groups[0].prompt_ids)  # the schema is in the prompt
+    assert tools.stats()["tools/calls_per_sample"] == 0 and tools.stats()["tools/turns"] == 1

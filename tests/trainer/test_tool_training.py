@@ -1,0 +1,151 @@
+"""Training on multi-turn trajectories (rollout.tools, rollout.max_turns): the trainer's log-probs of a 3-turn
+trajectory with two crops equal the transformers model's own forward over the whole sequence on pixels; a
+tool-response token's logits get no gradient; the tools' crops come from the vision cache; GRPO steps with the zoom
+tool called (the model's turns scripted) train, count the tools and pay the `tool` reward; and the config refuses
+what multi-turn rollouts do not run with yet."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from PIL import Image
+from pixel_reference import pixel_logits
+from trainer_helpers import tiny_config
+
+from vlgrpo.config import ConfigError, load_config
+from vlgrpo.data.images import load_image
+from vlgrpo.grpo.logprobs import token_logprobs
+from vlgrpo.policy.forward import completion_logits, completion_logprobs_and_entropy
+from vlgrpo.policy.prompt import forbidden_mask
+from vlgrpo.rollout.base import SamplingParams
+from vlgrpo.rollout.hf import HFEngine, _Row
+from vlgrpo.rollout.turns import ToolRollout
+from vlgrpo.trainer.batch import attach_crops, make_batch, over_turn_mask
+from vlgrpo.trainer.loop import Trainer
+from vlgrpo.trainer.state import build_state
+from vlgrpo.types import Completion, RolloutGroup, Sample
+from vlgrpo.vision_cache import VisionCache
+
+CALL = '<tool_call>{{"name": "image_zoom_in_tool", "arguments": {{"bbox_2d": [{}, {}, {}, {}]}}}}</tool_call>'
+
+
+def scripted(tokenizer, turns: list[list[str]]):
+    """An HF engine `decode`: its k-th call writes turns[k % len(turns)], the texts cycled over the call's rows."""
+
+    def decode(model, last, cache, next_pos, mask, run):
+        texts = turns[decode.calls % len(turns)]
+        decode.calls += 1
+        rows = []
+        for r in range(last.shape[0] * run.params.completions_per_prompt):
+            ids = tokenizer(texts[r % len(texts)], add_special_tokens=False)["input_ids"]
+            rows.append(_Row(list(ids), [-0.1] * len(ids), "stop"))
+        return rows
+
+    decode.calls = 0
+    return decode
+
+
+def test_trajectory_logprobs_equal_the_pixel_forward_and_tool_tokens_get_no_gradient(load, samples):
+    model, processor = load("qwen2_5_vl", spread_by=0.1)
+    tok = processor.tokenizer
+    calls = [CALL.format(0, 0, 56, 56), CALL.format(28, 28, 84, 70)]
+    decode = scripted(tok, [[calls[0]], [calls[1]], ["<answer>2</answer>"]])
+    cache = VisionCache(model, processor)
+    engine = HFEngine(model, processor, cache, box_format="plain", decode=decode)
+    (group,) = ToolRollout(engine, ("zoom_in",), 3).generate(samples[:1], SamplingParams(max_new_tokens=64))
+    c = group.completions[0]
+    assert len(c.images) == 2 and len(c.turns) == 5  # call, crop, call, crop, answer
+    forbidden = forbidden_mask(tok, model.config.get_text_config().vocab_size)
+    feats = cache.get_rows([engine.build_prompts(samples[:1])[0].sources])
+    image_id = tok.convert_tokens_to_ids("<|image_pad|>")
+    batch = make_batch([group], feats, tok.pad_token_id, image_id, torch.nonzero(forbidden).flatten().tolist())
+    attach_crops(batch, [group], cache)
+    assert batch.masked_rows == 0  # the crops' placeholders are the tool's, not sampled
+    tool = torch.tensor(c.tool_mask, dtype=torch.bool)
+    assert torch.equal(batch.loss_mask[0].bool(), ~tool)
+    model.train()
+    logits = completion_logits(model, batch.batch, feats)  # [1, C, V]
+    logits.retain_grad()
+    ids = batch.batch.completion_ids.masked_fill(batch.batch.tool_mask > 0, 0)  # as completion_logprobs reads them
+    logp, _ = token_logprobs(logits, ids, forbidden=forbidden)
+    same, _ = completion_logprobs_and_entropy(model, batch.batch, feats, forbidden)
+    assert torch.equal(same, logp) and bool(torch.isfinite(logp).all())
+    # the reference: the model's own forward on pixels over prompt + trajectory (the original and both crops)
+    images = [load_image(samples[0].image), *[load_image(x) for x in c.images]]
+    ref = pixel_logits(model, processor, group.prompt_ids + c.token_ids, images)[len(group.prompt_ids) - 1 : -1]
+    ref_logp, _ = token_logprobs(ref[None], batch.batch.completion_ids, forbidden=forbidden)
+    sampled = ~tool
+    assert float((logp[0, sampled] - ref_logp[0, sampled]).abs().max()) <= 1e-5
+    # a policy-gradient loss over the masked tokens: no gradient reaches a tool-response token's logits
+    loss = -(logp * batch.loss_mask).sum() / batch.loss_mask.sum()
+    assert bool(torch.isfinite(loss))
+    loss.backward()
+    grad = logits.grad[0].abs().sum(-1)  # [C]
+    assert float(grad[tool].max()) == 0.0 and bool((grad[sampled] > 0).all())
+    model.eval()
+
+
+def test_over_turn_mask():
+    s = Sample("s", "q", image="x.png")
+    done, cut = Completion([1], "", "stop"), Completion([1], "", "max_turns")
+    assert over_turn_mask([RolloutGroup(s, [0], [done, cut]), RolloutGroup(s, [0], [cut])]).tolist() == [
+        False,
+        True,
+        True,
+    ]
+
+
+def _reward_file(tmp_path) -> str:
+    (tmp_path / "red.py").write_text("def red(completion):\n    return float('red' in completion)\n")
+    return f"{tmp_path / 'red.py'}:red"
+
+
+def test_grpo_steps_with_the_zoom_tool_called(tmp_path, tiny_model_dir, shapes_dir):
+    cfg = tiny_config(
+        tiny_model_dir(),
+        shapes_dir,
+        tmp_path / "run",
+        f"reward.recipe={{'{_reward_file(tmp_path)}': 1.0, tool: 0.5, accuracy: 0.0}}",
+        "rollout.tools=[zoom_in]",
+        "rollout.max_turns=3",
+        "rollout.max_new_tokens=48",
+        "train.steps=2",
+        "logging.trajectories_every=2",
+    )
+    state = build_state(cfg, progress=False)
+    try:
+        tok = state.lm.processor.tokenizer
+        turns = [[CALL.format(0, 0, 40, 40)], ["<answer>red</answer>", "<answer>blue</answer>"]]
+        state.engine.engine.decode = scripted(tok, turns)  # every step: turn 1 calls, turn 2 answers
+        state.engine.engine.batch_prompts = 64  # each turn in one decode call
+        history = Trainer(state).train()
+    finally:
+        state.close()
+    for h in history:
+        assert h["tools/calls_per_sample"] == 1.0 and h["tools/turns"] == 2.0 and h["tools/errors"] == 0.0
+        assert h["reward/tool"] == h["reward/accuracy"]  # every trajectory got its crop: tool = accuracy
+        assert 0 < h["reward/total"] < 1 and h["train/grad_norm"] > 0 and h["train/loss"] == h["train/loss"]
+        assert h["vision/hits"] > 0  # the crops, encoded in the rollout, are cache hits in the update
+    assert sum(h["reward/tool"] for h in history) > 0  # a "red" gold answered "red" after the crop
+    # step 2's sample trajectories, readable: the conversation and its crop
+    (first, *_) = [json.loads(line) for line in (tmp_path / "run" / "trajectories" / "step_2.jsonl").open()]
+    assert [m["role"] for m in first["messages"]] == ["user", "assistant", "tool", "assistant"]
+    crop = first["messages"][2]["content"][0]["image"]
+    assert crop.startswith("step_2/") and Image.open(tmp_path / "run" / "trajectories" / crop).size == (40, 40)
+    assert not (tmp_path / "run" / "trajectories" / "step_1.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["rollout.tools=[zoom_in]"], "tools need turns to answer in"),
+        (["rollout.max_turns=3"], "tools need turns to answer in"),
+        (["rollout.tools=[zoom_in]", "rollout.max_turns=3", "rollout.engine=vllm"], "rollout.engine=vllm"),
+        (["rollout.tools=[zoom_in]", "rollout.max_turns=3", "model.freeze_vision=false"], "model.freeze_vision"),
+    ],
+)
+def test_config_refuses(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        load_config(None, overrides)
