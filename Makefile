@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE ?= 1
 
 VLLM_VENV ?= .venv-vllm
 VLLM_TESTS := tests/rollout/test_vllm_engine.py tests/trainer/test_vllm_train.py tests/evals/test_vllm_eval.py \
-  tests/trainer/test_judge_vllm.py
+  tests/trainer/test_judge_vllm.py tests/rollout/test_vllm_turns.py
 
 .PHONY: demo test test-main test-vllm test-dev lint install bench clean
 

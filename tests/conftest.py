@@ -105,3 +105,22 @@ def samples(shapes_dir):
     from vlgrpo.data.adapters import load_samples
 
     return load_samples(shapes_dir / "train.jsonl").samples
+
+
+@pytest.fixture(scope="session")
+def tool_caller_dir(tmp_path_factory, tiny_model_dir, shapes_dir):
+    """The tiny Qwen2.5-VL taught to zoom into [0, 0, 56, 56] on the first shapes sample's tool prompt
+    (`tool_model.teach_tool_call`), saved: its greedy trajectories call the tool and get the crop back."""
+    from tool_model import teach_tool_call
+
+    from vlgrpo.data.adapters import load_samples
+    from vlgrpo.models import load_model
+
+    lm = load_model(tiny_model_dir("qwen2_5_vl"))
+    first = load_samples(shapes_dir / "train.jsonl").samples[:1]
+    losses = teach_tool_call(lm.model, lm.processor, first, steps=90, lr=1.5e-3)
+    assert losses[-1] < 0.1, losses[-10:]
+    out = tmp_path_factory.mktemp("tool_caller")
+    lm.model.save_pretrained(out)
+    lm.processor.save_pretrained(out)
+    return str(out)

@@ -28,6 +28,7 @@ from vlgrpo.data.images import checkpoint_geometry
 from vlgrpo.data.prompts import check_system_prompt
 from vlgrpo.data.video import VideoSampling
 from vlgrpo.families import family
+from vlgrpo.memory.from_config import total_length
 from vlgrpo.models import detect_arch
 from vlgrpo.rewards import check_recipe, context_from_config, score
 from vlgrpo.rewards.render import render_completion
@@ -56,6 +57,9 @@ def settings_from_config(cfg) -> tuple[DoctorSettings, Any]:
         columns=dict(cfg.data.columns),
         video=VideoSampling.from_config(cfg.data.video),
         video_timestamps=family(arch).video_timestamps,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        max_turns=cfg.rollout.max_turns,
+        max_total_length=total_length(cfg, geometry),
     )
     return settings, ctx
 

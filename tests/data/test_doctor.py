@@ -8,7 +8,9 @@ from PIL import Image
 
 from vlgrpo.cli import main
 from vlgrpo.data.adapters import load_samples
-from vlgrpo.data.doctor import HUB_GEOMETRY, DoctorSettings, check_split, inspect_image, text_estimate
+from vlgrpo.data.doctor import HUB_GEOMETRY, DoctorSettings, check_split, text_estimate
+from vlgrpo.data.images import inspect_image
+from vlgrpo.data.prompts import instruction
 from vlgrpo.data.rowcheck import RowVisuals, prompt_budget
 from vlgrpo.data.schema import DataError
 from vlgrpo.preflight import diagnose, processor_geometry
@@ -300,3 +302,46 @@ def test_doctor_sends_nothing_to_the_judge(shapes_dir, tiny_model_dir, tmp_path,
     capsys.readouterr()
     assert main(["data", "doctor", str(cfg), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["splits"]["train"]["rows"] == 32
+
+
+TEXT = 46  # text_estimate of QUESTION and the number instruction (think_answer): checked in the test below
+BIG = 256 + 13 + 2 + 6  # a 448 px image (16 x 16 tokens), the template, the image's wrap, the default system prompt
+
+
+@pytest.fixture
+def small_and_big(tmp_path) -> str:
+    _png(tmp_path / "good.png", (112, 112))
+    _png(tmp_path / "big.png", (448, 448))
+    (tmp_path / "d.jsonl").write_text(json.dumps(_row("small")) + "\n" + json.dumps(_row("big", "big.png")) + "\n")
+    return str(tmp_path / "d.jsonl")
+
+
+def test_a_trajectory_that_may_pass_max_total_length_is_a_warning_at_its_row(small_and_big, tmp_path):
+    """3 turns of 40 tokens: small's crops are at most 16 tokens, 83 + 120 + 2 x (16 + 24) = 283 tokens fit in 600;
+    big's at most 256, 323 + 120 + 2 x (256 + 24) = 1,003 tokens may not."""
+    assert text_estimate(f"{QUESTION} {instruction('number', 'think_answer', 'qwen2_5')}", "") == TEXT
+    model = [f"model.name_or_path={tmp_path}", "model.arch=qwen2_5_vl"]  # no processor file: the released geometry
+    tools = [*model, "rollout.tools=[zoom_in]", "rollout.max_turns=3"]
+    limits = ["rollout.max_new_tokens=40", "data.max_prompt_length=400"]
+    report = diagnose(small_and_big, [*tools, *limits, "rollout.max_total_length=600"])
+    assert [(f.severity, f.check, f.row, f.sample_id) for f in report.findings] == [
+        ("warning", "trajectory_maybe_cut", 2, "big")
+    ]
+    assert report.findings[0].message == (
+        f"prompt ~{BIG + TEXT} tokens + up to 680 over max_turns=3 turns (3 x 40 sampled + 2 tool responses of up to "
+        "256 crop tokens + 24 each) may pass rollout.max_total_length=600: the trajectory is cut there"
+    )
+    unset = diagnose(small_and_big, [*tools, *limits])  # resolved: 400 + 120 + 2 x (16,384 + 24), crops at max_pixels
+    assert unset.settings.max_total_length == 400 + 120 + 2 * (16384 + 24) and unset.findings == []
+    assert diagnose(small_and_big, [*model, *limits, "rollout.max_total_length=440"]).findings == []  # one turn: fits
+
+
+def test_a_prompt_without_room_for_one_turn_is_an_error(small_and_big):
+    """Settings that validation would refuse (max_total_length below max_prompt_length + max_new_tokens): big's
+    277 certain prompt tokens + 40 pass 300; small's 83 + 120 + 2 x (16 + 24) = 283 tokens fit."""
+    settings = DoctorSettings(max_prompt_length=400, max_new_tokens=40, max_turns=3, max_total_length=300)
+    _, findings = check_split("d", small_and_big, settings)
+    assert [(f.severity, f.check, f.row) for f in findings] == [("error", "trajectory_too_long", 2)]
+    assert findings[0].message.startswith(
+        f"prompt {BIG} tokens + one turn of rollout.max_new_tokens=40 passes rollout.max_total_length=300: no turn fits"
+    )

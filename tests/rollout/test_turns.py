@@ -13,9 +13,14 @@ from PIL import Image
 from pixel_reference import pixel_logits
 
 from vlgrpo.data.images import load_image
+from vlgrpo.models import load_model
+from vlgrpo.policy.prompt import build_prompt
 from vlgrpo.rollout.base import SamplingParams
 from vlgrpo.rollout.hf import HFEngine, _Row
+from vlgrpo.rollout.tools import tool_schemas
 from vlgrpo.rollout.turns import TOOL_RESPONSE, ToolRollout
+from vlgrpo.trainer.batch import over_turn_mask
+from vlgrpo.types import RolloutGroup
 from vlgrpo.vision_cache import VisionCache
 
 CALL = '<think>small</think><tool_call>{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [0, 0, 56, 56]}}'
@@ -92,6 +97,46 @@ def test_errors_go_back_as_text_and_the_turn_cap_ends_a_trajectory(load, samples
     ) == 1 and error in processor.tokenizer.decode(c.token_ids)
 
 
+def test_a_close_tag_without_its_call_is_an_error_turn_not_a_crash(load, samples):
+    """A turn stopped at `</tool_call>` with no `<tool_call>` before it (a tiny model taught to call wrote one) gets an
+    error turn telling the model the form; before the fix the rollout raised AttributeError on the missing call."""
+    model, processor = load("qwen2_5_vl", spread_by=0.1)
+    script = Scripted(processor.tokenizer, ['{"bbox_2d": [0, 0, 9, 9]}</tool_call>', ANSWER])
+    engine = HFEngine(model, processor, VisionCache(model, processor), box_format="plain", decode=script)
+    tools = ToolRollout(engine, ("zoom_in",), max_turns=3)
+    (group,) = tools.generate(samples[:1], SamplingParams(completions_per_prompt=1, max_new_tokens=64))
+    c = group.completions[0]
+    assert [t["role"] for t in c.turns] == ["assistant", "tool", "assistant"] and c.images == []
+    assert c.turns[1]["content"][0]["text"].startswith("</tool_call> without its opening tag; write <tool_call>")
+    assert c.finish_reason == "stop" and tools.stats()["tools/errors"] == 1
+
+
+def test_the_length_budget_ends_a_trajectory_before_a_turn_that_could_pass_it(load, samples):
+    """max_total_length: a call whose response and one more turn would not fit ends the trajectory
+    ("max_total_length", counted; over-turn masking treats it as the turn cap), the crop never cut."""
+    model, processor = load("qwen2_5_vl", spread_by=0.1)
+    tok = processor.tokenizer
+    script = Scripted(tok, [CALL + "</tool_call>", ANSWER])
+    engine = HFEngine(model, processor, VisionCache(model, processor), box_format="plain", decode=script)
+    prompt = len(build_prompt(samples[0], processor, engine.geometry, tools=tool_schemas(("zoom_in",))).input_ids)
+    turn1 = len(tok(CALL + "</tool_call>", add_special_tokens=False)["input_ids"])
+    grid = engine.geometry.grid_thw(56, 56)
+    response = len(
+        tok(TOOL_RESPONSE.format("<|vision_start|>" + "<|image_pad|>" * (grid[1] * grid[2] // 4) + "<|vision_end|>"))[
+            "input_ids"
+        ]
+    )
+    fits = prompt + turn1 + response + 64  # the next turn's prompt and its max_new_tokens
+    for budget, reason in [(fits, "stop"), (fits - 1, "max_total_length")]:
+        script.texts = [CALL + "</tool_call>", ANSWER]
+        tools = ToolRollout(engine, ("zoom_in",), max_turns=3, max_total_length=budget)
+        (group,) = tools.generate(samples[:1], SamplingParams(completions_per_prompt=1, max_new_tokens=64))
+        c = group.completions[0]
+        assert c.finish_reason == reason and len(c.images) == (reason == "stop")
+        assert tools.stats()["tools/over_length"] == (reason != "stop")
+    assert over_turn_mask([RolloutGroup(samples[0], group.prompt_ids, [c])]).tolist() == [True]
+
+
 def test_without_a_call_a_completion_is_the_engines_own(load, samples):
     model, processor = load("qwen2_5_vl", spread_by=0.1)
     engine = HFEngine(model, processor, VisionCache(model, processor), box_format="plain")
@@ -103,3 +148,35 @@ def test_without_a_call_a_completion_is_the_engines_own(load, samples):
             assert c.tool_mask is None and c.turns == [] and c.images == []
     assert "image_zoom_in_tool" in processor.tokenizer.decode(groups[0].prompt_ids)  # the schema is in the prompt
     assert tools.stats()["tools/calls_per_sample"] == 0 and tools.stats()["tools/turns"] == 1
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_turns_continued_from_their_kv_equal_turns_prefilled_whole(tool_caller_dir, samples, temperature):
+    """The HF engine keeps each trajectory's KV from turn to turn (a turn prefills only the tool response and what
+    follows it): the same tokens and log-probs (1e-5) as prefilling every turn's prompt whole, on the tiny model taught
+    to call the tool, with far fewer prefill tokens."""
+    lm = load_model(tool_caller_dir)
+    model, processor = lm.model.eval(), lm.processor
+    params = SamplingParams(completions_per_prompt=3, temperature=temperature, max_new_tokens=100, seed=3)
+    runs = {}
+    for reuse in (False, True):
+        engine = HFEngine(model, processor, VisionCache(model, processor), box_format="plain")
+        tools = ToolRollout(engine, ("zoom_in",), max_turns=3, reuse_turns=reuse)
+        assert tools.reuse is reuse
+        runs[reuse] = tools.generate(samples[:4], params), tools.stats()
+    (whole, whole_stats), (kept, kept_stats) = runs[False], runs[True]
+    pairs = [(a, b) for ga, gb in zip(whole, kept) for a, b in zip(ga.completions, gb.completions)]
+    assert all(a.token_ids == b.token_ids and a.tool_mask == b.tool_mask and a.images == b.images for a, b in pairs)
+    gap = max(abs(x - y) for a, b in pairs for x, y in zip(a.logprobs, b.logprobs) if not math.isnan(x))
+    print(f"T={temperature}: prefill {whole_stats['rollout/prefill_tokens']} -> {kept_stats['rollout/prefill_tokens']}")
+    assert gap <= 1e-5 and kept_stats["tools/calls_per_sample"] > 0
+    # whole: every turn's prompt, i.e. the prompt, then for each tool response the sequence up to its end
+    ends = [
+        len(g.prompt_ids) + e
+        for g in whole
+        for c in g.completions
+        for e in range(1, len(c.tool_mask or []) + 1)
+        if c.tool_mask[e - 1] and (e == len(c.tool_mask) or not c.tool_mask[e])
+    ]
+    assert whole_stats["rollout/prefill_tokens"] == sum(len(g.prompt_ids) for g in whole) + sum(ends)
+    assert kept_stats["rollout/prefill_tokens"] < whole_stats["rollout/prefill_tokens"] / 2

@@ -214,3 +214,19 @@ def test_bf16_lora_with_vllm_never_writes_the_trainers_base(tmp_path, tiny_model
         r["rollout/logprob_abs_diff_max"] for r in rows
     ]
     assert result["changed"] == []
+
+
+def test_three_grpo_steps_with_the_zoom_tool_on_vllm(tmp_path, tool_caller_dir, shapes_dir):
+    """rollout.tools=[zoom_in] rollout.max_turns=3 on vLLM, with the tiny model taught to call the tool: each turn
+    continues from the trajectory's ids, the crops come back as images, the engine's log-probs of the sampled tokens
+    stay on the trainer's (tool-response tokens have none), and the tools' counters reach metrics.jsonl."""
+    tools = ["rollout.tools=[zoom_in]", "rollout.max_turns=3", "rollout.max_new_tokens=100", "model.freeze_merger=true"]
+    rows = _train(tmp_path, lambda arch: tool_caller_dir, shapes_dir, *PLAIN, *tools, "data.max_prompt_length=1024")
+    for r in rows:
+        print(
+            f"[tools vllm] step {r['step']}: calls/sample {r['tools/calls_per_sample']:.2f}, turns "
+            f"{r['tools/turns']:.2f}, errors {r['tools/errors']:.0f}, logprob_abs_diff max "
+            f"{r['rollout/logprob_abs_diff_max']:.2e}, prefix hits {r['rollout/prefix_cache_hit_tokens']:.0f}"
+        )
+        assert r["rollout/logprob_abs_diff_max"] < 1e-3 and r["train/loss"] == r["train/loss"]
+    assert sum(r["tools/calls_per_sample"] for r in rows) > 0

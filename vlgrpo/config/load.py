@@ -337,6 +337,7 @@ def validate(cfg: Config) -> None:
             f"reward.overlong.cache_length ({o.cache_length}) must be in (0, reward.overlong.max_length={o.max_length}]"
         )
     _check_tools(cfg)
+    _check_total_length(cfg)
     try:
         check_judge(cfg.reward.judge, "judge" in cfg.reward.recipe)
     except InputError as e:
@@ -344,7 +345,8 @@ def validate(cfg: Config) -> None:
 
 
 def _check_tools(cfg: Config) -> None:
-    """rollout.tools / max_turns: multi-turn rollouts run on the colocated hf engine with a frozen vision tower."""
+    """rollout.tools / max_turns: multi-turn rollouts run on a colocated engine (hf or vllm) with a frozen vision
+    tower."""
     r = cfg.rollout
     if r.max_turns < 1:
         raise ConfigError(f"config key 'rollout.max_turns' must be >= 1 (got {r.max_turns})")
@@ -354,7 +356,6 @@ def _check_tools(cfg: Config) -> None:
             ">= 2), and more than one turn needs a tool to call (set both, e.g. tools: [zoom_in], max_turns: 5)"
         )
     why = [
-        (r.engine != "hf", f"rollout.engine={r.engine} (multi-turn rollouts run on the hf engine so far)"),
         (r.placement != "colocate", f"rollout.placement={r.placement} (the colocated engine only so far)"),
         (not cfg.model.freeze_vision, "model.freeze_vision=false (crops are encoded by the frozen tower's cache)"),
     ]
@@ -400,6 +401,18 @@ def _check_placement(cfg: Config) -> None:
         raise ConfigError(
             f"rollout.vllm.rollout_gpus ({r.vllm.rollout_gpus}) must leave training GPUs out of "
             f"train.num_gpus ({t.num_gpus})"
+        )
+
+
+def _check_total_length(cfg: Config) -> None:
+    """rollout.max_total_length: the longest prompt must have room for one whole turn."""
+    r, least = cfg.rollout, cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    if r.max_total_length is not None and r.max_total_length < least:
+        raise ConfigError(
+            f"config key 'rollout.max_total_length' = {r.max_total_length} leaves no room for a turn after the longest "
+            f"prompt: it must be at least data.max_prompt_length + rollout.max_new_tokens = "
+            f"{cfg.data.max_prompt_length} + {r.max_new_tokens} = {least}, or null (that sum, plus what "
+            f"rollout.max_turns={r.max_turns} turns and their crops add)"
         )
 
 

@@ -151,11 +151,18 @@ class RolloutConfig:
     """Extra stop strings besides EOS."""
     tools: list[str] = field(default_factory=list)
     """Tools the policy may call (thinking with images): zoom_in (the crop comes back as a new image; the model calls
-    it image_zoom_in_tool), module:function or file.py:function. Needs max_turns >= 2 and the colocated hf engine."""
+    it image_zoom_in_tool), module:function or file.py:function. Needs max_turns >= 2 and a colocated engine (hf or
+    vllm)."""
     max_turns: int = 1
     """Turns a trajectory may take: each tool call and its response begin another (1: one-turn rollouts)."""
     over_turn_masking: bool = False
     """Trajectories still calling a tool at max_turns get advantage 0 (Mini-o3): no penalty for the cap."""
+    max_total_length: int | None = None
+    """Longest sequence a rollout may reach in tokens: the prompt, every turn and every tool response with its crop.
+    The vLLM engine's max_model_len; a turn whose prompt + max_new_tokens would pass it is not started, and the
+    trajectory finishes as "max_total_length". null: data.max_prompt_length + what max_turns turns can add (each
+    max_new_tokens, and between two a tool response with a crop of at most model.max_pixels); for max_turns=1 that is
+    data.max_prompt_length + max_new_tokens. At least that sum when set."""
     vision_cache_dir: str | None = None
     """On-disk vision-feature cache directory (None: memory only)."""
     vision_cache_bytes: int = 2 * 1024**3

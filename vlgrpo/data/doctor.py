@@ -1,5 +1,6 @@
-"""Pre-flight checks of whole datasets (`vlgrpo data doctor`): every row, every image and video, prompt length, boxes,
-image placeholders, gold answers against the configured reward, duplicate ids and the answer distribution.
+"""Pre-flight checks of whole datasets (`vlgrpo data doctor`): every row, every image and video, prompt length (and
+with tools, the trajectory's), boxes, image placeholders, gold answers against the configured reward, duplicate ids and
+the answer distribution.
 
 Loads no model: image and video tokens come from Qwen's smart_resize geometry (read from the checkpoint directory
 when it is local). Rewards are a layer above data: the checks take the gold-answer check as a plain function argument,
@@ -9,7 +10,6 @@ which `vlgrpo.preflight.reward_checker` builds from the run's recipe.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from vlgrpo.data.adapters import raw_rows, schema_sample, skip_reason
-from vlgrpo.data.images import DEFAULT_GEOMETRY, ProcessorGeometry, inspect_image
+from vlgrpo.data.images import DEFAULT_GEOMETRY, ProcessorGeometry
+from vlgrpo.data.inspection import image_key, inspect_images, inspect_videos, video_key
 from vlgrpo.data.jsonl import ACCEPTED
 from vlgrpo.data.preset_fields import ConversionReport, RowSkipped
 from vlgrpo.data.presets import convert_rows
@@ -26,15 +27,17 @@ from vlgrpo.data.prompts import instruction
 from vlgrpo.data.rowcheck import (
     DEFAULT_SYSTEM_TOKENS,
     TEMPLATE_TOKENS,
+    TOOL_RESPONSE_TOKENS,
     VISION_WRAP,
     PromptBudget,
     RowVisuals,
     prompt_budget,
     row_problems,
+    trajectory_tokens,
 )
 from vlgrpo.data.schema import DataError
-from vlgrpo.data.video import VideoInfo, VideoSampling, inspect_video
-from vlgrpo.types import Sample, Video
+from vlgrpo.data.video import VideoSampling
+from vlgrpo.types import Sample
 
 ERROR, WARNING = "error", "warning"
 CHARS_PER_TOKEN = 3
@@ -84,6 +87,12 @@ class DoctorSettings:
     """data.video: how frames are taken from a video and their pixel bounds."""
     video_timestamps: bool = False
     """The model writes a video's time before each temporal patch (Qwen3-VL): counted in the length budget."""
+    max_new_tokens: int = 128
+    """rollout.max_new_tokens: the tokens of one turn."""
+    max_turns: int = 1
+    """rollout.max_turns: above 1, each row's whole trajectory (turns, tool responses and crops) is checked too."""
+    max_total_length: int | None = None
+    """rollout.max_total_length resolved (`vlgrpo.memory.from_config.total_length`); None: no trajectory check."""
 
 
 @dataclass
@@ -228,7 +237,40 @@ def sample_findings(
                 f"{budget.total - budget.visual} text) may exceed data.max_prompt_length={limit}",
             )
         )
+    if budget.certain <= limit:  # a longer prompt is skipped in training, and reported above
+        out += trajectory_findings(budget, settings)
     return out, budget.visual, budget.total
+
+
+def trajectory_findings(budget: PromptBudget, settings: DoctorSettings) -> list[tuple[str, str, str]]:
+    """The row's prompt against rollout.max_total_length: an error when not even one turn fits after it; with tools, a
+    warning when its turns and tool responses may pass it (each crop at most the row's largest image's tokens)."""
+    s, most = settings, settings.max_total_length
+    if most is None:
+        return []
+    if budget.certain + s.max_new_tokens > most:
+        return [
+            (
+                ERROR,
+                "trajectory_too_long",
+                f"prompt {budget.certain} tokens + one turn of rollout.max_new_tokens={s.max_new_tokens} passes "
+                f"rollout.max_total_length={most}: no turn fits; raise rollout.max_total_length or lower "
+                "model.max_pixels",
+            )
+        ]
+    crop = max(budget.images, default=0)
+    after = trajectory_tokens(s.max_new_tokens, s.max_turns, crop)
+    if s.max_turns > 1 and budget.total + after > most:
+        return [
+            (
+                WARNING,
+                "trajectory_maybe_cut",
+                f"prompt ~{budget.total} tokens + up to {after} over max_turns={s.max_turns} turns ({s.max_turns} x "
+                f"{s.max_new_tokens} sampled + {s.max_turns - 1} tool responses of up to {crop} crop tokens + "
+                f"{TOOL_RESPONSE_TOKENS} each) may pass rollout.max_total_length={most}: the trajectory is cut there",
+            )
+        ]
+    return []
 
 
 def _count(stats: SplitStats, s: Sample, tokens: int, estimate: int) -> None:
@@ -240,48 +282,6 @@ def _count(stats: SplitStats, s: Sample, tokens: int, estimate: int) -> None:
     if tokens:
         stats.image_tokens.append(tokens)
         stats.prompt_tokens_max = max(stats.prompt_tokens_max, estimate)
-
-
-def inspect_images(images: list, workers: int = 8, progress: bool = False, desc: str = "images") -> dict:
-    """{image key: ImageInfo} of each distinct image (a path, or the bytes' hash), decoded in `workers` threads
-    (Pillow releases the GIL while it reads and decodes)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from tqdm import tqdm
-
-    unique = {}
-    for image in images:
-        unique.setdefault(image_key(image), image)
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        infos = list(
-            tqdm(
-                pool.map(inspect_image, unique.values()),
-                total=len(unique),
-                desc=desc,
-                unit="image",
-                disable=not progress,
-                leave=False,
-            )
-        )
-    return dict(zip(unique, infos))
-
-
-def image_key(image: str | bytes) -> str:
-    return image if isinstance(image, str) else "sha256:" + hashlib.sha256(image).hexdigest()
-
-
-def video_key(video: Video) -> str:
-    """A video and its own sampling overrides (the same file sampled at another fps is another video)."""
-    source = video.path if video.path is not None else "|".join(image_key(f) for f in video.frames)
-    return f"{source}@{video.fps}/{video.max_frames}"
-
-
-def inspect_videos(videos: list[Video], sampling: VideoSampling) -> dict[str, VideoInfo]:
-    """{video key: VideoInfo} of each distinct video, decoded once each."""
-    unique: dict[str, Video] = {}
-    for video in videos:
-        unique.setdefault(video_key(video), video)
-    return {key: inspect_video(video, sampling) for key, video in unique.items()}
 
 
 def check_split(
@@ -423,7 +423,8 @@ def format_report(report: DoctorReport, examples: int = 5) -> str:
         f"prompt tokens = image and video tokens + {TEMPLATE_TOKENS} template + {VISION_WRAP} per image or video + "
         f"{DEFAULT_SYSTEM_TOKENS} default system + text chars / {CHARS_PER_TOKEN} (an estimate on the long side); "
         f"data.max_prompt_length = {s.max_prompt_length}; video: {s.video.fps:g} fps, at most {s.video.max_frames} "
-        "frames",
+        "frames"
+        + (f"; rollout.max_total_length = {s.max_total_length} over {s.max_turns} turns" if s.max_turns > 1 else ""),
         "",
     ]
     w = max([5, *map(len, report.splits)]) + 2

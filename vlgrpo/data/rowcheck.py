@@ -1,7 +1,8 @@
 """Why a row cannot be trained on, decided in one place for the trainer (which skips such a row when it draws it) and
 `vlgrpo data doctor` (which reports it): its images or video do not decode or resize, its text holds the chat
 template's control tokens, its image_size or a box does not fit its image; and how many tokens its prompt takes
-(`prompt_budget`: every image and the video counted with the processor's geometry, plus the text).
+(`prompt_budget`: every image and the video counted with the processor's geometry, plus the text) and a multi-turn
+trajectory after it (`trajectory_tokens`).
 
 Works on a Sample and its inspected images and video (`images.inspect_image`, `video.inspect_video`); knows nothing
 of models or tokenizers.
@@ -31,6 +32,15 @@ TIMESTAMP_TOKENS = 8
 label in Qwen's tokenizer below 10 s (`<`, each digit, `.`, ` seconds`, `>`; 7 up to 100 s) and the pair."""
 DEFAULT_SYSTEM_TOKENS = 6
 """'You are a helpful assistant.', which the template inserts when data.system_prompt is empty."""
+TOOL_RESPONSE_TOKENS = 24
+"""At most the text tokens of one tool-response turn around its crop (`rollout.turns.TOOL_RESPONSE`: the closing
+<|im_end|>, the user turn's tags, <tool_response>, the vision markers, the next assistant turn's opening)."""
+
+
+def trajectory_tokens(max_new_tokens: int, max_turns: int, crop_tokens: int) -> int:
+    """The tokens after the prompt that a rollout may hold: one turn's max_new_tokens each turn, and between two turns
+    a tool response with a crop of at most `crop_tokens` (a crop is no larger than the image it is cut from)."""
+    return max_turns * max_new_tokens + (max_turns - 1) * (crop_tokens + TOOL_RESPONSE_TOKENS)
 
 
 @dataclass

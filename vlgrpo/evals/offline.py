@@ -164,6 +164,7 @@ def run_eval_cli(
             batch_prompts=batch_prompts,
             engine_kwargs=engine_kwargs or {},
             gpu_memory_utilization=gpu_memory_utilization,
+            max_turns=max_turns if tools else 1,
             **prompt_kw,
         )
         if tools:

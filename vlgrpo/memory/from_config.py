@@ -1,20 +1,27 @@
 """A run config as the planner's input: `plan_input_from_config`, with the image and video tokens the run's processor
-geometry gives and what the plan made of --video-frames.
+geometry gives and what the plan made of --video-frames; and the token budget of a rollout, `total_length`
+(rollout.max_total_length resolved).
 
-Only this module, `deepspeed_json` (a zero3 run's offload) and `tiny_spec` know the config tree in memory/; the image
-geometry (`vlgrpo.data.images`, whose smart_resize pulls in transformers) and the video sampling are imported lazily.
+Only this module, `deepspeed_json` (a zero3 run's offload) and `tiny_spec` know the config tree in memory/; the
+checkpoint's geometry (`vlgrpo.data.images.checkpoint_geometry`) and the video sampling are imported where used.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+from typing import TYPE_CHECKING
 
 from vlgrpo.config import Config, ModelConfig
+from vlgrpo.data.rowcheck import TOOL_RESPONSE_TOKENS, trajectory_tokens
 from vlgrpo.memory.deepspeed_json import zero3_offload
 from vlgrpo.memory.inputs import DTYPE_BYTES, PlanInput, train_gpus
 from vlgrpo.memory.specs import ModelSpec, PlanError, resolve_model
 from vlgrpo.memory.terms import trainer_optimizer_states
+from vlgrpo.memory.tokens import prompt_tokens
+
+if TYPE_CHECKING:
+    from vlgrpo.data.images import ProcessorGeometry
 
 
 def geometry_for(m: ModelConfig, spec: ModelSpec | None):
@@ -42,6 +49,12 @@ def image_tokens_for(width: int, height: int, m: ModelConfig, spec: ModelSpec | 
     return geometry_for(m, spec).num_image_tokens(height, width)
 
 
+def most_image_tokens(geometry: ProcessorGeometry, max_pixels: int | None = None) -> int:
+    """The most language-model tokens one image (or video frame) can take: smart_resize keeps its area within
+    max_pixels (the geometry's unless given), so max_pixels / (patch x merge)^2."""
+    return (max_pixels or geometry.max_pixels) // geometry.factor**2
+
+
 def video_frames_seen(frames: int, max_frames: int) -> int:
     """Frames the model sees of a video given as `frames` frames, sampled as the data layer samples a frame list
     (`vlgrpo.data.video.list_indices`): every one, an odd count padded with the last; above max_frames, max_frames
@@ -60,7 +73,7 @@ def video_frame_tokens_for(cfg: Config, spec: ModelSpec | None, frame_size: tupl
     geometry = geometry_for(cfg.model, spec)
     lo, hi = VideoSampling.from_config(cfg.data.video).pixel_bounds(geometry)
     if frame_size is None:
-        return hi // geometry.factor**2
+        return most_image_tokens(geometry, hi)
     return dataclasses.replace(geometry, min_pixels=lo, max_pixels=hi).num_image_tokens(frame_size[1], frame_size[0])
 
 
@@ -79,26 +92,35 @@ def video_notes(cfg: Config, frames: int) -> list[str]:
     return []
 
 
-TOOL_RESPONSE_TOKENS = 24
-"""At most the text tokens of one tool-response turn around its crop (`rollout.turns.TOOL_RESPONSE`: the closing
-<|im_end|>, the user turn's tags, <tool_response>, the vision markers, the next assistant turn's opening)."""
-
-
-def trajectory_tokens(max_new_tokens: int, max_turns: int, crop_tokens: int) -> int:
-    """The tokens after the prompt that a rollout may hold: one turn's max_new_tokens each turn, and between two turns
-    a tool response with a crop of at most `crop_tokens` (a crop is no larger than the image it is cut from)."""
-    return max_turns * max_new_tokens + (max_turns - 1) * (crop_tokens + TOOL_RESPONSE_TOKENS)
+def total_length(cfg: Config, geometry: ProcessorGeometry | None = None) -> int:
+    """rollout.max_total_length resolved: the longest sequence a rollout may reach in tokens (the vLLM engine's
+    max_model_len; a multi-turn trajectory ends there). Unset: data.max_prompt_length + `trajectory_tokens` with crops
+    of the most tokens an image can take at `geometry` (the processor's; None: the checkpoint's, `geometry_for`), which
+    for max_turns=1 is data.max_prompt_length + rollout.max_new_tokens."""
+    r = cfg.rollout
+    if r.max_total_length is not None:
+        return r.max_total_length
+    if r.max_turns <= 1:  # no crop: no geometry to read
+        return cfg.data.max_prompt_length + r.max_new_tokens
+    crop = most_image_tokens(geometry if geometry is not None else geometry_for(cfg.model, None))
+    return cfg.data.max_prompt_length + trajectory_tokens(r.max_new_tokens, r.max_turns, crop)
 
 
 def tool_notes(cfg: Config, inp: PlanInput) -> list[str]:
-    """What the plan made of rollout.max_turns."""
+    """What the plan made of rollout.max_turns, and of rollout.max_total_length where it cut the trajectory short."""
     r = cfg.rollout
     if r.max_turns <= 1:
         return []
+    whole = trajectory_tokens(r.max_new_tokens, r.max_turns, inp.image_tokens)
+    cap = (
+        f", capped at rollout.max_total_length={r.max_total_length} - {prompt_tokens(inp):,} prompt tokens"
+        if inp.completion_tokens < whole
+        else ""
+    )
     return [
         f"rollout.max_turns={r.max_turns}: {inp.completion_tokens:,} tokens after the prompt planned ({r.max_turns} x "
         f"{r.max_new_tokens} sampled + {r.max_turns - 1} tool responses of up to {inp.image_tokens} crop tokens + "
-        f"{TOOL_RESPONSE_TOKENS} each); a row with crops runs whole in the update"
+        f"{TOOL_RESPONSE_TOKENS} each{cap}); a row with crops runs whole in the update"
     ]
 
 
@@ -135,7 +157,9 @@ def plan_input_from_config(
     """The planner's input for a run config (`params` replaces the model spec, `spec` the one model.name_or_path
     names; `image_size` is W x H). Each prompt holds `images_per_sample` images of `image_size` and, with
     `video_frames` > 0, a video of that many frames (sampled as data.video says), each frame of `video_size` or at
-    data.video's pixel bound. A zero3 run's offload is what its DeepSpeed JSON says when it has one."""
+    data.video's pixel bound. A zero3 run's offload is what its DeepSpeed JSON says when it has one. The tokens after
+    the prompt are a whole trajectory (`trajectory_tokens`, crops the size of one image), cut at
+    rollout.max_total_length when it is set."""
     m, t, r = cfg.model, cfg.train, cfg.rollout
     if images_per_sample < 0 or video_frames < 0:
         raise PlanError(f"--images-per-sample {images_per_sample} / --video-frames {video_frames}: must be >= 0")
@@ -145,7 +169,7 @@ def plan_input_from_config(
         spec = resolve_model(m.name_or_path)
     frozen = {"vision": m.freeze_vision, "merger": m.freeze_merger, "language": m.freeze_language}
     zero3 = t.backend == "zero3"
-    return PlanInput(
+    inp = PlanInput(
         spec=spec,
         params=params,
         dtype_bytes=DTYPE_BYTES[m.dtype],
@@ -177,3 +201,7 @@ def plan_input_from_config(
         tensor_parallel=r.vllm.tensor_parallel_size,
         vision_cache_bytes=r.vision_cache_bytes,
     )
+    if r.max_total_length is None:
+        return inp
+    room = max(r.max_total_length - prompt_tokens(inp), 0)  # the rollout ends a trajectory at max_total_length
+    return dataclasses.replace(inp, completion_tokens=min(inp.completion_tokens, room))

@@ -142,6 +142,27 @@ def prefill(model, prompt_ids: Tensor, prompt_mask: Tensor, mm_token_type_ids: T
     return out.logits[:, -1], out.past_key_values, next_pos
 
 
+def extend(model, cache, ids: Tensor, done: int, features: list):
+    """Continue one sequence whose first `done` tokens are in `cache` (batch 1): forward ids[:, done:] -> (last-position
+    logits [1, V], the cache over all of `ids`, next position [1]). `features`: every image of the sequence in order
+    (their grids place the M-RoPE positions of the whole sequence); those whose pads lie after `done` are injected."""
+    image_id = core_model(model).config.image_token_id
+    mm = (ids == image_id).long()
+    pos, next_pos = mrope_positions(model, ids, torch.ones_like(ids), mm, [features])
+    tail = ids[0, done:]
+    runs = int(((tail == image_id) & torch.cat([tail.new_ones(1, dtype=torch.bool), tail[:-1] != image_id])).sum())
+    new = list(features)[len(features) - runs :] if runs else []
+    out = model(
+        input_ids=ids[:, done:],
+        position_ids=pos[:, :, done:],
+        past_key_values=cache,
+        **({"mm_encoder_outputs": image_outputs(model, [new])} if new else {}),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return out.logits[:, -1], out.past_key_values, next_pos
+
+
 # ---------------------------------------------------------------- log-prob passes over shared prompts
 
 

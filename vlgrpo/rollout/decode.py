@@ -21,8 +21,11 @@ any other.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
+from transformers import DynamicCache
 
 from vlgrpo.policy.linear_attention import gated_delta, is_linear_attention, prompt_states
 from vlgrpo.policy.text_decoder import (
@@ -33,6 +36,34 @@ from vlgrpo.policy.text_decoder import (
     supports_text_decoder,
     text_rotary,
 )
+
+
+@dataclass
+class TurnKV:
+    """One decoded row's keys and values, kept for its next turn (a multi-turn rollout): [kv heads, L, d] per attention
+    layer over its prompt's real tokens and the first `length` - prompt tokens it sampled (the ones fed back)."""
+
+    layers: list[tuple[Tensor, Tensor]]
+    length: int
+    """Tokens of the row's sequence (prompt ids + sampled ids) the keys cover."""
+
+
+def stack_kv(kvs: list[TurnKV]) -> tuple[DynamicCache, Tensor | None]:
+    """Rows' TurnKVs as one left-padded cache [B, kv heads, T, d] per layer and its mask [B, T] (None: no padding),
+    the prompt cache `SharedPrefixDecoder` reads."""
+    width = max(kv.length for kv in kvs)
+    mask = torch.zeros(len(kvs), width, dtype=torch.long, device=kvs[0].layers[0][0].device)
+    layers = []
+    for li in range(len(kvs[0].layers)):
+        k0 = kvs[0].layers[li][0]
+        keys = k0.new_zeros(len(kvs), k0.shape[0], width, k0.shape[2])
+        values = torch.zeros_like(keys)
+        for b, kv in enumerate(kvs):
+            keys[b, :, width - kv.length :], values[b, :, width - kv.length :] = kv.layers[li]
+        layers.append((keys, values))
+    for b, kv in enumerate(kvs):
+        mask[b, width - kv.length :] = 1
+    return DynamicCache(ddp_cache_data=layers), (mask if not bool(mask.all()) else None)
 
 
 class SharedPrefixDecoder:
@@ -71,6 +102,17 @@ class SharedPrefixDecoder:
         self.own_k = [None if k is None else k0.new_empty(shape) for k in self.prompt_k]  # the rows' own tokens,
         self.own_v = [None if k is None else k0.new_empty(shape) for k in self.prompt_k]  # written in place
         self.length = 0
+
+    def row_kv(self, row: int, fed: int, prompt_tokens: int) -> TurnKV:
+        """Row `row`'s (a current index) keys and values: its prompt's real positions and its first `fed` tokens
+        (`prompt_tokens`: the prompt's unpadded length). Attention-only models (a linear layer's state is not kept)."""
+        b = row // self.g
+        real = None if self.bias is None else self.bias[b, 0, 0] == 0
+        layers = []
+        for pk, pv, ok, ov in zip(self.prompt_k, self.prompt_v, self.own_k, self.own_v):
+            k, v = (pk[b], pv[b]) if real is None else (pk[b][:, real], pv[b][:, real])
+            layers.append((torch.cat([k, ok[row, :, :fed]], 1), torch.cat([v, ov[row, :, :fed]], 1)))
+        return TurnKV(layers, prompt_tokens + fed)
 
     def keep(self, prompts: Tensor) -> Tensor:
         """Keep only the prompts `prompts` [b'] (ascending indices into the current ones) and their G rows each: the

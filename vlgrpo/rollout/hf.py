@@ -13,15 +13,17 @@ from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
+from transformers import DynamicCache
 
 from vlgrpo.data.images import ProcessorGeometry
 from vlgrpo.data.video import VideoSampling
 from vlgrpo.models import eval_mode
-from vlgrpo.policy.forward import prefill
+from vlgrpo.policy.forward import extend, prefill
 from vlgrpo.policy.linear_attention import select_cache_rows
 from vlgrpo.policy.prompt import PromptInputs, build_prompt, forbidden_mask, left_pad, vocab_size
+from vlgrpo.policy.text_decoder import is_hybrid
 from vlgrpo.rollout.base import PROMPT_KEYS, EngineCounters, SamplingParams, cut_at_stop
-from vlgrpo.rollout.decode import SharedPrefixDecoder
+from vlgrpo.rollout.decode import SharedPrefixDecoder, TurnKV, stack_kv
 from vlgrpo.types import Completion, RolloutGroup, Sample
 
 
@@ -89,6 +91,11 @@ class DecodeRun:
     generator: torch.Generator | None
     counts: dict[str, int]
     """The engine's counters (`decode_tokens` grows here)."""
+    kv_out: list | None = None
+    """When a list of one None per row: `decode_shared` puts each row's `TurnKV` there (its next turn continues it;
+    multi-turn rollouts). Other decodes leave it as it is."""
+    prompt_tokens: list[int] | None = None
+    """Each prompt's unpadded length (with `kv_out`)."""
 
     def sample(self, rows: list[_Row], active: list[int], logits: Tensor) -> tuple[Tensor, list[int]]:
         """Sample the next token of each active row and record it -> (tokens [A], indices into `active` of the rows
@@ -134,6 +141,7 @@ def decode_shared(
     held = list(range(len(rows) // g))  # the prompts the decoder holds, until all their rows have finished
     tokens = torch.zeros(len(rows), dtype=torch.long, device=logits.device)  # a held prompt's finished rows step too
     active_idx = torch.arange(len(rows), device=logits.device)  # the decoder rows of `active`
+    slot = {p: i for i, p in enumerate(held)}
     for _ in range(run.params.max_new_tokens):
         tok, keep = run.sample(rows, active, logits)
         if not keep:
@@ -142,6 +150,7 @@ def decode_shared(
         active = [active[j] for j in keep]
         live = sorted({r // g for r in active})
         if drop_finished and len(live) < len(held):  # a prompt's rows have all finished: drop it
+            _keep_kv(run, decoder, rows, [p for p in held if p not in live], slot, g)
             idx = torch.tensor([held.index(p) for p in live], device=tok.device)
             kept = decoder.keep(idx)
             tokens, pos, held = tokens[kept], pos[kept], live
@@ -149,7 +158,19 @@ def decode_shared(
         active_idx = torch.tensor([slot[r // g] * g + r % g for r in active], device=tok.device)
         logits, pos = decoder.step(tokens, pos)[active_idx], pos + 1
         run.counts["decode_tokens"] += len(active)
+    _keep_kv(run, decoder, rows, held, slot, g)
     return rows
+
+
+def _keep_kv(run: DecodeRun, decoder: SharedPrefixDecoder, rows: list, prompts: list[int], slot: dict, g: int) -> None:
+    """Into `run.kv_out`: the KV of the rows of `prompts` (still held by the decoder, at `slot`), each over the tokens
+    it fed: a row's token t is fed at step t while its prompt is held, so min(its length, the steps taken)."""
+    if run.kv_out is None:
+        return
+    for p in prompts:
+        for r in range(p * g, (p + 1) * g):
+            fed = min(len(rows[r].token_ids), decoder.length)
+            run.kv_out[r] = decoder.row_kv(slot[p] * g + r % g, fed, run.prompt_tokens[p])
 
 
 def decode_copied(model, last: Tensor, cache, next_pos: Tensor, prompt_mask: Tensor | None, run: DecodeRun) -> list:
@@ -251,6 +272,8 @@ class HFEngine(EngineCounters):
         eos = model.generation_config.eos_token_id
         self.eos_ids = {tok.eos_token_id, *(eos if isinstance(eos, (list, tuple)) else [eos])} - {None}
         self.policy_version = 0
+        self.last_kv: list = []
+        """Each completion's TurnKV from the last `generate_prompts(keep_kv=True)` or `continue_prompts`."""
         self.reset_stats()
 
     def build_prompts(self, samples: list[Sample]) -> list[PromptInputs]:
@@ -261,35 +284,87 @@ class HFEngine(EngineCounters):
         + decode."""
         return self.generate_prompts(samples, self.build_prompts(samples), params)
 
+    @property
+    def keeps_turns(self) -> bool:
+        """Whether a multi-turn rollout's next turn can continue each row's KV (`continue_prompts`): the shared-prefix
+        decode of an attention-only model (a Gated DeltaNet's state is not kept; a custom `decode` keeps nothing)."""
+        return self.decode is None and SharedPrefixDecoder.supports(self.model) and not is_hybrid(self.model)
+
     def generate_prompts(
-        self, samples: list[Sample], prompts: list[PromptInputs], params: SamplingParams
+        self, samples: list[Sample], prompts: list[PromptInputs], params: SamplingParams, keep_kv: bool = False
     ) -> list[RolloutGroup]:
-        """`generate` from prompts built already: a multi-turn rollout's next turn continues a trajectory's ids."""
+        """`generate` from prompts built already: a multi-turn rollout's next turn continues a trajectory's ids.
+        `keep_kv` (with `keeps_turns`): `last_kv` gets each completion's TurnKV, in the groups' order."""
         feats = self.features(self.cache, prompts)
         gen = torch.Generator(device=self.device).manual_seed(params.seed) if params.seed is not None else None
         stop = _StopCheck(self.processor.tokenizer, params.stop)
         run = replace(params, completions_per_prompt=1) if params.greedy else params  # greedy: decode once, copy G
         rows: list[_Row] = []
+        kv: list = []
         with eval_mode(self.model), torch.no_grad():  # train mode + gradient checkpointing would drop the KV cache
             for i in range(0, len(prompts), self.batch_prompts):
                 chunk = slice(i, i + self.batch_prompts)
-                rows += self._generate_chunk(prompts[chunk], feats[chunk], run, stop, gen)
-        return self._groups(samples, prompts, rows, run.completions_per_prompt, params.completions_per_prompt, stop)
+                chunk_kv = [None] * (len(prompts[chunk]) * run.completions_per_prompt) if keep_kv else None
+                rows += self._generate_chunk(prompts[chunk], feats[chunk], run, stop, gen, chunk_kv)
+                kv += chunk_kv or []
+        run_g, g = run.completions_per_prompt, params.completions_per_prompt
+        self.last_kv = [kv[b * run_g + j % run_g] for b in range(len(prompts)) for j in range(g)] if keep_kv else []
+        return self._groups(samples, prompts, rows, run_g, g, stop)
 
-    def _generate_chunk(self, prompts, feats, params, stop, gen) -> list[_Row]:
+    def continue_prompts(
+        self, samples: list[Sample], prompts: list[PromptInputs], kvs: list, params: SamplingParams
+    ) -> list[RolloutGroup]:
+        """One completion per prompt, each prompt the continuation of a row whose KV is `kvs[i]` (a TurnKV from the
+        turn before): only the tokens after it are prefilled (the tool response, its crop's features from the vision
+        cache, the next turn's opening), positions those of the whole sequence; `last_kv` then holds the new KVs."""
+        feats = self.features(self.cache, prompts)
+        gen = torch.Generator(device=self.device).manual_seed(params.seed) if params.seed is not None else None
+        stop = _StopCheck(self.processor.tokenizer, params.stop)
+        run = replace(params, completions_per_prompt=1)
+        rows: list[_Row] = []
+        self.last_kv = []
+        with eval_mode(self.model), torch.no_grad():
+            for i in range(0, len(prompts), self.batch_prompts):
+                chunk = slice(i, i + self.batch_prompts)
+                lasts, extended, positions = [], [], []
+                for p, f, kv in zip(prompts[chunk], feats[chunk], kvs[chunk]):
+                    ids = torch.tensor([p.input_ids], device=self.device)
+                    cache = DynamicCache(ddp_cache_data=[(k[None], v[None]) for k, v in kv.layers])
+                    last, cache, next_pos = extend(self.model, cache, ids, kv.length, f)
+                    self._counts["prefill_tokens"] += len(p.input_ids) - kv.length
+                    lasts.append(last)
+                    positions.append(next_pos)
+                    layers = [(layer.keys[0], layer.values[0]) for layer in cache.layers]
+                    extended.append(TurnKV(layers, len(p.input_ids)))
+                stacked, mask = stack_kv(extended)
+                chunk_kv = [None] * len(extended)
+                lengths = [kv.length for kv in extended]
+                rows += decode_shared(
+                    self.model,
+                    torch.cat(lasts),
+                    stacked,
+                    torch.cat(positions),
+                    mask,
+                    DecodeRun(run, self.forbidden, self.eos_ids, stop, gen, self._counts, chunk_kv, lengths),
+                )
+                self.last_kv += chunk_kv
+        return self._groups(samples, prompts, rows, 1, 1, stop)
+
+    def _generate_chunk(self, prompts, feats, params, stop, gen, kv_out: list | None = None) -> list[_Row]:
         ids, mask = left_pad([p.input_ids for p in prompts], self.pad_id, self.device)
         mm, _ = left_pad([p.mm_token_type_ids for p in prompts], 0, self.device)
         last, cache, next_pos = prefill(self.model, ids, mask, mm, feats)
         self._counts["prefill_tokens"] += int(mask.sum())
         padded = mask if not bool(mask.all()) else None
         decode = self.decode or decode_loop  # the module global, looked up per call (bench_vs_trl.py times it)
+        lengths = [len(p.input_ids) for p in prompts]
         return decode(
             self.model,
             last,
             cache,
             next_pos,
             padded,
-            DecodeRun(params, self.forbidden, self.eos_ids, stop, gen, self._counts),
+            DecodeRun(params, self.forbidden, self.eos_ids, stop, gen, self._counts, kv_out, lengths),
         )
 
     def _groups(self, samples, prompts, rows, run_g: int, g: int, stop) -> list[RolloutGroup]:

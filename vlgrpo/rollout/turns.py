@@ -2,12 +2,14 @@
 (`rollout/tools.py`), its result comes back as a tool-response turn (a crop as a new image, an error as text), and the
 model goes on, up to `max_turns` turns.
 
-`ToolRollout` wraps an engine that can continue prompts given as ids (`generate_prompts`: the HF engine): the first
-turn is the engine's own grouped rollout; each later turn continues each trajectory from its whole token ids, its
-images the prompt's followed by its crops (each crop keyed by its pixels in the vision cache, so a region asked for
-again is a hit). A trajectory is one Completion: every token after the prompt, `tool_mask` 1 on the tokens the
-tool-response turns inserted (the model did not sample them), the crops' PNG bytes, and its turns as chat messages.
-Knows nothing of rewards or losses.
+`ToolRollout` wraps an engine that can continue prompts given as ids (`generate_prompts`: the HF and vLLM engines):
+the first turn is the engine's own grouped rollout; each later turn continues each trajectory from its whole token
+ids (never re-tokenised), its images the prompt's followed by its crops (each crop keyed by its pixels in the vision
+cache, so a region asked for again is a hit). vLLM's prefix caching finds the earlier turns' KV blocks; the HF engine
+prefills the continuation whole. A trajectory ends at `max_turns` turns ("max_turns") or where its next turn could
+pass `max_total_length` tokens ("max_total_length"); both still hold a call the model made. A trajectory is one
+Completion: every token after the prompt, `tool_mask` 1 on the tokens the tool-response turns inserted (the model did
+not sample them), the crops' PNG bytes, and its turns as chat messages. Knows nothing of rewards or losses.
 """
 
 from __future__ import annotations
@@ -23,12 +25,27 @@ from PIL import Image
 from vlgrpo.data.images import load_image
 from vlgrpo.policy.prompt import IMAGE_PAD, VISION_END, VISION_START, PromptInputs, build_prompt
 from vlgrpo.rollout.base import SamplingParams
-from vlgrpo.rollout.tools import TOOL_CALL_END, ToolContext, first_tool_call, run_tool, tool_schemas, tool_table
+from vlgrpo.rollout.tools import (
+    EXPECTED_CALL,
+    TOOL_CALL_END,
+    ToolCallError,
+    ToolContext,
+    first_tool_call,
+    run_tool,
+    tool_schemas,
+    tool_table,
+)
 from vlgrpo.types import Completion, InputError, RolloutGroup, Sample
 
 TOOL_RESPONSE = "<|im_end|>\n<|im_start|>user\n<tool_response>\n{}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
 """The turn a tool's result comes back in, as Qwen's templates render a `tool` message (a user turn wrapped in
 <tool_response>), closing the model's turn before it and opening the next."""
+
+
+def with_tool_images(limits: dict[str, int], max_turns: int) -> dict[str, int]:
+    """An engine's images-per-prompt limit raised by one crop per tool response (`max_turns` - 1 of them): the zoom
+    tool's one image a call always fits; a tool returning more than the room left gets an error turn instead."""
+    return {**limits, "image": limits.get("image", 0) + max_turns - 1}
 
 
 @dataclass
@@ -49,6 +66,8 @@ class Trajectory:
     finish_reason: str = ""
     pending: str | None = None
     """The text of the last turn when it stopped at a tool call (the call runs before the next turn)."""
+    kv: object = None
+    """The engine's KV of the trajectory so far (`HFEngine.last_kv`), when turns are reused."""
     calls: int = 0
     errors: int = 0
     crop_area: float = 0.0
@@ -56,19 +75,40 @@ class Trajectory:
 
 
 class ToolRollout:
-    """A RolloutEngine whose completions may call tools: `engine` must offer `generate_prompts` (the HF engine)."""
+    """A RolloutEngine whose completions may call tools: `engine` must offer `generate_prompts` (HF, vLLM).
+    `max_total_length`: the longest sequence a trajectory may reach (prompt, turns, tool responses; None: the engine's
+    context length where it has one (vLLM), else no bound but `max_turns`). `reuse_turns=False` re-prefills each
+    turn whole on the HF engine too (the baseline `benchmarks/bench_turns.py` compares with)."""
 
-    def __init__(self, engine, tools: tuple[str, ...], max_turns: int):
+    def __init__(
+        self,
+        engine,
+        tools: tuple[str, ...],
+        max_turns: int,
+        max_total_length: int | None = None,
+        reuse_turns: bool = True,
+    ):
         if max_turns < 1:
             raise InputError(f"max_turns must be >= 1, got {max_turns}")
         if not hasattr(engine, "generate_prompts"):
             raise InputError(
-                f"tools need an engine that continues prompts from ids (hf); {type(engine).__name__} does not yet"
+                f"tools need an engine that continues prompts from ids (hf, vllm); {type(engine).__name__} does not"
             )
         tool_table(tuple(tools))  # a bad tool list fails here, before any decoding
+        self.reuse_turns = reuse_turns
         self.engine, self.tools, self.max_turns = engine, tuple(tools), max_turns
+        self.max_total_length = max_total_length or getattr(engine, "max_model_len", None)
+        """Tokens a trajectory may reach: the given budget, else the engine's context (vLLM's max_model_len)."""
+        self.max_images = getattr(engine, "limits", {}).get("image")
+        """Images a conversation may hold (vLLM's limit_mm_per_prompt); None: no bound (HF)."""
         self.schemas = tool_schemas(self.tools)
         self.reset_stats()
+
+    @property
+    def reuse(self) -> bool:
+        """Each trajectory's KV kept from turn to turn (the HF engine's `continue_prompts`): a turn prefills only what
+        came after it. False: each turn's prompt prefilled whole (vLLM finds the earlier turns in its prefix cache)."""
+        return self.reuse_turns and getattr(self.engine, "keeps_turns", False)
 
     @property
     def policy_version(self) -> int:
@@ -84,11 +124,14 @@ class ToolRollout:
             "tools/turns": self._counts["turns"] / n,
             "tools/errors": float(self._counts["errors"]),
             "tools/crop_area": self._counts["crop_area"] / max(self._counts["crops"], 1),
+            "tools/over_length": float(self._counts["over_length"]),
         }
         return {**self.engine.stats(), **tools}
 
     def reset_stats(self) -> None:
-        self._counts = dict.fromkeys(("trajectories", "calls", "turns", "errors", "crops", "crop_area"), 0)
+        self._counts = dict.fromkeys(
+            ("trajectories", "calls", "turns", "errors", "crops", "crop_area", "over_length"), 0
+        )
         if hasattr(self.engine, "reset_stats"):
             self.engine.reset_stats()
 
@@ -103,20 +146,33 @@ class ToolRollout:
                 raise InputError(f"sample '{s.id}': tools are not supported on video rows yet (images only)")
         prompts = [build_prompt(s, e.processor, e.geometry, **e.prompt_kw, tools=self.schemas) for s in samples]
         params = replace(params, stop=[*params.stop, TOOL_CALL_END])
-        first = e.generate_prompts(samples, prompts, params)
+        reuse = self.reuse
+        first = e.generate_prompts(samples, prompts, params, **({"keep_kv": True} if reuse else {}))
         groups = [[self._start(g.sample, p, c) for c in g.completions] for g, p in zip(first, prompts)]
         flat = [t for group in groups for t in group]
+        for t, kv in zip(flat, e.last_kv if reuse else []):
+            t.kv = kv
         for turn in range(1, self.max_turns):
             going = [t for t in flat if t.pending is not None]
             if not going:
                 break
-            prompts_next = [self._respond(t) for t in going]
+            nexts = [(t, self._respond(t, params.max_new_tokens)) for t in going]
+            going, prompts_next = [t for t, p in nexts if p is not None], [p for _, p in nexts if p is not None]
+            if not going:
+                break
             seed = None if params.seed is None else params.seed + turn
-            outs = e.generate_prompts(
-                [t.sample for t in going], prompts_next, replace(params, completions_per_prompt=1, seed=seed)
-            )
+            one = replace(params, completions_per_prompt=1, seed=seed)
+            going_samples = [t.sample for t in going]
+            if reuse:
+                outs = e.continue_prompts(going_samples, prompts_next, [t.kv for t in going], one)
+                for t, kv in zip(going, e.last_kv):
+                    t.kv = kv
+            else:
+                outs = e.generate_prompts(going_samples, prompts_next, one)
             for t, out in zip(going, outs):
                 self._take(t, out.completions[0])
+        for t in flat:
+            t.kv = None  # the KV is the rollout's working memory only
         self._counts["trajectories"] += len(flat)
         return [
             RolloutGroup(g.sample, list(p.input_ids), [self._completion(t) for t in group], g.policy_version)
@@ -141,47 +197,62 @@ class ToolRollout:
         t.pending, t.finish_reason = (text if called else None), c.finish_reason
         self._counts["turns"] += 1
 
-    def _respond(self, t: Trajectory) -> PromptInputs:
-        """Run the pending call, append its tool-response turn (tool_mask 1) -> the prompt of the next turn."""
-        call = first_tool_call(t.pending or "")
+    def _respond(self, t: Trajectory, max_new_tokens: int) -> PromptInputs | None:
+        """Run the pending call, append its tool-response turn (tool_mask 1) -> the prompt of the next turn; None
+        (the trajectory ends, "max_total_length") when that prompt and one more turn could pass the length budget."""
+        text = t.pending or ""
+        call = first_tool_call(text)
+        if call is None:  # the turn stopped at a </tool_call> that closes no block
+            call = ToolCallError(f"{TOOL_CALL_END} without its opening tag; {EXPECTED_CALL}", text, 0, len(text))
         if not t.images:
             t.images = [load_image(i) for i in t.sample.images]
         result = run_tool(
             call, ToolContext(t.images, self.engine.prompt_kw["box_format"], self.engine.geometry), self.tools
         )
+        error, images = result.error, [i.convert("RGB") for i in result.images] if result.error is None else []
+        room = None if self.max_images is None else self.max_images - len(t.images)
+        if room is not None and len(images) > room:
+            error, images = (
+                f"Error: the tool returned {len(images)} image(s), but the conversation has room for {max(room, 0)} "
+                f"more (it holds {len(t.images)} of at most {self.max_images})",
+                [],
+            )
+        grids = [self.engine.geometry.grid_thw(i.height, i.width) for i in images]
+        words = error if error is not None else (result.text or "")
+        merge = self.engine.geometry.merge_size**2
+        blocks = "".join(VISION_START + IMAGE_PAD * (g[1] * g[2] // merge) + VISION_END for g in grids)
+        ids = self.engine.processor.tokenizer(
+            TOOL_RESPONSE.format(blocks + words) + t.prompt.opened, add_special_tokens=False
+        )["input_ids"]
         t.calls += 1
         self._counts["calls"] += 1
-        parts, blocks = [], []
-        for image in result.images if result.error is None else []:
-            image = image.convert("RGB")
+        t.pending = None
+        total = len(t.prompt.input_ids) + len(t.token_ids) + len(ids) + max_new_tokens
+        if self.max_total_length is not None and total > self.max_total_length:
+            t.finish_reason = "max_total_length"
+            self._counts["over_length"] += 1
+            return None
+        parts = []
+        for image, grid in zip(images, grids):
             png = io.BytesIO()
             image.save(png, format="PNG")
-            grid = self.engine.geometry.grid_thw(image.height, image.width)
-            blocks.append(
-                VISION_START + IMAGE_PAD * (grid[1] * grid[2] // self.engine.geometry.merge_size**2) + VISION_END
-            )
             parts.append({"type": "image", "image": len(t.crops)})
+            area = image.width * image.height / (t.images[0].width * t.images[0].height)
             t.images.append(image)
             t.crops.append(png.getvalue())
             t.grids.append(grid)
-            area = image.width * image.height / (t.images[0].width * t.images[0].height)
             t.crop_area += area
             self._counts["crops"] += 1
             self._counts["crop_area"] += area
-        words = result.error if result.error is not None else (result.text or "")
-        if result.error is not None:
+        if error is not None:
             t.errors += 1
             self._counts["errors"] += 1
         if words:
             parts.append({"type": "text", "text": words})
         t.turns.append({"role": "tool", "content": parts})
-        ids = self.engine.processor.tokenizer(
-            TOOL_RESPONSE.format("".join(blocks) + words) + t.prompt.opened, add_special_tokens=False
-        )["input_ids"]
         t.token_ids += ids
         t.tool_mask += [1] * len(ids)
         t.logprobs += [math.nan] * len(ids)
-        t.pending = None
         return continuation(t, self.engine.processor.tokenizer)
 
     def _completion(self, t: Trajectory) -> Completion:
@@ -191,7 +262,7 @@ class ToolRollout:
         return Completion(
             list(t.token_ids),
             text,
-            "max_turns" if t.pending is not None else t.finish_reason,
+            ("max_turns" if t.pending is not None else t.finish_reason),
             list(t.logprobs),
             tool_mask=list(t.tool_mask) if t.calls else None,
             images=list(t.crops),

@@ -22,9 +22,11 @@ from torch import Tensor
 from vlgrpo.config.schema import check_mm_limits
 from vlgrpo.data.images import ProcessorGeometry
 from vlgrpo.data.video import VideoSampling
-from vlgrpo.policy.prompt import build_prompt, forbidden_mask
+from vlgrpo.memory.from_config import total_length
+from vlgrpo.policy.prompt import PromptInputs, build_prompt, forbidden_mask
 from vlgrpo.rollout.adapters import AdapterVersions, engine_lora_kwargs
 from vlgrpo.rollout.base import Adapter, EngineCounters, SamplingParams, cut_at_stop
+from vlgrpo.rollout.turns import with_tool_images
 from vlgrpo.rollout.vllm_inputs import (  # noqa: F401 - build_request, engine_prompt_ids: the request API, re-exported
     MM_INPUTS,
     ONE_IMAGE,
@@ -161,6 +163,8 @@ class VLLMEngine(EngineCounters):
         self.lora_request = None
         """The policy's adapter as vLLM's LoRARequest, named by version (None: the base model is the policy)."""
         self._adapters = AdapterVersions(keep=max_loras + 1)  # vLLM has loaded the ones still in use
+        self.max_model_len: int | None = None
+        """The context vLLM was launched with (`launch` sets it): a multi-turn trajectory stays within it."""
         self.asleep: set[str] = set()
         """Sleep-mode allocations currently released (subset of SLEEP_TAGS)."""
         self.reset_stats()
@@ -211,12 +215,13 @@ class VLLMEngine(EngineCounters):
             seed=seed,
             disable_log_stats=False,
         )
-        llm = LLM(**{**args, **kwargs})
+        args = {**args, **kwargs}
+        llm = LLM(**args)
         config = llm.llm_engine.model_config  # Qwen2.5-VL keeps the flag on the top-level config
         tied = any(getattr(c, "tie_word_embeddings", False) for c in (config.hf_config, config.hf_text_config))
         vision = getattr(config.hf_config, "vision_config", None)
         maps = len(getattr(vision, "deepstack_visual_indexes", None) or ())  # Qwen3-VL's DeepStack
-        return cls(
+        engine = cls(
             llm,
             processor,
             vision_cache,
@@ -226,6 +231,8 @@ class VLLMEngine(EngineCounters):
             limit_mm_per_prompt=limits,
             **engine_kw,
         )
+        engine.max_model_len = int(args["max_model_len"])
+        return engine
 
     @classmethod
     def from_config(cls, cfg, lm, vision_cache, box_format: str) -> VLLMEngine:
@@ -244,11 +251,11 @@ class VLLMEngine(EngineCounters):
             mm_input=v.mm_input,
             gpu_memory_utilization=v.gpu_memory_utilization,
             tensor_parallel_size=v.tensor_parallel_size,
-            max_model_len=cfg.data.max_prompt_length + cfg.rollout.max_new_tokens,
+            max_model_len=total_length(cfg, ProcessorGeometry.from_processor(lm.processor)),
             enable_sleep_mode=colocate and v.enable_sleep_mode,
             seed=cfg.train.seed,
             llm_kwargs=llm_kwargs,
-            limit_mm_per_prompt=dict(v.limit_mm_per_prompt),
+            limit_mm_per_prompt=with_tool_images(dict(v.limit_mm_per_prompt), cfg.rollout.max_turns),
             video_sampling=VideoSampling.from_config(cfg.data.video),
             answer_format=cfg.data.answer_format,
             box_format=box_format,
@@ -269,11 +276,12 @@ class VLLMEngine(EngineCounters):
         engine_kwargs: dict | None = None,
         gpu_memory_utilization: float = 0.8,
         batch_prompts: int = 8,
+        max_turns: int = 1,
         **prompt_kw,
     ) -> VLLMEngine:
         """The greedy decoder of `vlgrpo eval --model --engine vllm`: vLLM on the checkpoint with our cached image
         and video features (`engine_kwargs` go to `vllm.LLM`; `limit_mm_per_prompt` there overrides the config's
-        default); context up to 4096 tokens or the model's maximum."""
+        default, raised by a crop per turn with `max_turns` > 1); context up to 4096 tokens or the model's maximum."""
         from vlgrpo.config.schema import VLLMConfig
 
         text = lm.model.config.get_text_config()
@@ -284,15 +292,23 @@ class VLLMEngine(EngineCounters):
             vision_cache,
             max_model_len=max_len,
             gpu_memory_utilization=gpu_memory_utilization,
-            limit_mm_per_prompt=VLLMConfig().limit_mm_per_prompt,
+            limit_mm_per_prompt=with_tool_images(VLLMConfig().limit_mm_per_prompt, max_turns),
             llm_kwargs={"dtype": dtype, **(engine_kwargs or {})},
             **prompt_kw,
         )
 
     def generate(self, samples: list[Sample], params: SamplingParams) -> list[RolloutGroup]:
+        prompts = [build_prompt(s, self.processor, self.geometry, **self.prompt_kw) for s in samples]
+        return self.generate_prompts(samples, prompts, params)
+
+    def generate_prompts(
+        self, samples: list[Sample], prompts: list[PromptInputs], params: SamplingParams
+    ) -> list[RolloutGroup]:
+        """`generate` from prompts built already: a multi-turn rollout's next turn continues a trajectory from its
+        token ids (never re-tokenised), its crops as images after the prompt's; prefix caching finds the earlier
+        turns' KV blocks (`prefix_cache_hit_tokens`)."""
         from vllm import SamplingParams as VLLMSamplingParams
 
-        prompts = [build_prompt(s, self.processor, self.geometry, **self.prompt_kw) for s in samples]
         for s, p in zip(samples, prompts):
             check_prompt_limits(s.id, p, self.limits)
         feats = self.features(self.cache, prompts) if self.mm_input == "embeds" else [None] * len(prompts)

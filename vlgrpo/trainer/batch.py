@@ -98,5 +98,7 @@ def attach_crops(batch: TrainBatch, groups: list[RolloutGroup], cache) -> None:
 
 
 def over_turn_mask(groups: list[RolloutGroup]) -> torch.Tensor:
-    """[B*G] bool: the trajectories still calling a tool when `rollout.max_turns` ended them."""
-    return torch.tensor([c.finish_reason == "max_turns" for g in groups for c in g.completions])
+    """[B*G] bool: the trajectories still calling a tool when `rollout.max_turns` or `rollout.max_total_length`
+    ended them."""
+    cut = ("max_turns", "max_total_length")
+    return torch.tensor([c.finish_reason in cut for g in groups for c in g.completions])
