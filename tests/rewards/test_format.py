@@ -99,3 +99,29 @@ def test_format_requires_answer_is_a_config_switch():
     assert off.format_requires_answer is False
     banana = "<think>t</think><answer>banana</answer>"
     assert score([banana], [ROWS["number"]], {"format": 1.0}, off).components["format"] == [1.0]
+
+
+CALL = '<tool_call>{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [1, 2, 30, 40]}}</tool_call>'
+
+
+@pytest.mark.parametrize(
+    "text, answer_format, expected",
+    [
+        (f"<think>look closer</think>{CALL}<think>it is red</think><answer>red</answer>", "think_answer", True),
+        (f"<think>a</think>{CALL}\n<think>b</think>{CALL}<think>c</think><answer>red</answer>", "think_answer", True),
+        (f"{CALL}<think>it is red</think><answer>red</answer>", "think_answer", False),  # the calling turn's think
+        (f"<think></think>{CALL}<think>r</think><answer>red</answer>", "think_answer", False),  # empty reasoning
+        (f"<think>a</think> so {CALL}<think>r</think><answer>red</answer>", "think_answer", False),  # text between
+        (f"<think>a</think><answer>x</answer>{CALL}<think>r</think><answer>red</answer>", "think_answer", False),
+        (f"<think>a</think>{CALL}", "think_answer", False),  # the trajectory never answered (the turn cap)
+        ("<think>a</think><tool_call> </tool_call><think>r</think><answer>red</answer>", "think_answer", False),
+        (f"{CALL}<answer>red</answer>", "answer", True),
+        (f"{CALL}{CALL}<answer>red</answer>", "answer", True),
+        (f"<think>a</think>{CALL}<answer>red</answer>", "answer", False),  # no think blocks in this format
+        (f"{CALL}<think>r</think><answer>red</answer>", "answer", False),
+    ],
+)
+def test_a_multi_turn_trajectory_has_the_format_when_each_turn_has_it(text, answer_format, expected):
+    """A trajectory's text is its turns one after another: each calling turn is (think and) one tool call, the last
+    turn the answer format; before, the whole text was read as one turn and every trajectory that called failed."""
+    assert format_ok(text, answer_format) is expected

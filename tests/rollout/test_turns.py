@@ -111,6 +111,22 @@ def test_a_close_tag_without_its_call_is_an_error_turn_not_a_crash(load, samples
     assert c.finish_reason == "stop" and tools.stats()["tools/errors"] == 1
 
 
+def test_a_crop_the_conversation_has_no_room_for_is_an_error_turn(load, samples):
+    """An engine's image limit (vLLM's limit_mm_per_prompt, `max_images`) full: the tool's image is not sent (the
+    engine would refuse the request) and the model reads why instead."""
+    model, processor = load("qwen2_5_vl", spread_by=0.1)
+    script = Scripted(processor.tokenizer, [CALL + "</tool_call>", ANSWER])
+    engine = HFEngine(model, processor, VisionCache(model, processor), box_format="plain", decode=script)
+    tools = ToolRollout(engine, ("zoom_in",), max_turns=3)
+    tools.max_images = 1  # the sample's own image fills it
+    (group,) = tools.generate(samples[:1], SamplingParams(completions_per_prompt=1, max_new_tokens=64))
+    c = group.completions[0]
+    assert c.images == [] and c.finish_reason == "stop" and tools.stats()["tools/errors"] == 1
+    assert c.turns[1]["content"] == [
+        {"type": "text", "text": "Error: the tool returned 1 image(s), but the conversation has room for 0 more"}
+    ]
+
+
 def test_the_length_budget_ends_a_trajectory_before_a_turn_that_could_pass_it(load, samples):
     """max_total_length: a call whose response and one more turn would not fit ends the trajectory
     ("max_total_length", counted; over-turn masking treats it as the turn cap), the crop never cut."""

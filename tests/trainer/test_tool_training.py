@@ -6,6 +6,7 @@ what multi-turn rollouts do not run with yet."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -16,6 +17,7 @@ from trainer_helpers import tiny_config
 
 from vlgrpo.config import ConfigError, load_config
 from vlgrpo.data.images import load_image
+from vlgrpo.evals.run import make_evaluator
 from vlgrpo.grpo.logprobs import token_logprobs
 from vlgrpo.policy.forward import completion_logits, completion_logprobs_and_entropy
 from vlgrpo.policy.prompt import forbidden_mask
@@ -113,8 +115,13 @@ def test_grpo_steps_with_the_zoom_tool_called(tmp_path, tiny_model_dir, shapes_d
         "rollout.max_new_tokens=48",
         "train.steps=2",
         "logging.trajectories_every=2",
+        f"data.val={shapes_dir / 'val.jsonl'}",
+        "eval.every_steps=2",
+        "eval.suites=[vqa]",
+        "eval.max_samples=2",
     )
     state = build_state(cfg, progress=False)
+    state.evaluator = make_evaluator(cfg)  # evaluated with the tools too (its own engine decodes: no call)
     try:
         tok = state.lm.processor.tokenizer
         turns = [[CALL.format(0, 0, 40, 40)], ["<answer>red</answer>", "<answer>blue</answer>"]]
@@ -129,6 +136,7 @@ def test_grpo_steps_with_the_zoom_tool_called(tmp_path, tiny_model_dir, shapes_d
         assert 0 < h["reward/total"] < 1 and h["train/grad_norm"] > 0 and h["train/loss"] == h["train/loss"]
         assert h["vision/hits"] > 0  # the crops, encoded in the rollout, are cache hits in the update
     assert sum(h["reward/tool"] for h in history) > 0  # a "red" gold answered "red" after the crop
+    assert history[-1]["eval/tools/turns"] == 1.0 and "eval/vqa/accuracy" in history[-1]
     # step 2's sample trajectories, readable: the conversation and its crop
     (first, *_) = [json.loads(line) for line in (tmp_path / "run" / "trajectories" / "step_2.jsonl").open()]
     assert [m["role"] for m in first["messages"]] == ["user", "assistant", "tool", "assistant"]
@@ -149,3 +157,53 @@ def test_grpo_steps_with_the_zoom_tool_called(tmp_path, tiny_model_dir, shapes_d
 def test_config_refuses(overrides, message):
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         load_config(None, overrides)
+
+
+@pytest.fixture(scope="module")
+def zoom_dir(tmp_path_factory):
+    from vlgrpo.data.synth import synth_dataset
+
+    out = tmp_path_factory.mktemp("zoom")
+    synth_dataset(out, 20, seed=0, image_size=112, kinds=("zoom",))
+    return out
+
+
+def test_sft_with_the_zoom_tool_trains_on_gold_trajectories(tmp_path, tiny_model_dir, zoom_dir):
+    """train.stage=sft with rollout.tools=[zoom_in]: a sample with a box becomes a gold trajectory: a call on its box
+    grown to a quarter of the image (the model's box convention: Qwen2.5-VL's pixels of the 224 px resized input),
+    the tool's own crop of the original image as the tool-response turn (tool_mask 1: out of the loss), the answer."""
+    from vlgrpo.trainer.sft import gold_group
+
+    cfg = tiny_config(
+        tiny_model_dir(),
+        zoom_dir,
+        tmp_path / "run",
+        "train.stage=sft",
+        "rollout.tools=[zoom_in]",
+        "rollout.max_turns=2",
+        "data.max_prompt_length=1500",
+    )
+    state = build_state(cfg, progress=False)
+    try:
+        sample = state.rows.draw(1)[0]
+        (x1, y1, x2, y2), side = sample.boxes[0], 448 // 4  # a 7 px shape in 448 px: the crop spans 112 px
+        cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
+        want = [round((cx - side / 2) / 2), round((cy - side / 2) / 2), round((cx + side / 2) / 2)]
+        want.append(round((cy + side / 2) / 2))  # /2: the original 448 px is resized to 224 px
+        c = gold_group(state, sample).completions[0]
+        call = json.loads(c.text.split("<tool_call>")[1].split("</tool_call>")[0])
+        assert call == {"name": "image_zoom_in_tool", "arguments": {"bbox_2d": want}}
+        assert c.text.endswith(f"<answer>{sample.answer}</answer>")
+        crop = Image.open(io.BytesIO(c.images[0]))
+        box = tuple(2 * v for v in want)  # the zoom tool maps the resized pixels back to the original's
+        assert crop.size == (112, 112)
+        assert crop.tobytes() == load_image(sample.image).convert("RGB").crop(box).tobytes()
+        tok = state.tokenizer
+        tool = [i for i, m in zip(c.token_ids, c.tool_mask) if m]
+        assert tok.decode(tool).count("<|image_pad|>") == 16 and "<tool_response>" in tok.decode(tool)
+        assert tok.decode([i for i, m in zip(c.token_ids, c.tool_mask) if not m]).endswith("<|im_end|>")
+        history = Trainer(state).train()
+    finally:
+        state.close()
+    assert all(h["train/loss"] > 0 and h["train/grad_norm"] > 0 for h in history)
+    assert history[-1]["vision/misses"] + history[-1]["vision/hits"] == 4  # 2 images and their 2 crops a step

@@ -308,9 +308,10 @@ def make_evaluator(cfg) -> Callable[[Any], dict[str, float]]:
     Selects its data now (`in_loop_eval_data`, gold answers checked with the run's reward context read from the
     config, no model loaded), so a suite without data stops `vlgrpo train` before step 1. Decodes through an HFEngine
     over `state.backend.model` with the run's vision cache, processor, box convention and answer format,
-    `eval.max_samples` per suite, `rollout.max_new_tokens` new tokens. Greedy decoding draws no random numbers; the
-    torch RNG state and the model's mode are restored anyway, so a run with in-loop eval trains exactly as one
-    without."""
+    `eval.max_samples` per suite, `rollout.max_new_tokens` new tokens; with rollout.tools the same multi-turn
+    rollouts as training (`eval/tools/*`: calls per sample, turns, errors, crop area). Greedy decoding draws no random
+    numbers; the torch RNG state and the model's mode are restored anyway, so a run with in-loop eval trains exactly
+    as one without."""
     data = in_loop_eval_data(cfg, settings_from_config(cfg)[1])
     held: dict[str, Any] = {}
 
@@ -331,7 +332,15 @@ def make_evaluator(cfg) -> Callable[[Any], dict[str, float]]:
                 e.batch_prompts,
                 VideoSampling.from_config(cfg.data.video),
             )
+            if cfg.rollout.tools:  # evaluated as it rolls out: the tools' schemas in the prompt, the same turns
+                from vlgrpo.memory.from_config import total_length
+                from vlgrpo.rollout.turns import ToolRollout
+
+                tools, turns = tuple(cfg.rollout.tools), cfg.rollout.max_turns
+                engine = held["engine"]
+                held["engine"] = ToolRollout(engine, tools, turns, total_length(cfg, engine.geometry))
             held["model"] = model
+        held["engine"].reset_stats()
         with _undisturbed(model):
             result = evaluate(
                 held["engine"],
@@ -342,6 +351,7 @@ def make_evaluator(cfg) -> Callable[[Any], dict[str, float]]:
                 max_new_tokens=cfg.rollout.max_new_tokens,
                 progress=False,
             )
-        return result.metrics
+        tools = {f"eval/{k}": v for k, v in held["engine"].stats().items() if k.startswith("tools/")}
+        return {**result.metrics, **tools}
 
     return evaluator

@@ -56,9 +56,35 @@ def answer_only_ok(text: str) -> bool:
 
 
 def format_ok(text: str, answer_format: str = "think_answer") -> bool:
-    """Whether the completion has the requested format: think_answer or answer (data.answer_format)."""
-    if answer_format == "think_answer":
-        return think_answer_ok(text)
+    """Whether the completion has the requested format: think_answer or answer (data.answer_format). A multi-turn
+    trajectory's text (its turns one after another, each but the last ending in a tool call) has it when every
+    calling turn does (`call_turn_ok`) and its last turn has the answer format."""
+    if answer_format not in ANSWER_FORMATS:
+        raise ValueError(f"answer format {answer_format!r} is not accepted; use one of: {', '.join(ANSWER_FORMATS)}")
+    *calls, last = text.split(CALL_CLOSE)
+    if not all(call_turn_ok(turn + CALL_CLOSE, answer_format) for turn in calls):
+        return False
+    return think_answer_ok(last) if answer_format == "think_answer" else answer_only_ok(last)
+
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+
+
+def call_turn_ok(turn: str, answer_format: str) -> bool:
+    """A turn that calls a tool: `<think>reasoning</think><tool_call>…</tool_call>` (think_answer; the answer-only
+    format: the call alone), the call block once and non-empty, no answer tags, whitespace only around. The call's
+    content is the tool's to judge: a malformed one comes back to the model as an error turn."""
+    s = turn.strip()
+    if not s.endswith(CALL_CLOSE) or s.count(CALL_OPEN) != 1 or ANSWER_OPEN in s or ANSWER_CLOSE in s:
+        return False
+    head, call = s[: s.find(CALL_OPEN)], s[s.find(CALL_OPEN) + len(CALL_OPEN) : -len(CALL_CLOSE)]
+    if not call.strip():
+        return False
     if answer_format == "answer":
-        return answer_only_ok(text)
-    raise ValueError(f"answer format {answer_format!r} is not accepted; use one of: {', '.join(ANSWER_FORMATS)}")
+        return not head.strip() and THINK_OPEN not in s
+    head = head.strip()
+    if not (head.startswith(THINK_OPEN) and head.endswith(THINK_CLOSE)) or not _one_each(
+        head, (THINK_OPEN, THINK_CLOSE)
+    ):
+        return False
+    return bool(head[len(THINK_OPEN) : -len(THINK_CLOSE)].strip())

@@ -209,21 +209,9 @@ class ToolRollout:
         result = run_tool(
             call, ToolContext(t.images, self.engine.prompt_kw["box_format"], self.engine.geometry), self.tools
         )
-        error, images = result.error, [i.convert("RGB") for i in result.images] if result.error is None else []
         room = None if self.max_images is None else self.max_images - len(t.images)
-        if room is not None and len(images) > room:
-            error, images = (
-                f"Error: the tool returned {len(images)} image(s), but the conversation has room for {max(room, 0)} "
-                f"more (it holds {len(t.images)} of at most {self.max_images})",
-                [],
-            )
-        grids = [self.engine.geometry.grid_thw(i.height, i.width) for i in images]
-        words = error if error is not None else (result.text or "")
-        merge = self.engine.geometry.merge_size**2
-        blocks = "".join(VISION_START + IMAGE_PAD * (g[1] * g[2] // merge) + VISION_END for g in grids)
-        ids = self.engine.processor.tokenizer(
-            TOOL_RESPONSE.format(blocks + words) + t.prompt.opened, add_special_tokens=False
-        )["input_ids"]
+        turn = response_turn(result, self.engine.geometry, self.engine.processor.tokenizer, t.prompt.opened, room)
+        images, grids, words, error, ids = turn.images, turn.grids, turn.words, turn.error, turn.ids
         t.calls += 1
         self._counts["calls"] += 1
         t.pending = None
@@ -234,12 +222,10 @@ class ToolRollout:
             return None
         parts = []
         for image, grid in zip(images, grids):
-            png = io.BytesIO()
-            image.save(png, format="PNG")
             parts.append({"type": "image", "image": len(t.crops)})
             area = image.width * image.height / (t.images[0].width * t.images[0].height)
             t.images.append(image)
-            t.crops.append(png.getvalue())
+            t.crops.append(png_bytes(image))
             t.grids.append(grid)
             t.crop_area += area
             self._counts["crops"] += 1
@@ -268,6 +254,44 @@ class ToolRollout:
             images=list(t.crops),
             turns=list(t.turns) if t.calls else [],
         )
+
+
+@dataclass
+class ResponseTurn:
+    """A tool's result as the tool-response turn the model reads next."""
+
+    ids: list[int]
+    """The turn's tokens: it closes the model's turn, carries the images' pads and the words, opens the next turn."""
+    images: list[Image.Image]
+    """The images that came back (RGB), in the order of their pad runs."""
+    grids: list[tuple[int, int, int]]
+    words: str
+    """The text part: the tool's text, or its error."""
+    error: str | None
+
+
+def response_turn(result, geometry, tokenizer, opened: str, room: int | None = None) -> ResponseTurn:
+    """`result` (a ToolResult) rendered as the tool-response turn (`TOOL_RESPONSE`), each image's pads counted from
+    its size as the processor resizes it, `opened` (what the prompt opened of a turn) after it. More images than
+    `room` (None: no bound) turn into an error text: the conversation could not hold them."""
+    error, images = result.error, [i.convert("RGB") for i in result.images] if result.error is None else []
+    if room is not None and len(images) > room:
+        error = (
+            f"Error: the tool returned {len(images)} image(s), but the conversation has room for {max(room, 0)} more"
+        )
+        images = []
+    grids = [geometry.grid_thw(i.height, i.width) for i in images]
+    words = error if error is not None else (result.text or "")
+    blocks = "".join(VISION_START + IMAGE_PAD * (g[1] * g[2] // geometry.merge_size**2) + VISION_END for g in grids)
+    ids = tokenizer(TOOL_RESPONSE.format(blocks + words) + opened, add_special_tokens=False)["input_ids"]
+    return ResponseTurn(ids, images, grids, words, error)
+
+
+def png_bytes(image: Image.Image) -> bytes:
+    """An image as PNG bytes: how a crop travels in a Completion and is keyed in the vision cache."""
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()
 
 
 def continuation(t: Trajectory, tokenizer) -> PromptInputs:

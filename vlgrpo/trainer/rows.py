@@ -37,11 +37,14 @@ class CheckedRows:
         box_format: str,
         skipped: list[DataError],
         source: str,
+        tools: list[dict] | None = None,
     ) -> None:
         self.data, self.processor, self.geometry, self.cfg, self.box_format = data, processor, geometry, cfg, box_format
         self.skipped = skipped
         self.source = source
         """The training file, as messages name it."""
+        self.tools = tools or []
+        """The tools' schemas the prompt carries (rollout.tools): counted in its length, as the model gets it."""
         self._prompts: dict[str, PromptInputs] = {}
         self._bad: dict[int, tuple[str, int | None]] = {}
         """{id(sample): (check, row)} of the rows found unusable when drawn (keyed by object: two rows may share an
@@ -61,6 +64,7 @@ class CheckedRows:
                 d.system_prompt,
                 VideoSampling.from_config(d.video),
                 d.thinking,
+                self.tools,
             )
         return self._prompts[sample.id]
 

@@ -33,6 +33,7 @@ from vlgrpo.rewards.judge import Judge
 from vlgrpo.rollout.adapters import adapter_sync
 from vlgrpo.rollout.base import RolloutEngine, SamplingParams, staleness
 from vlgrpo.rollout.split import SplitRollout, worker_gpu
+from vlgrpo.rollout.tools import tool_schemas
 from vlgrpo.rollout.turns import ToolRollout
 from vlgrpo.trainer import checkpoint
 from vlgrpo.trainer.backends import Backend, make_backend, max_over_ranks, rank_world
@@ -339,7 +340,10 @@ def _build(cfg: Config, run: Path, device: str, progress: bool | None, for_expor
         enabled=rank == 0 and not for_export,
     )
     data = SampleStream(loaded.samples[rank::world], cfg.train.seed, cfg.data.shuffle)
-    rows = CheckedRows(data, lm.processor, geometry, cfg.data, reward_ctx.box_format, loaded.errors, loaded.source)
+    schemas = tool_schemas(tuple(cfg.rollout.tools)) if cfg.rollout.tools else None
+    rows = CheckedRows(
+        data, lm.processor, geometry, cfg.data, reward_ctx.box_format, loaded.errors, loaded.source, schemas
+    )
     return RunState(
         cfg=cfg,
         run_dir=run,
