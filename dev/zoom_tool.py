@@ -5,7 +5,8 @@ twice with the same data, seeds and steps: without the tool (SFT on the answer, 
 held-out test split after SFT and after GRPO, with the tool where it trained with it: VQA accuracy, calls per sample,
 mean crop area (share of the image). Results and their reading: dev/LOG.md.
 
-Usage: OMP_NUM_THREADS=1 .venv/bin/python dev/zoom_tool.py OUT [--arms plain,tool] [--sft-steps 100] [--grpo-steps 80] [--grpo-prompts 8]
+Usage: OMP_NUM_THREADS=1 .venv/bin/python dev/zoom_tool.py OUT [--arms plain,tool] [--sft-steps 100]
+       [--grpo-steps 80] [--grpo-prompts 8]
 """
 
 from __future__ import annotations
