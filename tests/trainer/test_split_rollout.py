@@ -5,6 +5,7 @@ one version old when trained."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -68,6 +69,27 @@ def test_split_with_staleness_0_reproduces_the_colocated_run(tmp_path, tiny_mode
     assert sum(encoded) > 0 and [h["vision/images_encoded"] for h in split] == encoded
     assert [h["rollout/images_encoded"] for h in split] == [0.0] * 3
     assert [h["rollout/features_adopted"] for h in split] == encoded
+
+
+def test_split_with_the_zoom_tool_reproduces_the_colocated_run(tmp_path, tool_caller_dir, shapes_dir):
+    """rollout.tools in the split placement: the worker runs the multi-turn rollouts (the tools, the crops, the kept
+    KV) and returns trajectories whose crops the trainer encodes; with max_staleness=0 the run equals the colocated
+    one exactly, on the tiny model taught to call the tool (so trajectories call it and get crops back)."""
+    row = json.loads((shapes_dir / "train.jsonl").read_text().splitlines()[0])  # the row the model was taught on
+    row["image"] = str(shapes_dir / row["image"])
+    taught = tmp_path / "taught"
+    taught.mkdir()
+    (taught / "train.jsonl").write_text("".join(json.dumps({**row, "id": f"taught-{k}"}) + "\n" for k in range(8)))
+    tools = ("rollout.tools=[zoom_in]", "rollout.max_turns=3", "rollout.max_new_tokens=100", "train.steps=2")
+    run = (*tools, "rollout.temperature=0.5", "data.max_prompt_length=1500", "data.answer_format=think_answer")
+    colocated = _run(tmp_path, lambda: tool_caller_dir, taught, "colocated", *run)
+    split = _run(
+        tmp_path, lambda: tool_caller_dir, taught, "split", *run, "rollout.placement=split", "rollout.max_staleness=0"
+    )
+    keys = (*KEYS, "tools/calls_per_sample", "tools/turns", "tools/crop_area", "tools/errors", "rollout/prefill_tokens")
+    for a, b in zip(colocated, split, strict=True):
+        assert {k: a[k] for k in keys} == {k: b[k] for k in keys}, a["step"]
+    assert split[0]["tools/crop_area"] > 0  # crops came back (at temperature 0.5 the taught call holds)
 
 
 def test_split_with_staleness_1_overlaps_and_bounds_staleness(tmp_path, tiny_model_dir, shapes_dir):

@@ -150,8 +150,8 @@ def test_grpo_steps_with_the_zoom_tool_called(tmp_path, tiny_model_dir, shapes_d
     [
         (["rollout.tools=[zoom_in]"], "tools need turns to answer in"),
         (["rollout.max_turns=3"], "tools need turns to answer in"),
-        (["rollout.tools=[zoom_in]", "rollout.max_turns=3", "rollout.placement=split"], "rollout.placement=split"),
         (["rollout.tools=[zoom_in]", "rollout.max_turns=3", "model.freeze_vision=false"], "model.freeze_vision"),
+        (["rollout.tools=[zoom_in]", "rollout.max_turns=3", "model.freeze_merger=false"], "model.freeze_merger"),
     ],
 )
 def test_config_refuses(overrides, message):

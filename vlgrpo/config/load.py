@@ -345,8 +345,7 @@ def validate(cfg: Config) -> None:
 
 
 def _check_tools(cfg: Config) -> None:
-    """rollout.tools / max_turns: multi-turn rollouts run on a colocated engine (hf or vllm) with a frozen vision
-    tower."""
+    """rollout.tools / max_turns: multi-turn rollouts run on either engine and placement with a frozen vision tower."""
     r = cfg.rollout
     if r.max_turns < 1:
         raise ConfigError(f"config key 'rollout.max_turns' must be >= 1 (got {r.max_turns})")
@@ -355,13 +354,13 @@ def _check_tools(cfg: Config) -> None:
             f"rollout.tools={r.tools} with rollout.max_turns={r.max_turns}: tools need turns to answer in (max_turns "
             ">= 2), and more than one turn needs a tool to call (set both, e.g. tools: [zoom_in], max_turns: 5)"
         )
-    why = [
-        (r.placement != "colocate", f"rollout.placement={r.placement} (the colocated engine only so far)"),
-        (not cfg.model.freeze_vision, "model.freeze_vision=false (crops are encoded by the frozen tower's cache)"),
-    ]
-    for bad, reason in why:
-        if r.tools and bad:
-            raise ConfigError(f"rollout.tools does not run with {reason}")
+    m = cfg.model
+    if r.tools and cfg.train.backend != "lora" and not (m.freeze_vision and m.freeze_merger):
+        key = "model.freeze_vision" if not m.freeze_vision else "model.freeze_merger"
+        raise ConfigError(
+            f"rollout.tools does not run with {key}=false yet: the crops' features come from the vision cache, "
+            "without the gradient a trainable tower or merger needs (keep both frozen, or train with LoRA)"
+        )
 
 
 def _check_placement(cfg: Config) -> None:

@@ -151,8 +151,8 @@ class RolloutConfig:
     """Extra stop strings besides EOS."""
     tools: list[str] = field(default_factory=list)
     """Tools the policy may call (thinking with images): zoom_in (the crop comes back as a new image; the model calls
-    it image_zoom_in_tool), module:function or file.py:function. Needs max_turns >= 2 and a colocated engine (hf or
-    vllm)."""
+    it image_zoom_in_tool), module:function or file.py:function. Needs max_turns >= 2 and a frozen vision tower and
+    merger (or the LoRA backend)."""
     max_turns: int = 1
     """Turns a trajectory may take: each tool call and its response begin another (1: one-turn rollouts)."""
     over_turn_masking: bool = False

@@ -333,12 +333,9 @@ def make_evaluator(cfg) -> Callable[[Any], dict[str, float]]:
                 VideoSampling.from_config(cfg.data.video),
             )
             if cfg.rollout.tools:  # evaluated as it rolls out: the tools' schemas in the prompt, the same turns
-                from vlgrpo.memory.from_config import total_length
                 from vlgrpo.rollout.turns import ToolRollout
 
-                tools, turns = tuple(cfg.rollout.tools), cfg.rollout.max_turns
-                engine = held["engine"]
-                held["engine"] = ToolRollout(engine, tools, turns, total_length(cfg, engine.geometry))
+                held["engine"] = ToolRollout.from_config(cfg, held["engine"])
             held["model"] = model
         held["engine"].reset_stats()
         with _undisturbed(model):

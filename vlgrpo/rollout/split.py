@@ -214,6 +214,10 @@ def _serve(cfg, box_format: str, requests, results, device: str) -> None:
     trainable_vision = not (m.freeze_vision and m.freeze_merger)
     cache = VisionCache(lm.model, lm.processor, cfg.rollout.vision_cache_bytes, trainable=trainable_vision)
     engine = ENGINE.load(cfg.rollout.engine).from_config(cfg, lm, cache, box_format)
+    if cfg.rollout.tools:  # multi-turn rollouts, as colocated: the worker runs the tools and returns trajectories
+        from vlgrpo.rollout.turns import ToolRollout
+
+        engine = ToolRollout.from_config(cfg, engine)
     buffers = {name for name, _ in lm.model.named_buffers()}
     version, idle_since, idle = -1, time.perf_counter(), 0.0
     while True:

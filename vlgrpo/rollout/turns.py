@@ -5,8 +5,9 @@ model goes on, up to `max_turns` turns.
 `ToolRollout` wraps an engine that can continue prompts given as ids (`generate_prompts`: the HF and vLLM engines):
 the first turn is the engine's own grouped rollout; each later turn continues each trajectory from its whole token
 ids (never re-tokenised), its images the prompt's followed by its crops (each crop keyed by its pixels in the vision
-cache, so a region asked for again is a hit). vLLM's prefix caching finds the earlier turns' KV blocks; the HF engine
-prefills the continuation whole. A trajectory ends at `max_turns` turns ("max_turns") or where its next turn could
+cache, so a region asked for again is a hit). The HF engine keeps each trajectory's KV from turn to turn, so a turn
+prefills only the tool response and what follows it; vLLM's prefix caching finds the earlier turns' blocks. A
+trajectory ends at `max_turns` turns ("max_turns") or where its next turn could
 pass `max_total_length` tokens ("max_total_length"); both still hold a call the model made. A trajectory is one
 Completion: every token after the prompt, `tool_mask` 1 on the tokens the tool-response turns inserted (the model did
 not sample them), the crops' PNG bytes, and its turns as chat messages. Knows nothing of rewards or losses.
@@ -23,6 +24,7 @@ import torch
 from PIL import Image
 
 from vlgrpo.data.images import load_image
+from vlgrpo.memory.from_config import total_length
 from vlgrpo.policy.prompt import IMAGE_PAD, VISION_END, VISION_START, PromptInputs, build_prompt
 from vlgrpo.rollout.base import SamplingParams
 from vlgrpo.rollout.tools import (
@@ -103,6 +105,16 @@ class ToolRollout:
         """Images a conversation may hold (vLLM's limit_mm_per_prompt); None: no bound (HF)."""
         self.schemas = tool_schemas(self.tools)
         self.reset_stats()
+
+    @classmethod
+    def from_config(cls, cfg, engine) -> ToolRollout:
+        """A run's multi-turn rollouts over `engine` (colocated, or in the split placement's rollout worker):
+        rollout.tools, rollout.max_turns, the length budget `memory.from_config.total_length`."""
+        return cls(engine, tuple(cfg.rollout.tools), cfg.rollout.max_turns, total_length(cfg, engine.geometry))
+
+    @property
+    def holds_own_weights(self) -> bool:
+        return self.engine.holds_own_weights
 
     @property
     def reuse(self) -> bool:

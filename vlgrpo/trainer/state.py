@@ -23,7 +23,6 @@ from vlgrpo.data.adapters import load_samples, no_usable_row, skip_reason
 from vlgrpo.data.images import ProcessorGeometry
 from vlgrpo.data.prompts import check_system_prompt
 from vlgrpo.data.stream import SampleStream
-from vlgrpo.memory.from_config import total_length
 from vlgrpo.models import LoadedModel, load_model, placeholder_token_ids
 from vlgrpo.policy.prompt import forbidden_mask
 from vlgrpo.registry import ENGINE
@@ -173,9 +172,7 @@ def _engine(cfg: Config, lm: LoadedModel, cache: VisionCache, box_format: str):
     engine_class = ENGINE.load(cfg.rollout.engine)  # vlgrpo.registry.ENGINE: vllm is imported only when chosen
     engine = engine_class.from_config(cfg, lm, cache, box_format)
     if cfg.rollout.tools:  # multi-turn: each tool call answered in a turn of its own (rollout/turns.py)
-        engine = ToolRollout(
-            engine, tuple(cfg.rollout.tools), cfg.rollout.max_turns, total_length(cfg, engine.geometry)
-        )
+        engine = ToolRollout.from_config(cfg, engine)
     return engine, engine_class.holds_own_weights
 
 
