@@ -6,13 +6,14 @@ held-out test split after SFT and after GRPO, with the tool where it trained wit
 mean crop area (share of the image). Results and their reading: dev/LOG.md.
 
 Usage: OMP_NUM_THREADS=1 .venv/bin/python dev/zoom_tool.py OUT [--arms plain,tool] [--sft-steps 100]
-       [--grpo-steps 80] [--grpo-prompts 8]
+       [--grpo-steps 30] [--grpo-prompts 4] [--reuse-sft]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -48,13 +49,17 @@ def evaluate_arm(model_dir: Path, cfg, test: Path, s: DemoSettings, tools: bool)
     return out
 
 
-def run_arm(arm: str, out: Path, s: DemoSettings, model_dir: Path, test: Path) -> dict:
+def run_arm(arm: str, out: Path, s: DemoSettings, model_dir: Path, test: Path, reuse_sft: bool = False) -> dict:
+    """One arm: SFT (or its saved model with `reuse_sft`), eval, GRPO, eval."""
     extra = (*COMMON, *(TOOL if arm == "tool" else ()))
     t0, root = time.time(), out / arm
     sft = stage_config(s, out, "sft", model_dir, (*extra, f"train.output_dir={root / 'sft'}"))
-    run_training(sft)
-    export_run(root / "sft", root / "sft_model")
+    if not (reuse_sft and (root / "sft_model" / "config.json").is_file()):
+        run_training(sft)
+        export_run(root / "sft", root / "sft_model")
     before = evaluate_arm(root / "sft_model", sft, test, s, arm == "tool")
+    for stale in ("grpo", "grpo_model"):  # an earlier run's GRPO stage: this arm owns its directory
+        shutil.rmtree(root / stale, ignore_errors=True)
     grpo = stage_config(s, out, "grpo", root / "sft_model", (*extra, f"train.output_dir={root / 'grpo'}"))
     history = run_training(grpo)
     export_run(root / "grpo", root / "grpo_model")
@@ -70,10 +75,11 @@ def main() -> None:
     ap.add_argument("--arms", default="plain,tool")
     ap.add_argument("--samples", type=int, default=1500)
     ap.add_argument("--sft-steps", type=int, default=100)
-    ap.add_argument("--grpo-steps", type=int, default=80)
-    ap.add_argument("--grpo-prompts", type=int, default=8)
+    ap.add_argument("--grpo-steps", type=int, default=30)
+    ap.add_argument("--grpo-prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--reuse-sft", action="store_true", help="an arm's SFT model saved in OUT by an earlier run")
     args = ap.parse_args()
     s = DemoSettings(
         kinds=("zoom",),
@@ -88,9 +94,12 @@ def main() -> None:
         seed=args.seed,
     )
     out = Path(args.out)
-    model_dir, paths = build_model_and_data(s, out, resolve_base(s.base))
+    if args.reuse_sft and (out / "model" / "config.json").is_file():  # the same base and data as that run
+        model_dir, paths = out / "model", {k: out / "data" / f"{k}.jsonl" for k in ("train", "val", "test")}
+    else:
+        model_dir, paths = build_model_and_data(s, out, resolve_base(s.base))
     for arm in args.arms.split(","):
-        result = run_arm(arm, out, s, model_dir, paths["test"])
+        result = run_arm(arm, out, s, model_dir, paths["test"], args.reuse_sft)
         print(json.dumps(result, indent=1), flush=True)
         (out / f"{arm}.json").write_text(json.dumps(result, indent=1))
 

@@ -168,6 +168,9 @@ def test_rollout_kv_cache_hf_and_vllm_prefix_sharing():
     split = plan(replace(inp, engine="vllm", vllm_placement="split", num_gpus=8, rollout_gpus=2))
     assert split["counts"]["train_gpus"] == 6
     assert split["per_gpu"]["kv_cache"] == per_token * 3 * (3840 + 8 * 256)  # 6 ranks' prompts over 2 GPUs
+    # multi-turn on the HF engine: each trajectory's KV (its prompt's copy too) is kept from turn to turn
+    turns = plan(replace(inp, turn_kv=True))["per_gpu"]
+    assert turns["kv_cache"] == per_token * (3840 + 8 * (3840 + 256))
 
 
 def test_vllm_colocated_peak_takes_its_budget():

@@ -113,7 +113,7 @@ def test_grpo_steps_with_the_zoom_tool_called(tmp_path, tiny_model_dir, shapes_d
         "rollout.tools=[zoom_in]",
         "rollout.max_turns=3",
         "rollout.max_new_tokens=48",
-        "train.steps=2",
+        "train.steps=3",
         "logging.trajectories_every=2",
         f"data.val={shapes_dir / 'val.jsonl'}",
         "eval.every_steps=2",

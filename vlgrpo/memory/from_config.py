@@ -194,6 +194,7 @@ def plan_input_from_config(
         max_prompt_length=cfg.data.max_prompt_length,
         gradient_checkpointing=m.gradient_checkpointing,
         engine=r.engine,
+        turn_kv=r.engine == "hf" and r.max_turns > 1,
         vllm_gpu_memory_utilization=r.vllm.gpu_memory_utilization,
         vllm_placement=r.placement,
         rollout_gpus=r.vllm.rollout_gpus,

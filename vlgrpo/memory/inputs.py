@@ -67,6 +67,9 @@ class PlanInput:
     logits_chunk: int | None = None
     """Completion tokens whose logits are live at once in the log-prob pass (None: all of them)."""
     engine: str = "hf"
+    turn_kv: bool = False
+    """Multi-turn rollouts on the HF engine: each trajectory keeps its whole KV (its prompt's copy included) from turn
+    to turn, so a group holds G copies of the prompt's KV besides the shared one."""
     vllm_gpu_memory_utilization: float = 0.5
     vllm_placement: str = "colocate"
     rollout_gpus: int = 0

@@ -132,7 +132,8 @@ def logits_bytes(inp: PlanInput) -> int:
 def rollout_terms(inp: PlanInput, engine_params: int) -> dict[str, int]:
     """Engine weights and KV cache on one rollout GPU (HF: the policy's own weights). Both engines keep a group's
     prompt KV once: vLLM by prefix caching, the HF engine's decode reads one copy per prompt for its G rows and
-    preallocates each row's completion (`rollout.decode.SharedPrefixDecoder`)."""
+    preallocates each row's completion (`rollout.decode.SharedPrefixDecoder`); with multi-turn rollouts it keeps each
+    trajectory's whole KV between turns (`turn_kv`)."""
     s, prompt, c, g = inp.spec, prompt_tokens(inp), inp.completion_tokens, inp.completions_per_prompt
     prompts = inp.prompts_per_step
     if inp.engine == "vllm" and inp.vllm_placement == "split":  # vLLM GPUs serve every training rank's prompts
@@ -142,6 +143,8 @@ def rollout_terms(inp: PlanInput, engine_params: int) -> dict[str, int]:
     else:
         weights = 0
     tokens = prompts * (prompt + g * c)  # the prompt's KV is stored once per group
+    if inp.turn_kv:  # and again in each trajectory's KV, kept from turn to turn (`rollout.decode.TurnKV`)
+        tokens += prompts * g * prompt
     kv = 0 if s is None else kv_cache_bytes(s.attention_layers, s.kv_heads, s.head_dim, 1, tokens, inp.dtype_bytes)
     if s is not None and s.linear_layers:  # Gated DeltaNet: a fixed state per sequence (each row's and the prompt's)
         kv += prompts * (g + 1) * s.state_bytes_per_sequence(inp.dtype_bytes)
