@@ -14,15 +14,8 @@ from PIL import Image
 from vlgrpo.models import is_visual
 from vlgrpo.policy.prompt import build_prompt
 from vlgrpo.rollout.base import SamplingParams
-from vlgrpo.rollout.vllm import (
-    PLACEHOLDER_BIAS,
-    VLLMEngine,
-    build_request,
-    engine_prompt_ids,
-    request_seeds,
-    sampling_kwargs,
-    to_completions,
-)
+from vlgrpo.rollout.vllm import VLLMEngine, build_request, engine_prompt_ids
+from vlgrpo.rollout.vllm_sampling import PLACEHOLDER_BIAS, request_seeds, sampling_kwargs, to_completions
 from vlgrpo.rollout.vllm_weights import vllm_param_name
 from vlgrpo.vision_cache import VisionCache
 

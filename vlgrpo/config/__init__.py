@@ -1,10 +1,10 @@
-"""The whole run configuration: the dataclass tree (`schema`) and how it is loaded and validated (`load`).
+"""The whole run configuration: the dataclass tree (`schema`) and how it is loaded (`load`) and validated (`validate`).
 
 YAML files hold only what differs from the defaults; `a.b=c` overrides apply on top; `validate` explains every
 rejection (the key, the accepted values, why). Knows nothing of models or data.
 """
 
-from vlgrpo.config.load import field_docs, get_key, load_config, save_config, to_dict, validate
+from vlgrpo.config.load import field_docs, load_config, save_config, to_dict
 from vlgrpo.config.schema import (
     CHOICES,
     EVAL_SUITES,
@@ -23,6 +23,7 @@ from vlgrpo.config.schema import (
     VLLMConfig,
     Zero3Config,
 )
+from vlgrpo.config.validate import get_key, validate
 
 __all__ = [
     "CHOICES",

@@ -1,5 +1,6 @@
 """The configuration schema: one tree of nested dataclasses with attribute docstrings, and the accepted values of
-every choice key. Pure data: loading, overrides and validation live in `vlgrpo.config.load`.
+every choice key. Pure data: loading and overrides live in `vlgrpo.config.load`, validation in
+`vlgrpo.config.validate`.
 """
 
 from __future__ import annotations
