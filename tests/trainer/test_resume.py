@@ -132,9 +132,11 @@ def _kill_when_held(proc: subprocess.Popen, run_dir, k: int, ranks: int) -> None
     torchrun starts each rank in a session (process group) of its own: killing the launcher's group alone leaves the
     ranks running on, writing checkpoints and metrics next to the resumed run. Every group of the tree is killed."""
     deadline = time.time() + 300
+    metrics = Path(run_dir) / "metrics.jsonl"
     while time.time() < deadline and proc.poll() is None:
-        if [p.name for p in checkpoint_dirs(run_dir)][-1:] == [f"step_{k}"]:
-            break
+        logged = len(metrics.read_text().splitlines()) if metrics.exists() else 0
+        if [p.name for p in checkpoint_dirs(run_dir)][-1:] == [f"step_{k}"] and logged >= k:  # held: row K written
+            break  # (checkpoint K alone came too early: a kill before step K's row lost it, metrics [1, 3, 4])
         time.sleep(0.05)
     assert proc.poll() is None, "the run ended before it could be killed: " + proc.stderr.read().decode()[-2000:]
     assert [p.name for p in checkpoint_dirs(run_dir)][-1:] == [f"step_{k}"], "checkpoint K never appeared"
