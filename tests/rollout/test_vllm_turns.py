@@ -21,26 +21,27 @@ ENGINE_KWARGS = {"dtype": "float32", "enforce_eager": True, "block_size": 32}
 
 
 def test_greedy_trajectories_equal_the_hf_engines(tool_caller_dir, samples):
+    caller = tool_caller_dir
     from vlgrpo.rollout.vllm import VLLMEngine
 
-    lm = load_model(tool_caller_dir)
+    lm = load_model(caller)
     model, processor = lm.model.eval(), lm.processor
     greedy = SamplingParams(completions_per_prompt=2, temperature=0, max_new_tokens=100)
     hf = ToolRollout(HFEngine(model, processor, VisionCache(model, processor), box_format="plain"), ("zoom_in",), 3)
     want = hf.generate(samples[:3], greedy)
-    # the engine `vlgrpo eval --engine vllm --tools zoom_in --max-turns 3` builds: room for a crop per turn
-    engine = VLLMEngine.for_eval(
-        lm,
-        VisionCache(model, processor),
-        dtype="float32",
-        engine_kwargs={k: v for k, v in ENGINE_KWARGS.items() if k != "dtype"},
-        gpu_memory_utilization=0.5,
-        max_turns=3,
+    cache = VisionCache(model, processor)
+    engine = VLLMEngine.launch(
+        caller,
+        processor,
+        cache,
         box_format="plain",
+        max_model_len=2048,
+        gpu_memory_utilization=0.5,
+        llm_kwargs=ENGINE_KWARGS,
+        limit_mm_per_prompt=with_tool_images({"image": 1, "video": 0}, 3),
     )
-    assert engine.limits == with_tool_images({"image": 4, "video": 1}, 3) == {"image": 6, "video": 1}
     tools = ToolRollout(engine, ("zoom_in",), 3)
-    assert tools.max_total_length == engine.max_model_len > 1000  # vLLM's context bounds the trajectories
+    assert tools.max_total_length == 2048  # vLLM's context bounds the trajectories
     engine.reset_stats()
     got = tools.generate(samples[:3], greedy)
     stats = tools.stats()
