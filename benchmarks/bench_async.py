@@ -17,8 +17,8 @@ The defaults are the configuration of docs/scaling-out.md: 2 prompts x 8 complet
 so that the rollout is about half of a one-thread synchronous step, at half the demo's GRPO learning rate.
 Time nothing else on the machine while it runs (it needs both cores). `--from-scratch --modes sync1,split --repeats 1
 --grpo-steps 400 --prompts 16 --max-new-tokens 24` compares held-out accuracy only on the earlier from-scratch demo
-(`demo.from_scratch()`, colour questions): accuracy does not depend on timing, since the split run's staleness pattern
-is fixed by max_staleness.
+(`demo.run.from_scratch()`, colour questions): accuracy does not depend on timing, since the split run's staleness
+pattern is fixed by max_staleness.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from vlgrpo.demo import (
+from vlgrpo.demo.run import (
     DemoSettings,
     build_model_and_data,
     evaluate_model,
@@ -114,7 +114,7 @@ def main() -> None:
     ap.add_argument(
         "--from-scratch",
         action="store_true",
-        help="the earlier demo: a random tiny model, colour questions (demo.from_scratch())",
+        help="the earlier demo: a random tiny model, colour questions (demo.run.from_scratch())",
     )
     ap.add_argument("--grpo-steps", type=int, default=40)
     ap.add_argument("--sft-steps", type=int, help="default: the demo's")

@@ -1,6 +1,6 @@
 """The demo's five-seed table (docs/demo-seeds.md, the table of record and its experiment log): each seed's summary
 after SFT and after GRPO, the means, and the research targets the demo was tuned against. Research tooling: run by
-dev/demo_seeds.sh; the product's demo report is vlgrpo/demo_report.py.
+dev/demo_seeds.sh; the product's demo report is vlgrpo/demo/report.py.
 """
 
 from __future__ import annotations

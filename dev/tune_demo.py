@@ -17,7 +17,7 @@ import json
 import time
 from pathlib import Path
 
-from vlgrpo.demo import (
+from vlgrpo.demo.run import (
     DemoSettings,
     build_model_and_data,
     evaluate_model,

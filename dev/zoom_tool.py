@@ -17,7 +17,7 @@ import shutil
 import time
 from pathlib import Path
 
-from vlgrpo.demo import DemoSettings, build_model_and_data, resolve_base, stage_config
+from vlgrpo.demo.run import DemoSettings, build_model_and_data, resolve_base, stage_config
 from vlgrpo.trainer import run_training
 from vlgrpo.trainer.export import export_run
 

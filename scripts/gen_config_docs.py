@@ -17,7 +17,7 @@ from pathlib import Path
 
 from vlgrpo.config import CHOICES, EVAL_SUITES, Config, field_docs
 from vlgrpo.config.schema import RENAMED_KEYS
-from vlgrpo.registry import REGISTRIES
+from vlgrpo.registry import REGISTRIES, TOOL
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
@@ -85,6 +85,8 @@ def render() -> str:
                 accepted = ", ".join(CHOICES[key]) if key in CHOICES else ""
                 if key == "eval.suites":
                     accepted = "list of " + ", ".join(EVAL_SUITES)
+                if key == "rollout.tools":
+                    accepted = "list of " + ", ".join(TOOL.names) + ", module:function"
                 lines.append(
                     f"| `{key}` | {_cell(str(f.type))} | `{_value(value)}` | {accepted} | "
                     f"{_cell(docs.get(f.name, ''))} |"

@@ -217,7 +217,7 @@ def _mean(rows: list[dict], key: str) -> float | None:
 
 def demo_run(backend: str, model_dir: Path, data_dir: Path, work: Path, sz: Sizes) -> dict:
     """`demo_steps` GRPO steps of the demo task (its prompts, G, lengths, lr, beta and reward recipe)."""
-    from vlgrpo.demo import from_scratch
+    from vlgrpo.demo.run import from_scratch
 
     d = from_scratch()
     B, G = sz.demo_prompts, sz.demo_completions
@@ -319,7 +319,7 @@ def compare(measured: int, planned: int, tolerance: float = TOLERANCE) -> tuple[
 def build_inputs(work: Path, sz: Sizes, device: str, arch: str = "qwen2_5_vl") -> dict[str, Path]:
     """The demo's tiny `arch` model and data, and the ~2 B one (random init on `device`, saved in the run dtype)."""
     from vlgrpo.data.synth import synth_dataset
-    from vlgrpo.demo import from_scratch
+    from vlgrpo.demo.run import from_scratch
     from vlgrpo.tiny import TinySpec, init_tiny
 
     d = from_scratch()

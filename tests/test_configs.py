@@ -379,7 +379,7 @@ def test_guides_name_only_real_config_keys_and_cli_flags(doc):
     import re
     import shlex
 
-    from vlgrpo.cli import build_parser
+    from vlgrpo.cli.main import build_parser
 
     text = (ROOT / "docs" / doc).read_text()
     section = r"(?<![\w./-])((?:model|data|rollout|reward|grpo|train|eval|logging)\.[a-z_][a-z0-9_.]*[a-z0-9_])"

@@ -44,7 +44,7 @@ def test_demo_runs_every_stage_from_the_shipped_base_and_writes_a_checkable_summ
             assert summary[f"{stage}_accuracy_{kind}"] == summary[stage][f"eval/vqa/accuracy_task_shapes/{kind}"]
     assert summary["steps"] == {"sft": 3, "grpo": 2} and summary["collapse_window"] == 2
     # the shipped base is what the demo starts from (copied, not rebuilt): its weights are byte-identical
-    from vlgrpo.demo import BASES
+    from vlgrpo.demo.run import BASES
 
     assert (out / "model" / "model.safetensors").read_bytes() == (
         BASES / "shapes-tiny-qwen2_5_vl" / "model.safetensors"
@@ -103,7 +103,7 @@ def test_compare_and_motion_kinds_select_vqa_and_write_two_image_and_video_rows(
     """`vlgrpo demo --from-scratch --kinds compare,motion` without training: its settings, the stage configs (the VQA
     suite, frames at the image size), and the data it writes (two images a compare row, a frame list a motion row),
     read back as training reads it; the random model's merger is calibrated on every image and frame."""
-    import vlgrpo.demo as demo
+    import vlgrpo.demo.run as demo
     from vlgrpo.data.adapters import load_samples
     from vlgrpo.data.images import DEFAULT_GEOMETRY
     from vlgrpo.data.video import VideoSampling

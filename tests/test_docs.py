@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from vlgrpo.cli import build_parser
+from vlgrpo.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from vlgrpo.cli import build_parser
+from vlgrpo.cli.main import build_parser
 from vlgrpo.config import CHOICES, EVAL_SUITES, load_config
 from vlgrpo.registry import (
     BACKEND,
@@ -20,6 +20,7 @@ from vlgrpo.registry import (
     MODEL_ARCH,
     POPE_PARSER,
     REGISTRIES,
+    TOOL,
     Option,
     Registry,
 )
@@ -39,12 +40,16 @@ def test_every_option_imports_and_is_what_it_names(registry):
             assert obj.name == option.name
         if registry in (BACKEND,):
             assert obj.name == option.name
+        if registry is TOOL:  # a Tool, which the model may call by another name
+            assert option.name in (obj.name, *obj.aliases)
 
 
 def test_config_choices_are_the_registries_names():
     for key, registry in BY_KEY.items():
         if key == EVAL_SUITE.key:
             assert EVAL_SUITES == registry.names
+        elif key == TOOL.key:  # a list of names, each one of these or a user function: validate checks each
+            assert key not in CHOICES
         else:
             assert CHOICES[key] == registry.names
 

@@ -8,7 +8,7 @@ import torch
 
 from vlgrpo.policy.forward import collate_groups, completion_logprobs
 from vlgrpo.policy.prompt import IMAGE_PAD, build_prompt, forbidden_mask, vocab_size
-from vlgrpo.rollout.tools import tool_schemas
+from vlgrpo.rollout.tools.table import tool_schemas
 from vlgrpo.types import Completion, RolloutGroup
 from vlgrpo.vision_cache import VisionCache
 

@@ -1,13 +1,16 @@
-"""What each supported model family shares with its relatives, in one table: the layers below `vlgrpo.models`
-(rewards, data, preflight, the planner) read a family's conventions here instead of comparing arch names.
+"""What each supported model family shares with its relatives, in one table: its transformers classes (named, imported
+on use), its processor's released geometry, its box convention, its video conventions and which layers it has. Every
+other module reads a family's facts here instead of comparing arch names; adding a family is a row here and the code
+that truly differs (its tiny config, its parameter formulas).
 
 Qwen3.5 is natively multimodal with Qwen3-VL's vision tower (16 px patches, merge 2, no DeepStack), Qwen3-VL's
 bbox_2d on 0-1000 and its timestamped video prompts; its text model is hybrid (Gated DeltaNet linear attention in
-three of every four layers). Imports nothing of vlgrpo: every layer may read it.
+three of every four layers). Imports nothing of vlgrpo, nor torch or transformers: every layer may read it.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -15,42 +18,114 @@ from dataclasses import dataclass
 class Family:
     """The conventions of one `model.arch`."""
 
+    model_class: str
+    """Its transformers model class (`vlgrpo.models` loads it)."""
+    processor_class: str
+    """Its released processor's transformers class (Qwen3.5 ships Qwen3-VL's)."""
+    config_class: str
+    """Its transformers config class (`vlgrpo.tiny` builds one)."""
     box_format: str
     """The box convention its completions write (`reward.box_format` auto)."""
     patch_size: int
     """The vision tower's patch side in pixels (a merged token covers 2 x 2 patches)."""
+    min_pixels: int
+    """Its released processors' smallest image area (preprocessor_config.json `size.shortest_edge`)."""
+    max_pixels: int
+    """Its released processors' largest image area (`size.longest_edge`)."""
     video_timestamps: bool
     """Its processor writes a timestamp before each video frame group (Qwen3-VL's `<t seconds>`)."""
     video_seconds: bool = False
     """Its M-RoPE spaces a video's temporal positions by seconds (Qwen2.5-VL's `second_per_grid_ts`); Qwen2-VL numbers
     them by patch, Qwen3-VL and Qwen3.5 write the times as text."""
+    qwen3: bool = False
+    """Qwen3 attention (no q/k/v biases, an RMSNorm over each head's queries and keys; head_dim stated, 128 by default)
+    and Qwen3-VL's tower (a patch-embedding bias, learned position embeddings)."""
+    vision_swiglu: bool = False
+    """Its ViT blocks use RMSNorm and a SwiGLU MLP (Qwen2.5-VL); the others LayerNorm and a GELU MLP."""
+    deepstack: bool = False
+    """Its tower feeds DeepStack maps to early language layers, each through its own merger (Qwen3-VL)."""
+    gated_attention: bool = False
+    """Its full attention gates its output (`q_proj` emits each head's query and gate: Qwen3.5)."""
     hybrid_attention: bool = False
     """Linear-attention (Gated DeltaNet) layers beside full attention: a recurrent state per sequence instead of KV,
-    which the transformers cache carries and packing must reset per row."""
+    which the transformers cache carries and packing must reset per row (`is_gated_deltanet` tells the layers)."""
     thinking_template: bool = False
     """The released chat template opens `<think>` in the generation prompt when thinking is on (`data.thinking`)."""
 
 
+_QWEN2_PIXELS = dict(patch_size=14, min_pixels=56 * 56, max_pixels=16384 * 28 * 28)  # one token per 28 x 28 px
+_QWEN3_PIXELS = dict(patch_size=16, min_pixels=64 * 32 * 32, max_pixels=16384 * 32 * 32)  # one token per 32 x 32 px
+
 FAMILIES: dict[str, Family] = {
-    "qwen2_vl": Family(box_format="qwen2", patch_size=14, video_timestamps=False),
-    "qwen2_5_vl": Family(box_format="qwen2_5", patch_size=14, video_timestamps=False, video_seconds=True),
-    "qwen3_vl": Family(box_format="qwen3", patch_size=16, video_timestamps=True),
+    "qwen2_vl": Family(
+        model_class="Qwen2VLForConditionalGeneration",
+        processor_class="Qwen2VLProcessor",
+        config_class="Qwen2VLConfig",
+        box_format="qwen2",
+        **_QWEN2_PIXELS,
+        video_timestamps=False,
+    ),
+    "qwen2_5_vl": Family(
+        model_class="Qwen2_5_VLForConditionalGeneration",
+        processor_class="Qwen2_5_VLProcessor",
+        config_class="Qwen2_5_VLConfig",
+        box_format="qwen2_5",
+        **_QWEN2_PIXELS,
+        video_timestamps=False,
+        video_seconds=True,
+        vision_swiglu=True,
+    ),
+    "qwen3_vl": Family(
+        model_class="Qwen3VLForConditionalGeneration",
+        processor_class="Qwen3VLProcessor",
+        config_class="Qwen3VLConfig",
+        box_format="qwen3",
+        **_QWEN3_PIXELS,
+        video_timestamps=True,
+        qwen3=True,
+        deepstack=True,
+    ),
     "qwen3_5": Family(
-        box_format="qwen3", patch_size=16, video_timestamps=True, hybrid_attention=True, thinking_template=True
+        model_class="Qwen3_5ForConditionalGeneration",
+        processor_class="Qwen3VLProcessor",  # its released processor is Qwen3-VL's
+        config_class="Qwen3_5Config",
+        box_format="qwen3",
+        **_QWEN3_PIXELS,
+        video_timestamps=True,
+        qwen3=True,
+        gated_attention=True,
+        hybrid_attention=True,
+        thinking_template=True,
     ),
 }
+"""Released pixel bounds (preprocessor_config.json): Qwen2-VL / Qwen2.5-VL 3,136 .. 12,845,056 px (qwen-vl-utils'
+MIN_PIXELS / MAX_PIXELS; transformers' Qwen2VLImageProcessor class defaults to 1,003,520 instead, which no released
+checkpoint uses), Qwen3-VL and Qwen3.5 65,536 .. 16,777,216 px."""
 
 REFUSED: dict[str, str] = {
-    "qwen3_vl_moe": "a Qwen3-VL mixture-of-experts model, which vlgrpo does not train (model.arch qwen3_vl is the "
-    "dense family: Qwen3-VL 2B, 4B, 8B, 32B)",
+    "qwen3_vl_moe": "a Qwen3-VL mixture-of-experts model (30B-A3B, 235B-A22B), which vlgrpo does not train "
+    "(model.arch qwen3_vl is the dense Qwen3-VL 2B, 4B, 8B and 32B)",
     "qwen3_5_moe": "a Qwen3.5 mixture-of-experts model (35B-A3B, 122B-A10B, 397B-A17B), which vlgrpo does not train "
-    "(model.arch qwen3_5 is the dense family: Qwen3.5 0.8B, 2B, 4B, 9B, 27B)",
+    "(model.arch qwen3_5 is the dense Qwen3.5 0.8B, 2B, 4B, 9B and 27B)",
 }
-"""Model types vlgrpo names and refuses, with why and what to use instead."""
+"""Model types vlgrpo names and refuses, with why and what to use instead (each `<dense arch>_moe`)."""
+
+_MOE_NAME = re.compile(r"_a\d+b(?:_|$)|_moe(?:_|$)")
+"""A mixture-of-experts checkpoint's name, normalised: qwen3_5_35b_a3b, qwen3_vl_30b_a3b_instruct."""
+
+PROCESSOR_ARCH = {f.processor_class: arch for arch, f in reversed(FAMILIES.items())}
+"""The family of each Qwen processor class: the first family that ships it (Qwen3.5 ships Qwen3-VL's, whose video and
+image conventions it shares)."""
+
+GATED_DELTANET = "linear_attention"
+"""A Gated DeltaNet layer's entry in a hybrid text config's `layer_types` (the others are "full_attention")."""
 
 
-PROCESSOR_ARCH = {"Qwen2VLProcessor": "qwen2_vl", "Qwen2_5_VLProcessor": "qwen2_5_vl", "Qwen3VLProcessor": "qwen3_vl"}
-"""The family of each Qwen processor class; Qwen3.5 ships Qwen3-VL's, whose video and image conventions it shares."""
+def is_gated_deltanet(layer) -> bool:
+    """A text decoder layer whose token mixer is Gated DeltaNet linear attention (Qwen3.5's `linear_attn`) rather than
+    attention, given as the layer module or as its `layer_types` entry: the one test the planner, the linear-attention
+    passes and ZeRO-3 share."""
+    return layer == GATED_DELTANET if isinstance(layer, str) else hasattr(layer, "linear_attn")
 
 
 def family_of(obj) -> Family:
@@ -72,3 +147,12 @@ def family(arch: str) -> Family:
         why = f" ({REFUSED[arch]})" if arch in REFUSED else ""
         raise ValueError(f"model arch {arch!r}{why} is not supported; accepted: {', '.join(FAMILIES)}")
     return FAMILIES[arch]
+
+
+def refused_by_name(name: str) -> str | None:
+    """The refused model type a hub id or model name names (Qwen/Qwen3.5-35B-A3B -> qwen3_5_moe, qwen3-vl-30b-a3b ->
+    qwen3_vl_moe), else None: a mixture-of-experts name that contains its dense family's arch."""
+    low = name.lower().replace(".", "_").replace("-", "_")  # Qwen/Qwen3.5-35B-A3B -> qwen/qwen3_5_35b_a3b
+    if not _MOE_NAME.search(low):
+        return None
+    return next((t for t in REFUSED if t.removesuffix("_moe") in low), None)

@@ -1,15 +1,14 @@
 """Load a Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 policy and its processor through one function.
 
-What a real checkpoint needs: the supported archs (`ArchSpec`, `ARCHS`), telling a checkpoint's arch, loading its
-processor and model, the vision placeholders a policy must never sample, eval mode and parameter counts. The tiny
-local model (tests, demo) is built in `vlgrpo.tiny` and loads through this same path as a 7B checkpoint. Knows
-nothing of training, rollout, rewards or the tiny model.
+What a real checkpoint needs: the supported archs (`ARCHS`; their classes are named in `vlgrpo.families`), telling a
+checkpoint's arch, loading its processor and model, the vision placeholders a policy must never sample, eval mode and
+parameter counts. The tiny local model (tests, demo) is built in `vlgrpo.tiny` and loads through this same path as a
+7B checkpoint. Knows nothing of training, rollout, rewards or the tiny model.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,32 +16,19 @@ from pathlib import Path
 import torch
 
 from vlgrpo.data.prompts import VISION_PLACEHOLDERS
-from vlgrpo.families import REFUSED, family
+from vlgrpo.families import FAMILIES, REFUSED, family, refused_by_name
 from vlgrpo.registry import MODEL_ARCH
 from vlgrpo.types import InputError
 
 ARCHS = tuple(name for name in MODEL_ARCH.names if name != "auto")
-_MOE_NAME = re.compile(r"_a\d+b(?:_|$)|_moe(?:_|$)")
-"""A hub id naming a mixture-of-experts checkpoint: Qwen3.5-35B-A3B, Qwen3-VL-30B-A3B-Instruct."""
 
-
-@dataclass(frozen=True)
-class ArchSpec:
-    """A supported model family: its transformers model and processor classes (named, imported on use).
-
-    The rest of the pipeline reads what differs from the model itself: the vision tower's DeepStack maps from its
-    output (`vision_cache`), the patch size from the processor (`ProcessorGeometry`), `get_rope_index` and the
-    attention's q/k norms from the modules (`policy.forward`, `policy.text_decoder`); the box convention is
-    `rewards.boxes.ARCH_BOX_FORMAT`."""
-
-    model_class: str
-    processor_class: str
-
-
-QWEN2_VL = ArchSpec("Qwen2VLForConditionalGeneration", "Qwen2VLProcessor")
-QWEN2_5_VL = ArchSpec("Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor")
-QWEN3_VL = ArchSpec("Qwen3VLForConditionalGeneration", "Qwen3VLProcessor")
-QWEN3_5 = ArchSpec("Qwen3_5ForConditionalGeneration", "Qwen3VLProcessor")  # its released processor is Qwen3-VL's
+# What the registry's model.arch lines load (vlgrpo.registry.MODEL_ARCH): each arch's row of the family table, which
+# names its transformers model and processor classes. The rest of the pipeline reads what differs from the model
+# itself (DeepStack maps, `get_rope_index`, q/k norms) or from the same table (box convention, geometry, video).
+QWEN2_VL = FAMILIES["qwen2_vl"]
+QWEN2_5_VL = FAMILIES["qwen2_5_vl"]
+QWEN3_VL = FAMILIES["qwen3_vl"]
+QWEN3_5 = FAMILIES["qwen3_5"]
 
 
 class ModelLoadError(InputError):
@@ -69,9 +55,9 @@ def detect_arch(name_or_path: str) -> str:
         raise ModelLoadError(f"{cfg}: model_type '{model_type}'{why} is not supported; accepted: {', '.join(ARCHS)}")
     low = name_or_path.lower().replace(".", "_").replace("-", "_")
     named = [arch for arch in ARCHS if arch in low]  # Qwen/Qwen2.5-VL-7B-Instruct -> qwen/qwen2_5_vl_7b_instruct
-    moe = [t for t in REFUSED if t.split("_moe")[0] in named and _MOE_NAME.search(low)]  # Qwen/Qwen3.5-35B-A3B
+    moe = refused_by_name(name_or_path)  # Qwen/Qwen3.5-35B-A3B
     if moe:
-        raise ModelLoadError(f"'{name_or_path}' names {REFUSED[moe[0]]}")
+        raise ModelLoadError(f"'{name_or_path}' names {REFUSED[moe]}")
     if len(named) == 1:
         return named[0]
     raise ModelLoadError(
@@ -84,8 +70,8 @@ def arch_classes(arch: str):
     """The transformers (model class, processor class) of a registered arch (vlgrpo.registry.MODEL_ARCH)."""
     import transformers as tf
 
-    spec = MODEL_ARCH.load(arch)
-    return getattr(tf, spec.model_class), getattr(tf, spec.processor_class)
+    row = MODEL_ARCH.load(arch)  # its vlgrpo.families.Family
+    return getattr(tf, row.model_class), getattr(tf, row.processor_class)
 
 
 def load_processor(name_or_path: str, arch: str = "auto", min_pixels: int | None = None, max_pixels: int | None = None):

@@ -86,8 +86,19 @@ BACKEND = Registry(
 ENGINE = Registry(
     "rollout.engine",
     Option("hf", "vlgrpo.rollout.hf:HFEngine", "transformers generate on the training model (no weight sync)"),
-    Option("vllm", "vlgrpo.rollout.vllm:VLLMEngine", "vLLM with prefix caching; weights synced after each update"),
+    Option(
+        "vllm", "vlgrpo.rollout.vllm.engine:VLLMEngine", "vLLM with prefix caching; weights synced after each update"
+    ),
 )
+TOOL = Registry(
+    "rollout.tools",
+    Option(
+        "zoom_in",
+        "vlgrpo.rollout.tools.zoom:ZOOM_IN",
+        "the region of an image inside a box comes back as a new image (the model calls it image_zoom_in_tool)",
+    ),
+)
+"""A list key: each name one of these or a user function, module:function or path/to/file.py:function."""
 ADVANTAGE = Registry(
     "grpo.advantage",
     Option("group", "vlgrpo.grpo.advantages:group_advantages", "(r - group mean) / (group std + eps): GRPO"),
@@ -160,29 +171,29 @@ EVAL_SUITE = Registry(
     "eval.suites",
     Option(
         "pope",
-        "vlgrpo.evals.pope_suite:SUITE",
+        "vlgrpo.evals.pope.suite:SUITE",
         "POPE yes/no object probes: accuracy, precision, recall, F1, yes-ratio per split",
     ),
     Option("grounding", "vlgrpo.evals.grounding:SUITE", "referring-expression boxes: Acc@0.5, Acc@0.75, mIoU"),
     Option("vqa", "vlgrpo.evals.vqa:SUITE", "verifiable answers (number, choice, yes/no, text, math): accuracy"),
     Option(
         "mathvista",
-        "vlgrpo.evals.reasoning_suite:MATHVISTA",
+        "vlgrpo.evals.reasoning.suite:MATHVISTA",
         "MathVista (testmini) by its own normalisation: accuracy overall, per task and skill",
     ),
     Option(
         "geometry3k",
-        "vlgrpo.evals.reasoning_suite:GEOMETRY3K",
+        "vlgrpo.evals.reasoning.suite:GEOMETRY3K",
         "Geometry3K (EasyR1's copy) by math_verify equivalence: accuracy",
     ),
     Option(
         "superclevr",
-        "vlgrpo.evals.reasoning_suite:SUPERCLEVR",
+        "vlgrpo.evals.reasoning.suite:SUPERCLEVR",
         "SuperCLEVR counting (R1-V's 200-question test file) by exact count: accuracy",
     ),
     Option(
         "mmmu",
-        "vlgrpo.evals.reasoning_suite:MMMU",
+        "vlgrpo.evals.reasoning.suite:MMMU",
         "MMMU (val) by its option-letter and open-answer parsing: "
         "accuracy overall, per discipline and subject (single-image rows)",
     ),
@@ -196,20 +207,21 @@ EVAL_SUITE = Registry(
 POPE_PARSER = Registry(
     "eval.pope_parser",
     Option(
-        "pope", "vlgrpo.evals.pope_score:parse_pope", "the original POPE rule (no iff No/not/no in the first sentence)"
+        "pope", "vlgrpo.evals.pope.score:parse_pope", "the original POPE rule (no iff No/not/no in the first sentence)"
     ),
     Option(
         "vlmevalkit",
-        "vlgrpo.evals.pope_score:parse_vlmevalkit",
+        "vlgrpo.evals.pope.score:parse_vlmevalkit",
         "VLMEvalKit's YOrN_Extraction (yes xor no, else unknown)",
     ),
-    Option("strict", "vlgrpo.evals.pope_score:parse_strict", "exactly yes or no, else unknown"),
+    Option("strict", "vlgrpo.evals.pope.score:parse_strict", "exactly yes or no, else unknown"),
 )
 
 REGISTRIES = (
     MODEL_ARCH,
     BACKEND,
     ENGINE,
+    TOOL,
     ADVANTAGE,
     RATIO,
     AGGREGATION,

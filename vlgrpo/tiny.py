@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from vlgrpo.data.prompts import SPECIAL_TOKENS
+from vlgrpo.families import GATED_DELTANET, family
 from vlgrpo.models import ARCHS, ModelLoadError, arch_classes, load_model
 from vlgrpo.types import InputError
 
@@ -148,17 +149,18 @@ def _mrope_section(arch: str, half: int) -> list[int]:
 
 
 def _vision_config(arch: str, spec: TinySpec) -> dict:
-    if arch in ("qwen3_vl", "qwen3_5"):  # Qwen3.5: Qwen3-VL's tower without DeepStack
+    fam = family(arch)
+    if fam.qwen3:  # Qwen3.5: Qwen3-VL's tower without DeepStack
         tower = dict(
             depth=spec.vision_depth,
             hidden_size=spec.vision_hidden,
             intermediate_size=spec.vision_intermediate,
             num_heads=spec.vision_heads,
             out_hidden_size=spec.hidden_size,
-            patch_size=16,
+            patch_size=fam.patch_size,
             num_position_embeddings=256,
         )
-        if arch == "qwen3_5":
+        if not fam.deepstack:
             return tower
         bad = [i for i in spec.deepstack_visual_indexes if not 0 <= i < spec.vision_depth]
         if bad:
@@ -190,10 +192,11 @@ def tiny_config(arch: str, spec: TinySpec, tokenizer):
     """The transformers config of a tiny `arch` (qwen2_vl, qwen2_5_vl, qwen3_vl or qwen3_5) sized by `spec`."""
     import transformers as tf
 
+    fam = family(arch)
     head_dim = spec.attention_head_dim(arch)
     rotary = head_dim // 4 if arch == "qwen3_5" else head_dim  # Qwen3.5 rotates a quarter of each head
     rope = {"rope_type": "default", "rope_theta": spec.rope_theta, "mrope_section": _mrope_section(arch, rotary // 2)}
-    if arch in ("qwen3_vl", "qwen3_5"):
+    if fam.qwen3:
         rope["mrope_interleaved"] = True  # as the released config.json says; transformers always interleaves
     if arch == "qwen3_5":
         rope["partial_rotary_factor"] = 0.25
@@ -211,26 +214,20 @@ def tiny_config(arch: str, spec: TinySpec, tokenizer):
         eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|endoftext|>"],
     )
-    if arch in ("qwen3_vl", "qwen3_5"):
+    if fam.qwen3:
         text["head_dim"] = head_dim  # Qwen3 states it (default 128), Qwen2 derives it from the hidden size
-    if arch == "qwen3_5":
+    if fam.hybrid_attention:
         text.update(
             linear_num_key_heads=spec.linear_num_key_heads,
             linear_num_value_heads=spec.linear_num_value_heads,
             linear_key_head_dim=spec.linear_key_head_dim,
             linear_value_head_dim=spec.linear_value_head_dim,
             layer_types=[
-                "full_attention" if (i + 1) % spec.full_attention_interval == 0 else "linear_attention"
+                "full_attention" if (i + 1) % spec.full_attention_interval == 0 else GATED_DELTANET
                 for i in range(spec.num_layers)
             ],
         )
-    cfg_cls = {
-        "qwen3_5": tf.Qwen3_5Config,
-        "qwen3_vl": tf.Qwen3VLConfig,
-        "qwen2_5_vl": tf.Qwen2_5_VLConfig,
-        "qwen2_vl": tf.Qwen2VLConfig,
-    }[arch]
-    return cfg_cls(
+    return getattr(tf, fam.config_class)(
         text_config=text,
         vision_config=_vision_config(arch, spec),
         image_token_id=ids["<|image_pad|>"],
@@ -247,9 +244,12 @@ def tiny_processors(arch: str, spec: TinySpec) -> tuple:
     CLIP's mean/std."""
     import transformers as tf
 
+    fam = family(arch)
     size = {"shortest_edge": spec.min_pixels, "longest_edge": spec.max_pixels}
-    if arch in ("qwen3_vl", "qwen3_5"):
-        image = tf.Qwen2VLImageProcessor(size=size, patch_size=16, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    if fam.qwen3:
+        image = tf.Qwen2VLImageProcessor(
+            size=size, patch_size=fam.patch_size, image_mean=[0.5] * 3, image_std=[0.5] * 3
+        )
         return image, tf.Qwen3VLVideoProcessor()
     return tf.Qwen2VLImageProcessor(size=size), tf.Qwen2VLVideoProcessor()
 
@@ -272,7 +272,7 @@ def init_tiny(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tiny_tokenizer(out, spec.vocab_size)
-    template = QWEN3_5_CHAT_TEMPLATE if arch == "qwen3_5" else CHAT_TEMPLATE
+    template = QWEN3_5_CHAT_TEMPLATE if family(arch).thinking_template else CHAT_TEMPLATE
     tokenizer.chat_template = template
     image_processor, video_processor = tiny_processors(arch, spec)
     model_cls, processor_cls = arch_classes(arch)

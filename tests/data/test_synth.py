@@ -202,7 +202,7 @@ def test_the_default_kinds_write_byte_for_byte_what_they_wrote_before_zoom(tmp_p
 def test_the_demo_selects_the_zoom_kind(tmp_path, monkeypatch):
     """`vlgrpo demo --kinds count,zoom` hands the kinds to the data synthesis; zoom is scored by the VQA suite and adds
     no POPE of its own; the default demo keeps its four kinds."""
-    import vlgrpo.demo as demo
+    import vlgrpo.demo.run as demo
 
     seen = []
     monkeypatch.setattr(demo, "run_demo", lambda out, settings: seen.append(settings))

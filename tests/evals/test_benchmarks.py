@@ -6,7 +6,9 @@ from PIL import Image
 
 from vlgrpo.data.schema import DataError
 from vlgrpo.evals import benchmarks
-from vlgrpo.evals.benchmarks import load_manifest, load_pope, load_refcoco
+from vlgrpo.evals.benchmarks import load_manifest, load_refcoco
+from vlgrpo.evals.pope import files as pope_files
+from vlgrpo.evals.pope.files import load_pope
 
 
 def _image(path, size=(64, 48)):
@@ -255,7 +257,7 @@ def test_refcoco_saved_hf_dataset_in_lmms_lab_layout(tmp_path):
 @pytest.mark.parametrize("name", ["pope_coco", "refcoco"])
 def test_manifests_name_real_loaders_and_splits(name):
     manifest = load_manifest(name)
-    assert callable(getattr(benchmarks, manifest["loader"]))
+    assert callable(getattr(pope_files if name == "pope_coco" else benchmarks, manifest["loader"]))
     assert manifest["splits"] and manifest["prepare"]
     if name == "pope_coco":
         files = manifest["sources"]["questions"]["files"]

@@ -32,8 +32,8 @@ from types import SimpleNamespace
 from oracles import easyr1_official, mmmu_official, r1v_official
 from oracles import mathvista_official as mathvista
 
-from vlgrpo.evals.reasoning import load_geometry3k, load_mathvista, load_mmmu, load_superclevr
-from vlgrpo.evals.reasoning_suite import GEOMETRY3K, MATHVISTA, MMMU, SUPERCLEVR
+from vlgrpo.evals.reasoning.loaders import load_geometry3k, load_mathvista, load_mmmu, load_superclevr
+from vlgrpo.evals.reasoning.suite import GEOMETRY3K, MATHVISTA, MMMU, SUPERCLEVR
 from vlgrpo.rewards import RewardContext
 from vlgrpo.types import Completion
 

@@ -6,7 +6,7 @@ import pytest
 
 from vlgrpo.cli import main
 from vlgrpo.data.schema import DataError
-from vlgrpo.evals.pope_build import (
+from vlgrpo.evals.pope.build import (
     SPLITS,
     ImageObjects,
     build_pope,
@@ -14,7 +14,7 @@ from vlgrpo.evals.pope_build import (
     read_object_lists,
     write_pope,
 )
-from vlgrpo.evals.pope_score import (
+from vlgrpo.evals.pope.score import (
     parse_answer,
     pope_metrics,
     read_predictions,

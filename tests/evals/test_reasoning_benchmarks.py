@@ -23,9 +23,11 @@ from reasoning_files import (
 )
 
 from vlgrpo.data.schema import DataError
-from vlgrpo.evals import reasoning, reasoning_io
 from vlgrpo.evals.benchmarks import load_manifest
-from vlgrpo.evals.reasoning import (
+from vlgrpo.evals.reasoning import files as reasoning_io
+from vlgrpo.evals.reasoning import loaders as reasoning
+from vlgrpo.evals.reasoning.files import benchmark_of
+from vlgrpo.evals.reasoning.loaders import (
     load_benchmark,
     load_geometry3k,
     load_mathvista,
@@ -33,7 +35,7 @@ from vlgrpo.evals.reasoning import (
     load_superclevr,
     mathvista_query,
 )
-from vlgrpo.evals.reasoning_io import benchmark_of, published_benchmark
+from vlgrpo.evals.source import resolve_source
 from vlgrpo.registry import EVAL_SUITE
 from vlgrpo.types import InputError
 
@@ -175,7 +177,7 @@ def test_mmmu_rows_with_one_or_several_images(tmp_path):
 
 
 def test_mmmu_placement_by_hand():
-    from vlgrpo.evals.reasoning import _mmmu_images
+    from vlgrpo.evals.reasoning.loaders import _mmmu_images
 
     row = {"image_1": "a.png", "image_2": "b.png", "image_3": "c.png"}
     images, q = _mmmu_images(row, "Is <image 3> like <image 1>? (A) <image 3> (B) no", "f", 1)
@@ -247,7 +249,8 @@ def test_detection_leaves_other_files_alone(tmp_path, shapes_dir):
     (tmp_path / "broken.json").write_text("{not json")
     assert benchmark_of(tmp_path / "broken.json") is None
     g = geometry3k_file(tmp_path / "g")
-    assert published_benchmark(g) == "geometry3k" and published_benchmark(g, "easyr1") is None
-    assert published_benchmark(g, "r1v") == "geometry3k"
+    kind = lambda preset: resolve_source(g, preset=preset).kind  # noqa: E731
+    assert kind("none") == "benchmark" and kind("easyr1") == "rows"  # a preset that reads the shape keeps it as rows
+    assert kind("r1v") == "benchmark"
     with pytest.raises(InputError, match="not a file of mathvista, geometry3k, superclevr, mmmu"):
         load_benchmark(shapes_dir / "test.jsonl")

@@ -10,15 +10,15 @@ import pytest
 from reasoning_files import geometry3k_file, mathvista_file, mmmu_folder, superclevr_file
 
 from vlgrpo.cli import main
-from vlgrpo.evals.reasoning import load_mathvista
-from vlgrpo.evals.reasoning_score import (
+from vlgrpo.evals.reasoning.loaders import load_mathvista
+from vlgrpo.evals.reasoning.score import (
     edit_distance,
     mathvista_normalize,
     mmmu_choice,
     mmmu_open_correct,
     mmmu_open_predictions,
 )
-from vlgrpo.evals.reasoning_suite import judge_mathvista, judge_superclevr
+from vlgrpo.evals.reasoning.suite import judge_mathvista, judge_superclevr
 from vlgrpo.evals.run import build_eval_data, evaluate, write_outputs
 from vlgrpo.rewards import RewardContext
 from vlgrpo.types import Completion, RolloutGroup, Sample

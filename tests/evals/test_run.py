@@ -13,8 +13,9 @@ from vlgrpo.cli import main
 from vlgrpo.config import Config, load_config
 from vlgrpo.data.adapters import load_samples
 from vlgrpo.data.images import ProcessorGeometry
-from vlgrpo.evals.pope_build import build_pope, objects_from_samples, write_pope
+from vlgrpo.evals.pope.build import build_pope, objects_from_samples, write_pope
 from vlgrpo.evals.run import EvalData, build_eval_data, evaluate, make_evaluator, write_outputs
+from vlgrpo.evals.suite import PopeOptions
 from vlgrpo.rewards import RewardContext
 from vlgrpo.types import Completion, InputError, RolloutGroup, Sample
 
@@ -125,7 +126,7 @@ def test_eval_data_from_one_dataset(shapes_dir):
     eligible = sum(len(set(s.objects)) >= 3 for s in samples)
     assert len(data.pope) == 6 * eligible and {s.task for s in data.pope} == {"pope/random"}
     assert sum(s.answer == "yes" for s in data.pope) == 3 * eligible
-    capped = build_eval_data(test, ["pope", "vqa"], max_samples=2, pope_splits=("random", "adversarial"))
+    capped = build_eval_data(test, ["pope", "vqa"], max_samples=2, pope=PopeOptions(splits=("random", "adversarial")))
     assert len(capped.vqa) == 2 and not capped.grounding
     assert [s.task for s in capped.pope] == ["pope/random"] * 6 + ["pope/adversarial"] * 6  # whole images
 
@@ -135,14 +136,16 @@ def test_eval_data_from_a_pope_file_and_errors(tmp_path, shapes_dir):
     paths = write_pope(build_pope(objects_from_samples(samples), 4), tmp_path / "pope", "shapes")
     data = build_eval_data(paths["popular"], "pope", max_samples=4)
     assert [s.id for s in data.pope] == [f"pope-popular-{i}" for i in (1, 2, 3, 4)]
-    mixed = build_eval_data(shapes_dir / "test.jsonl", "pope,vqa", pope_data=paths["random"], pope_splits=("random",))
+    mixed = build_eval_data(
+        shapes_dir / "test.jsonl", "pope,vqa", pope=PopeOptions(data=paths["random"], splits=("random",))
+    )
     assert len(mixed.pope) == 24 and mixed.vqa
     with pytest.raises(InputError, match="suite 'grounding' has nothing to run on"):
         build_eval_data(paths["random"], "grounding")
     with pytest.raises(InputError, match="accepted; use a comma list of pope, grounding, vqa"):
         build_eval_data(shapes_dir / "test.jsonl", "pope,chat")
     with pytest.raises(InputError, match="none of the .* images has >= 9 distinct objects"):
-        build_eval_data(shapes_dir / "test.jsonl", "pope", pope_min_objects=9)
+        build_eval_data(shapes_dir / "test.jsonl", "pope", pope=PopeOptions(min_objects=9))
 
 
 @pytest.fixture(scope="module")
@@ -357,7 +360,7 @@ def test_eval_data_from_a_saved_datasetdict_picks_a_test_split_or_the_one_asked(
     another (it used to read `train`, and fail on a dict without one); an unknown split names the ones there."""
     import datasets
 
-    from vlgrpo.evals.run import eval_split
+    from vlgrpo.evals.source import resolve_source, rows_split
 
     def rows(split):
         out = [json.loads(line) for line in (shapes_dir / f"{split}.jsonl").read_text().splitlines()]
@@ -370,10 +373,10 @@ def test_eval_data_from_a_saved_datasetdict_picks_a_test_split_or_the_one_asked(
         {"train": datasets.Dataset.from_list(rows("train")), "test": datasets.Dataset.from_list(rows("test"))}
     ).save_to_disk(str(saved))
     test_ids = {json.loads(line)["id"] for line in (shapes_dir / "test.jsonl").read_text().splitlines()}
-    assert eval_split(saved) == "test" and eval_split(saved, "train") == "train" and eval_split(shapes_dir) == "train"
+    assert rows_split(saved) == "test" and rows_split(saved, "train") == "train" and rows_split(shapes_dir) is None
     picked = build_eval_data(saved, "vqa")
     assert {s.id for s in picked.by_suite["vqa"]} <= test_ids and picked.by_suite["vqa"]
-    train = build_eval_data(saved, "vqa", split="train")
+    train = build_eval_data(resolve_source(saved, split="train"), "vqa")
     assert not {s.id for s in train.by_suite["vqa"]} & test_ids
     with pytest.raises(Exception, match="has no split 'val'; splits: train, test"):
-        build_eval_data(saved, "vqa", split="val")
+        build_eval_data(resolve_source(saved, split="val"), "vqa")

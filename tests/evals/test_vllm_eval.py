@@ -60,3 +60,39 @@ def test_vllm_eval_writes_the_hf_engines_predictions_and_metrics(
     assert len({p["completion"] for p in hf}) > 5
     m_hf, m_vl = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("hf", "vllm"))
     assert m_vl["metrics"] == m_hf["metrics"] and m_vl["info"]["engine"] == "vllm"
+
+
+def test_vllm_eval_with_the_zoom_tool_writes_the_hf_engines_trajectories(tool_caller_dir, shapes_dir, tmp_path):
+    """`vlgrpo eval --engine vllm --tools zoom_in` runs (it was refused at the command line): the tiny model taught
+    to call the tool gives, through vLLM's multi-turn rollouts, the HF engine's conversations, crops and metrics."""
+    common = [
+        "eval",
+        "--model",
+        tool_caller_dir,
+        "--suite",
+        "vqa",
+        "--data",
+        str(shapes_dir / "train.jsonl"),
+        "--max-samples",
+        "3",
+        "--max-new-tokens",
+        "100",
+        "--box-format",
+        "plain",
+        "--tools",
+        "zoom_in",
+        "--max-turns",
+        "3",
+        "--no-progress",
+    ]
+    assert main([*common, "--out", str(tmp_path / "hf")]) == 0
+    kwargs = '{"enforce_eager": true, "block_size": 32}'
+    assert main([*common, "--out", str(tmp_path / "vllm"), "--engine", "vllm", "--engine-kwargs", kwargs]) == 0
+    hf, vl = (
+        [json.loads(x) for x in (tmp_path / d / "predictions.jsonl").read_text().splitlines()] for d in ("hf", "vllm")
+    )
+    assert [p["completion"] for p in vl] == [p["completion"] for p in hf]
+    assert [p.get("messages") for p in vl] == [p.get("messages") for p in hf]
+    m_hf, m_vl = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("hf", "vllm"))
+    assert m_vl["metrics"] == m_hf["metrics"] and m_vl["info"]["tools"]["tools"] == ["zoom_in"]
+    assert m_hf["info"]["tools"]["tools/calls_per_sample"] > 0  # the tool was called and its crop came back

@@ -13,8 +13,8 @@ from test_reasoning_scoring import ScriptedEngine
 
 from vlgrpo.cli import main
 from vlgrpo.data.schema import DataError
-from vlgrpo.evals.reasoning import load_benchmark, load_vstar, vstar_rotation
-from vlgrpo.evals.reasoning_io import benchmark_of
+from vlgrpo.evals.reasoning.files import benchmark_of
+from vlgrpo.evals.reasoning.loaders import load_benchmark, load_vstar, vstar_rotation
 from vlgrpo.evals.run import build_eval_data, evaluate, write_outputs
 from vlgrpo.evals.vstar import vstar_choice
 from vlgrpo.rewards import RewardContext
@@ -160,13 +160,16 @@ def test_accuracy_by_category_with_a_scripted_engine(tmp_path):
     assert "| direct_attributes | 3 | 0.6667 |" in report
 
 
-def test_the_suite_reads_the_folder_itself_and_has_nothing_to_say_about_other_data(tmp_path):
+def test_the_suite_reads_the_folder_and_has_nothing_to_say_about_other_data(tmp_path):
+    from vlgrpo.evals.source import resolve_source
     from vlgrpo.evals.suite import Selection, load_suite
 
     suite = load_suite("vstar")
-    root = vstar_folder(tmp_path / "v")
-    assert len(suite.select(Selection(str(root), [], max_samples=2))) == 2  # the first two, direct_attributes
-    assert suite.select(Selection(str(tmp_path), [])) == []
+    root = resolve_source(str(vstar_folder(tmp_path / "v")))
+    assert (root.kind, root.benchmark) == ("benchmark", "vstar")
+    assert len(suite.select(Selection(root, root.load(), max_samples=2))) == 2  # the first two, direct_attributes
+    other = resolve_source(str(tmp_path))
+    assert suite.select(Selection(other, [])) == []
     assert suite.score([], [], RewardContext(), "pope") == ({}, {"": 0}, [])
 
 

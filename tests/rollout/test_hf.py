@@ -233,12 +233,13 @@ def test_a_runs_engine_decodes_the_steps_prompts_as_one_batch(load):
     from types import SimpleNamespace
 
     from vlgrpo.config import load_config
+    from vlgrpo.policy.prompt import PromptSettings
+    from vlgrpo.rollout.build import build_engine
 
     model, processor = load("qwen2_5_vl")
     cfg = load_config(None, ["train.prompts_per_step=12", "data.answer_format=answer"])
-    engine = HFEngine.from_config(
-        cfg, SimpleNamespace(model=model, processor=processor), VisionCache(model, processor), "qwen2_5"
-    )
+    lm, prompt = SimpleNamespace(model=model, processor=processor), PromptSettings.from_config(cfg, "qwen2_5")
+    engine = build_engine("hf", lm, VisionCache(model, processor), prompt, run=cfg)
     assert engine.batch_prompts == 12 and engine.prompt_kw["answer_format"] == "answer"
 
 

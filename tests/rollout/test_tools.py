@@ -12,20 +12,12 @@ import pytest
 from PIL import Image, ImageDraw
 
 from vlgrpo.data.images import DEFAULT_GEOMETRY, ProcessorGeometry
-from vlgrpo.rollout.tools import (
-    EXPECTED_CALL,
-    ToolCall,
-    ToolCallError,
-    ToolContext,
-    ToolError,
-    ToolResult,
-    first_tool_call,
-    parse_tool_calls,
-    resolve_tool,
-    run_tool,
-    tool_schemas,
-)
-from vlgrpo.rollout.zoom import ZoomError, crop_box, zoom
+from vlgrpo.registry import TOOL
+from vlgrpo.rollout.tools.calls import EXPECTED_CALL, ToolCall, ToolCallError, first_tool_call, parse_tool_calls
+from vlgrpo.rollout.tools.context import ToolContext, ToolError, ToolResult
+from vlgrpo.rollout.tools.table import resolve_tool, run_tool, tool_schemas
+from vlgrpo.rollout.tools.zoom import ZOOM_IN, ZoomError, crop_box, zoom
+from vlgrpo.types import Sample
 
 SIZE = (1000, 500)
 RED, WHITE = (255, 0, 0), (255, 255, 255)
@@ -238,6 +230,7 @@ def describe(arguments, context):
     return f"{len(context.images)} images, first {context.original_size}, asked {arguments['what']}"
 
 describe.SCHEMA = {"type": "object", "properties": {"what": {"type": "string"}}, "required": ["what"]}
+describe.GOLD = lambda sample, context: {"what": sample.id} if sample.answer else None
 
 def flip(arguments, context):
     """Mirror the original image left to right."""
@@ -318,3 +311,30 @@ def test_a_bad_tool_list_is_a_config_error(user_file, tmp_path):
         tool_schemas(["zoom_in", f"{user_file}:zoom_in"])
     with pytest.raises(ValueError, match="box format 'auto' is not accepted; use one of: qwen2, qwen2_5"):
         ToolContext([scene()], box_format="auto")
+
+
+def test_the_built_in_tools_are_the_registrys():
+    assert resolve_tool("zoom_in") is TOOL.load("zoom_in") is ZOOM_IN
+    assert TOOL.names == ("zoom_in",)
+
+
+@pytest.mark.parametrize(
+    "box_format, want",
+    [
+        ("plain", [558, 258, 682, 382]),  # 600-640 x 300-340 grown to 125 px (a quarter of 500) about its centre
+        ("qwen3", [558, 515, 682, 765]),  # the same region on 0-1000: y / 500 * 1000
+    ],
+)
+def test_the_zoom_tools_gold_call_is_the_samples_box_grown(box_format, want):
+    sample = Sample("s", "What is red?", "square", "text", boxes=[[600, 300, 640, 340]])
+    context = ToolContext([scene()], box_format)
+    assert ZOOM_IN.gold_call(sample, context) == {"bbox_2d": want}
+    assert ZOOM_IN.gold_call(Sample("t", "What is red?", "square", "text"), context) is None  # no box, no call
+
+
+def test_a_user_tool_offers_gold_calls_by_its_gold_attribute(user_file):
+    context = ToolContext([scene()])
+    describe, flip = resolve_tool(f"{user_file}:describe"), resolve_tool(f"{user_file}:flip")
+    assert describe.gold_call(Sample("s", "Why?", "because", "text"), context) == {"what": "s"}
+    assert describe.gold_call(Sample("s", "Why?", "", "text"), context) is None
+    assert flip.gold is None and flip.gold_call(Sample("s", "Why?", "because", "text"), context) is None

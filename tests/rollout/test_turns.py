@@ -17,7 +17,7 @@ from vlgrpo.models import load_model
 from vlgrpo.policy.prompt import build_prompt
 from vlgrpo.rollout.base import SamplingParams
 from vlgrpo.rollout.hf import HFEngine, _Row
-from vlgrpo.rollout.tools import tool_schemas
+from vlgrpo.rollout.tools.table import tool_schemas
 from vlgrpo.rollout.turns import TOOL_RESPONSE, ToolRollout
 from vlgrpo.trainer.batch import over_turn_mask
 from vlgrpo.types import RolloutGroup

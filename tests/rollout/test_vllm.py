@@ -12,11 +12,11 @@ import pytest
 from PIL import Image
 
 from vlgrpo.models import is_visual
-from vlgrpo.policy.prompt import build_prompt
+from vlgrpo.policy.prompt import PromptSettings, build_prompt
 from vlgrpo.rollout.base import SamplingParams
-from vlgrpo.rollout.vllm import VLLMEngine, build_request, engine_prompt_ids
-from vlgrpo.rollout.vllm_sampling import PLACEHOLDER_BIAS, request_seeds, sampling_kwargs, to_completions
-from vlgrpo.rollout.vllm_weights import vllm_param_name
+from vlgrpo.rollout.vllm.engine import VLLMEngine, build_request, engine_prompt_ids
+from vlgrpo.rollout.vllm.sampling import PLACEHOLDER_BIAS, request_seeds, sampling_kwargs, to_completions
+from vlgrpo.rollout.vllm.weights import vllm_param_name
 from vlgrpo.vision_cache import VisionCache
 
 
@@ -231,7 +231,7 @@ def test_engine_from_a_run_config(load, fake_vllm):
         ],
     )
     lm = LoadedModel(model, processor, "qwen2_5_vl", "ckpt")
-    engine = VLLMEngine.from_config(cfg, lm, VisionCache(model, processor), "qwen2_5")
+    engine = VLLMEngine.from_config(cfg, lm, VisionCache(model, processor), PromptSettings.from_config(cfg, "qwen2_5"))
     kw = engine.llm.kwargs
     assert kw["max_model_len"] == 320 and not kw["enable_mm_embeds"] and kw["enable_sleep_mode"]
     assert kw["enforce_eager"] and kw["block_size"] == 16 and kw["dtype"] == "float32"
@@ -246,3 +246,28 @@ def test_engine_refuses_bad_settings(load):
         VLLMEngine(StrictLLM([]), processor, None, mm_input="embeds")
     with pytest.raises(ValueError, match="mm_input must be one of"):
         VLLMEngine(StrictLLM([]), processor, None, mm_input="image")
+
+
+def test_both_engines_offer_every_member_of_the_protocol_and_vllm_says_what_it_lacks(load, fake_vllm):
+    """The multi-turn members (`RolloutEngine`: ids continued, kept KV, limits) on both engines: ToolRollout reads
+    them without probing; vLLM keeps no KV, bounds the context and the images."""
+    from vlgrpo.rollout.base import RolloutEngine
+    from vlgrpo.rollout.hf import HFEngine
+    from vlgrpo.rollout.turns import ToolRollout
+
+    model, processor = load("qwen2_5_vl")
+    cache = VisionCache(model, processor)
+    vllm = VLLMEngine.launch("ckpt", processor, cache, max_model_len=512, limit_mm_per_prompt={"image": 3})
+    hf = HFEngine(model, processor, cache)
+    members = [n for n in dir(RolloutEngine) if not n.startswith("_")] + list(RolloutEngine.__annotations__)
+    assert {"generate_prompts", "continue_prompts", "keeps_turns", "last_kv", "max_images"} <= set(members)
+    for engine in (hf, vllm):
+        assert [n for n in members if not hasattr(engine, n)] == []
+    assert (vllm.keeps_turns, vllm.last_kv, vllm.max_model_len, vllm.max_images) == (False, [], 512, 3)
+    assert (hf.max_model_len, hf.max_images, hf.last_kv) == (None, None, [])
+    with pytest.raises(NotImplementedError, match="give each turn's prompt to generate_prompts"):
+        vllm.continue_prompts([], [], [], SamplingParams())
+    with pytest.raises(ValueError, match="keeps no completion's KV"):
+        vllm.generate_prompts([], [], SamplingParams(), keep_kv=True)
+    tools = ToolRollout(vllm, ("zoom_in",), 3)
+    assert (tools.reuse, tools.max_total_length, tools.max_images) == (False, 512, 3)

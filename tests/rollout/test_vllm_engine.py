@@ -23,7 +23,7 @@ from vlgrpo.policy.forward import completion_logits
 from vlgrpo.policy.prompt import build_prompt, forbidden_mask
 from vlgrpo.rollout.base import SamplingParams
 from vlgrpo.rollout.hf import HFEngine
-from vlgrpo.rollout.vllm import build_request
+from vlgrpo.rollout.vllm.engine import build_request
 from vlgrpo.trainer.batch import make_batch
 from vlgrpo.vision_cache import ImageFeatures, VisionCache
 
@@ -60,7 +60,7 @@ def spread_model(tmp_path_factory, tiny_model_dir, spread, spread_deepstack):
 
 
 def _launch(path, mm_input):
-    from vlgrpo.rollout.vllm import VLLMEngine
+    from vlgrpo.rollout.vllm.engine import VLLMEngine
 
     lm = load_model(path)
     cache = VisionCache(lm.model.eval(), lm.processor, trainable=True)  # the tests change vision weights
@@ -244,7 +244,7 @@ def test_qwen2_5_vl_video_embeddings_carry_their_seconds_per_temporal_patch(engi
 
 
 def test_a_prompt_above_the_limit_is_refused_naming_the_sample_and_the_key(engines, mixed):
-    from vlgrpo.rollout.vllm_inputs import check_prompt_limits
+    from vlgrpo.rollout.vllm.inputs import check_prompt_limits
     from vlgrpo.types import InputError
 
     lm, cache, engine = engines("qwen2_5_vl", "embeds")
@@ -435,7 +435,7 @@ def test_qwen3_5_on_vllms_cpu_build_decodes_as_the_hf_engine_or_stops_clearly(
     returns NaN logits, measured 2026-12-05 at head dims 64 and 128, spread or not: the engine must then stop with
     a clear error, never hand NaN log-probs to the trainer. Where the kernel works, greedy tokens must equal the HF
     engine's in bf16."""
-    from vlgrpo.rollout.vllm import VLLMEngine
+    from vlgrpo.rollout.vllm.engine import VLLMEngine
 
     lm = load_model(tiny_model_dir("qwen3_5"))
     spread(lm.model, 0.1)

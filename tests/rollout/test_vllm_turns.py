@@ -22,7 +22,7 @@ ENGINE_KWARGS = {"dtype": "float32", "enforce_eager": True, "block_size": 32}
 
 def test_greedy_trajectories_equal_the_hf_engines(tool_caller_dir, samples):
     caller = tool_caller_dir
-    from vlgrpo.rollout.vllm import VLLMEngine
+    from vlgrpo.rollout.vllm.engine import VLLMEngine
 
     lm = load_model(caller)
     model, processor = lm.model.eval(), lm.processor

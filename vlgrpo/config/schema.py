@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vlgrpo.config.judge import JudgeConfig
-from vlgrpo.registry import BY_KEY, EVAL_SUITE
+from vlgrpo.registry import BY_KEY, EVAL_SUITE, TOOL
 from vlgrpo.types import InputError
 
 WATCHDOG_WAITING_GRACE = 1.5
@@ -369,7 +369,7 @@ class Config:
 # Accepted values of the string-valued choice keys: the registries' names (vlgrpo/registry.py) and the plain value
 # choices below; one table, used by validate(), the CLI and the docs.
 CHOICES: dict[str, tuple[str, ...]] = {
-    **{key: registry.names for key, registry in BY_KEY.items() if key != EVAL_SUITE.key},
+    **{key: registry.names for key, registry in BY_KEY.items() if key not in (EVAL_SUITE.key, TOOL.key)},
     "model.dtype": ("float32", "bfloat16", "float16"),
     "model.attn_implementation": ("sdpa", "eager", "flash_attention_2"),
     "data.answer_format": ("think_answer", "answer"),
@@ -385,30 +385,3 @@ EVAL_SUITES = EVAL_SUITE.names
 RENAMED_KEYS: dict[str, str] = {"grpo.loss": "grpo.ratio", "rollout.vllm.placement": "rollout.placement"}
 """Former dotted config key -> its current name. The loader moves a former key to its current one with a deprecation
 message; a former *value* of a registry key is mapped by the registry's aliases the same way."""
-
-
-MM_MODALITIES = ("image", "video")
-MM_LIMIT_KEY = "rollout.vllm.limit_mm_per_prompt"
-
-
-def check_mm_limits(value) -> dict[str, int]:
-    """`rollout.vllm.limit_mm_per_prompt` as vLLM takes it ({image: n, video: m}, a missing key 0): a ConfigError
-    naming the key for another modality, a negative count, a video count above 1 (a prompt holds one video) or no
-    part at all."""
-    if not isinstance(value, dict):
-        raise ConfigError(f"config key '{MM_LIMIT_KEY}' must be a mapping like {{image: 4, video: 1}}, got {value!r}")
-    unknown = sorted(set(value) - set(MM_MODALITIES))
-    if unknown:
-        raise ConfigError(f"config key '{MM_LIMIT_KEY}' has {unknown}; accepted modalities: {', '.join(MM_MODALITIES)}")
-    limits = {**{m: 0 for m in MM_MODALITIES}, **value}
-    for m, n in limits.items():
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ConfigError(f"config key '{MM_LIMIT_KEY}.{m}' must be an integer >= 0, got {n!r}")
-    if limits["video"] > 1:
-        raise ConfigError(
-            f"config key '{MM_LIMIT_KEY}.video' must be 0 or 1 (a vlgrpo prompt holds at most one "
-            f"video), got {limits['video']}"
-        )
-    if limits["image"] + limits["video"] == 0:
-        raise ConfigError(f"config key '{MM_LIMIT_KEY}' allows no image and no video: every vlgrpo prompt has one")
-    return limits

@@ -14,8 +14,8 @@ from vlgrpo.config.schema import (
     WATCHDOG_WAITING_GRACE,
     Config,
     ConfigError,
-    check_mm_limits,
 )
+from vlgrpo.registry import TOOL
 from vlgrpo.types import InputError
 
 
@@ -149,6 +149,12 @@ def _check_tools(cfg: Config) -> None:
     r = cfg.rollout
     if r.max_turns < 1:
         raise ConfigError(f"config key 'rollout.max_turns' must be >= 1 (got {r.max_turns})")
+    unknown = [t for t in r.tools if t not in TOOL.names and ":" not in t]
+    if unknown:
+        raise ConfigError(
+            f"config key 'rollout.tools' has {unknown}; accepted: {', '.join(TOOL.names)}, or a user function as "
+            "module:function or path/to/file.py:function"
+        )
     if bool(r.tools) != (r.max_turns > 1):
         raise ConfigError(
             f"rollout.tools={r.tools} with rollout.max_turns={r.max_turns}: tools need turns to answer in (max_turns "
@@ -213,3 +219,30 @@ def _check_total_length(cfg: Config) -> None:
             f"{cfg.data.max_prompt_length} + {r.max_new_tokens} = {least}, or null (that sum, plus what "
             f"rollout.max_turns={r.max_turns} turns and their crops add)"
         )
+
+
+MM_MODALITIES = ("image", "video")
+MM_LIMIT_KEY = "rollout.vllm.limit_mm_per_prompt"
+
+
+def check_mm_limits(value) -> dict[str, int]:
+    """`rollout.vllm.limit_mm_per_prompt` as vLLM takes it ({image: n, video: m}, a missing key 0): a ConfigError
+    naming the key for another modality, a negative count, a video count above 1 (a prompt holds one video) or no
+    part at all."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"config key '{MM_LIMIT_KEY}' must be a mapping like {{image: 4, video: 1}}, got {value!r}")
+    unknown = sorted(set(value) - set(MM_MODALITIES))
+    if unknown:
+        raise ConfigError(f"config key '{MM_LIMIT_KEY}' has {unknown}; accepted modalities: {', '.join(MM_MODALITIES)}")
+    limits = {**{m: 0 for m in MM_MODALITIES}, **value}
+    for m, n in limits.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ConfigError(f"config key '{MM_LIMIT_KEY}.{m}' must be an integer >= 0, got {n!r}")
+    if limits["video"] > 1:
+        raise ConfigError(
+            f"config key '{MM_LIMIT_KEY}.video' must be 0 or 1 (a vlgrpo prompt holds at most one "
+            f"video), got {limits['video']}"
+        )
+    if limits["image"] + limits["video"] == 0:
+        raise ConfigError(f"config key '{MM_LIMIT_KEY}' allows no image and no video: every vlgrpo prompt has one")
+    return limits

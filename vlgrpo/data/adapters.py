@@ -39,6 +39,24 @@ class LoadResult:
     """The file the rows came from (an image folder's labels file), as messages name it."""
 
 
+def is_saved_dataset(path: str | Path | Any) -> bool:
+    """A folder written by datasets' `save_to_disk`: a Dataset (its state.json) or a DatasetDict (its
+    dataset_dict.json). The one test of it: every reader of saved datasets asks here."""
+    if not isinstance(path, (str, Path)):
+        return False
+    p = Path(path)
+    return p.is_dir() and ((p / "state.json").is_file() or (p / "dataset_dict.json").is_file())
+
+
+def saved_splits(path: str | Path) -> list[str] | None:
+    """The split names of a saved DatasetDict, in its own order (from its dataset_dict.json, nothing loaded); None
+    for anything else (a saved Dataset has no splits)."""
+    index = Path(path) / "dataset_dict.json"
+    if not (is_saved_dataset(path) and index.is_file()):
+        return None
+    return [str(s) for s in json.loads(index.read_text()).get("splits", [])]
+
+
 def detect_format(path: str | Path) -> str:
     p = Path(path)
     if p.is_file():
@@ -47,7 +65,7 @@ def detect_format(path: str | Path) -> str:
         if p.suffix == ".parquet":
             return "parquet"
     elif p.is_dir():
-        if (p / "state.json").is_file() or (p / "dataset_dict.json").is_file():
+        if is_saved_dataset(p):
             return "hf"
         if any((p / name).is_file() for name in LABEL_FILES):
             return "folder"

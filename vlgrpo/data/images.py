@@ -123,19 +123,18 @@ def inspect_image(src: str | bytes) -> ImageInfo:
     return ImageInfo(None, header, decoded)
 
 
-RELEASED_MIN_PIXELS, RELEASED_MAX_PIXELS = 56 * 56, 16384 * 28 * 28
-"""Resize bounds of the released Qwen2-VL / Qwen2.5-VL processors (3,136 and 12,845,056 px in their
-preprocessor_config.json; qwen-vl-utils' MIN_PIXELS / MAX_PIXELS). transformers' Qwen2VLImageProcessor class defaults
-to 1,003,520 (28 x 28 x 1280) instead, which no released checkpoint uses."""
+_QWEN2_5 = FAMILIES["qwen2_5_vl"]
+RELEASED_MIN_PIXELS, RELEASED_MAX_PIXELS = _QWEN2_5.min_pixels, _QWEN2_5.max_pixels
+"""Resize bounds of the released Qwen2-VL / Qwen2.5-VL processors (3,136 and 12,845,056 px, `vlgrpo.families`)."""
 
 
 @dataclass(frozen=True)
 class ProcessorGeometry:
     """The image-processor settings that decide resize and token count (second part of a cache key).
 
-    The defaults are the released checkpoints' processors (see DEFAULT_GEOMETRY)."""
+    The defaults are the released Qwen2.5-VL processors' (see DEFAULT_GEOMETRY)."""
 
-    patch_size: int = 14
+    patch_size: int = _QWEN2_5.patch_size
     merge_size: int = 2
     temporal_patch_size: int = 2
     min_pixels: int = RELEASED_MIN_PIXELS
@@ -188,24 +187,30 @@ class ProcessorGeometry:
         return gh * gw // (self.merge_size**2)
 
 
+def released_geometry(arch: str) -> ProcessorGeometry:
+    """The geometry of a family's released processors (its patch size and pixel bounds in `vlgrpo.families`)."""
+    f = FAMILIES[arch]
+    return ProcessorGeometry(patch_size=f.patch_size, min_pixels=f.min_pixels, max_pixels=f.max_pixels)
+
+
 DEFAULT_GEOMETRY = ProcessorGeometry()
 """The geometry every layer assumes when no processor, checkpoint or config says otherwise: rewards (qwen2_5 boxes),
 `vlgrpo data doctor`, `vlgrpo reward`, the memory planner and the exported prompt contract."""
-QWEN3_VL_GEOMETRY = ProcessorGeometry(patch_size=16, min_pixels=64 * 32 * 32, max_pixels=16384 * 32 * 32)
-"""The released Qwen3-VL processors' geometry (preprocessor_config.json: patch_size 16, size shortest_edge 65,536 and
-longest_edge 16,777,216 px): one token per 32 x 32 px. What a Qwen3-VL hub id gets instead of DEFAULT_GEOMETRY."""
+QWEN3_VL_GEOMETRY = released_geometry("qwen3_vl")
+"""The released Qwen3-VL processors' geometry (patch_size 16, 65,536 .. 16,777,216 px): one token per 32 x 32 px."""
 
 
 def checkpoint_geometry(
     name_or_path: str, min_pixels: int | None = None, max_pixels: int | None = None, arch: str | None = None
 ) -> tuple[ProcessorGeometry, str]:
     """The resize geometry a run will use, without loading anything heavy: the checkpoint directory's
-    preprocessor_config.json / processor_config.json when local, else the released processors' (QWEN3_VL_GEOMETRY
-    for the 16 px families qwen3_vl and qwen3_5, DEFAULT_GEOMETRY otherwise); then the model.min_pixels / max_pixels
-    overrides. Returns (geometry, where it came from)."""
+    preprocessor_config.json / processor_config.json when local, else the released processors' of `arch` (the 16 px
+    families qwen3_vl and qwen3_5 differ from DEFAULT_GEOMETRY), DEFAULT_GEOMETRY without one; then the
+    model.min_pixels / max_pixels overrides. Returns (geometry, where it came from)."""
     geometry, source = DEFAULT_GEOMETRY, "released Qwen processor defaults"
-    if arch in FAMILIES and FAMILIES[arch].patch_size == QWEN3_VL_GEOMETRY.patch_size:  # Qwen3-VL, Qwen3.5
-        geometry, source = QWEN3_VL_GEOMETRY, f"released {arch} processor defaults (Qwen3-VL's)"
+    if arch in FAMILIES and released_geometry(arch) != DEFAULT_GEOMETRY:  # Qwen3-VL, Qwen3.5
+        geometry = released_geometry(arch)
+        source = f"released {arch} processor defaults ({FAMILIES[arch].processor_class}'s)"
     for name in ("preprocessor_config.json", "processor_config.json"):
         path = Path(name_or_path) / name
         if path.is_file():

@@ -104,3 +104,15 @@ def json_rows(path: str | Path, documents: bool = False) -> Iterator[tuple[int, 
             yield no, json.loads(line)
         except json.JSONDecodeError as e:
             yield no, DataError(str(path), no, None, f"malformed JSON ({e.msg} at column {e.colno})")
+
+
+def read_json_rows(path: str | Path) -> list[tuple[int, Any]]:
+    """(row number, parsed row) from JSON lines (POPE writes JSON lines named .json), a JSON array, or one JSON
+    object (a single row, or a whole document such as COCO instances). The first line that is not UTF-8 or not JSON
+    raises, naming the file, the line and (not UTF-8) the byte offset."""
+    rows = []
+    for no, row in json_rows(path, documents=True):
+        if isinstance(row, DataError):
+            raise row
+        rows.append((no, row))
+    return rows

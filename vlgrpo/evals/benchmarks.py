@@ -1,5 +1,6 @@
-"""Loaders for the real benchmarks described in the top-level `evals/` manifests: POPE on COCO val2014 and
-RefCOCO / RefCOCO+ / RefCOCOg.
+"""Loaders for the real benchmarks described in the top-level `evals/` manifests: the manifests themselves, the
+readers they share (saved datasets' splits, image checks) and RefCOCO / RefCOCO+ / RefCOCOg (POPE's loader is
+`evals/pope/files.py`).
 
 Local files only - official question files + an image folder, REC refs as JSON (+ COCO instances), or a dataset saved
 with datasets' `save_to_disk` - turned into checked Samples by the dataset schema. Never downloads; knows nothing of
@@ -9,20 +10,19 @@ models or scoring.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from vlgrpo.data.adapters import is_saved_dataset
+from vlgrpo.data.jsonl import read_json_rows
 from vlgrpo.data.schema import DataError, sample_from_dict
-from vlgrpo.evals.pope_build import SPLITS, read_json_rows
 from vlgrpo.types import InputError, Sample
 
 EVALS_DIR = Path(__file__).resolve().parents[2] / "evals"
 """The manifests folder of a source checkout (not shipped in a wheel)."""
 MANIFEST_KEYS = ("name", "suite", "loader", "splits", "sources", "prepare")
 REC_TEMPLATE = 'Locate the object described as "{expression}".'
-_POPE_FILE_SPLIT = re.compile(rf"_pope_({'|'.join(SPLITS)})\b")  # coco_pope_adversarial.json -> adversarial
 
 
 def load_manifest(name_or_path: str | Path) -> dict:
@@ -40,10 +40,6 @@ def load_manifest(name_or_path: str | Path) -> dict:
     if missing:
         raise InputError(f"{path}: manifest lacks {', '.join(missing)} (needs {', '.join(MANIFEST_KEYS)})")
     return manifest
-
-
-def _is_saved_hf(path: Path) -> bool:
-    return path.is_dir() and ((path / "state.json").is_file() or (path / "dataset_dict.json").is_file())
 
 
 def _hf_splits(path: Path) -> Iterator[tuple[str, Any]]:
@@ -79,70 +75,6 @@ def _pick_split(rows: list[tuple[str, int, dict]], split: str | None, source: st
         found = sorted({r[0] for r in rows})
         raise DataError(source, None, "split", f"has no rows of split '{split}'; splits found: {', '.join(found)}")
     return kept
-
-
-def _pope_rows(path: Path, image_dir: str | Path | None) -> tuple[list[tuple[str, int, Any]], Path | None]:
-    """(split, row number, row in POPE's keys) and the folder image names resolve against (None: images inside)."""
-    if _is_saved_hf(path):
-        rows = []
-        for name, ds in _hf_splits(path):
-            for no, r in enumerate(ds, start=1):
-                pope_row = {
-                    "question_id": r.get("question_id", no),
-                    "text": r.get("question"),
-                    "label": r.get("answer"),
-                    "image": r.get("image"),
-                }
-                rows.append((str(r.get("category") or name), no, pope_row))
-        return rows, None
-    if not path.is_file():
-        raise DataError(str(path), None, None, "does not exist (expected a POPE question file or a saved HF dataset)")
-    m = _POPE_FILE_SPLIT.search(path.name)
-    file_split = m.group(1) if m else "all"
-    rows = [
-        (str(r.get("split") or file_split) if isinstance(r, dict) else file_split, no, r)
-        for no, r in read_json_rows(path)
-    ]
-    return rows, (Path(image_dir) if image_dir is not None else path.parent)
-
-
-def load_pope(
-    source: str | Path, image_dir: str | Path | None = None, split: str | None = None, check_images: bool = True
-) -> list[Sample]:
-    """POPE questions as yes/no Samples (id `pope-{split}-{question_id}`, task `pope/{split}`).
-
-    source: a question file in POPE's format (the official `coco_pope_{random,popular,adversarial}.json`, or one
-    written by `vlgrpo data pope`) whose `image` names resolve against image_dir (default: the file's folder), or a
-    saved HF dataset in lmms-lab/POPE's layout (question_id, question, answer, image, category). A row's split is
-    its `split`/`category`, else the `_pope_<split>` in the file name, else "all"; `split` keeps only that one."""
-    path = Path(source)
-    rows, base = _pope_rows(path, image_dir)
-    samples = []
-    for row_split, no, row in _pick_split(rows, split, str(path)):
-        if not isinstance(row, dict):
-            raise DataError(str(path), no, None, f"each row must be a JSON object, got {type(row).__name__}")
-        label = row.get("label")
-        if not isinstance(label, str) or label.strip().lower() not in ("yes", "no"):
-            raise DataError(str(path), no, "label", f"must be 'yes' or 'no', got {label!r}")
-        if row.get("question_id") is None:
-            raise DataError(str(path), no, "question_id", "is required")
-        sample = {
-            "id": f"pope-{row_split}-{row['question_id']}",
-            "image": row.get("image"),
-            "question": row.get("text"),
-            "answer": label.strip().lower(),
-            "answer_type": "yesno",
-            "task": f"pope/{row_split}",
-            "meta": {
-                "question_id": row["question_id"],
-                "split": row_split,
-                **{k: row[k] for k in ("object", "sample_id") if k in row},
-            },
-        }
-        samples.append(sample_from_dict(sample, str(path), no, base))
-    if check_images and base is not None:
-        check_image_files(samples, str(path), base, "pass the COCO val2014 folder as image_dir")
-    return samples
 
 
 def _expressions(row: dict, source: str, no: int) -> list[str]:
@@ -248,7 +180,7 @@ def load_refcoco(
         raise InputError(f"REC template must contain '{{expression}}', got {template!r}")
     path = Path(source)
     insts = _Instances(instances) if instances is not None else None
-    if _is_saved_hf(path):
+    if is_saved_dataset(path):
         rows = [
             (str(r.get("split") or split_name), no, dict(r, split=str(r.get("split") or split_name)))
             for split_name, ds in _hf_splits(path)

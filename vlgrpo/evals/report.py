@@ -11,10 +11,10 @@ import csv
 import json
 from pathlib import Path
 
-from vlgrpo.evals.pope_score import strip_answer_tags
 from vlgrpo.evals.suite import EvalResult
 from vlgrpo.evals.trajectories import trajectory_lines
 from vlgrpo.registry import EVAL_SUITE
+from vlgrpo.rewards.extract import strip_answer_tags
 
 EXAMPLES = 3
 """Example answers shown per suite in report.md."""

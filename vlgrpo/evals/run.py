@@ -9,7 +9,6 @@ through its protocol; knows nothing of losses, optimisers or checkpoint formats.
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,12 +19,10 @@ import torch
 from vlgrpo import heartbeat
 from vlgrpo.config import ConfigError
 from vlgrpo.evals.judged import judge_suites
-from vlgrpo.evals.pope_score import PARSERS
-from vlgrpo.evals.pope_suite import is_pope_file
-from vlgrpo.evals.reasoning import load_benchmark
-from vlgrpo.evals.reasoning_io import published_benchmark
+from vlgrpo.evals.pope.score import PARSERS
 from vlgrpo.evals.report import write_outputs
-from vlgrpo.evals.suite import EvalData, EvalResult, Selection, load_suite, parse_suites
+from vlgrpo.evals.source import EvalSource, resolve_source
+from vlgrpo.evals.suite import EvalData, EvalResult, PopeOptions, Selection, load_suite, parse_suites
 from vlgrpo.evals.trajectories import add_trajectories
 from vlgrpo.models import eval_mode
 from vlgrpo.preflight import settings_from_config
@@ -50,89 +47,31 @@ __all__ = [
 
 
 def build_eval_data(
-    data: str | Path | None,
+    data: str | Path | EvalSource | None,
     suites: str | list[str],
     *,
     max_samples: int | None = None,
-    pope_data: str | Path | None = None,
-    pope_splits: tuple[str, ...] | None = None,
-    pope_images: int | None = None,
-    pope_per_image: int = 3,
-    pope_min_objects: int = 3,
+    pope: PopeOptions | None = None,
     ctx: RewardContext | None = None,
-    preset: str = "none",
-    columns: dict[str, str] | None = None,
-    split: str | None = None,
 ) -> EvalData:
-    """Each suite's samples from one dataset (`load_samples`), chosen by the suite (`Suite.select`): vqa = the
-    number/choice/yesno/text/math samples, grounding = the box samples, pope = probes built from the samples'
-    objects (split `random` unless `pope_splits`; from `pope_images` images, default all eligible, then whole
-    images up to `max_samples` questions per split, so a small cap still has the whole dataset's objects to pick
-    negatives from). `pope_data`, or `data` itself when it is a POPE question file, supplies POPE instead (every
-    split in it unless `pope_splits`). max_samples caps every suite (the first N). With `ctx`, VQA gold answers are
-    checked before any decoding. A suite with nothing to run on is an InputError naming every such suite. `split`:
-    the split of a dataset saved as a DatasetDict (None: a published benchmark's own, else `eval_split`'s pick)."""
-    names = parse_suites(suites)
-    sel = _selection(
-        data,
-        max_samples=max_samples,
-        pope_data=pope_data,
-        pope_splits=pope_splits,
-        pope_images=pope_images,
-        pope_per_image=pope_per_image,
-        pope_min_objects=pope_min_objects,
-        ctx=ctx,
-        preset=preset,
-        columns=columns,
-        split=split,
-    )
+    """Each suite's samples from one eval input (a path, resolved by `evals/source.py`, or its resolved value),
+    chosen by the suite (`Suite.select`): vqa = the number/choice/yesno/text/math samples, grounding = the box
+    samples, pope = probes built from the samples' objects (split `random` unless `pope.splits`; from `pope.images`
+    images, default all eligible, then whole images up to `max_samples` questions per split, so a small cap still has
+    the whole dataset's objects to pick negatives from), or read from `pope.data` or the data itself when it is a POPE
+    question file (every split in it unless `pope.splits`); a benchmark suite its published file. max_samples caps
+    every suite (the first N). With `ctx`, VQA gold answers are checked before any decoding. A suite with nothing to
+    run on is an InputError naming every such suite."""
+    names, pope = parse_suites(suites), pope or PopeOptions()
+    if data is None and pope.data is None:
+        raise InputError("no eval data: pass --data (a Sample dataset or a POPE question file) or set eval.data")
+    source = data if isinstance(data, EvalSource) else resolve_source(data)
+    sel = Selection(source, source.load(), max_samples=max_samples, pope=pope, ctx=ctx)
     selected, problems = select_suites(names, sel)
     if problems:
-        raise InputError("; ".join(f"eval suite '{name}' {why} (data '{data}')" for name, why in problems.items()))
+        where = source.path if source.path is not None else pope.data
+        raise InputError("; ".join(f"eval suite '{name}' {why} (data '{where}')" for name, why in problems.items()))
     return EvalData(**selected)
-
-
-def _selection(
-    data: str | Path | None,
-    *,
-    pope_data: str | Path | None = None,
-    preset: str = "none",
-    columns: dict[str, str] | None = None,
-    split: str | None = None,
-    **asked: Any,
-) -> Selection:
-    """The Selection of `build_eval_data`'s arguments: the dataset's samples read once (none when `data` is a POPE
-    question file), `asked` (max_samples, pope_*, ctx) passed on as they are."""
-    from vlgrpo.data.adapters import load_samples
-
-    if data is None and pope_data is None:
-        raise InputError("no eval data: pass --data (a Sample dataset or a POPE question file) or set eval.data")
-    pope_file = pope_data if pope_data is not None else (data if is_pope_file(data) else None)
-    if pope_file != data and published_benchmark(data, preset):  # MathVista, MMMU, ... read as published
-        options = {} if split is None else {"split": split}  # else the benchmark's published split (testmini, ...)
-        return Selection(data, load_benchmark(data, **options), pope_file=pope_file, **asked)
-    samples = (
-        []
-        if data is None or pope_file == data
-        else load_samples(data, preset=preset, columns=columns, split=eval_split(data, split)).samples
-    )
-    return Selection(data, samples, pope_file=pope_file, **asked)
-
-
-EVAL_SPLITS = ("test", "testmini", "validation", "val", "train")
-"""The split an eval reads from a saved DatasetDict when none is named: the first of these it holds."""
-
-
-def eval_split(data: str | Path, split: str | None = None) -> str:
-    """`split`, else for a dataset saved as a DatasetDict (its dataset_dict.json) the first of EVAL_SPLITS it holds
-    (its first split when none), else "train" (what the readers of single datasets ignore)."""
-    if split is not None:
-        return split
-    index = Path(data) / "dataset_dict.json"
-    if not index.is_file():
-        return "train"
-    names = list(json.loads(index.read_text()).get("splits", []))
-    return next((s for s in EVAL_SPLITS if s in names), names[0] if names else "train")
 
 
 def select_suites(names: list[str], sel: Selection) -> tuple[dict[str, list[Sample]], dict[str, str]]:
@@ -271,7 +210,8 @@ def in_loop_eval_data(cfg, ctx: RewardContext | None = None) -> EvalData:
     if not source:
         raise ConfigError("eval.every_steps > 0 needs an eval dataset: set eval.data or data.val")
     names = parse_suites(e.suites)
-    sel = _selection(source, max_samples=e.max_samples, ctx=ctx, preset=cfg.data.preset, columns=dict(cfg.data.columns))
+    resolved = resolve_source(source, preset=cfg.data.preset, columns=dict(cfg.data.columns))
+    sel = Selection(resolved, resolved.load(), max_samples=e.max_samples, ctx=ctx)
     selected, problems = select_suites(names, sel)
     if problems:
         raise ConfigError(_refusal(names, problems, f"{key} '{source}'"))
@@ -306,36 +246,28 @@ def make_evaluator(cfg) -> Callable[[Any], dict[str, float]]:
     """The trainer's hook: `evaluator(state) -> {"eval/<suite>/<metric>": value}` on the *training* model.
 
     Selects its data now (`in_loop_eval_data`, gold answers checked with the run's reward context read from the
-    config, no model loaded), so a suite without data stops `vlgrpo train` before step 1. Decodes through an HFEngine
-    over `state.backend.model` with the run's vision cache, processor, box convention and answer format,
-    `eval.max_samples` per suite, `rollout.max_new_tokens` new tokens; with rollout.tools the same multi-turn
-    rollouts as training (`eval/tools/*`: calls per sample, turns, errors, crop area). Greedy decoding draws no random
-    numbers; the torch RNG state and the model's mode are restored anyway, so a run with in-loop eval trains exactly
-    as one without."""
+    config, no model loaded), so a suite without data stops `vlgrpo train` before step 1. Decodes through the HF
+    engine over `state.backend.model` with the run's vision cache and processor, built as training's engine is (one
+    PromptSettings: answer format, box convention, system prompt, thinking, video sampling; with rollout.tools the
+    same multi-turn rollouts: `eval/tools/*`), `eval.max_samples` per suite, `rollout.max_new_tokens` new tokens.
+    Greedy decoding draws no random numbers; the torch RNG state and the model's mode are restored anyway, so a run
+    with in-loop eval trains exactly as one without."""
     data = in_loop_eval_data(cfg, settings_from_config(cfg)[1])
     held: dict[str, Any] = {}
 
     def evaluator(state) -> dict[str, float]:
-        from vlgrpo.data.video import VideoSampling
-        from vlgrpo.rollout.hf import HFEngine
+        from vlgrpo.data.images import ProcessorGeometry
+        from vlgrpo.policy.prompt import PromptSettings
+        from vlgrpo.rollout.build import build_engine
 
         e = cfg.eval
         model = state.backend.model
-        if held.get("model") is not model:
-            held["engine"] = HFEngine(
-                model,
-                state.lm.processor,
-                state.cache,
-                cfg.data.answer_format,
-                state.reward_ctx.box_format,
-                cfg.data.system_prompt,
-                e.batch_prompts,
-                VideoSampling.from_config(cfg.data.video),
+        if held.get("model") is not model:  # built as every engine is: the run's prompt settings, tools and turns
+            geometry = ProcessorGeometry.from_processor(state.lm.processor)
+            prompt = PromptSettings.from_config(cfg, state.reward_ctx.box_format, geometry)
+            held["engine"] = build_engine(
+                "hf", state.lm, state.cache, prompt, model=model, batch_prompts=e.batch_prompts
             )
-            if cfg.rollout.tools:  # evaluated as it rolls out: the tools' schemas in the prompt, the same turns
-                from vlgrpo.rollout.turns import ToolRollout
-
-                held["engine"] = ToolRollout.from_config(cfg, held["engine"])
             held["model"] = model
         held["engine"].reset_stats()
         with _undisturbed(model):

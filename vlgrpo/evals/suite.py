@@ -1,6 +1,6 @@
 """What an eval suite is: which samples it runs on, how its completions are scored, and its section of report.md.
 
-Each suite is one module exposing `SUITE` (evals/vqa.py, evals/grounding.py, evals/pope_suite.py), named in
+Each suite is one module exposing `SUITE` (evals/vqa.py, evals/grounding.py, evals/pope/suite.py), named in
 `vlgrpo.registry.EVAL_SUITE`; the runner (`evals/run.py`) and the report (`evals/report.py`) reach suites only
 through this record. Adding a suite is its module plus one registry line.
 """
@@ -10,30 +10,56 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vlgrpo.registry import EVAL_SUITE
 from vlgrpo.rewards.context import RewardContext
 from vlgrpo.types import Completion, InputError, Sample
 
+if TYPE_CHECKING:  # the runner resolves it (evals/source.py); suites read it
+    from vlgrpo.evals.source import EvalSource
+
 Scores = tuple[dict[str, float], dict[str, int], list[dict]]
 """(metrics without the `eval/<suite>/` prefix, sample counts per group ("" = all), one prediction row per sample)."""
+
+
+@dataclass(frozen=True)
+class PopeOptions:
+    """Where the pope suite's probes come from and how they are read (`vlgrpo eval --pope-*`)."""
+
+    data: str | Path | None = None
+    """A POPE question file or saved dataset; None: probes built from the data's objects (or the data itself when
+    it is a POPE file)."""
+    splits: tuple[str, ...] | None = None
+    """None: random when built, every split of a POPE file."""
+    images: int | None = None
+    """Images to build probes from (None: every eligible one)."""
+    per_image: int = 3
+    min_objects: int = 3
+    parser: str = "pope"
 
 
 @dataclass
 class Selection:
     """What `build_eval_data` was asked for; each suite reads what concerns it."""
 
-    data: str | Path | None
+    source: EvalSource
+    """What the data is (`evals/source.py`): suites read this, never the path itself."""
     samples: list[Sample]
-    """The dataset's samples (empty when only a POPE question file was given)."""
+    """The source's samples, loaded once (empty for a POPE question file)."""
     max_samples: int | None = None
-    pope_file: str | Path | None = None
-    pope_splits: tuple[str, ...] | None = None
-    pope_images: int | None = None
-    pope_per_image: int = 3
-    pope_min_objects: int = 3
+    pope: PopeOptions = PopeOptions()
     ctx: RewardContext | None = None
+
+    @property
+    def pope_file(self) -> str | Path | None:
+        """The POPE question file the pope suite reads: --pope-data, else the data itself when it is one."""
+        return self.pope.data if self.pope.data is not None else (self.data if self.source.kind == "pope" else None)
+
+    @property
+    def data(self) -> str | Path | None:
+        """The path, as messages name it."""
+        return self.source.path
 
 
 @dataclass(frozen=True)

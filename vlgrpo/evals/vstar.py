@@ -1,6 +1,7 @@
 """The `vstar` eval suite: V* Bench (Wu & Xie, 2023), multiple-choice questions about small details of large images,
 in two categories (direct_attributes: an object's colour or material, 4 options; relative_position: where one object
-is from another, 2 options). The Samples come from `evals/reasoning.py`'s `load_vstar` (the published folders as they
+is from another, 2 options). The Samples come from `evals/reasoning/loaders.py`'s
+`load_vstar` (the published folders as they
 are); the answer is the option letter our choice parser reads, or an option's text written out; accuracy overall and
 per category. Knows nothing of models or engines.
 """
@@ -8,10 +9,8 @@ per category. Knows nothing of models or engines.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-from vlgrpo.evals.reasoning import load_vstar
-from vlgrpo.evals.reasoning_io import VSTAR_CATEGORIES, vstar_folders
+from vlgrpo.evals.reasoning.files import VSTAR_CATEGORIES
 from vlgrpo.evals.report import table
 from vlgrpo.evals.suite import Scores, Selection, Suite, prediction_row
 from vlgrpo.evals.vqa import ungated
@@ -41,10 +40,7 @@ def vstar_choice(read: str | None, options: list[str]) -> str | None:
 
 def select(sel: Selection) -> list[Sample]:
     """The V* Samples of the data (read by `load_vstar` when --data is a V* folder), the first `max_samples`."""
-    samples = [s for s in sel.samples if s.meta.get("benchmark") == NAME]
-    if not samples and isinstance(sel.data, (str, Path)) and vstar_folders(sel.data):
-        samples = load_vstar(sel.data)
-    return samples[: sel.max_samples]
+    return [s for s in sel.samples if s.meta.get("benchmark") == NAME][: sel.max_samples]
 
 
 def score(samples: list[Sample], completions: list[Completion], ctx: RewardContext, parser: str) -> Scores:

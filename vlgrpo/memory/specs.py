@@ -1,27 +1,23 @@
-"""Model specs for the memory planner: architecture numbers of Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 and parameter
-counts.
-
-Built-in table of the released checkpoints, or a local HF `config.json`; parameter counts come from the
-architecture formulas (checked against transformers in the tests). Pure arithmetic: no torch, no weights.
+"""Model specs for the memory planner: architecture numbers and parameter counts of Qwen2-VL / Qwen2.5-VL / Qwen3-VL /
+Qwen3.5, from a built-in table of the released checkpoints or a local HF `config.json`. The counts come from the
+architecture formulas (checked against transformers in the tests), which branch on each family's traits in
+`vlgrpo.families`. Pure arithmetic: no torch, no weights.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vlgrpo.families import FAMILIES, GATED_DELTANET, REFUSED, Family, is_gated_deltanet, refused_by_name
 from vlgrpo.types import InputError
 
 LM_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
 LINEAR_ATTENTION_LINEARS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
 """Qwen3.5's Gated DeltaNet projections (no such layer in the other families: they count zero there)."""
 VISION_LINEARS = ("qkv", "proj", "fc1", "fc2", "visual.gate_proj", "visual.up_proj", "visual.down_proj")
-
-
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5")
 
 
 class PlanError(InputError):
@@ -72,9 +68,14 @@ class ModelSpec:
     conv_kernel: int = 4
 
     @property
+    def traits(self) -> Family:
+        """What the family shares with its relatives (`vlgrpo.families`): the formulas below branch on it."""
+        return FAMILIES[self.family]
+
+    @property
     def qwen3(self) -> bool:
         """Qwen3 attention (no biases, q/k norms) and Qwen3-VL's tower (a conv bias, learned positions)."""
-        return self.family in ("qwen3_vl", "qwen3_5")
+        return self.traits.qwen3
 
     @property
     def attention_layers(self) -> int:
@@ -83,7 +84,7 @@ class ModelSpec:
     @property
     def gated_attention(self) -> bool:
         """Qwen3.5's attention: q_proj emits each head's query and its output gate (twice the query width)."""
-        return self.family == "qwen3_5"
+        return self.traits.gated_attention
 
     @property
     def linear_conv_dim(self) -> int:
@@ -116,10 +117,10 @@ class ModelSpec:
 
     def vision_params(self) -> int:
         """ViT blocks, the conv3d patch embedding and Qwen3-VL's position table (the mergers are counted apart)."""
-        hv, iv = self.vision_hidden, self.vision_intermediate
-        norms = 2 * (hv if self.family == "qwen2_5_vl" else 2 * hv)  # RMSNorm has no bias, LayerNorm has one
+        hv, iv, swiglu = self.vision_hidden, self.vision_intermediate, self.traits.vision_swiglu
+        norms = 2 * (hv if swiglu else 2 * hv)  # Qwen2.5-VL's RMSNorm has no bias, LayerNorm has one
         attn = (hv * 3 * hv + 3 * hv) + (hv * hv + hv)
-        mlp = 2 * (hv * iv + iv) + (iv * hv + hv) if self.family == "qwen2_5_vl" else (hv * iv + iv) + (iv * hv + hv)
+        mlp = 2 * (hv * iv + iv) + (iv * hv + hv) if swiglu else (hv * iv + iv) + (iv * hv + hv)
         patch_embed = self.in_channels * self.temporal_patch * self.patch * self.patch * hv + (hv if self.qwen3 else 0)
         return self.vision_depth * (norms + attn + mlp) + patch_embed + self.position_embeddings * hv
 
@@ -127,7 +128,7 @@ class ModelSpec:
         """The patch merger, and Qwen3-VL's DeepStack mergers (the trainer's `merger` part holds both)."""
         m = self.vision_hidden * self.merge**2  # 2x2 neighbouring patches concatenated
         linears = (m * m + m) + (m * self.hidden + self.hidden)
-        ln = self.vision_hidden if self.family == "qwen2_5_vl" else 2 * self.vision_hidden  # LayerNorm: + bias
+        ln = self.vision_hidden if self.traits.vision_swiglu else 2 * self.vision_hidden  # LayerNorm: + bias
         return ln + linears + self.deepstack_mergers * (2 * m + linears)  # DeepStack: LayerNorm over 4 hv
 
     def total_params(self) -> int:
@@ -170,7 +171,7 @@ def _qwen2(name, hidden, inter, layers, heads, kv, vocab, tie) -> ModelSpec:
 
 def _qwen3(name, hidden, inter, layers, heads, kv, tie, vision, deepstack) -> ModelSpec:
     """A dense Qwen3-VL: head_dim 128 and vocabulary 151,936 in every size; 16 px patches and 2,304 learned positions in
-    the tower (its pixel bounds: `vlgrpo.data.images.QWEN3_VL_GEOMETRY`). `vision` is (depth, hidden, intermediate)."""
+    the tower (its pixel bounds: `vlgrpo.families`). `vision` is (depth, hidden, intermediate)."""
     depth, hv, iv = vision
     return ModelSpec(
         name,
@@ -243,19 +244,13 @@ MODEL_TABLE: dict[str, ModelSpec] = {
         _qwen3_5("Qwen/Qwen3.5-27B", 5120, 17408, 64, 24, 4, 48, False, (27, 1152, 4304)),
     )
 }
-MOE = re.compile(r"qwen3(?:-vl|\.5)-\d+b-a\d+b")
-"""Qwen3-VL-30B-A3B, -235B-A22B (-Instruct / -Thinking), Qwen3.5-35B-A3B, -122B-A10B, -397B-A17B: mixture-of-experts,
-refused by name."""
 
 
-def moe_refusal(what: str, qwen3_5: bool = False) -> PlanError:
-    family, dense = ("Qwen3.5", "0.8B, 2B, 4B, 9B and 27B") if qwen3_5 else ("Qwen3-VL", "2B, 4B, 8B and 32B")
-    model_type = "qwen3_5_moe" if qwen3_5 else "qwen3_vl_moe"
-    arch = "qwen3_5" if qwen3_5 else "qwen3_vl"
+def moe_refusal(what: str, model_type: str) -> PlanError:
+    """A refused model type (`vlgrpo.families.REFUSED`: the mixture-of-experts ones) the planner does not count."""
     return PlanError(
-        f"{what} is a {family} mixture-of-experts model (model_type {model_type}), which vlgrpo neither trains "
-        f"(model.arch: {arch} is the dense family) nor counts; planned: the dense {family} {dense}. "
-        "Plan its model states with --params N (N: the total count, every expert stays in memory)"
+        f"{what} is {REFUSED[model_type]}; nor does the planner count it (model_type {model_type}): plan its model "
+        "states with --params N (N: the total count, every expert stays in memory)"
     )
 
 
@@ -272,8 +267,8 @@ def spec_from_config_json(path: str | Path) -> ModelSpec:
     except (OSError, json.JSONDecodeError) as e:
         raise PlanError(f"cannot read model config '{path}': {e}") from None
     family = raw.get("model_type")
-    if family in ("qwen3_vl_moe", "qwen3_5_moe"):
-        raise moe_refusal(f"'{path}'", qwen3_5=family == "qwen3_5_moe")
+    if family in REFUSED:
+        raise moe_refusal(f"'{path}'", family)
     if family not in FAMILIES:
         raise PlanError(f"'{path}': model_type {family!r} is not supported; accepted: {', '.join(FAMILIES)}")
     text, vis = {**raw, **(raw.get("text_config") or {})}, raw.get("vision_config") or {}
@@ -290,9 +285,9 @@ def spec_from_config_json(path: str | Path) -> ModelSpec:
         iv = int(hv * vis.get("mlp_ratio", 4))
     else:
         hv, iv = need(vis, "hidden_size", "vision_config."), need(vis, "intermediate_size", "vision_config.")
-    qwen3 = family in ("qwen3_vl", "qwen3_5")
+    traits = FAMILIES[family]
     # transformers ties Qwen3-VL's and Qwen3.5's lm_head by the top-level key only (the released files set both alike)
-    tie = raw.get("tie_word_embeddings", False) if qwen3 else text.get("tie_word_embeddings", False)
+    tie = raw.get("tie_word_embeddings", False) if traits.qwen3 else text.get("tie_word_embeddings", False)
     return ModelSpec(
         name=str(path.parent),
         family=family,
@@ -301,19 +296,19 @@ def spec_from_config_json(path: str | Path) -> ModelSpec:
         layers=need(text, "num_hidden_layers", ""),
         heads=heads,
         kv_heads=text.get("num_key_value_heads") or heads,
-        head_dim=text.get("head_dim") or (128 if qwen3 else hidden // heads),
+        head_dim=text.get("head_dim") or (128 if traits.qwen3 else hidden // heads),
         vocab=need(text, "vocab_size", ""),
         tie_embeddings=bool(tie),
         vision_depth=need(vis, "depth", "vision_config."),
         vision_hidden=hv,
         vision_intermediate=iv,
-        patch=vis.get("patch_size", 16 if qwen3 else 14),
+        patch=vis.get("patch_size", traits.patch_size),
         merge=vis.get("spatial_merge_size", 2),
         temporal_patch=vis.get("temporal_patch_size", 2),
         in_channels=vis.get("in_channels", vis.get("in_chans", 3)),
-        position_embeddings=vis.get("num_position_embeddings", 2304) if qwen3 else 0,
-        deepstack_mergers=len(vis.get("deepstack_visual_indexes", (8, 16, 24))) if family == "qwen3_vl" else 0,
-        **(_linear_attention(text) if family == "qwen3_5" else {}),
+        position_embeddings=vis.get("num_position_embeddings", 2304) if traits.qwen3 else 0,
+        deepstack_mergers=len(vis.get("deepstack_visual_indexes", (8, 16, 24))) if traits.deepstack else 0,
+        **(_linear_attention(text) if traits.hybrid_attention else {}),
     )
 
 
@@ -322,10 +317,10 @@ def _linear_attention(text: dict) -> dict:
     layers = text["num_hidden_layers"]
     interval = text.get("full_attention_interval", 4)
     types = text.get("layer_types") or [
-        "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)
+        "full_attention" if (i + 1) % interval == 0 else GATED_DELTANET for i in range(layers)
     ]
     return dict(
-        linear_layers=sum(t == "linear_attention" for t in types),
+        linear_layers=sum(map(is_gated_deltanet, types)),
         linear_k_heads=text.get("linear_num_key_heads", 16),
         linear_v_heads=text.get("linear_num_value_heads", 32),
         linear_k_dim=text.get("linear_key_head_dim", 128),
@@ -345,8 +340,8 @@ def resolve_model(name_or_path: str) -> ModelSpec:
     by_short = {_short(k): v for k, v in MODEL_TABLE.items()}
     if _short(name_or_path) in by_short:
         return by_short[_short(name_or_path)]
-    if MOE.search(_short(name_or_path)):
-        raise moe_refusal(name_or_path, qwen3_5="qwen3.5" in _short(name_or_path))
+    if refused_by_name(name_or_path):
+        raise moe_refusal(name_or_path, refused_by_name(name_or_path))
     raise PlanError(
         f"model '{name_or_path}' is neither a directory holding config.json nor a known model; known: "
         f"{', '.join(MODEL_TABLE)} (short forms like qwen2.5-vl-7b work too), or plan with --params N"

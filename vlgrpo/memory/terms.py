@@ -100,7 +100,7 @@ def activation_bytes(inp: PlanInput, seq_len: int) -> int:
     if "vision" not in inp.trainable or inp.lora_rank:
         return lm  # frozen ViT: features come from the cache, no graph through the tower
     patches = mb * visual_tokens(inp) * s.merge**2  # [mb, 4N] ViT tokens before the 2x2 merge: images and video
-    mlp = 4 if s.family == "qwen2_5_vl" else 2  # SwiGLU saves gate, up, act, product; GELU MLP saves fc1, act
+    mlp = 4 if s.traits.vision_swiglu else 2  # SwiGLU saves gate, up, act, product; GELU MLP saves fc1, act
     per_vit = b * (8 * s.vision_hidden + mlp * s.vision_intermediate) * patches
     vit = (
         (b * s.vision_hidden * patches * s.vision_depth + per_vit)

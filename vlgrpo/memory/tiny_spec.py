@@ -29,11 +29,12 @@ def init_tiny_spec(tiny: Any, cfg: Config) -> tuple[ModelSpec, str]:
             f"model.arch={arch}: the planner counts the parameters of {', '.join(FAMILIES)} models; "
             "plan model states with --params N"
         )
+    fam = FAMILIES[arch]
     vision_mlp = tiny.vision_intermediate
-    if arch == "qwen2_vl":  # Qwen2-VL's ViT MLP is mlp_ratio x embed_dim
+    if not (fam.qwen3 or fam.vision_swiglu):  # Qwen2-VL's ViT MLP is mlp_ratio x embed_dim
         vision_mlp = tiny.vision_intermediate // tiny.vision_hidden * tiny.vision_hidden
-    qwen3 = arch in ("qwen3_vl", "qwen3_5")  # vlgrpo.tiny's: 16 px patches, 256 learned positions
-    hybrid = arch == "qwen3_5"  # Gated DeltaNet in all but every full_attention_interval-th layer, no DeepStack
+    qwen3 = fam.qwen3  # vlgrpo.tiny's: 16 px patches, 256 learned positions
+    hybrid = fam.hybrid_attention  # Gated DeltaNet in all but every full_attention_interval-th layer, no DeepStack
     linear = (
         dict(
             linear_layers=tiny.num_layers - tiny.num_layers // tiny.full_attention_interval,
@@ -60,9 +61,9 @@ def init_tiny_spec(tiny: Any, cfg: Config) -> tuple[ModelSpec, str]:
         vision_depth=tiny.vision_depth,
         vision_hidden=tiny.vision_hidden,
         vision_intermediate=vision_mlp,
-        patch=16 if qwen3 else 14,
+        patch=fam.patch_size,
         position_embeddings=256 if qwen3 else 0,
-        deepstack_mergers=len(tiny.deepstack_visual_indexes) if arch == "qwen3_vl" else 0,
+        deepstack_mergers=len(tiny.deepstack_visual_indexes) if fam.deepstack else 0,
         min_pixels=tiny.min_pixels,
         max_pixels=tiny.max_pixels,
         **linear,

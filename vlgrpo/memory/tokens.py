@@ -26,12 +26,12 @@ def video_tokens(inp: PlanInput) -> int:
 def prompt_parts(inp: PlanInput) -> dict[str, int]:
     """One prompt's tokens by part: text, every image, the video's pads and (Qwen3-VL, Qwen3.5) its timestamp
     labels."""
-    qwen3 = inp.spec is not None and inp.spec.family in ("qwen3_vl", "qwen3_5")
+    timestamps = inp.spec is not None and inp.spec.traits.video_timestamps
     return {
         "text": inp.text_tokens,
         "images": inp.images_per_sample * inp.image_tokens,
         "video": video_tokens(inp),
-        "video_timestamps": temporal_patches(inp) * TIMESTAMP_TOKENS if qwen3 else 0,
+        "video_timestamps": temporal_patches(inp) * TIMESTAMP_TOKENS if timestamps else 0,
     }
 
 

@@ -23,11 +23,6 @@ from torch import Tensor
 from transformers.activations import ACT2FN
 
 
-def is_linear_attention(layer) -> bool:
-    """A decoder layer whose token mixer is linear attention (Qwen3.5's Gated DeltaNet) rather than attention."""
-    return hasattr(layer, "linear_attn")
-
-
 def prompt_states(cache, layer_index: int) -> tuple[Tensor, Tensor]:
     """(conv state [B, conv dim, K], recurrent state [B, v heads, k dim, v dim]) a prefill left in the transformers
     cache for linear-attention layer `layer_index`."""

@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vlgrpo.policy.linear_attention import gated_delta, is_linear_attention, prompt_states
+from vlgrpo.families import is_gated_deltanet
+from vlgrpo.policy.linear_attention import gated_delta, prompt_states
 from vlgrpo.policy.text_decoder import first_attention, gated, project_qkv, rotate, text_rotary
 
 
@@ -77,7 +78,7 @@ def packed_completion_logits(
 
     for li, layer in enumerate(text.layers):
         h = layer.input_layernorm(x)
-        if is_linear_attention(layer):  # Gated DeltaNet: each row continues its own prompt's states
+        if is_gated_deltanet(layer):  # Gated DeltaNet: each row continues its own prompt's states
             conv, state = prompt_states(cache, li)
             o, _, _ = gated_delta(layer.linear_attn, padded(h), valid, conv[row_prompt], state[row_prompt])
             x = x + o[rows, cols]

@@ -25,6 +25,54 @@ VIDEO_PAD = "<|video_pad|>"
 VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
 
 
+@dataclass(frozen=True)
+class PromptSettings:
+    """How an engine writes its prompts and how far a trajectory may go: the one value every engine is built from
+    (`rollout.build.build_engine`: the trainer's, the split worker's, the in-loop eval's, `vlgrpo eval`'s and the
+    demo's), so a setting added here reaches each of them."""
+
+    answer_format: str = "think_answer"
+    box_format: str = "qwen2_5"
+    system_prompt: str = ""
+    thinking: str = "auto"
+    """data.thinking: auto leaves the template's enable_thinking at its default, on / off set it."""
+    video_sampling: VideoSampling = VideoSampling()
+    tools: tuple[str, ...] = ()
+    """Tools the model may call (rollout.tools); () : one turn."""
+    max_turns: int = 1
+    max_total_length: int | None = None
+    """Tokens a multi-turn trajectory may reach (rollout.max_total_length resolved); None: the engine's context."""
+
+    @classmethod
+    def from_config(cls, cfg, box_format: str, geometry: ProcessorGeometry | None = None) -> PromptSettings:
+        """A run's settings (data.*, rollout.tools / max_turns / max_total_length), with the resolved box convention
+        (`reward.box_format` auto resolved by the reward context)."""
+        from vlgrpo.memory.from_config import total_length
+
+        d, r = cfg.data, cfg.rollout
+        tools = tuple(r.tools)
+        return cls(
+            d.answer_format,
+            box_format,
+            d.system_prompt,
+            d.thinking,
+            VideoSampling.from_config(d.video),
+            tools,
+            r.max_turns if tools else 1,
+            total_length(cfg, geometry) if tools else None,
+        )
+
+    def prompt_kw(self) -> dict:
+        """The keywords of `build_prompt` (everything but the tools, which the multi-turn rollout renders)."""
+        return dict(
+            answer_format=self.answer_format,
+            box_format=self.box_format,
+            system_prompt=self.system_prompt,
+            video_sampling=self.video_sampling,
+            thinking=self.thinking,
+        )
+
+
 @dataclass
 class PromptInputs:
     """One tokenised prompt with its visual inputs; `input_ids` already hold one <|image_pad|> per image token and

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from vlgrpo.policy.linear_attention import is_linear_attention
+from vlgrpo.families import is_gated_deltanet
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -45,7 +45,7 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 def attention_layers(text) -> list[int]:
     """Indices of the decoder layers with (full) attention; the others are linear attention (Qwen3.5)."""
-    return [i for i, layer in enumerate(text.layers) if not is_linear_attention(layer)]
+    return [i for i, layer in enumerate(text.layers) if not is_gated_deltanet(layer)]
 
 
 def first_attention(text):
@@ -57,7 +57,7 @@ def is_hybrid(model) -> bool:
     """A text decoder with linear-attention layers beside attention (Qwen3.5): its per-sequence state lives in the
     cache's conv and recurrent states, which transformers' cache cannot repeat or select per row."""
     try:
-        return any(is_linear_attention(layer) for layer in model.get_decoder().layers)
+        return any(is_gated_deltanet(layer) for layer in model.get_decoder().layers)
     except (AttributeError, TypeError):
         return False
 

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # the real import pulls in transformers; it happens lazily, o
 Box = tuple[float, float, float, float]
 BOX_FORMATS = tuple(name for name in BOX_FORMAT.names if name != "auto")
 ARCH_BOX_FORMAT = {arch: f.box_format for arch, f in FAMILIES.items()}
+"""Each arch's box convention, as `vlgrpo.families` states it."""
 MAX_BOXES = 100
 """Boxes read from one completion at most (scoring is O(predicted x gold); more boxes only lower the reward)."""
 MAX_BOX_TEXT = 20_000

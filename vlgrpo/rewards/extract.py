@@ -108,3 +108,18 @@ def extract_answer(text: str, fallback: tuple[str, ...] = FALLBACKS) -> str | No
         if value:
             return value
     return None
+
+
+_ANSWER_OPEN, _ANSWER_CLOSE = "<answer>", "</answer>"
+
+
+def strip_answer_tags(text: str) -> str:
+    """The content of a single `<answer>...</answer>` block (stripped), else the text unchanged.
+
+    Every parser applies this first, so R1-style completions ("<think>...</think><answer>No</answer>") are judged
+    on their answer only. Several or malformed blocks leave the whole text to the parser."""
+    if text.count(_ANSWER_OPEN) == 1 and text.count(_ANSWER_CLOSE) == 1:
+        start, end = text.find(_ANSWER_OPEN) + len(_ANSWER_OPEN), text.find(_ANSWER_CLOSE)
+        if end >= start:
+            return text[start:end].strip()
+    return text

@@ -1,17 +1,22 @@
 """The rollout-engine protocol: G completions for each of B prompts, weight updates, a policy version, counters.
 
-Engines (hf, vllm) implement it; the trainer and the evals runner only see this. Knows nothing of rewards or losses.
+Engines (hf, vllm) implement it; the trainer, the evals runner and the multi-turn rollout (`turns.ToolRollout`) only
+see this. Knows nothing of rewards or losses.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import Tensor
 
 from vlgrpo.types import RolloutGroup, Sample
+
+if TYPE_CHECKING:
+    from vlgrpo.data.images import ProcessorGeometry
+    from vlgrpo.policy.prompt import PromptInputs
 
 
 @dataclass
@@ -67,10 +72,6 @@ class SamplingParams:
         return self.temperature == 0
 
 
-PROMPT_KEYS = ("answer_format", "box_format", "system_prompt", "video_sampling", "thinking")
-"""The prompt settings an engine passes to `policy.prompt.build_prompt` (its `prompt_kw`)."""
-
-
 def cut_at_stop(text: str, stop: list[str]) -> str:
     """The completion text as every engine reports it: cut before the first stop string (the tokens keep it)."""
     found = [text.index(s) for s in stop if s in text]
@@ -123,6 +124,43 @@ class RolloutEngine(Protocol):
         ...
 
     def reset_stats(self) -> None: ...
+
+    # ------------------------------------------------------------ what a multi-turn rollout (ToolRollout) needs
+    # Every engine has each member; one that lacks an ability says so by its value ("not supported"), never by lacking
+    # the member.
+
+    processor: Any
+    """The policy's processor: its tokenizer writes the tool-response turns and reads the model's."""
+    geometry: ProcessorGeometry
+    """The processor's smart_resize settings: the images' (and a tool's crops') token counts."""
+    prompt_kw: dict[str, Any]
+    """The prompt settings `policy.prompt.build_prompt` gets (`PromptSettings.prompt_kw()`)."""
+    max_model_len: int | None
+    """Tokens a sequence may reach in the engine (vLLM's context); None: no bound of the engine's own."""
+    max_images: int | None
+    """Images one prompt may hold (vLLM's limit_mm_per_prompt): a tool's crops count; None: no bound."""
+    keeps_turns: bool
+    """Whether the engine keeps each completion's KV (`generate_prompts(keep_kv=True)`, `last_kv`) and continues it
+    (`continue_prompts`), so a turn prefills only what came after it. False: each turn's prompt goes whole to
+    `generate_prompts` (an engine may still find the earlier turns in a prefix cache)."""
+    last_kv: list
+    """Each completion's kept KV from the last `generate_prompts(keep_kv=True)` or `continue_prompts`, in the
+    groups' order; always [] where `keeps_turns` is False."""
+
+    def generate_prompts(
+        self, samples: list[Sample], prompts: list[PromptInputs], params: SamplingParams, keep_kv: bool = False
+    ) -> list[RolloutGroup]:
+        """`generate` from prompts built already (`build_prompt`, or a trajectory's ids continued with its tool
+        response): the next turn is never re-tokenised. `keep_kv` (only where `keeps_turns`): `last_kv` gets each
+        completion's KV."""
+        ...
+
+    def continue_prompts(
+        self, samples: list[Sample], prompts: list[PromptInputs], kvs: list, params: SamplingParams
+    ) -> list[RolloutGroup]:
+        """One completion per prompt, each the continuation of the completion whose kept KV is `kvs[i]`: only the
+        tokens after it are prefilled; `last_kv` then holds the new KVs. NotImplementedError where not `keeps_turns`."""
+        ...
 
 
 class EngineCounters:

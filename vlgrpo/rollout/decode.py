@@ -27,7 +27,8 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
-from vlgrpo.policy.linear_attention import gated_delta, is_linear_attention, prompt_states
+from vlgrpo.families import is_gated_deltanet
+from vlgrpo.policy.linear_attention import gated_delta, prompt_states
 from vlgrpo.policy.text_decoder import (
     first_attention,
     gated,
@@ -82,7 +83,7 @@ class SharedPrefixDecoder:
         cfg = self.text.config
         self.heads, self.kv_heads, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, attn.head_dim
         self.rep, self.scale, self.g = self.heads // self.kv_heads, attn.scaling, g
-        self.linear = [is_linear_attention(layer) for layer in self.text.layers]
+        self.linear = [is_gated_deltanet(layer) for layer in self.text.layers]
         # attention layers: the prompt's keys and values, never copied; linear ones: each row's own conv and recurrent
         # state, the prompt's repeated G ways (a state is per sequence: the rows diverge from their first token)
         self.prompt_k = [None if lin else layer.keys for lin, layer in zip(self.linear, cache.layers)]

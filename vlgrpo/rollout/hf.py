@@ -20,9 +20,9 @@ from vlgrpo.data.video import VideoSampling
 from vlgrpo.models import eval_mode
 from vlgrpo.policy.forward import extend, prefill
 from vlgrpo.policy.linear_attention import select_cache_rows
-from vlgrpo.policy.prompt import PromptInputs, build_prompt, forbidden_mask, left_pad, vocab_size
+from vlgrpo.policy.prompt import PromptInputs, PromptSettings, build_prompt, forbidden_mask, left_pad, vocab_size
 from vlgrpo.policy.text_decoder import is_hybrid
-from vlgrpo.rollout.base import PROMPT_KEYS, EngineCounters, SamplingParams, cut_at_stop
+from vlgrpo.rollout.base import EngineCounters, SamplingParams, cut_at_stop
 from vlgrpo.rollout.decode import SharedPrefixDecoder, TurnKV, stack_kv
 from vlgrpo.types import Completion, RolloutGroup, Sample
 
@@ -210,31 +210,26 @@ class HFEngine(EngineCounters):
     """RolloutEngine on a transformers model shared with the trainer (so `update_weights` is a version bump)."""
 
     holds_own_weights = False
+    max_model_len: int | None = None
+    """No context bound of the engine's own: a trajectory is bounded by max_total_length and max_turns."""
+    max_images: int | None = None
+    """A prompt may hold any number of images."""
     COUNTERS = (*EngineCounters.COUNTERS, "decode_tokens", "finish_stop", "finish_length")
 
     @classmethod
-    def from_config(cls, cfg, lm, vision_cache, box_format: str) -> HFEngine:
-        """The engine of a run: the trainer's own module, its processor and prompt settings. A step's prompts are
-        prefilled and decoded as one batch, the KV cache the memory planner counts (`memory.terms.rollout_terms`)."""
-        d = cfg.data
-        return cls(
-            lm.model,
-            lm.processor,
-            vision_cache,
-            d.answer_format,
-            box_format,
-            d.system_prompt,
-            batch_prompts=cfg.train.prompts_per_step,
-            video_sampling=VideoSampling.from_config(d.video),
-            thinking=d.thinking,
-        )
+    def from_config(cls, cfg, lm, vision_cache, prompt: PromptSettings) -> HFEngine:
+        """The engine of a run (`rollout.build.build_engine`): the trainer's own module and processor. A step's
+        prompts are prefilled and decoded as one batch, the KV cache the memory planner counts
+        (`memory.terms.rollout_terms`)."""
+        return cls(lm.model, lm.processor, vision_cache, **prompt.prompt_kw(), batch_prompts=cfg.train.prompts_per_step)
 
     @classmethod
-    def for_eval(cls, lm, vision_cache, *, batch_prompts: int = 8, **kwargs) -> HFEngine:
-        """The greedy decoder of `vlgrpo eval --model`: the loaded model itself (dtype, engine_kwargs and
-        gpu_memory_utilization concern engines that load their own copy)."""
-        prompt_kw = {k: kwargs[k] for k in PROMPT_KEYS if k in kwargs}
-        return cls(lm.model.eval(), lm.processor, vision_cache, **prompt_kw, batch_prompts=batch_prompts)
+    def for_eval(cls, lm, vision_cache, prompt: PromptSettings, *, model=None, batch_prompts: int = 8, **launch):
+        """A greedy decoder (`rollout.build.build_engine`): `model` (the in-loop eval's training module), else the
+        loaded model itself; `launch` (dtype, engine_kwargs, gpu_memory_utilization) concerns engines that load their
+        own copy."""
+        model = lm.model.eval() if model is None else model
+        return cls(model, lm.processor, vision_cache, **prompt.prompt_kw(), batch_prompts=batch_prompts)
 
     def __init__(
         self,

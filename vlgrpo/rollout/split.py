@@ -200,8 +200,10 @@ def _worker_main(cfg, box_format: str, requests, results, gpu: str | None) -> No
 
 
 def _serve(cfg, box_format: str, requests, results, device: str) -> None:
+    from vlgrpo.data.images import ProcessorGeometry
     from vlgrpo.models import load_model
-    from vlgrpo.registry import ENGINE
+    from vlgrpo.policy.prompt import PromptSettings
+    from vlgrpo.rollout.build import build_engine
     from vlgrpo.vision_cache import VisionCache, find_visual
 
     # one thread: the worker shares the CPUs with its trainer (one worker per data-parallel rank), and a spawned
@@ -213,11 +215,9 @@ def _serve(cfg, box_format: str, requests, results, device: str) -> None:
     find_visual(lm.model).to(device)  # vLLM's GPU, if any: the HF copy encodes images there; its decoder idles (vLLM)
     trainable_vision = not (m.freeze_vision and m.freeze_merger)
     cache = VisionCache(lm.model, lm.processor, cfg.rollout.vision_cache_bytes, trainable=trainable_vision)
-    engine = ENGINE.load(cfg.rollout.engine).from_config(cfg, lm, cache, box_format)
-    if cfg.rollout.tools:  # multi-turn rollouts, as colocated: the worker runs the tools and returns trajectories
-        from vlgrpo.rollout.turns import ToolRollout
-
-        engine = ToolRollout.from_config(cfg, engine)
+    # the trainer's engine, built as the colocated one is: with tools, the worker runs them and returns trajectories
+    prompt = PromptSettings.from_config(cfg, box_format, ProcessorGeometry.from_processor(lm.processor))
+    engine = build_engine(cfg.rollout.engine, lm, cache, prompt, run=cfg)
     buffers = {name for name, _ in lm.model.named_buffers()}
     version, idle_since, idle = -1, time.perf_counter(), 0.0
     while True:

@@ -1,16 +1,16 @@
 """Multi-turn rollouts with tools ("thinking with images"): a turn stops at `</tool_call>`, the call runs
-(`rollout/tools.py`), its result comes back as a tool-response turn (a crop as a new image, an error as text), and the
+(`rollout/tools/`), its result comes back as a tool-response turn (a crop as a new image, an error as text), and the
 model goes on, up to `max_turns` turns.
 
-`ToolRollout` wraps an engine that can continue prompts given as ids (`generate_prompts`: the HF and vLLM engines):
-the first turn is the engine's own grouped rollout; each later turn continues each trajectory from its whole token
-ids (never re-tokenised), its images the prompt's followed by its crops (each crop keyed by its pixels in the vision
-cache, so a region asked for again is a hit). The HF engine keeps each trajectory's KV from turn to turn, so a turn
-prefills only the tool response and what follows it; vLLM's prefix caching finds the earlier turns' blocks. A
-trajectory ends at `max_turns` turns ("max_turns") or where its next turn could
-pass `max_total_length` tokens ("max_total_length"); both still hold a call the model made. A trajectory is one
-Completion: every token after the prompt, `tool_mask` 1 on the tokens the tool-response turns inserted (the model did
-not sample them), the crops' PNG bytes, and its turns as chat messages. Knows nothing of rewards or losses.
+`ToolRollout` drives an engine through the multi-turn members of the RolloutEngine protocol (`base.py`: prompts given as
+ids, kept KV, the engine's limits): the first turn is the engine's own grouped rollout; each later turn continues each
+trajectory from its whole token ids (never re-tokenised), its images the prompt's followed by its crops (each crop keyed
+by its pixels in the vision cache, so a region asked for again is a hit). The HF engine keeps each trajectory's KV from
+turn to turn, so a turn prefills only the tool response and what follows it; vLLM's prefix caching finds the earlier
+turns' blocks. A trajectory ends at `max_turns` turns ("max_turns") or where its next turn could pass `max_total_length`
+tokens ("max_total_length"); both still hold a call the model made. A trajectory is one Completion: every token after
+the prompt, `tool_mask` 1 on the tokens the tool-response turns inserted (the model did not sample them), the crops' PNG
+bytes, and its turns as chat messages. Knows nothing of rewards or losses.
 """
 
 from __future__ import annotations
@@ -24,19 +24,11 @@ import torch
 from PIL import Image
 
 from vlgrpo.data.images import load_image
-from vlgrpo.memory.from_config import total_length
 from vlgrpo.policy.prompt import IMAGE_PAD, VISION_END, VISION_START, PromptInputs, build_prompt
-from vlgrpo.rollout.base import SamplingParams
-from vlgrpo.rollout.tools import (
-    EXPECTED_CALL,
-    TOOL_CALL_END,
-    ToolCallError,
-    ToolContext,
-    first_tool_call,
-    run_tool,
-    tool_schemas,
-    tool_table,
-)
+from vlgrpo.rollout.base import RolloutEngine, SamplingParams
+from vlgrpo.rollout.tools.calls import EXPECTED_CALL, TOOL_CALL_END, ToolCallError, first_tool_call
+from vlgrpo.rollout.tools.context import ToolContext
+from vlgrpo.rollout.tools.table import run_tool, tool_schemas, tool_table
 from vlgrpo.types import Completion, InputError, RolloutGroup, Sample
 
 TOOL_RESPONSE = "<|im_end|>\n<|im_start|>user\n<tool_response>\n{}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
@@ -77,14 +69,14 @@ class Trajectory:
 
 
 class ToolRollout:
-    """A RolloutEngine whose completions may call tools: `engine` must offer `generate_prompts` (HF, vLLM).
+    """A RolloutEngine whose completions may call tools, over `engine` (HF, vLLM).
     `max_total_length`: the longest sequence a trajectory may reach (prompt, turns, tool responses; None: the engine's
-    context length where it has one (vLLM), else no bound but `max_turns`). `reuse_turns=False` re-prefills each
+    `max_model_len` where it has one (vLLM), else no bound but `max_turns`). `reuse_turns=False` re-prefills each
     turn whole on the HF engine too (the baseline `benchmarks/bench_turns.py` compares with)."""
 
     def __init__(
         self,
-        engine,
+        engine: RolloutEngine,
         tools: tuple[str, ...],
         max_turns: int,
         max_total_length: int | None = None,
@@ -92,25 +84,15 @@ class ToolRollout:
     ):
         if max_turns < 1:
             raise InputError(f"max_turns must be >= 1, got {max_turns}")
-        if not hasattr(engine, "generate_prompts"):
-            raise InputError(
-                f"tools need an engine that continues prompts from ids (hf, vllm); {type(engine).__name__} does not"
-            )
         tool_table(tuple(tools))  # a bad tool list fails here, before any decoding
         self.reuse_turns = reuse_turns
         self.engine, self.tools, self.max_turns = engine, tuple(tools), max_turns
-        self.max_total_length = max_total_length or getattr(engine, "max_model_len", None)
+        self.max_total_length = max_total_length or engine.max_model_len
         """Tokens a trajectory may reach: the given budget, else the engine's context (vLLM's max_model_len)."""
-        self.max_images = getattr(engine, "limits", {}).get("image")
+        self.max_images = engine.max_images
         """Images a conversation may hold (vLLM's limit_mm_per_prompt); None: no bound (HF)."""
         self.schemas = tool_schemas(self.tools)
         self.reset_stats()
-
-    @classmethod
-    def from_config(cls, cfg, engine) -> ToolRollout:
-        """A run's multi-turn rollouts over `engine` (colocated, or in the split placement's rollout worker):
-        rollout.tools, rollout.max_turns, the length budget `memory.from_config.total_length`."""
-        return cls(engine, tuple(cfg.rollout.tools), cfg.rollout.max_turns, total_length(cfg, engine.geometry))
 
     @property
     def holds_own_weights(self) -> bool:
@@ -120,7 +102,7 @@ class ToolRollout:
     def reuse(self) -> bool:
         """Each trajectory's KV kept from turn to turn (the HF engine's `continue_prompts`): a turn prefills only what
         came after it. False: each turn's prompt prefilled whole (vLLM finds the earlier turns in its prefix cache)."""
-        return self.reuse_turns and getattr(self.engine, "keeps_turns", False)
+        return self.reuse_turns and self.engine.keeps_turns
 
     @property
     def policy_version(self) -> int:
@@ -144,8 +126,7 @@ class ToolRollout:
         self._counts = dict.fromkeys(
             ("trajectories", "calls", "turns", "errors", "crops", "crop_area", "over_length"), 0
         )
-        if hasattr(self.engine, "reset_stats"):
-            self.engine.reset_stats()
+        self.engine.reset_stats()
 
     # ------------------------------------------------------------ turns
 
@@ -159,7 +140,7 @@ class ToolRollout:
         prompts = [build_prompt(s, e.processor, e.geometry, **e.prompt_kw, tools=self.schemas) for s in samples]
         params = replace(params, stop=[*params.stop, TOOL_CALL_END])
         reuse = self.reuse
-        first = e.generate_prompts(samples, prompts, params, **({"keep_kv": True} if reuse else {}))
+        first = e.generate_prompts(samples, prompts, params, keep_kv=reuse)
         groups = [[self._start(g.sample, p, c) for c in g.completions] for g, p in zip(first, prompts)]
         flat = [t for group in groups for t in group]
         for t, kv in zip(flat, e.last_kv if reuse else []):

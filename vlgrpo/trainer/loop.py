@@ -20,7 +20,7 @@ from vlgrpo.rollout.base import staleness
 from vlgrpo.trainer.backends import global_normalisers, max_over_ranks, no_dropout, sum_tensor_over_ranks
 from vlgrpo.trainer.batch import TrainBatch, attach_crops, make_batch, over_turn_mask
 from vlgrpo.trainer.checkpoint import checkpoint_dirs
-from vlgrpo.trainer.metrics import memory_metrics
+from vlgrpo.trainer.metrics import mean_metrics, memory_metrics
 from vlgrpo.trainer.offpolicy import OffPolicy
 from vlgrpo.trainer.sft import gold_group
 from vlgrpo.trainer.source import rollout_source
@@ -53,11 +53,6 @@ class Scored:
             self.groups.append(groups[gi])
             self.features.append(features[gi])
             self.rewards.extend(rewards[gi * G : (gi + 1) * G])
-
-
-def _mean_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
-    keys = {k for p in parts for k in p}
-    return {k: sum(p.get(k, 0.0) for p in parts) / len(parts) for k in keys}
 
 
 class Trainer:
@@ -160,7 +155,7 @@ class Trainer:
             if need == 0 and len(out.groups) < B:  # rounds exhausted: fill with the last round's dropped groups
                 dropped = [gi for gi, ok in enumerate(informative) if not ok]
                 out.take(groups, feats, rewards, G, dropped[: B - len(out.groups)])
-        out.metrics = _mean_metrics(parts)
+        out.metrics = mean_metrics(parts)
         return out
 
     def _sample_round(self, need: int, round_no: int, parts: list) -> tuple[list[RolloutGroup], list, list[float]]:
@@ -280,7 +275,7 @@ class Trainer:
         return {
             "train/loss": sum(losses) / g.num_iterations,
             **opt_stats,
-            **{f"grpo/{k}": v for k, v in _mean_metrics(stats_all).items()},
+            **{f"grpo/{k}": v for k, v in mean_metrics(stats_all).items()},
         }
 
     # ------------------------------------------------------------------ SFT

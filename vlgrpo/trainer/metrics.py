@@ -161,3 +161,9 @@ def truncate_metrics(path: Path, step: int) -> tuple[int, int]:
         tmp.write_text("".join(r + "\n" for r in kept))
         os.replace(tmp, path)
     return later, broken
+
+
+def mean_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
+    """The mean of each key over the parts (micro-batches); a part without the key counts as 0."""
+    keys = {k for p in parts for k in p}
+    return {k: sum(p.get(k, 0.0) for p in parts) / len(parts) for k in keys}

@@ -2,8 +2,8 @@
 
 Same data pipeline, prompts, feature injection and backends as GRPO (the R1 recipe: SFT fixes the format, RL
 improves the answers). The loss is the mean negative log-likelihood over all completion tokens of the batch. A run
-with the zoom tool (`rollout.tools: [zoom_in]`) trains on gold trajectories instead where a sample has a box: a call
-zooming into the box's region, the crop's tool-response turn (out of the loss, as in GRPO), then the gold answer.
+with tools (`rollout.tools`) trains on gold trajectories instead where a tool offers a gold call on a sample (the zoom
+tool: on its box): the call, the tool's response turn (out of the loss, as in GRPO), then the gold answer.
 """
 
 from __future__ import annotations
@@ -12,16 +12,12 @@ import json
 
 from vlgrpo.data.images import load_image
 from vlgrpo.policy.prompt import continue_turn
-from vlgrpo.rewards.boxes import from_original_pixels
 from vlgrpo.rewards.render import render_completion
-from vlgrpo.rollout.tools import ToolContext, first_tool_call, run_tool, tool_table
+from vlgrpo.rollout.tools.calls import first_tool_call
+from vlgrpo.rollout.tools.context import Tool, ToolContext
+from vlgrpo.rollout.tools.table import run_tool, tools_of
 from vlgrpo.rollout.turns import png_bytes, response_turn
 from vlgrpo.types import Completion, RolloutGroup, Sample
-
-ZOOM_CONTEXT = 0.25
-"""The share of the image's shorter side a gold trajectory's zoom box spans at least, around the sample's box: the
-crop keeps some context around a small target (the synth `zoom` kind's 7 px shape in 448 px: a 112 px crop)."""
-ZOOM_THOUGHT = "I zoom in to see it better."
 
 
 def render_target(sample: Sample, answer_format: str, box_format: str, geometry=None) -> str:
@@ -34,11 +30,12 @@ def render_target(sample: Sample, answer_format: str, box_format: str, geometry=
 def gold_group(state, sample: Sample) -> RolloutGroup:
     """The gold answer, rendered in the target format and tokenised (+ EOS), as a one-completion group of the run's
     `state` (what follows the prompt's opened `<think>`, when its template opened one); a gold trajectory
-    (`gold_trajectory`) when the run has the zoom tool and the sample a box."""
+    (`gold_trajectory`) when one of the run's tools offers a gold call on the sample (`gold_call`)."""
     text = render_target(sample, state.cfg.data.answer_format, state.reward_ctx.box_format, state.geometry)
     prompt = state.rows.prompt(sample)
-    if "zoom_in" in tool_table(tuple(state.cfg.rollout.tools)) and sample.boxes and sample.images:
-        completion = gold_trajectory(state, sample, prompt, text)
+    gold = gold_call(state, sample)
+    if gold is not None:
+        completion = gold_trajectory(state, sample, prompt, text, *gold)
     else:
         written = continue_turn(prompt.opened, text, f"sample '{sample.id}': ")
         ids = state.tokenizer(written, add_special_tokens=False)["input_ids"] + [state.tokenizer.eos_token_id]
@@ -46,38 +43,39 @@ def gold_group(state, sample: Sample) -> RolloutGroup:
     return RolloutGroup(sample=sample, prompt_ids=prompt.input_ids, completions=[completion])
 
 
-def zoom_region(box, image_size: tuple[int, int], context: float = ZOOM_CONTEXT) -> tuple[float, ...]:
-    """`box` (original pixels) grown about its centre to at least `context` x the image's shorter side per side,
-    kept inside the image."""
-    (x1, y1, x2, y2), (w, h) = box, image_size
-    side = context * min(w, h)
-    out = []
-    for lo, hi, limit in ((x1, x2, w), (y1, y2, h)):
-        span = max(hi - lo, min(side, limit))
-        start = min(max((lo + hi) / 2 - span / 2, 0), limit - span)
-        out.append((start, start + span))
-    return (out[0][0], out[1][0], out[0][1], out[1][1])
+def gold_call(state, sample: Sample) -> tuple[Tool, dict, ToolContext] | None:
+    """The first of the run's tools (rollout.tools) that offers a call on `sample` (`Tool.gold_call`: the zoom tool's
+    on its box): the tool, the call's arguments and the context it runs in, as a rollout's (the sample's images);
+    None when none does, or the sample has no image."""
+    tools = [t for t in tools_of(state.cfg.rollout.tools) if t.gold is not None]
+    if not tools or not sample.images:
+        return None
+    context = ToolContext([load_image(i) for i in sample.images], state.reward_ctx.box_format, state.geometry)
+    for tool in tools:
+        arguments = tool.gold_call(sample, context)
+        if arguments is not None:
+            return tool, arguments, context
+    return None
 
 
-def gold_trajectory(state, sample: Sample, prompt, answer: str) -> Completion:
-    """turn 1: `<think>ZOOM_THOUGHT</think>` (think_answer) and a zoom-in call on the sample's first box grown by
-    `zoom_region`, in the model's box convention; the tool's own crop of it as the tool-response turn (tool_mask 1,
-    so out of the loss); turn 2: `answer` and EOS. The crop is the one a rollout's call on that box returns."""
-    fmt, geometry, tok = state.reward_ctx.box_format, state.geometry, state.tokenizer
-    image = load_image(sample.images[0])
-    size = (image.width, image.height)
-    region = from_original_pixels([zoom_region(sample.boxes[0], size)], fmt, size, geometry)[0]
-    name = tool_table(("zoom_in",))["zoom_in"].name
-    call = {"name": name, "arguments": {"bbox_2d": [int(round(v)) for v in region]}}
-    think = f"<think>{ZOOM_THOUGHT}</think>" if state.cfg.data.answer_format == "think_answer" else ""
+def gold_trajectory(
+    state, sample: Sample, prompt, answer: str, tool: Tool, arguments: dict, context: ToolContext
+) -> Completion:
+    """turn 1: `<think>` the tool's gold thought `</think>` (think_answer) and the tool's gold call; the tool's own
+    result of it as the tool-response turn (tool_mask 1, so out of the loss); turn 2: `answer` and EOS. The result is
+    the one a rollout's call with these arguments gets."""
+    tok = state.tokenizer
+    call = {"name": tool.name, "arguments": arguments}
+    think = f"<think>{tool.gold_thought}</think>" if state.cfg.data.answer_format == "think_answer" else ""
     first = continue_turn(prompt.opened, f"{think}<tool_call>{json.dumps(call)}</tool_call>", f"sample '{sample.id}': ")
-    result = run_tool(first_tool_call(first), ToolContext([image], fmt, geometry), ("zoom_in",))  # as a rollout runs it
+    result = run_tool(first_tool_call(first), context, tuple(state.cfg.rollout.tools))  # as a rollout runs it
     if result.error is not None:
-        raise ValueError(f"sample '{sample.id}': the gold zoom on {call['arguments']} failed: {result.error}")
-    turn = response_turn(result, geometry, tok, prompt.opened)
+        raise ValueError(f"sample '{sample.id}': the gold call of {tool.name} on {arguments} failed: {result.error}")
+    turn = response_turn(result, context.geometry, tok, prompt.opened)
     second = continue_turn(prompt.opened, answer, f"sample '{sample.id}': ")
     head = tok(first, add_special_tokens=False)["input_ids"]
     tail = tok(second, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    words = [{"type": "text", "text": turn.words}] if turn.words else []  # a tool's text, as a rollout's turn has it
     return Completion(
         token_ids=head + turn.ids + tail,
         text=prompt.opened + first + prompt.opened + second,
@@ -86,7 +84,7 @@ def gold_trajectory(state, sample: Sample, prompt, answer: str) -> Completion:
         images=[png_bytes(i) for i in turn.images],
         turns=[
             {"role": "assistant", "content": [{"type": "text", "text": prompt.opened + first}]},
-            {"role": "tool", "content": [{"type": "image", "image": k} for k in range(len(turn.images))]},
+            {"role": "tool", "content": [*({"type": "image", "image": k} for k in range(len(turn.images))), *words]},
             {"role": "assistant", "content": [{"type": "text", "text": prompt.opened + second}]},
         ],
     )

@@ -24,16 +24,16 @@ from vlgrpo.data.images import ProcessorGeometry
 from vlgrpo.data.prompts import check_system_prompt
 from vlgrpo.data.stream import SampleStream
 from vlgrpo.models import LoadedModel, load_model, placeholder_token_ids
-from vlgrpo.policy.prompt import forbidden_mask
+from vlgrpo.policy.prompt import PromptSettings, forbidden_mask
 from vlgrpo.registry import ENGINE
 from vlgrpo.rewards import check_recipe, context_from_config
 from vlgrpo.rewards.context import RewardContext
 from vlgrpo.rewards.judge import Judge
 from vlgrpo.rollout.adapters import adapter_sync
 from vlgrpo.rollout.base import RolloutEngine, SamplingParams, staleness
+from vlgrpo.rollout.build import build_engine
 from vlgrpo.rollout.split import SplitRollout, worker_gpu
-from vlgrpo.rollout.tools import tool_schemas
-from vlgrpo.rollout.turns import ToolRollout
+from vlgrpo.rollout.tools.table import tool_schemas
 from vlgrpo.trainer import checkpoint
 from vlgrpo.trainer.backends import Backend, make_backend, max_over_ranks, rank_world
 from vlgrpo.trainer.group import join_group
@@ -169,11 +169,9 @@ def _engine(cfg: Config, lm: LoadedModel, cache: VisionCache, box_format: str):
         return None, False
     if cfg.rollout.placement == "split":  # the engine in a worker process of its own (rollout/split.py)
         return _split_rollout(cfg, box_format), True
-    engine_class = ENGINE.load(cfg.rollout.engine)  # vlgrpo.registry.ENGINE: vllm is imported only when chosen
-    engine = engine_class.from_config(cfg, lm, cache, box_format)
-    if cfg.rollout.tools:  # multi-turn: each tool call answered in a turn of its own (rollout/turns.py)
-        engine = ToolRollout.from_config(cfg, engine)
-    return engine, engine_class.holds_own_weights
+    prompt = PromptSettings.from_config(cfg, box_format, ProcessorGeometry.from_processor(lm.processor))
+    engine = build_engine(cfg.rollout.engine, lm, cache, prompt, run=cfg)
+    return engine, engine.holds_own_weights
 
 
 def _split_rollout(cfg: Config, box_format: str) -> SplitRollout:

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from vlgrpo.config import Config
+from vlgrpo.families import is_gated_deltanet
 from vlgrpo.trainer.backends import apply_freeze, lr_factor, max_over_ranks
 from vlgrpo.trainer.safe_state import weights_only_loads
 
@@ -121,7 +122,7 @@ def register_linear_attention_parameters(model: torch.nn.Module, config: dict) -
     partition them again mid-pass and is refused."""
     import deepspeed
 
-    layers = [m for m in model.modules() if hasattr(m, "A_log") and hasattr(m, "in_proj_a")]
+    layers = [layer.linear_attn for layer in model.modules() if is_gated_deltanet(layer)]
     if not layers:
         return 0
     threshold = config.get("zero_optimization", {}).get("stage3_param_persistence_threshold", 100_000)

@@ -2,7 +2,7 @@
 
 Prompts carry our token ids with ONE placeholder per image and per video (vLLM expands them itself) and every image
 and the video as our cached embeddings + grids (Qwen3-VL's DeepStack maps concatenated after the embeddings) or as
-pixels (`vllm_inputs.py` builds the requests), at most `rollout.vllm.limit_mm_per_prompt` of each per prompt.
+pixels (`inputs.py` builds the requests), at most `rollout.vllm.limit_mm_per_prompt` of each per prompt.
 vLLM samples a group per request (its `n` = G) with its own seed, prefix caching shares the prompt. Weight
 sync goes through vLLM's supported in-place reload (`reload_weights` on every worker), then resets the prefix cache and
 the engine-side encoder cache. The engine reports the sampled tokens' log-probs after temperature and top-k / top-p
@@ -18,15 +18,15 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
-from vlgrpo.config.schema import check_mm_limits
+from vlgrpo.config.validate import check_mm_limits
 from vlgrpo.data.images import ProcessorGeometry
 from vlgrpo.data.video import VideoSampling
 from vlgrpo.memory.from_config import total_length
-from vlgrpo.policy.prompt import PromptInputs, build_prompt, forbidden_mask
+from vlgrpo.policy.prompt import PromptInputs, PromptSettings, build_prompt, forbidden_mask
 from vlgrpo.rollout.adapters import AdapterVersions, engine_lora_kwargs
 from vlgrpo.rollout.base import Adapter, EngineCounters, SamplingParams
 from vlgrpo.rollout.turns import with_tool_images
-from vlgrpo.rollout.vllm_inputs import (  # noqa: F401 - build_request, engine_prompt_ids: the request API, re-exported
+from vlgrpo.rollout.vllm.inputs import (  # noqa: F401 - build_request, engine_prompt_ids: the request API, re-exported
     MM_INPUTS,
     ONE_IMAGE,
     PlaceholderFormat,
@@ -34,8 +34,8 @@ from vlgrpo.rollout.vllm_inputs import (  # noqa: F401 - build_request, engine_p
     check_prompt_limits,
     engine_prompt_ids,
 )
-from vlgrpo.rollout.vllm_sampling import request_seeds, sampling_kwargs, to_completions
-from vlgrpo.rollout.vllm_weights import _refresh_tied_lm_head, checkpoint_weights
+from vlgrpo.rollout.vllm.sampling import request_seeds, sampling_kwargs, to_completions
+from vlgrpo.rollout.vllm.weights import _refresh_tied_lm_head, checkpoint_weights
 from vlgrpo.types import RolloutGroup, Sample
 
 SLEEP_TAGS = ("weights", "kv_cache")  # vLLM's sleep-mode allocations, in the order they must wake
@@ -48,6 +48,9 @@ class VLLMEngine(EngineCounters):
     """RolloutEngine on a vLLM `LLM` (in-process engine core, as in TRL's colocate mode)."""
 
     holds_own_weights = True
+    keeps_turns = False
+    """vLLM keeps no completion's KV for us: a multi-turn rollout's next turn goes whole to `generate_prompts`, and
+    prefix caching finds the earlier turns' blocks."""
     COUNTERS = (
         *EngineCounters.COUNTERS,
         "weight_syncs",
@@ -88,7 +91,7 @@ class VLLMEngine(EngineCounters):
         )
         self.geometry = ProcessorGeometry.from_processor(processor)
         self.format = PlaceholderFormat.from_processor(processor, self.geometry.temporal_patch_size, deepstack_maps)
-        """The model's vision tokens and the prompt form vLLM expands (`vllm_inputs.PlaceholderFormat`)."""
+        """The model's vision tokens and the prompt form vLLM expands (`inputs.PlaceholderFormat`)."""
         self.image_token_id = self.format.image_token_id
         self.limits = check_mm_limits(ONE_IMAGE if limit_mm_per_prompt is None else limit_mm_per_prompt)
         """Images and videos a prompt may hold (vLLM's `limit_mm_per_prompt`); a prompt with more is refused."""
@@ -107,6 +110,8 @@ class VLLMEngine(EngineCounters):
         self._adapters = AdapterVersions(keep=max_loras + 1)  # vLLM has loaded the ones still in use
         self.max_model_len: int | None = None
         """The context vLLM was launched with (`launch` sets it): a multi-turn trajectory stays within it."""
+        self.last_kv: list = []
+        """Always empty (`keeps_turns` is False)."""
         self.asleep: set[str] = set()
         """Sleep-mode allocations currently released (subset of SLEEP_TAGS)."""
         self.reset_stats()
@@ -177,8 +182,9 @@ class VLLMEngine(EngineCounters):
         return engine
 
     @classmethod
-    def from_config(cls, cfg, lm, vision_cache, box_format: str) -> VLLMEngine:
-        """The engine a run config asks for (`rollout.vllm.*`); `lm` is the trainer's LoadedModel."""
+    def from_config(cls, cfg, lm, vision_cache, prompt: PromptSettings) -> VLLMEngine:
+        """The engine a run config asks for (`rollout.vllm.*`; `rollout.build.build_engine`); `lm` is the trainer's
+        LoadedModel."""
         v, m = cfg.rollout.vllm, cfg.model
         colocate = cfg.rollout.placement == "colocate"
         llm_kwargs = {"dtype": m.dtype, **v.engine_kwargs}
@@ -197,12 +203,8 @@ class VLLMEngine(EngineCounters):
             enable_sleep_mode=colocate and v.enable_sleep_mode,
             seed=cfg.train.seed,
             llm_kwargs=llm_kwargs,
-            limit_mm_per_prompt=with_tool_images(dict(v.limit_mm_per_prompt), cfg.rollout.max_turns),
-            video_sampling=VideoSampling.from_config(cfg.data.video),
-            answer_format=cfg.data.answer_format,
-            box_format=box_format,
-            system_prompt=cfg.data.system_prompt,
-            thinking=cfg.data.thinking,
+            limit_mm_per_prompt=with_tool_images(dict(v.limit_mm_per_prompt), prompt.max_turns),
+            **prompt.prompt_kw(),
             push_visual=not (m.freeze_vision and m.freeze_merger),
             sleep_level=1 if colocate and v.enable_sleep_mode else 0,
             max_loras=lora.get("max_loras", 0),
@@ -213,17 +215,19 @@ class VLLMEngine(EngineCounters):
         cls,
         lm,
         vision_cache,
+        prompt: PromptSettings,
         *,
+        model=None,
         dtype: str = "float32",
         engine_kwargs: dict | None = None,
         gpu_memory_utilization: float = 0.8,
         batch_prompts: int = 8,
-        max_turns: int = 1,
-        **prompt_kw,
     ) -> VLLMEngine:
-        """The greedy decoder of `vlgrpo eval --model --engine vllm`: vLLM on the checkpoint with our cached image
-        and video features (`engine_kwargs` go to `vllm.LLM`; `limit_mm_per_prompt` there overrides the config's
-        default, raised by a crop per turn with `max_turns` > 1); context up to 4096 tokens or the model's maximum."""
+        """The greedy decoder of `vlgrpo eval --model --engine vllm` (`rollout.build.build_engine`): vLLM on the
+        checkpoint with our cached image and video features (`engine_kwargs` go to `vllm.LLM`; `limit_mm_per_prompt`
+        there overrides the config's default, raised by a crop per turn with `prompt.max_turns` > 1); context up to
+        4096 tokens or the model's maximum. `model` and `batch_prompts` concern the HF engine: vLLM loads its own
+        copy and schedules every prompt it is given."""
         from vlgrpo.config.schema import VLLMConfig
 
         text = lm.model.config.get_text_config()
@@ -234,21 +238,28 @@ class VLLMEngine(EngineCounters):
             vision_cache,
             max_model_len=max_len,
             gpu_memory_utilization=gpu_memory_utilization,
-            limit_mm_per_prompt=with_tool_images(VLLMConfig().limit_mm_per_prompt, max_turns),
+            limit_mm_per_prompt=with_tool_images(VLLMConfig().limit_mm_per_prompt, prompt.max_turns),
             llm_kwargs={"dtype": dtype, **(engine_kwargs or {})},
-            **prompt_kw,
+            **prompt.prompt_kw(),
         )
 
     def generate(self, samples: list[Sample], params: SamplingParams) -> list[RolloutGroup]:
         prompts = [build_prompt(s, self.processor, self.geometry, **self.prompt_kw) for s in samples]
         return self.generate_prompts(samples, prompts, params)
 
+    @property
+    def max_images(self) -> int:
+        """Images one prompt may hold: `limits["image"]`, a tool's crops included."""
+        return self.limits["image"]
+
     def generate_prompts(
-        self, samples: list[Sample], prompts: list[PromptInputs], params: SamplingParams
+        self, samples: list[Sample], prompts: list[PromptInputs], params: SamplingParams, keep_kv: bool = False
     ) -> list[RolloutGroup]:
         """`generate` from prompts built already: a multi-turn rollout's next turn continues a trajectory from its
         token ids (never re-tokenised), its crops as images after the prompt's; prefix caching finds the earlier
-        turns' KV blocks (`prefix_cache_hit_tokens`)."""
+        turns' KV blocks (`prefix_cache_hit_tokens`). `keep_kv` is refused: this engine keeps no KV."""
+        if keep_kv:
+            raise ValueError("the vLLM engine keeps no completion's KV (keeps_turns is False): call with keep_kv=False")
         from vllm import SamplingParams as VLLMSamplingParams
 
         for s, p in zip(samples, prompts):
@@ -284,6 +295,10 @@ class VLLMEngine(EngineCounters):
         self._counts["prompts"] += len(samples)
         self._counts["completions"] += len(samples) * params.completions_per_prompt
         return groups
+
+    def continue_prompts(self, samples, prompts, kvs, params) -> list[RolloutGroup]:
+        """Not supported (`keeps_turns` is False): give each turn's whole prompt to `generate_prompts`."""
+        raise NotImplementedError("the vLLM engine continues no kept KV: give each turn's prompt to generate_prompts")
 
     def _decode(self, ids: list[int]) -> str:
         return self.processor.tokenizer.decode(ids, skip_special_tokens=True)

@@ -23,7 +23,7 @@ from vlgrpo.models import ARCHS, detect_arch
 from vlgrpo.tiny import TinySpec
 from vlgrpo.types import InputError
 
-BASES = Path(__file__).resolve().parent.parent / "data" / "models"
+BASES = Path(__file__).resolve().parents[2] / "data" / "models"
 """Where the shipped base models live (the repository's top-level data/models/)."""
 INIT_TINY = "init-tiny"
 
@@ -157,30 +157,21 @@ def stage_config(s: DemoSettings, out: Path, stage: str, model_dir: Path, extra:
 def evaluate_model(model_dir: Path, cfg: Config, test: Path, s: DemoSettings, suites: list[str]):
     """The demo's held-out eval of a checkpoint: `suites` on `test`, prompted and sampled as `cfg` trained it."""
     from vlgrpo.data.images import ProcessorGeometry
-    from vlgrpo.data.video import VideoSampling
     from vlgrpo.evals.run import build_eval_data, evaluate
+    from vlgrpo.evals.suite import PopeOptions
     from vlgrpo.models import load_model
+    from vlgrpo.policy.prompt import PromptSettings
     from vlgrpo.rewards import context_from_config
-    from vlgrpo.rollout.hf import HFEngine
+    from vlgrpo.rollout.build import build_engine
     from vlgrpo.vision_cache import VisionCache
 
     lm = load_model(str(model_dir))
     ctx = context_from_config(cfg, lm.arch, ProcessorGeometry.from_processor(lm.processor))
     probes = min(3, s.max_shapes)  # POPE asks about `probes` present + `probes` absent objects per image
-    data = build_eval_data(
-        str(test), suites, max_samples=s.eval_samples, pope_per_image=probes, pope_min_objects=probes, ctx=ctx
-    )
-    engine = HFEngine(
-        lm.model,
-        lm.processor,
-        VisionCache(lm.model, lm.processor),
-        cfg.data.answer_format,
-        ctx.box_format,
-        cfg.data.system_prompt,
-        32,
-        VideoSampling.from_config(cfg.data.video),
-        thinking=cfg.data.thinking,
-    )  # prompted (and sampled) as the run was trained
+    pope = PopeOptions(per_image=probes, min_objects=probes)
+    data = build_eval_data(str(test), suites, max_samples=s.eval_samples, pope=pope, ctx=ctx)
+    prompt = PromptSettings.from_config(cfg, ctx.box_format, ProcessorGeometry.from_processor(lm.processor))
+    engine = build_engine("hf", lm, VisionCache(lm.model, lm.processor), prompt, batch_prompts=32)  # as trained
     return evaluate(engine, data, ctx, batch_prompts=32, max_new_tokens=s.max_new_tokens, progress=True)
 
 
@@ -284,7 +275,7 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None) -> dict:
 
     summary = _summary(s, detect_arch(str(model_dir)), before.metrics, after.metrics, grpo_history, time.time() - t0)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    from vlgrpo.demo_report import write_report
+    from vlgrpo.demo.report import write_report
 
     write_report(out, summary, sft_history, grpo_history, before.metrics, after.metrics)
     print(

@@ -1,7 +1,7 @@
 """`vlgrpo` command line: thin argparse wrappers over library functions (the top layer; nothing imports it).
 
 Each command group lives in one `add_<group>_command(sub)` function that registers its parser and handler: train,
-eval and demo here; `data ...` in cli_data.py, `plan` in cli_plan.py, cache, model, reward and export in cli_tools.py.
+eval and demo here; `data ...` in cli/data.py, `plan` in cli/plan.py, cache, model, reward and export in cli/tools.py.
 Heavy imports (torch, transformers) happen inside the handlers so `vlgrpo --help` stays instant.
 """
 
@@ -11,9 +11,9 @@ import argparse
 import json
 import sys
 
-from vlgrpo.cli_data import add_data_command
-from vlgrpo.cli_plan import add_plan_command
-from vlgrpo.cli_tools import (
+from vlgrpo.cli.data import add_data_command
+from vlgrpo.cli.plan import add_plan_command
+from vlgrpo.cli.tools import (
     ARCHS,
     BOX_FORMATS,
     add_cache_command,
@@ -22,6 +22,7 @@ from vlgrpo.cli_tools import (
     add_reward_command,
 )
 from vlgrpo.config import CHOICES, EVAL_SUITES
+from vlgrpo.registry import TOOL
 
 
 def _emit(obj, as_json: bool, formatter) -> int:
@@ -73,7 +74,7 @@ def add_demo_command(sub) -> None:
     p.add_argument(
         "--from-scratch",
         action="store_true",
-        help="start from vlgrpo.demo.from_scratch(): a random tiny "
+        help="start from vlgrpo.demo.run.from_scratch(): a random tiny "
         "model, one-shape 56 px colour scenes, 300 SFT + 400 GRPO steps (other flags change them)",
     )
     p.add_argument("--max-shapes", type=int, help="shapes per image, 1..N (default 3)")
@@ -84,7 +85,7 @@ def add_demo_command(sub) -> None:
 def _cmd_demo(args) -> int:
     import dataclasses
 
-    from vlgrpo.demo import DemoSettings, from_scratch, run_demo
+    from vlgrpo.demo.run import DemoSettings, from_scratch, run_demo
 
     given = {
         "n_samples": args.n,
@@ -104,7 +105,7 @@ def _cmd_demo(args) -> int:
 
 
 def add_eval_command(sub) -> None:
-    from vlgrpo.evals.pope_score import PARSERS
+    from vlgrpo.evals.pope.score import PARSERS
 
     p = sub.add_parser(
         "eval",
@@ -175,11 +176,14 @@ def add_eval_command(sub) -> None:
     )
     p.add_argument(
         "--tools",
-        default="",
-        help="comma list of tools the model may call, e.g. zoom_in (its crop comes back as a new image), "
-        "module:function or file.py:function; multi-turn, hf engine (default: none)",
+        help=f"comma list of tools the model may call: {', '.join(TOOL.names)}, module:function or "
+        "file.py:function; or none. Multi-turn, either engine (default: a run directory's rollout.tools, else none)",
     )
-    p.add_argument("--max-turns", type=int, default=5, help="turns a sample may take with --tools (default 5)")
+    p.add_argument(
+        "--max-turns",
+        type=int,
+        help="turns a sample may take with tools (default: the run's rollout.max_turns, else 5)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     # Actions are subcommands; without one, the flags above run the model (handler _cmd_eval_run).
     esub = p.add_subparsers(dest="eval_command", required=False, metavar="ACTION")
@@ -211,45 +215,59 @@ def _cmd_eval_run(args) -> int:
             file=sys.stderr,
         )
         return 2
-    from vlgrpo.evals.offline import run_eval_cli
+    from vlgrpo.evals.offline import run_eval
 
-    out = args.eval_out or "eval_out"
-    result = run_eval_cli(
-        args.model,
-        args.suites,
-        args.data,
-        out,
-        max_samples=args.max_samples,
-        pope_parser=args.pope_parser,
-        answer_format=args.answer_format,
-        box_format=args.box_format,
-        max_new_tokens=args.max_new_tokens,
-        batch_prompts=args.batch_prompts,
-        pope_data=args.pope_data,
-        pope_images=args.pope_images,
-        pope_splits=tuple(args.pope_splits.split(",")) if args.pope_splits else None,
-        pope_per_image=args.pope_per_image,
-        pope_min_objects=args.pope_min_objects,
-        dtype=args.dtype,
-        device=args.device,
-        cache_dir=args.vision_cache_dir,
-        split=args.split,
-        progress=not args.no_progress,
-        engine=args.engine,
-        engine_kwargs=args.engine_kwargs,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        judge=args.judge,
-        tools=tuple(t.strip() for t in args.tools.split(",") if t.strip()),
-        max_turns=args.max_turns,
-    )
+    result = run_eval(eval_request(args))
     for key, value in result.metrics.items():
         print(f"{key:<48} {value:.4f}")
-    print(f"wrote metrics.json, predictions.jsonl, report.md to {out}")
+    print(f"wrote metrics.json, predictions.jsonl, report.md to {args.eval_out or 'eval_out'}")
     return 0
 
 
+def eval_request(args):
+    """`vlgrpo eval`'s flags as an EvalRequest: parsed, nothing decided (`evals/request.py` decides)."""
+    from vlgrpo.evals.request import EngineOptions, EvalRequest
+    from vlgrpo.evals.suite import PopeOptions
+
+    tools = None if args.tools is None else tuple(t.strip() for t in args.tools.split(",") if t.strip() != "none")
+    pope = PopeOptions(
+        args.pope_data,
+        tuple(args.pope_splits.split(",")) if args.pope_splits else None,
+        args.pope_images,
+        args.pope_per_image,
+        args.pope_min_objects,
+        args.pope_parser,
+    )
+    engine = EngineOptions(
+        args.engine,
+        args.dtype,
+        args.device,
+        args.batch_prompts,
+        args.engine_kwargs or {},
+        args.gpu_memory_utilization,
+        args.vision_cache_dir,
+    )
+    return EvalRequest(
+        args.model,
+        args.eval_out or "eval_out",
+        args.suites,
+        args.data,
+        args.split,
+        args.max_samples,
+        args.max_new_tokens,
+        args.answer_format,
+        args.box_format,
+        tools,
+        args.max_turns,
+        args.judge,
+        pope,
+        engine,
+        not args.no_progress,
+    )
+
+
 def _cmd_eval_score(args) -> int:
-    from vlgrpo.evals.pope_score import format_report, read_predictions, score_predictions
+    from vlgrpo.evals.pope.score import format_report, read_predictions, score_predictions
 
     result = {
         "suite": args.suite,

@@ -1,9 +1,9 @@
-"""The zoom-in tool: its arguments and schema, and its geometry (a box in the model's own convention -> a crop of
-the image in that image's pixels).
+"""The zoom-in tool (`ZOOM_IN`, the registry's `zoom_in`): its arguments and schema, its geometry (a box in the
+model's own convention -> a crop of the image in that image's pixels) and its gold call (the sample's box, grown).
 
 The box is converted by `rewards/boxes.py`'s `to_original_pixels`, the grounding reward's own code, so a crop and a
 grounding score read a box the same way (Qwen2.5-VL's boxes are pixels of the *resized* input: cropping with the raw
-numbers is off by the resize factor: DeepEyes GitHub #141). Knows nothing of parsing or running calls (rollout/tools).
+numbers is off by the resize factor: DeepEyes GitHub #141). Knows nothing of parsing or running calls (calls, table).
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from vlgrpo.data.images import DEFAULT_GEOMETRY, ProcessorGeometry
-from vlgrpo.rewards.boxes import Box, convention, to_original_pixels
+from vlgrpo.rewards.boxes import Box, convention, from_original_pixels, to_original_pixels
+from vlgrpo.rollout.tools.context import Tool, ToolContext
 
 if TYPE_CHECKING:
     from PIL import Image
 
-    from vlgrpo.rollout.tools import ToolContext
+    from vlgrpo.types import Sample
 
 PixelBox = tuple[int, int, int, int]
 
@@ -178,3 +179,44 @@ def zoom_in(arguments: dict[str, Any], context: ToolContext) -> Image.Image:
     DeepEyes and verl ignore them. ZoomError (a message for the model) for bad arguments or a box refused."""
     image = _image_argument(arguments, context.images)
     return zoom(image, _box_argument(arguments), context.box_format, context.geometry)
+
+
+# ---------------------------------------------------------------- its gold call (the SFT cold start)
+
+ZOOM_CONTEXT = 0.25
+"""The share of the image's shorter side a gold call's box spans at least, around the sample's box: the crop keeps
+some context around a small target (the synth `zoom` kind's 7 px shape in 448 px: a 112 px crop)."""
+
+
+def zoom_region(box, image_size: tuple[int, int], context: float = ZOOM_CONTEXT) -> tuple[float, ...]:
+    """`box` (original pixels) grown about its centre to at least `context` x the image's shorter side per side,
+    kept inside the image."""
+    (x1, y1, x2, y2), (w, h) = box, image_size
+    side = context * min(w, h)
+    out = []
+    for lo, hi, limit in ((x1, x2, w), (y1, y2, h)):
+        span = max(hi - lo, min(side, limit))
+        start = min(max((lo + hi) / 2 - span / 2, 0), limit - span)
+        out.append((start, start + span))
+    return (out[0][0], out[1][0], out[0][1], out[1][1])
+
+
+def gold_zoom(sample: Sample, context: ToolContext) -> dict[str, Any] | None:
+    """A gold trajectory's call on `sample`: its first box grown by `zoom_region` on the first image, in the model's
+    box convention, in whole numbers; None when the sample has no box."""
+    if not sample.boxes or not context.images:
+        return None
+    size = context.original_size
+    region = from_original_pixels([zoom_region(sample.boxes[0], size)], context.box_format, size, context.geometry)
+    return {"bbox_2d": [int(round(v)) for v in region[0]]}
+
+
+ZOOM_IN = Tool(
+    "image_zoom_in_tool",  # DeepEyes' name, which models trained there call
+    zoom_in,
+    "Zoom in on a region of an image: the region inside the bounding box comes back as a new image.",
+    PARAMETERS,
+    aliases=("zoom_in",),
+    gold=gold_zoom,
+    gold_thought="I zoom in to see it better.",
+)

@@ -1,5 +1,5 @@
 """Reading the reasoning benchmarks' published files (mathvista, geometry3k, superclevr, mmmu) for their loaders
-(`evals/reasoning.py`): the rows of a JSON, JSONL or parquet file, a folder of parquet files or a saved dataset, as
+(`loaders.py`): the rows of a JSON, JSONL or parquet file, a folder of parquet files or a saved dataset, as
 they are; which benchmark a file is, from its first row's keys (`SHAPES`); the sha256 a manifest pins for it. V* Bench
 (vstar) is a folder, not a file: its annotation files are read here too (`read_vstar`). Local files only, never
 downloads; knows nothing of Samples, models or scoring rules.
@@ -11,6 +11,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from vlgrpo.data.adapters import is_saved_dataset, saved_splits
 from vlgrpo.data.jsonl import json_rows
 from vlgrpo.data.schema import DataError
 from vlgrpo.evals.benchmarks import EVALS_DIR, load_manifest
@@ -23,6 +24,9 @@ SHAPES = {
     "geometry3k": ("images", "problem", "answer"),
 }
 """The keys a row of each published file holds; the first row of a file decides which benchmark it is."""
+PUBLISHED_SPLIT = {"mathvista": "testmini", "geometry3k": "test", "mmmu": "validation"}
+"""The split each benchmark's papers report, read when none is named (from a saved DatasetDict, or the parquet files
+of that split in a folder); a published JSON file is one split already. SuperCLEVR's test file and V* have one."""
 Rows = list[tuple[int, Any]]
 VSTAR_CATEGORIES = ("direct_attributes", "relative_position")
 """V* Bench's published folders, one per question category (the hub's craigwu/vstar_bench; penghao-wu/vstar's
@@ -33,10 +37,6 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 
 
 # ---------------------------------------------------------------- reading published files
-
-
-def _is_saved_hf(path: Path) -> bool:
-    return path.is_dir() and ((path / "state.json").is_file() or (path / "dataset_dict.json").is_file())
 
 
 def _parquet_rows(path: Path) -> list[dict]:
@@ -71,7 +71,7 @@ def read_rows(source: str | Path, split: str | None = None) -> tuple[Path | None
     (only `split`'s when given), or a dataset saved with save_to_disk (`split` of a DatasetDict). Images stay encoded
     ({"bytes", "path"} or a path)."""
     path = Path(source)
-    if _is_saved_hf(path):
+    if is_saved_dataset(path):
         return None, list(enumerate(_saved_dataset(path, split).with_format("arrow")[:].to_pylist(), start=1))
     if path.is_dir():
         files = _parquet_files(path, split)
@@ -92,10 +92,12 @@ def read_rows(source: str | Path, split: str | None = None) -> tuple[Path | None
     return path.parent, rows
 
 
-def _columns(path: Path) -> set[str]:
-    """The keys of the file's first row (a parquet file's or a saved dataset's columns), without reading it all."""
-    if _is_saved_hf(path):
-        return set(_saved_dataset(path, None).column_names)
+def first_row_keys(path: Path) -> set[str]:
+    """The keys of the file's first row (a parquet file's or a saved dataset's columns: a DatasetDict's first
+    split's), without reading it all."""
+    if is_saved_dataset(path):
+        splits = saved_splits(path)
+        return set(_saved_dataset(path, splits[0] if splits else None).column_names)
     if path.is_dir() or path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -111,28 +113,16 @@ def _columns(path: Path) -> set[str]:
 
 def benchmark_of(source: str | Path | None) -> str | None:
     """The benchmark whose published shape the file has (SHAPES), or "vstar" for a V* Bench folder, or None (not one,
-    or not readable as one)."""
+    or not readable as one). A primitive of `evals/source.py`, which decides what an eval input is."""
     if not isinstance(source, (str, Path)):  # None, or a Dataset object handed to the Sample reader
         return None
     if vstar_folders(source):
         return "vstar"
     try:
-        keys = _columns(Path(source))
+        keys = first_row_keys(Path(source))
     except (OSError, ValueError):  # not JSON / parquet / a dataset: the Sample reader reports it
         return None
     return next((name for name, shape in SHAPES.items() if set(shape) <= keys), None)
-
-
-def published_benchmark(source: str | Path | None, preset: str = "none") -> str | None:
-    """The benchmark whose published file `source` is (`benchmark_of`), unless the data preset reads that shape: a
-    run trained with preset easyr1 keeps reading its own EasyR1-shaped test file as its Samples (the geometry3k suite
-    then reads the file itself)."""
-    name = benchmark_of(source)
-    if name is None or preset == "none":
-        return name
-    from vlgrpo.data.presets import matching_presets
-
-    return None if preset in matching_presets(_columns(Path(source))) else name
 
 
 # ---------------------------------------------------------------- V* Bench: a folder of annotated images

@@ -1,4 +1,4 @@
-"""What a vLLM request asks of its sampler and what its output becomes (pure helpers of `vlgrpo.rollout.vllm`, tested
+"""What a vLLM request asks of its sampler and what its output becomes (pure helpers of `engine.py`, tested
 on the CPU; vllm itself is not imported): the sampling keyword arguments (the placeholders biased out of reach, the
 sampled tokens' processed log-probs), a seed per request, and a RequestOutput turned into Completions.
 """

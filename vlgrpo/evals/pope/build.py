@@ -14,9 +14,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from vlgrpo.data.jsonl import json_rows
+from vlgrpo.data.jsonl import read_json_rows
 from vlgrpo.data.schema import DataError
 from vlgrpo.types import InputError, Sample
 
@@ -111,18 +110,6 @@ def objects_from_rows(rows: list[tuple[int, dict]], source: str) -> list[ImageOb
         sid = row.get("image_id", row.get("id"))
         out.append(ImageObjects(image, _unique(objects), None if sid is None else str(sid)))
     return out
-
-
-def read_json_rows(path: str | Path) -> list[tuple[int, Any]]:
-    """(row number, parsed row) from JSON lines (POPE writes JSON lines named .json), a JSON array, or one JSON
-    object (a single row, or a whole document such as COCO instances). The first line that is not UTF-8 or not JSON
-    raises, naming the file, the line and (not UTF-8) the byte offset."""
-    rows = []
-    for no, row in json_rows(path, documents=True):
-        if isinstance(row, DataError):
-            raise row
-        rows.append((no, row))
-    return rows
 
 
 def read_object_lists(source: str | Path, format: str = "auto", split: str = "train") -> list[ImageObjects]:

@@ -5,14 +5,12 @@ splits. Knows nothing of models or engines.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from pathlib import Path
 
-from vlgrpo.data.jsonl import json_rows
-from vlgrpo.evals.benchmarks import load_pope
-from vlgrpo.evals.pope_build import build_pope, objects_from_samples
-from vlgrpo.evals.pope_score import RATES, Prediction, parse_answer, score_predictions
+from vlgrpo.evals.pope.build import build_pope, objects_from_samples
+from vlgrpo.evals.pope.files import load_pope
+from vlgrpo.evals.pope.score import RATES, Prediction, parse_answer, score_predictions
 from vlgrpo.evals.report import groups, table
 from vlgrpo.evals.suite import Scores, Selection, Suite, prediction_row
 from vlgrpo.rewards.context import RewardContext
@@ -22,16 +20,6 @@ from vlgrpo.types import Completion, InputError, Sample
 POPE_SEED = 0
 """Probes built from a dataset use a fixed seed: every checkpoint of a run is asked the same questions."""
 COLUMNS = ("accuracy", "precision", "recall", "f1", "yes_ratio", "unknown")
-
-
-def is_pope_file(path: str | Path) -> bool:
-    """A JSON/JSONL file of POPE questions (rows with `text` and `label`, no Sample `question`)."""
-    p = Path(path)
-    if not (p.is_file() and p.suffix in (".json", ".jsonl")):
-        return False
-    with contextlib.closing(json_rows(p)) as rows:
-        row = next(rows, (0, None))[1]  # the first line's or element's value, or a DataError (then: not POPE)
-    return isinstance(row, dict) and "label" in row and "text" in row and "question" not in row
 
 
 def pope_from_samples(
@@ -96,11 +84,10 @@ def select(sel: Selection) -> list[Sample]:
     """From the POPE question file when there is one; else probes built over every eligible image (as many
     negatives as the data has), then whole images kept up to `max_samples` questions per split."""
     if sel.pope_file is not None:
-        return pope_from_file(sel.pope_file, sel.pope_splits, sel.max_samples)
-    pope = pope_from_samples(
-        sel.samples, sel.pope_splits or ("random",), sel.pope_images, sel.pope_per_image, sel.pope_min_objects
-    )
-    per_image = 2 * sel.pope_per_image  # questions of one image stay together: whole images are kept
+        return pope_from_file(sel.pope_file, sel.pope.splits, sel.max_samples)
+    o = sel.pope
+    pope = pope_from_samples(sel.samples, o.splits or ("random",), o.images, o.per_image, o.min_objects)
+    per_image = 2 * o.per_image  # questions of one image stay together: whole images are kept
     return _cap_per_split(pope, math.ceil(sel.max_samples / per_image) * per_image if sel.max_samples else None)
 
 

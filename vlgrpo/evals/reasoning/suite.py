@@ -1,7 +1,7 @@
 """The eval suites of the reasoning benchmarks: `MATHVISTA`, `GEOMETRY3K`, `SUPERCLEVR` and `MMMU`, one registry line
-each. A suite runs on the Samples its loader (`evals/reasoning.py`) read from the published file, reads each answer
+each. A suite runs on the Samples its loader (`loaders.py`) read from the published file, reads each answer
 with our parsers (answer block, \\boxed{}, fallbacks) and scores it by the benchmark's own rule
-(`evals/reasoning_score.py`); accuracy overall and per published category. Knows nothing of models or engines.
+(`evals/reasoning/score.py`); accuracy overall and per published category. Knows nothing of models or engines.
 """
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ import re
 from collections.abc import Callable
 from typing import NamedTuple
 
-from vlgrpo.evals.reasoning import load_benchmark
-from vlgrpo.evals.reasoning_io import benchmark_of
-from vlgrpo.evals.reasoning_score import (
+from vlgrpo.evals.reasoning.loaders import load_benchmark
+from vlgrpo.evals.reasoning.score import (
     count_value,
     mathvista_gold,
     mathvista_normalize,
@@ -128,7 +127,7 @@ def _select(name: str, check_math: bool = False) -> Callable[[Selection], list[S
         """The samples read from `name`'s published file, the first `max_samples`; math golds checked. When a data
         preset read the file as Samples for the other suites (an EasyR1-shaped file), the suite reads it itself."""
         samples = [s for s in sel.samples if s.meta.get("benchmark") == name]
-        if not samples and benchmark_of(sel.data) == name:
+        if not samples and sel.source.kind == "rows" and sel.source.benchmark == name:
             samples = load_benchmark(sel.data, name)
         samples = samples[: sel.max_samples]
         if check_math and sel.ctx is not None and samples:

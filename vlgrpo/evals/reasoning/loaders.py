@@ -3,7 +3,7 @@
 Geometry3K parquet, R1-V's SuperCLEVR test JSONL, MMMU's per-subject parquet, V*'s folders of annotated images - into
 checked Samples whose `meta` keeps the published fields the scorers need (`meta["benchmark"]` names the benchmark).
 The file's rows, its benchmark and the sha256 its manifest pins (checked when pinned) come from
-`evals/reasoning_io.py`; here each published row becomes a Sample. Local files only, never downloads; knows nothing of
+`files.py`; here each published row becomes a Sample. Local files only, never downloads; knows nothing of
 models or scoring rules.
 """
 
@@ -19,7 +19,8 @@ from typing import Any
 
 from vlgrpo.data.schema import DataError, sample_from_dict
 from vlgrpo.evals.benchmarks import check_image_files
-from vlgrpo.evals.reasoning_io import (
+from vlgrpo.evals.reasoning.files import (
+    PUBLISHED_SPLIT,
     SHAPES,
     Rows,
     benchmark_of,
@@ -28,7 +29,7 @@ from vlgrpo.evals.reasoning_io import (
     read_vstar,
     verify_sha256,
 )
-from vlgrpo.evals.reasoning_score import parse_list
+from vlgrpo.evals.reasoning.score import parse_list
 from vlgrpo.rewards.verifiable import parse_number
 from vlgrpo.types import InputError, Sample
 
@@ -300,7 +301,10 @@ def _load(
 
 
 def load_mathvista(
-    source: str | Path, image_dir: str | Path | None = None, split: str | None = "testmini", check_images: bool = True
+    source: str | Path,
+    image_dir: str | Path | None = None,
+    split: str | None = PUBLISHED_SPLIT["mathvista"],
+    check_images: bool = True,
 ) -> list[Sample]:
     """MathVista rows (pid, question, image / decoded_image, choices, unit, precision, answer, question_type,
     answer_type, query, metadata) as Samples `mathvista-<pid>`: the question is the row's `query` (built as
@@ -310,7 +314,10 @@ def load_mathvista(
 
 
 def load_geometry3k(
-    source: str | Path, image_dir: str | Path | None = None, split: str | None = "test", check_images: bool = True
+    source: str | Path,
+    image_dir: str | Path | None = None,
+    split: str | None = PUBLISHED_SPLIT["geometry3k"],
+    check_images: bool = True,
 ) -> list[Sample]:
     """EasyR1's Geometry3K rows (images: a list of one image, problem with `<image>`, answer) as math Samples
     `geometry3k-<row>`."""
@@ -325,7 +332,10 @@ def load_superclevr(source: str | Path, image_dir: str | Path | None = None, che
 
 
 def load_mmmu(
-    source: str | Path, image_dir: str | Path | None = None, split: str | None = "validation", check_images: bool = True
+    source: str | Path,
+    image_dir: str | Path | None = None,
+    split: str | None = PUBLISHED_SPLIT["mmmu"],
+    check_images: bool = True,
 ) -> list[Sample]:
     """MMMU rows (id, question, options, answer, image_1..image_7, question_type, subfield) as Samples with the row's
     id, task `mmmu/<Subject>` (from the id). A row's images go where its text names them (`_mmmu_images`), several

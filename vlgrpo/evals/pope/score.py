@@ -11,27 +11,16 @@ import string
 from dataclasses import dataclass
 from pathlib import Path
 
+from vlgrpo.data.jsonl import read_json_rows
 from vlgrpo.data.schema import DataError
-from vlgrpo.evals.pope_build import SPLITS, read_json_rows
+from vlgrpo.evals.pope.build import SPLITS
 from vlgrpo.registry import POPE_PARSER
+from vlgrpo.rewards.extract import strip_answer_tags
 from vlgrpo.types import InputError
 
 YES, NO, UNKNOWN = "yes", "no", "unknown"
 PARSERS = POPE_PARSER.names
 RATES = ("accuracy", "precision", "recall", "f1", "yes_ratio")
-_OPEN, _CLOSE = "<answer>", "</answer>"
-
-
-def strip_answer_tags(text: str) -> str:
-    """The content of a single `<answer>...</answer>` block (stripped), else the text unchanged.
-
-    Every parser applies this first, so R1-style completions ("<think>...</think><answer>No</answer>") are judged
-    on their answer only. Several or malformed blocks leave the whole text to the parser."""
-    if text.count(_OPEN) == 1 and text.count(_CLOSE) == 1:
-        start, end = text.find(_OPEN) + len(_OPEN), text.find(_CLOSE)
-        if end >= start:
-            return text[start:end].strip()
-    return text
 
 
 def parse_pope(text: str) -> str:

@@ -63,7 +63,11 @@ def _add_data_convert(dsub) -> None:
     )
     p.add_argument("--out", required=True, help="the JSONL file to write")
     p.add_argument("--image-root", help="directory the rows' image paths are relative to (default: SRC's directory)")
-    p.add_argument("--split", default="train", help="split of a saved DatasetDict (default train)")
+    p.add_argument(
+        "--split",
+        help="split of a saved DatasetDict (default: train when it holds one, else a published benchmark's own, "
+        "e.g. MathVista's testmini, else the first of test, testmini, validation, val it holds)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON (every row number)")
     p.set_defaults(handler=_cmd_data_convert)
 
@@ -75,8 +79,12 @@ def _cmd_data_convert(args) -> int:
 
     if not args.preset and not args.columns:
         raise InputError("vlgrpo data convert needs --preset NAME or --columns target=source,...")
+    from vlgrpo.evals.source import CONVERT_SPLITS, resolve_source
+
     columns = parse_columns(args.columns) if args.columns else None
-    result = convert_dataset(args.source, args.out, args.preset or "none", columns, args.image_root, args.split)
+    preset = args.preset or "none"
+    source = resolve_source(args.source, split=args.split, preset=preset, columns=columns, order=CONVERT_SPLITS)
+    result = convert_dataset(args.source, args.out, preset, columns, args.image_root, source.split or "train")
     summary = conversion_summary(result)
     print(json.dumps(summary, indent=2) if args.json else format_summary(summary, args.source, args.out))
     return 1 if summary["invalid"] or summary["missing_images"] else 0
@@ -118,7 +126,7 @@ def _add_data_doctor(dsub) -> None:
 
 
 def _cmd_data_doctor(args) -> int:
-    from vlgrpo.data.doctor import format_report
+    from vlgrpo.data.doctor_report import format_report
     from vlgrpo.data.presets import parse_columns
     from vlgrpo.evals.run import in_loop_eval_problem
     from vlgrpo.preflight import diagnose
@@ -140,7 +148,7 @@ def _cmd_data_doctor(args) -> int:
 
 
 def _add_data_pope(dsub) -> None:
-    from vlgrpo.evals.pope_build import SOURCE_FORMATS, TEMPLATE
+    from vlgrpo.evals.pope.build import SOURCE_FORMATS, TEMPLATE
 
     p = dsub.add_parser(
         "pope",
@@ -166,7 +174,7 @@ def _add_data_pope(dsub) -> None:
 
 
 def _cmd_data_pope(args) -> int:
-    from vlgrpo.evals.pope_build import build_pope, read_object_lists, write_pope
+    from vlgrpo.evals.pope.build import build_pope, read_object_lists, write_pope
 
     images = read_object_lists(args.source, args.format, split=args.split)
     pope = build_pope(images, args.n_images or None, args.per_image, args.min_objects, args.seed, args.template)

@@ -1,4 +1,4 @@
-"""What a vLLM request carries for one prompt (pure helpers of `vlgrpo.rollout.vllm`; vllm itself is not imported).
+"""What a vLLM request carries for one prompt (pure helpers of `engine.py`; vllm itself is not imported).
 
 vLLM expands every vision placeholder itself, so a request holds our token ids with each image's pad run collapsed to
 ONE `<|image_pad|>` and the video's to what vLLM replaces: one `<|video_pad|>` (Qwen2/2.5-VL; Qwen3-VL under
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from vlgrpo.config.schema import MM_LIMIT_KEY as LIMIT_KEY
+from vlgrpo.config.validate import MM_LIMIT_KEY as LIMIT_KEY
 from vlgrpo.data.images import image_sha256, load_image
 from vlgrpo.data.video import VideoClip, frame_timestamps
 from vlgrpo.families import family_of
