@@ -127,6 +127,11 @@ class Completion:
     """A multi-turn completion's turns as chat messages (role, content parts; an image part's `image` is the index of
     its entry in `images`); empty for a one-turn completion."""
 
+    @property
+    def sampled_tokens(self) -> int:
+        """Tokens the model sampled: all of them but a tool-response turn's (what a length budget or penalty counts)."""
+        return len(self.token_ids) - (sum(self.tool_mask) if self.tool_mask else 0)
+
 
 @dataclass
 class RolloutGroup:

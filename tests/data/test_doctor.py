@@ -317,8 +317,9 @@ def small_and_big(tmp_path) -> str:
 
 
 def test_a_trajectory_that_may_pass_max_total_length_is_a_warning_at_its_row(small_and_big, tmp_path):
-    """3 turns of 40 tokens: small's crops are at most 16 tokens, 83 + 120 + 2 x (16 + 24) = 283 tokens fit in 600;
-    big's at most 256, 323 + 120 + 2 x (256 + 24) = 1,003 tokens may not."""
+    """3 turns of 40 tokens and 2 tool responses of a crop + 24 markup + at most 64 tokens of tool text: small's
+    crops are at most 16 tokens, 83 + 120 + 2 x (16 + 24 + 64) = 411 tokens fit in 600; big's at most 256,
+    323 + 120 + 2 x (256 + 24 + 64) = 1,131 tokens may not."""
     assert text_estimate(f"{QUESTION} {instruction('number', 'think_answer', 'qwen2_5')}", "") == TEXT
     model = [f"model.name_or_path={tmp_path}", "model.arch=qwen2_5_vl"]  # no processor file: the released geometry
     tools = [*model, "rollout.tools=[zoom_in]", "rollout.max_turns=3"]
@@ -328,20 +329,24 @@ def test_a_trajectory_that_may_pass_max_total_length_is_a_warning_at_its_row(sma
         ("warning", "trajectory_maybe_cut", 2, "big")
     ]
     assert report.findings[0].message == (
-        f"prompt ~{BIG + TEXT} tokens + up to 680 over max_turns=3 turns (3 x 40 sampled + 2 tool responses of up to "
-        "256 crop tokens + 24 each) may pass rollout.max_total_length=600: the trajectory is cut there"
+        f"prompt ~{BIG + TEXT} tokens + up to 808 over max_turns=3 turns (3 x 40 sampled + 2 tool responses of up to "
+        "256 crop tokens + 24 markup + 64 text each) may pass rollout.max_total_length=600: the trajectory is cut there"
     )
-    unset = diagnose(small_and_big, [*tools, *limits])  # resolved: 400 + 120 + 2 x (16,384 + 24), crops at max_pixels
-    assert unset.settings.max_total_length == 400 + 120 + 2 * (16384 + 24) and unset.findings == []
+    unset = diagnose(small_and_big, [*tools, *limits])  # resolved: 400 + 120 + 2 x (16,384 + 24 + 64)
+    assert unset.settings.max_total_length == 400 + 120 + 2 * (16384 + 24 + 64) and unset.findings == []
     assert diagnose(small_and_big, [*model, *limits, "rollout.max_total_length=440"]).findings == []  # one turn: fits
 
 
 def test_a_prompt_without_room_for_one_turn_is_an_error(small_and_big):
     """Settings that validation would refuse (max_total_length below max_prompt_length + max_new_tokens): big's
-    277 certain prompt tokens + 40 pass 300; small's 83 + 120 + 2 x (16 + 24) = 283 tokens fit."""
+    277 certain prompt tokens + 40 pass 300, an error; small's 83 + 120 + 2 x (16 + 24 + 64) = 411 tokens may, a
+    warning."""
     settings = DoctorSettings(max_prompt_length=400, max_new_tokens=40, max_turns=3, max_total_length=300)
     _, findings = check_split("d", small_and_big, settings)
-    assert [(f.severity, f.check, f.row) for f in findings] == [("error", "trajectory_too_long", 2)]
-    assert findings[0].message.startswith(
+    assert [(f.severity, f.check, f.row) for f in findings] == [
+        ("warning", "trajectory_maybe_cut", 1),
+        ("error", "trajectory_too_long", 2),
+    ]
+    assert findings[1].message.startswith(
         f"prompt {BIG} tokens + one turn of rollout.max_new_tokens=40 passes rollout.max_total_length=300: no turn fits"
     )

@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
+from trainer_helpers import tiny_config
 
 from vlgrpo.cli import main
-from vlgrpo.config import load_config
 from vlgrpo.evals import run as eval_run
 from vlgrpo.evals.run import make_evaluator
 from vlgrpo.evals.suite import EvalResult
@@ -18,24 +18,6 @@ from vlgrpo.trainer.loop import Trainer
 from vlgrpo.trainer.state import build_state
 
 SHIPPED = Path(__file__).resolve().parents[2] / "data" / "models" / "shapes-tiny-qwen2_5_vl"
-
-
-def tiny_config(model_dir: str, data_dir: Path, run_dir: Path, *overrides: str):
-    """A short GRPO run of the tiny model on the shapes data (accuracy and format rewards)."""
-    base = [
-        f"model.name_or_path={model_dir}",
-        f"data.train={data_dir / 'train.jsonl'}",
-        "data.answer_format=answer",
-        "rollout.completions_per_prompt=4",
-        "rollout.max_new_tokens=8",
-        "train.prompts_per_step=2",
-        "train.micro_batch_completions=4",
-        "train.steps=2",
-        "train.lr=1e-3",
-        f"train.output_dir={run_dir}",
-        "logging.progress_bar=false",
-    ]
-    return load_config(None, base + list(overrides))
 
 
 @pytest.mark.parametrize("thinking", ["on", "off", "auto"])

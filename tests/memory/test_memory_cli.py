@@ -389,11 +389,12 @@ def test_plan_prices_a_judge_per_step(capsys):
 
 def test_plan_prices_tool_turns(capsys):
     """rollout.max_turns=5 at 512 new tokens a turn and 256-token images (448 px, the default plan image): 5 x 512
-    sampled + 4 tool responses x (256 crop tokens + 24) = 3,680 tokens after the prompt, priced in every term."""
+    sampled + 4 tool responses x (256 crop tokens + 24 markup + 64 text) = 3,936 tokens after the prompt, priced in
+    every term."""
     tools = ["--set", "rollout.tools=[zoom_in]", "--set", "rollout.max_turns=5", "--set", "rollout.engine=hf"]
     assert main(["plan", "configs/qwen2_5_vl_7b_lora_8xa100.yaml", "--json", *tools]) == 0
-    assert json.loads(capsys.readouterr().out)["inputs"]["completion_tokens"] == 3680
+    assert json.loads(capsys.readouterr().out)["inputs"]["completion_tokens"] == 3936
     assert main(["plan", "configs/qwen2_5_vl_7b_lora_8xa100.yaml", *tools]) == 0
-    assert "rollout.max_turns=5: 3,680 tokens after the prompt planned (5 x 512 sampled + 4 tool responses" in (
+    assert "rollout.max_turns=5: 3,936 tokens after the prompt planned (5 x 512 sampled + 4 tool responses" in (
         capsys.readouterr().out
     )

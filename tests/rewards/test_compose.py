@@ -212,3 +212,27 @@ def test_context_from_config_resolves_auto_box_format():
         context_from_config(load_config())
     with pytest.raises(ValueError, match="RewardContext.box_format = 'auto' is not accepted"):
         RewardContext(box_format="auto")
+
+
+CALL = (
+    '<think>zoom</think><tool_call>{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [10, 10, 50, 50]}}'
+    "</tool_call>"
+)
+
+
+@pytest.mark.parametrize(
+    "trajectory, correct",
+    [
+        (CALL, 0.0),  # cut at max_turns after the call: no answer, whatever the zoom box
+        (CALL + '{"bbox_2d": [60, 60, 100, 100]}', 0.0),  # answered elsewhere, without tags
+        (CALL + _ta('[{"bbox_2d": [10, 10, 50, 50]}]'), 1.0),  # the last turn's answer is read
+        (CALL + "3", 0.0),
+        ('<think>z</think><tool_call>{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [10, 10, 50, 50]', 0.0),
+    ],
+)
+def test_a_tool_trajectorys_answer_is_read_from_its_last_turn_never_from_a_call(trajectory, correct):
+    """A zoom call's bbox_2d equal to the gold box used to score as the answer (accuracy 1, IoU 1) when the
+    trajectory had no answer tags (#59)."""
+    batch = score([trajectory], [GROUND], {"accuracy": 1.0, "iou": 1.0}, CTX)
+    assert batch.components == {"accuracy": [correct], "iou": [correct]}
+    assert accuracy(CALL + _ta("3"), COUNT, CTX) == 1.0 and accuracy(CALL, COUNT, CTX) == 0.0

@@ -13,12 +13,13 @@ from PIL import Image
 from pixel_reference import pixel_logits
 
 from vlgrpo.data.images import load_image
+from vlgrpo.data.prompts import TOOL_RESPONSE
 from vlgrpo.models import load_model
 from vlgrpo.policy.prompt import build_prompt
 from vlgrpo.rollout.base import SamplingParams
 from vlgrpo.rollout.hf import HFEngine, _Row
 from vlgrpo.rollout.tools.table import tool_schemas
-from vlgrpo.rollout.turns import TOOL_RESPONSE, ToolRollout
+from vlgrpo.rollout.turns import ToolRollout
 from vlgrpo.trainer.batch import over_turn_mask
 from vlgrpo.types import RolloutGroup
 from vlgrpo.vision_cache import VisionCache
@@ -196,3 +197,67 @@ def test_turns_continued_from_their_kv_equal_turns_prefilled_whole(tool_caller_d
     ]
     assert whole_stats["rollout/prefill_tokens"] == sum(len(g.prompt_ids) for g in whole) + sum(ends)
     assert kept_stats["rollout/prefill_tokens"] < whole_stats["rollout/prefill_tokens"] / 2
+
+
+def test_the_turn_budget_holds_three_turns_with_two_error_responses(load, samples, tiny_model_dir):
+    """rollout.max_total_length resolved with the policy's tokenizer: the budget used to count 24 tokens of markup per
+    tool response (the tiny tokenizer spells the tags out: more) and no bound on an error's text (a bad box's error
+    ran to ~150 tokens), so a trajectory of whole turns ended at max_total_length before max_turns. Now the markup is
+    measured, an error's text is cut at MAX_TOOL_TEXT_TOKENS, and three turns of max_new_tokens with two bad calls
+    end at max_turns."""
+    from vlgrpo.config import load_config
+    from vlgrpo.data.prompts import MAX_TOOL_TEXT_TOKENS, tool_response_markup
+    from vlgrpo.policy.prompt import PromptSettings
+
+    model, processor = load("qwen2_5_vl")
+    tok = processor.tokenizer
+    bad = '<think>look</think><tool_call>{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [5, 5]}}</tool_call>'
+    turn = len(tok(bad, add_special_tokens=False)["input_ids"])
+    schemas = tool_schemas(("zoom_in",))
+    prompt = len(build_prompt(samples[0], processor, box_format="plain", tools=schemas).input_ids)
+    cfg = load_config(
+        None,
+        [
+            f"model.name_or_path={tiny_model_dir()}",
+            "rollout.tools=[zoom_in]",
+            "rollout.max_turns=3",
+            f"rollout.max_new_tokens={turn}",
+            f"data.max_prompt_length={prompt}",
+        ],
+    )
+    settings = PromptSettings.from_config(cfg, "plain", processor)
+    assert tool_response_markup(tok) > 24  # what the old budget assumed
+    engine = HFEngine(model, processor, VisionCache(model, processor), box_format="plain")
+    engine.decode = Scripted(tok, [bad] * 3)
+    tools = ToolRollout(engine, ("zoom_in",), 3, settings.max_total_length)
+    (group,) = tools.generate(samples[:1], SamplingParams(completions_per_prompt=1, max_new_tokens=turn))
+    c = group.completions[0]
+    responses = [m for m in c.turns if m["role"] == "tool"]
+    assert len(responses) == 2 and c.finish_reason == "max_turns"  # both bad calls answered, all three turns taken
+    error = responses[0]["content"][-1]["text"]
+    assert error.startswith('"bbox_2d" must be') or "bbox_2d" in error
+    assert len(tok(error, add_special_tokens=False)["input_ids"]) <= MAX_TOOL_TEXT_TOKENS
+    assert len(c.token_ids) + prompt <= settings.max_total_length
+
+
+def test_a_call_cut_by_max_new_tokens_is_scored_as_a_cut_completion_not_masked(load, samples):
+    """The decision for a last turn cut by max_new_tokens inside a call: finish "length" like any cut completion,
+    counted in tools/cut_calls, and not masked like an over-turn trajectory (masking it would let a policy escape a
+    wrong answer's advantage by opening a call near the limit); its unclosed call gives no answer."""
+    from vlgrpo.rewards.extract import extract_answer
+
+    model, processor = load("qwen2_5_vl")
+    tok = processor.tokenizer
+    cut = '<think>look</think><tool_call>{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [3'
+    ids = tok(cut, add_special_tokens=False)["input_ids"]
+
+    def decode(model, last, cache, next_pos, mask, run):
+        return [_Row(list(ids), [-0.5] * len(ids), "length") for _ in range(last.shape[0])]
+
+    engine = HFEngine(model, processor, VisionCache(model, processor), box_format="plain", decode=decode)
+    tools = ToolRollout(engine, ("zoom_in",), 3)
+    (group,) = tools.generate(samples[:1], SamplingParams(completions_per_prompt=1, max_new_tokens=len(ids)))
+    c = group.completions[0]
+    assert c.finish_reason == "length" and c.tool_mask is None and tools.stats()["tools/cut_calls"] == 1.0
+    assert not over_turn_mask([group]).any()
+    assert extract_answer(c.text) == extract_answer("<think>look</think>")  # read without the call: never its "3"

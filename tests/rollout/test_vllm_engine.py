@@ -20,7 +20,7 @@ from vlgrpo.grpo.logprobs import token_logprobs, truncated_token_logprobs
 from vlgrpo.grpo.rollout_is import logprob_gap
 from vlgrpo.models import load_model, placeholder_token_ids
 from vlgrpo.policy.forward import completion_logits
-from vlgrpo.policy.prompt import build_prompt, forbidden_mask
+from vlgrpo.policy.prompt import PromptSettings, build_prompt, forbidden_mask
 from vlgrpo.rollout.base import SamplingParams
 from vlgrpo.rollout.hf import HFEngine
 from vlgrpo.rollout.vllm.engine import build_request
@@ -73,7 +73,7 @@ def _launch(path, mm_input):
         gpu_memory_utilization=0.5,
         llm_kwargs=ENGINE_KWARGS,
         limit_mm_per_prompt=LIMITS,
-        video_sampling=VIDEO,
+        prompt=PromptSettings(video_sampling=VIDEO),
     )
     return lm, cache, engine
 
@@ -431,10 +431,10 @@ def test_qwen3_5_on_vllms_cpu_build_decodes_as_the_hf_engine_or_stops_clearly(
     tmp_path, tiny_model_dir, spread, samples
 ):
     """vLLM's CPU build runs Qwen3.5 in bf16 only ("CPU GDN attention requires BF16"), switching its hybrid prefix
-    caching to "align" mode. On the CPUs this project runs on (AVX-512 BF16, no AMX) its Gated DeltaNet kernel
-    returns NaN logits, measured 2026-12-05 at head dims 64 and 128, spread or not: the engine must then stop with
-    a clear error, never hand NaN log-probs to the trainer. Where the kernel works, greedy tokens must equal the HF
-    engine's in bf16."""
+    caching to "align" mode. On every CPU kind this project has run on (AVX-512 BF16 without AMX, 2026-12-05, at
+    head dims 64 and 128, spread or not; with AMX; AVX2 only, 2026-12-06) its Gated DeltaNet kernel returns NaN
+    logits: the engine must then stop with a clear error, never hand NaN log-probs to the trainer. Where the kernel
+    works, greedy tokens must equal the HF engine's in bf16."""
     from vlgrpo.rollout.vllm.engine import VLLMEngine
 
     lm = load_model(tiny_model_dir("qwen3_5"))

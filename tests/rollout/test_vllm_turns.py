@@ -9,6 +9,7 @@ import os
 import pytest
 
 from vlgrpo.models import load_model
+from vlgrpo.policy.prompt import PromptSettings
 from vlgrpo.rollout.base import SamplingParams
 from vlgrpo.rollout.hf import HFEngine
 from vlgrpo.rollout.turns import ToolRollout, with_tool_images
@@ -34,7 +35,7 @@ def test_greedy_trajectories_equal_the_hf_engines(tool_caller_dir, samples):
         caller,
         processor,
         cache,
-        box_format="plain",
+        prompt=PromptSettings(box_format="plain"),
         max_model_len=2048,
         gpu_memory_utilization=0.5,
         llm_kwargs=ENGINE_KWARGS,

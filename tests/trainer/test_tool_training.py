@@ -145,6 +145,56 @@ def test_grpo_steps_with_the_zoom_tool_called(tmp_path, tiny_model_dir, shapes_d
     assert not (tmp_path / "run" / "trajectories" / "step_1.jsonl").exists()
 
 
+def test_two_iterations_over_trajectories_with_crops_train_and_overlong_counts_the_models_tokens(
+    tmp_path, tiny_model_dir, shapes_dir
+):
+    """grpo.num_iterations=2: the old log-probs score the tool-response tokens as the update pass does (a crop's
+    placeholders at -inf made the ratio inf there and the masked loss NaN: every step with a crop was skipped as
+    non-finite). reward.overlong: a trajectory is measured by the tokens the model sampled, so a calling trajectory
+    is penalised as a non-calling one of the same sampled length (the tool response used to count)."""
+    cfg = tiny_config(
+        tiny_model_dir(),
+        shapes_dir,
+        tmp_path / "run",
+        f"reward.recipe={{'{_reward_file(tmp_path)}': 1.0, tool: 0.5}}",
+        "rollout.tools=[zoom_in]",
+        "rollout.max_turns=3",
+        "rollout.max_new_tokens=48",
+        "grpo.num_iterations=2",
+        "reward.overlong.enabled=true",
+        "reward.overlong.max_length=24",
+        "reward.overlong.cache_length=16",
+        "train.steps=2",
+    )
+    state = build_state(cfg, progress=False)
+    try:
+        tok = state.lm.processor.tokenizer
+        turns = [[CALL.format(0, 0, 40, 40)], ["<answer>red</answer>", "<answer>blue</answer>"]]
+        state.engine.engine.decode = scripted(tok, turns)
+        state.engine.engine.batch_prompts = 64
+        trainer = Trainer(state)
+        history = trainer.train()
+        # the same sampled tokens, with and without a tool response between them
+        ids = tok("<answer>red</answer>", add_special_tokens=False)["input_ids"]
+        plain = Completion(ids * 2, "<answer>red</answer>", "stop")
+        mask = [0] * len(ids) + [1] * 40 + [0] * len(ids)
+        called = Completion(ids + [0] * 40 + ids, "<answer>red</answer>", "stop", tool_mask=mask)
+        rewards, metrics = trainer._rewards([RolloutGroup(_first_sample(shapes_dir), [1], [plain, called])])
+    finally:
+        state.close()
+    for h in history:
+        assert h["tools/calls_per_sample"] == 1.0 and h["train/loss"] == h["train/loss"]
+        assert 0 < h["train/grad_norm"] < float("inf")
+    assert plain.sampled_tokens == called.sampled_tokens == 2 * len(ids) and 8 < 2 * len(ids) < 24  # on the ramp
+    assert rewards[0] == rewards[1] and -1 < metrics["reward/overlong"] < 0  # penalised alike, not as 2 x ids + 40
+
+
+def _first_sample(shapes_dir):
+    from vlgrpo.data.adapters import load_samples
+
+    return load_samples(shapes_dir / "train.jsonl").samples[0]
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [

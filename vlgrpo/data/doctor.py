@@ -23,7 +23,7 @@ from vlgrpo.data.inspection import image_key, inspect_images, inspect_videos, vi
 from vlgrpo.data.jsonl import ACCEPTED
 from vlgrpo.data.preset_fields import ConversionReport, RowSkipped
 from vlgrpo.data.presets import convert_rows
-from vlgrpo.data.prompts import instruction
+from vlgrpo.data.prompts import MAX_TOOL_TEXT_TOKENS, instruction
 from vlgrpo.data.rowcheck import (
     TOOL_RESPONSE_TOKENS,
     PromptBudget,
@@ -175,7 +175,8 @@ def trajectory_findings(budget: PromptBudget, settings: DoctorSettings) -> list[
                 "trajectory_maybe_cut",
                 f"prompt ~{budget.total} tokens + up to {after} over max_turns={s.max_turns} turns ({s.max_turns} x "
                 f"{s.max_new_tokens} sampled + {s.max_turns - 1} tool responses of up to {crop} crop tokens + "
-                f"{TOOL_RESPONSE_TOKENS} each) may pass rollout.max_total_length={most}: the trajectory is cut there",
+                f"{TOOL_RESPONSE_TOKENS} markup + {MAX_TOOL_TEXT_TOKENS} text each) may pass "
+                f"rollout.max_total_length={most}: the trajectory is cut there",
             )
         ]
     return []

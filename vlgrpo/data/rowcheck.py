@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vlgrpo.data.images import ImageError, ImageInfo, ProcessorGeometry
-from vlgrpo.data.prompts import VISION_PLACEHOLDERS, reserved_tokens
+from vlgrpo.data.prompts import MAX_TOOL_TEXT_TOKENS, VISION_PLACEHOLDERS, reserved_tokens
 from vlgrpo.data.video import VideoInfo
 from vlgrpo.types import Sample
 
@@ -33,14 +33,16 @@ label in Qwen's tokenizer below 10 s (`<`, each digit, `.`, ` seconds`, `>`; 7 u
 DEFAULT_SYSTEM_TOKENS = 6
 """'You are a helpful assistant.', which the template inserts when data.system_prompt is empty."""
 TOOL_RESPONSE_TOKENS = 24
-"""At most the text tokens of one tool-response turn around its crop (`rollout.turns.TOOL_RESPONSE`: the closing
-<|im_end|>, the user turn's tags, <tool_response>, the vision markers, the next assistant turn's opening)."""
+"""The markup of one tool-response turn around its crop (`data.prompts.TOOL_RESPONSE`) with Qwen's released
+tokenizers, where each tag is one token: what the planner and the doctor count without a tokenizer at hand. A run
+counts it with its own tokenizer (`data.prompts.tool_response_markup`)."""
 
 
-def trajectory_tokens(max_new_tokens: int, max_turns: int, crop_tokens: int) -> int:
+def trajectory_tokens(max_new_tokens: int, max_turns: int, crop_tokens: int, markup: int = TOOL_RESPONSE_TOKENS) -> int:
     """The tokens after the prompt that a rollout may hold: one turn's max_new_tokens each turn, and between two turns
-    a tool response with a crop of at most `crop_tokens` (a crop is no larger than the image it is cut from)."""
-    return max_turns * max_new_tokens + (max_turns - 1) * (crop_tokens + TOOL_RESPONSE_TOKENS)
+    a tool response: its `markup`, a crop of at most `crop_tokens` (a crop is no larger than the image it is cut from)
+    and at most MAX_TOOL_TEXT_TOKENS of the tool's text or error."""
+    return max_turns * max_new_tokens + (max_turns - 1) * (markup + crop_tokens + MAX_TOOL_TEXT_TOKENS)
 
 
 @dataclass

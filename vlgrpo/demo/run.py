@@ -170,7 +170,7 @@ def evaluate_model(model_dir: Path, cfg: Config, test: Path, s: DemoSettings, su
     probes = min(3, s.max_shapes)  # POPE asks about `probes` present + `probes` absent objects per image
     pope = PopeOptions(per_image=probes, min_objects=probes)
     data = build_eval_data(str(test), suites, max_samples=s.eval_samples, pope=pope, ctx=ctx)
-    prompt = PromptSettings.from_config(cfg, ctx.box_format, ProcessorGeometry.from_processor(lm.processor))
+    prompt = PromptSettings.from_config(cfg, ctx.box_format, lm.processor)
     engine = build_engine("hf", lm, VisionCache(lm.model, lm.processor), prompt, batch_prompts=32)  # as trained
     return evaluate(engine, data, ctx, batch_prompts=32, max_new_tokens=s.max_new_tokens, progress=True)
 

@@ -56,7 +56,6 @@ def run_eval(request: EvalRequest) -> EvalResult:
     (greedy decoding through vLLM with our cached image features: the same predictions, faster on a GPU), with the
     tools the run trained with or --tools named, each multi-turn row's conversation in predictions.jsonl and its
     crops next to it."""
-    from vlgrpo.data.images import ProcessorGeometry
     from vlgrpo.rollout.build import build_engine
     from vlgrpo.vision_cache import VisionCache
 
@@ -66,7 +65,7 @@ def run_eval(request: EvalRequest) -> EvalResult:
     device = e.device or ("cuda" if torch.cuda.is_available() else "cpu")
     with tempfile.TemporaryDirectory(prefix="vlgrpo-eval-") as tmp:
         lm, run_cfg, contract = load_for_eval(request.model, Path(tmp), e.dtype, device)
-        r = resolve(request, run_cfg, contract, ProcessorGeometry.from_processor(lm.processor), lm.arch)
+        r = resolve(request, run_cfg, contract, lm.processor, lm.arch)
         eval_data = build_eval_data(
             r.source, request.suites, max_samples=request.max_samples, pope=request.pope, ctx=r.ctx
         )

@@ -80,14 +80,15 @@ class ResolvedEval:
     preset: str = "none"
 
 
-def resolve(request: EvalRequest, run_cfg, contract, geometry: ProcessorGeometry, arch: str) -> ResolvedEval:
+def resolve(request: EvalRequest, run_cfg, contract, processor, arch: str) -> ResolvedEval:
     """The request with the run's config (or None) and the checkpoint's contract (or None) filled in, in the
-    module's precedence."""
+    module's precedence; `processor` and `arch` are the loaded model's."""
     from vlgrpo.rewards import box_format_for_arch, context_from_config
 
+    geometry = ProcessorGeometry.from_processor(processor)
     if run_cfg is not None:
         ctx = context_from_config(run_cfg, arch, geometry)
-        prompt = PromptSettings.from_config(run_cfg, ctx.box_format, geometry)
+        prompt = PromptSettings.from_config(run_cfg, ctx.box_format, processor)
         data, preset, columns = (
             request.data or run_cfg.data.test or run_cfg.data.val,
             run_cfg.data.preset,

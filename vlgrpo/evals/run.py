@@ -256,15 +256,13 @@ def make_evaluator(cfg) -> Callable[[Any], dict[str, float]]:
     held: dict[str, Any] = {}
 
     def evaluator(state) -> dict[str, float]:
-        from vlgrpo.data.images import ProcessorGeometry
         from vlgrpo.policy.prompt import PromptSettings
         from vlgrpo.rollout.build import build_engine
 
         e = cfg.eval
         model = state.backend.model
         if held.get("model") is not model:  # built as every engine is: the run's prompt settings, tools and turns
-            geometry = ProcessorGeometry.from_processor(state.lm.processor)
-            prompt = PromptSettings.from_config(cfg, state.reward_ctx.box_format, geometry)
+            prompt = PromptSettings.from_config(cfg, state.reward_ctx.box_format, state.lm.processor)
             held["engine"] = build_engine(
                 "hf", state.lm, state.cache, prompt, model=model, batch_prompts=e.batch_prompts
             )

@@ -13,6 +13,7 @@ import re
 from typing import TYPE_CHECKING
 
 from vlgrpo.config import Config, ModelConfig
+from vlgrpo.data.prompts import MAX_TOOL_TEXT_TOKENS, tool_response_markup
 from vlgrpo.data.rowcheck import TOOL_RESPONSE_TOKENS, trajectory_tokens
 from vlgrpo.memory.deepspeed_json import zero3_offload
 from vlgrpo.memory.inputs import DTYPE_BYTES, PlanInput, train_gpus
@@ -92,18 +93,20 @@ def video_notes(cfg: Config, frames: int) -> list[str]:
     return []
 
 
-def total_length(cfg: Config, geometry: ProcessorGeometry | None = None) -> int:
+def total_length(cfg: Config, geometry: ProcessorGeometry | None = None, tokenizer=None) -> int:
     """rollout.max_total_length resolved: the longest sequence a rollout may reach in tokens (the vLLM engine's
     max_model_len; a multi-turn trajectory ends there). Unset: data.max_prompt_length + `trajectory_tokens` with crops
-    of the most tokens an image can take at `geometry` (the processor's; None: the checkpoint's, `geometry_for`), which
-    for max_turns=1 is data.max_prompt_length + rollout.max_new_tokens."""
+    of the most tokens an image can take at `geometry` (the processor's; None: the checkpoint's, `geometry_for`) and
+    each tool response's markup counted with `tokenizer` (None: Qwen's released tokenizers'), which for max_turns=1
+    is data.max_prompt_length + rollout.max_new_tokens."""
     r = cfg.rollout
     if r.max_total_length is not None:
         return r.max_total_length
     if r.max_turns <= 1:  # no crop: no geometry to read
         return cfg.data.max_prompt_length + r.max_new_tokens
     crop = most_image_tokens(geometry if geometry is not None else geometry_for(cfg.model, None))
-    return cfg.data.max_prompt_length + trajectory_tokens(r.max_new_tokens, r.max_turns, crop)
+    markup = TOOL_RESPONSE_TOKENS if tokenizer is None else tool_response_markup(tokenizer, "<think>\n")
+    return cfg.data.max_prompt_length + trajectory_tokens(r.max_new_tokens, r.max_turns, crop, markup)
 
 
 def tool_notes(cfg: Config, inp: PlanInput) -> list[str]:
@@ -120,7 +123,8 @@ def tool_notes(cfg: Config, inp: PlanInput) -> list[str]:
     return [
         f"rollout.max_turns={r.max_turns}: {inp.completion_tokens:,} tokens after the prompt planned ({r.max_turns} x "
         f"{r.max_new_tokens} sampled + {r.max_turns - 1} tool responses of up to {inp.image_tokens} crop tokens + "
-        f"{TOOL_RESPONSE_TOKENS} each{cap}); a row with crops runs whole in the update"
+        f"{TOOL_RESPONSE_TOKENS} markup + {MAX_TOOL_TEXT_TOKENS} text each{cap}); a row with crops runs whole in the "
+        "update"
     ]
 
 

@@ -308,14 +308,21 @@ def completion_logprobs_and_entropy(
     model, batch: CompletionBatch, features: list, forbidden: Tensor | None, temperature: float = 1.0
 ) -> tuple[Tensor, Tensor]:
     """(log-probs [R, C], entropies [R, C]) of the completion tokens under log softmax(logits / T) with the
-    forbidden (placeholder) ids at -inf: the exact distribution the HF engine samples from. Padding: mask it. A
-    tool-response turn's tokens (its crop's placeholders among them) are read as id 0: finite values the loss masks
-    out, where a placeholder's -inf would turn the masked sum into NaN."""
+    forbidden (placeholder) ids at -inf: the exact distribution the HF engine samples from. Padding: mask it.
+    Tool-response tokens are scored as `scored_ids` says."""
     from vlgrpo.grpo.logprobs import token_logprobs
 
     logits = completion_logits(model, batch, features)
-    ids = batch.completion_ids if batch.tool_mask is None else batch.completion_ids.masked_fill(batch.tool_mask > 0, 0)
-    return token_logprobs(logits, ids, temperature=temperature, forbidden=forbidden)
+    return token_logprobs(logits, scored_ids(batch), temperature=temperature, forbidden=forbidden)
+
+
+def scored_ids(batch: CompletionBatch) -> Tensor:
+    """[R, C] the completion ids every log-prob pass scores: a tool-response turn's tokens (its crop's placeholders
+    among them, forbidden ids at -inf) read as id 0, a finite value the loss masks out. The update, old-log-prob and
+    engine-comparison passes all score these, so a masked -inf never meets a ratio (0 * inf = NaN)."""
+    if batch.tool_mask is None:
+        return batch.completion_ids
+    return batch.completion_ids.masked_fill(batch.tool_mask > 0, 0)
 
 
 def completion_logprobs(

@@ -44,13 +44,16 @@ class PromptSettings:
     """Tokens a multi-turn trajectory may reach (rollout.max_total_length resolved); None: the engine's context."""
 
     @classmethod
-    def from_config(cls, cfg, box_format: str, geometry: ProcessorGeometry | None = None) -> PromptSettings:
+    def from_config(cls, cfg, box_format: str, processor=None) -> PromptSettings:
         """A run's settings (data.*, rollout.tools / max_turns / max_total_length), with the resolved box convention
-        (`reward.box_format` auto resolved by the reward context)."""
+        (`reward.box_format` auto resolved by the reward context). `processor`: the policy's, whose geometry and
+        tokenizer size the turn budget (None: the checkpoint's geometry, Qwen's released tokenizers' markup)."""
         from vlgrpo.memory.from_config import total_length
 
         d, r = cfg.data, cfg.rollout
         tools = tuple(r.tools)
+        geometry = None if processor is None else ProcessorGeometry.from_processor(processor)
+        tokenizer = None if processor is None else processor.tokenizer
         return cls(
             d.answer_format,
             box_format,
@@ -59,7 +62,7 @@ class PromptSettings:
             VideoSampling.from_config(d.video),
             tools,
             r.max_turns if tools else 1,
-            total_length(cfg, geometry) if tools else None,
+            total_length(cfg, geometry, tokenizer) if tools else None,
         )
 
     def prompt_kw(self) -> dict:

@@ -21,6 +21,19 @@ answer_line = the rest of the last line containing "answer:" (any case, "**Answe
 non-empty line."""
 
 
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+
+
+def final_turn(text: str) -> str:
+    """The model's last turn of a multi-turn trajectory (`rollout/turns.py` writes its turns one after another,
+    each calling turn ending at `</tool_call>`): the text after the last call, where its answer is, up to a call it
+    opened and never closed (cut by max_new_tokens). A tool call's arguments (a zoom box) are never an answer; a
+    trajectory whose last turn is a call has none. A one-turn completion is its own last turn."""
+    cut = text.rfind(TOOL_CALL_CLOSE)
+    last = text if cut < 0 else text[cut + len(TOOL_CALL_CLOSE) :]
+    return last.split(TOOL_CALL_OPEN, 1)[0]
+
+
 def answer_block(text: str) -> str | None:
     """Stripped content of the one `<answer>…</answer>` block; None when there is none, several, or malformed."""
     if text.count(ANSWER_OPEN) != 1 or text.count(ANSWER_CLOSE) != 1:
@@ -39,6 +52,7 @@ def answer_region(text: str) -> str | None:
     The answer block when the completion has answer tags (None when they are several or malformed: that is a
     format failure, and the answer is ambiguous), else the whole completion (bare JSON, bare boxes).
     """
+    text = final_turn(text)
     return answer_block(text) if has_answer_tags(text) else text
 
 
@@ -91,8 +105,10 @@ def extract_answer(text: str, fallback: tuple[str, ...] = FALLBACKS) -> str | No
     """The model's final answer as a short string, or None when there is none (or it is ambiguous).
 
     Order: the answer block (a \\boxed{} inside it wins); several/malformed answer tags give None with no
-    fallback; without tags, the last \\boxed{}; then each named fallback in `fallback` (see FALLBACKS).
+    fallback; without tags, the last \\boxed{}; then each named fallback in `fallback` (see FALLBACKS). Read from
+    the model's last turn (`final_turn`).
     """
+    text = final_turn(text)
     if has_answer_tags(text):
         block = answer_block(text)
         if block is None:

@@ -7,7 +7,7 @@ only (linear time). Knows nothing of answer types, boxes, models or configs.
 
 from __future__ import annotations
 
-from vlgrpo.rewards.extract import ANSWER_CLOSE, ANSWER_OPEN, THINK_CLOSE, THINK_OPEN
+from vlgrpo.rewards.extract import ANSWER_CLOSE, ANSWER_OPEN, THINK_CLOSE, THINK_OPEN, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 ANSWER_FORMATS = ("think_answer", "answer")
 END_MARKERS = ("<|im_end|>", "<|endoftext|>")
@@ -67,7 +67,7 @@ def format_ok(text: str, answer_format: str = "think_answer") -> bool:
     return think_answer_ok(last) if answer_format == "think_answer" else answer_only_ok(last)
 
 
-CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+CALL_OPEN, CALL_CLOSE = TOOL_CALL_OPEN, TOOL_CALL_CLOSE
 
 
 def call_turn_ok(turn: str, answer_format: str) -> bool:

@@ -13,7 +13,14 @@ from typing import Any
 
 from vlgrpo.rewards.boxes import Box, parse_boxes
 from vlgrpo.rewards.context import RewardContext
-from vlgrpo.rewards.extract import answer_block, answer_region, extract_answer, has_answer_tags, last_boxed
+from vlgrpo.rewards.extract import (
+    answer_block,
+    answer_region,
+    extract_answer,
+    final_turn,
+    has_answer_tags,
+    last_boxed,
+)
 from vlgrpo.rewards.format import format_ok
 from vlgrpo.rewards.mathanswer import parse_math
 from vlgrpo.rewards.verifiable import parse_choice, parse_number, parse_yesno
@@ -66,11 +73,12 @@ class Parsed:
     def math(self) -> list:
         """math_verify's parse of the final answer: the \\boxed{} content or the answer block (a bare expression is
         read as LaTeX); without answer tags or a \\boxed{}, the tail of the completion by default extraction."""
-        if has_answer_tags(self.text):
-            block = answer_block(self.text)
+        text = final_turn(self.text)  # the model's last turn: never a tool call's arguments
+        if has_answer_tags(text):
+            block = answer_block(text)
             return parse_math(block and (last_boxed(block) or block))
-        boxed = last_boxed(self.text)
-        return parse_math(boxed) if boxed else parse_math(self.text, answer=False)
+        boxed = last_boxed(text)
+        return parse_math(boxed) if boxed else parse_math(text, answer=False)
 
     def typed_answer(self, answer_type: str) -> Any:
         """The answer read for `answer_type` (a float, a letter, "yes"/"no", text, a math parse, boxes), or None."""

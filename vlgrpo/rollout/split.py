@@ -200,7 +200,6 @@ def _worker_main(cfg, box_format: str, requests, results, gpu: str | None) -> No
 
 
 def _serve(cfg, box_format: str, requests, results, device: str) -> None:
-    from vlgrpo.data.images import ProcessorGeometry
     from vlgrpo.models import load_model
     from vlgrpo.policy.prompt import PromptSettings
     from vlgrpo.rollout.build import build_engine
@@ -216,7 +215,7 @@ def _serve(cfg, box_format: str, requests, results, device: str) -> None:
     trainable_vision = not (m.freeze_vision and m.freeze_merger)
     cache = VisionCache(lm.model, lm.processor, cfg.rollout.vision_cache_bytes, trainable=trainable_vision)
     # the trainer's engine, built as the colocated one is: with tools, the worker runs them and returns trajectories
-    prompt = PromptSettings.from_config(cfg, box_format, ProcessorGeometry.from_processor(lm.processor))
+    prompt = PromptSettings.from_config(cfg, box_format, lm.processor)
     engine = build_engine(cfg.rollout.engine, lm, cache, prompt, run=cfg)
     buffers = {name for name, _ in lm.model.named_buffers()}
     version, idle_since, idle = -1, time.perf_counter(), 0.0

@@ -24,16 +24,13 @@ import torch
 from PIL import Image
 
 from vlgrpo.data.images import load_image
+from vlgrpo.data.prompts import MAX_TOOL_TEXT_TOKENS, TOOL_RESPONSE
 from vlgrpo.policy.prompt import IMAGE_PAD, VISION_END, VISION_START, PromptInputs, build_prompt
 from vlgrpo.rollout.base import RolloutEngine, SamplingParams
-from vlgrpo.rollout.tools.calls import EXPECTED_CALL, TOOL_CALL_END, ToolCallError, first_tool_call
+from vlgrpo.rollout.tools.calls import EXPECTED_CALL, TOOL_CALL_END, TOOL_CALL_START, ToolCallError, first_tool_call
 from vlgrpo.rollout.tools.context import ToolContext
 from vlgrpo.rollout.tools.table import run_tool, tool_schemas, tool_table
 from vlgrpo.types import Completion, InputError, RolloutGroup, Sample
-
-TOOL_RESPONSE = "<|im_end|>\n<|im_start|>user\n<tool_response>\n{}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
-"""The turn a tool's result comes back in, as Qwen's templates render a `tool` message (a user turn wrapped in
-<tool_response>), closing the model's turn before it and opening the next."""
 
 
 def with_tool_images(limits: dict[str, int], max_turns: int) -> dict[str, int]:
@@ -119,12 +116,13 @@ class ToolRollout:
             "tools/errors": float(self._counts["errors"]),
             "tools/crop_area": self._counts["crop_area"] / max(self._counts["crops"], 1),
             "tools/over_length": float(self._counts["over_length"]),
+            "tools/cut_calls": float(self._counts["cut_calls"]),
         }
         return {**self.engine.stats(), **tools}
 
     def reset_stats(self) -> None:
         self._counts = dict.fromkeys(
-            ("trajectories", "calls", "turns", "errors", "crops", "crop_area", "over_length"), 0
+            ("trajectories", "calls", "turns", "errors", "crops", "crop_area", "over_length", "cut_calls"), 0
         )
         self.engine.reset_stats()
 
@@ -189,6 +187,12 @@ class ToolRollout:
         t.turns.append({"role": "assistant", "content": [{"type": "text", "text": t.prompt.opened + text}]})
         t.pending, t.finish_reason = (text if called else None), c.finish_reason
         self._counts["turns"] += 1
+        # A call cut by max_new_tokens is scored as any completion cut there (finish "length"): not masked like an
+        # over-turn trajectory, else opening a call near the limit would be a way out of a wrong answer's advantage.
+        # Its unclosed call is no answer (`rewards.extract.final_turn`).
+        self._counts["cut_calls"] += (
+            c.finish_reason == "length" and TOOL_CALL_START in text.rsplit(TOOL_CALL_END, 1)[-1]
+        )
 
     def _respond(self, t: Trajectory, max_new_tokens: int) -> PromptInputs | None:
         """Run the pending call, append its tool-response turn (tool_mask 1) -> the prompt of the next turn; None
@@ -274,10 +278,16 @@ def response_turn(result, geometry, tokenizer, opened: str, room: int | None = N
         )
         images = []
     grids = [geometry.grid_thw(i.height, i.width) for i in images]
-    words = error if error is not None else (result.text or "")
+    words = _bounded(error if error is not None else (result.text or ""), tokenizer)
     blocks = "".join(VISION_START + IMAGE_PAD * (g[1] * g[2] // geometry.merge_size**2) + VISION_END for g in grids)
     ids = tokenizer(TOOL_RESPONSE.format(blocks + words) + opened, add_special_tokens=False)["input_ids"]
     return ResponseTurn(ids, images, grids, words, error)
+
+
+def _bounded(words: str, tokenizer) -> str:
+    """A tool's text as the model reads it: at most MAX_TOOL_TEXT_TOKENS tokens (the length budget counts no more)."""
+    ids = tokenizer(words, add_special_tokens=False)["input_ids"]
+    return words if len(ids) <= MAX_TOOL_TEXT_TOKENS else tokenizer.decode(ids[:MAX_TOOL_TEXT_TOKENS])
 
 
 def png_bytes(image: Image.Image) -> bytes:

@@ -180,7 +180,7 @@ class Trainer:
         metrics = result.metrics()
         o = cfg.reward.overlong
         if o.enabled:  # DAPO overlong shaping, added to the total
-            lengths = torch.tensor([len(c.token_ids) for c in completions])
+            lengths = torch.tensor([c.sampled_tokens for c in completions])  # the model's own: no tool response
             penalty = grpo.overlong_penalty(lengths, o.max_length, o.cache_length)
             totals = [t + float(p) for t, p in zip(totals, penalty)]
             metrics["reward/overlong"] = float(penalty.mean())

@@ -19,7 +19,7 @@ import torch
 
 from vlgrpo import grpo
 from vlgrpo.models import eval_mode
-from vlgrpo.policy.forward import completion_logits
+from vlgrpo.policy.forward import completion_logits, scored_ids
 from vlgrpo.trainer.batch import TrainBatch
 
 
@@ -73,15 +73,14 @@ class OffPolicy:
         with eval_mode(state.backend.model):
             for _, part, feats in self.micro_batches(batch):
                 logits = completion_logits(state.backend.model, part, feats)  # [r, C, V]
+                ids = scored_ids(part)  # tool-response tokens as the update pass reads them
                 full.append(
-                    grpo.token_logprobs(
-                        logits, part.completion_ids, temperature=state.temperature, forbidden=state.forbidden
-                    )[0]
+                    grpo.token_logprobs(logits, ids, temperature=state.temperature, forbidden=state.forbidden)[0]
                 )
                 behaviour.append(
                     grpo.truncated_token_logprobs(
                         logits,
-                        part.completion_ids,
+                        ids,
                         temperature=state.temperature,
                         forbidden=state.forbidden,
                         top_k=r.top_k,

@@ -169,7 +169,7 @@ def _engine(cfg: Config, lm: LoadedModel, cache: VisionCache, box_format: str):
         return None, False
     if cfg.rollout.placement == "split":  # the engine in a worker process of its own (rollout/split.py)
         return _split_rollout(cfg, box_format), True
-    prompt = PromptSettings.from_config(cfg, box_format, ProcessorGeometry.from_processor(lm.processor))
+    prompt = PromptSettings.from_config(cfg, box_format, lm.processor)
     engine = build_engine(cfg.rollout.engine, lm, cache, prompt, run=cfg)
     return engine, engine.holds_own_weights
 

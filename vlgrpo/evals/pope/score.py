@@ -15,7 +15,7 @@ from vlgrpo.data.jsonl import read_json_rows
 from vlgrpo.data.schema import DataError
 from vlgrpo.evals.pope.build import SPLITS
 from vlgrpo.registry import POPE_PARSER
-from vlgrpo.rewards.extract import strip_answer_tags
+from vlgrpo.rewards.extract import final_turn, strip_answer_tags
 from vlgrpo.types import InputError
 
 YES, NO, UNKNOWN = "yes", "no", "unknown"
@@ -76,7 +76,7 @@ def parse_answer(text: str, parser: str = "pope") -> str:
     """ "yes", "no" or "unknown" for a model answer, by the named parser (one of PARSERS)."""
     if parser not in PARSERS:
         raise InputError(f"--parser {parser!r} is not accepted; use one of {', '.join(PARSERS)}")
-    return POPE_PARSER.load(parser)(text)
+    return POPE_PARSER.load(parser)(final_turn(text))  # a tool trajectory: its last turn
 
 
 def _ratio(num: int, den: int) -> float:

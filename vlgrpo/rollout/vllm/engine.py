@@ -20,7 +20,6 @@ from torch import Tensor
 
 from vlgrpo.config.validate import check_mm_limits
 from vlgrpo.data.images import ProcessorGeometry
-from vlgrpo.data.video import VideoSampling
 from vlgrpo.memory.from_config import total_length
 from vlgrpo.policy.prompt import PromptInputs, PromptSettings, build_prompt, forbidden_mask
 from vlgrpo.rollout.adapters import AdapterVersions, engine_lora_kwargs
@@ -64,31 +63,22 @@ class VLLMEngine(EngineCounters):
         llm,
         processor,
         vision_cache=None,
-        answer_format: str = "think_answer",
-        box_format: str = "qwen2_5",
-        system_prompt: str = "",
+        prompt: PromptSettings | None = None,
         mm_input: str = "embeds",
         push_visual: bool = True,
         sleep_level: int = 0,
         tied_embeddings: bool = False,
         deepstack_maps: int = 0,
-        video_sampling: VideoSampling | None = None,
         limit_mm_per_prompt: dict | None = None,
         max_loras: int = 0,
-        thinking: str = "auto",
     ):
+        """`prompt`: how prompts are written (None: the defaults); the rest as `launch` and `from_config` set it."""
         if mm_input not in MM_INPUTS:
             raise ValueError(f"rollout.vllm.mm_input must be one of {', '.join(MM_INPUTS)}, got {mm_input!r}")
         if mm_input == "embeds" and vision_cache is None:
             raise ValueError("rollout.vllm.mm_input=embeds needs a VisionCache")
         self.llm, self.processor, self.cache, self.mm_input = llm, processor, vision_cache, mm_input
-        self.prompt_kw = dict(
-            answer_format=answer_format,
-            box_format=box_format,
-            system_prompt=system_prompt,
-            video_sampling=video_sampling or VideoSampling(),
-            thinking=thinking,
-        )
+        self.prompt_kw = (prompt or PromptSettings()).prompt_kw()
         self.geometry = ProcessorGeometry.from_processor(processor)
         self.format = PlaceholderFormat.from_processor(processor, self.geometry.temporal_patch_size, deepstack_maps)
         """The model's vision tokens and the prompt form vLLM expands (`inputs.PlaceholderFormat`)."""
@@ -199,12 +189,12 @@ class VLLMEngine(EngineCounters):
             mm_input=v.mm_input,
             gpu_memory_utilization=v.gpu_memory_utilization,
             tensor_parallel_size=v.tensor_parallel_size,
-            max_model_len=total_length(cfg, ProcessorGeometry.from_processor(lm.processor)),
+            max_model_len=prompt.max_total_length or total_length(cfg, ProcessorGeometry.from_processor(lm.processor)),
             enable_sleep_mode=colocate and v.enable_sleep_mode,
             seed=cfg.train.seed,
             llm_kwargs=llm_kwargs,
             limit_mm_per_prompt=with_tool_images(dict(v.limit_mm_per_prompt), prompt.max_turns),
-            **prompt.prompt_kw(),
+            prompt=prompt,
             push_visual=not (m.freeze_vision and m.freeze_merger),
             sleep_level=1 if colocate and v.enable_sleep_mode else 0,
             max_loras=lora.get("max_loras", 0),
@@ -240,7 +230,7 @@ class VLLMEngine(EngineCounters):
             gpu_memory_utilization=gpu_memory_utilization,
             limit_mm_per_prompt=with_tool_images(VLLMConfig().limit_mm_per_prompt, prompt.max_turns),
             llm_kwargs={"dtype": dtype, **(engine_kwargs or {})},
-            **prompt.prompt_kw(),
+            prompt=prompt,
         )
 
     def generate(self, samples: list[Sample], params: SamplingParams) -> list[RolloutGroup]:

@@ -56,7 +56,7 @@ def to_completions(
             raise RuntimeError(
                 "vLLM returned NaN log-probs for a completion: its kernels computed non-finite logits, so neither "
                 "the tokens nor the log-probs can be trained on. vLLM 0.32's CPU build does this for Qwen3.5 (its "
-                "CPU Gated DeltaNet kernel, on a CPU without AMX); use rollout.engine=hf (or a GPU)"
+                "CPU Gated DeltaNet kernel, seen with and without AVX-512 and AMX); use rollout.engine=hf (or a GPU)"
             )
         reason = "stop" if o.finish_reason == "stop" else "length"
         hit = next((i for i, t in enumerate(ids) if t in forbidden_ids), None)
