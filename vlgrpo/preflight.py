@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from vlgrpo.config import ConfigError, get_key, load_config
-from vlgrpo.data.doctor import CORRECTNESS, DoctorSettings, GoldCheck, run_doctor
-from vlgrpo.data.doctor_report import ERROR, WARNING, DoctorReport, Finding
+from vlgrpo.data.doctor import CORRECTNESS, GoldCheck, run_doctor
+from vlgrpo.data.doctor_report import ERROR, WARNING, DoctorReport, DoctorSettings, Finding
 from vlgrpo.data.images import checkpoint_geometry
 from vlgrpo.data.prompts import check_system_prompt
 from vlgrpo.data.video import VideoSampling

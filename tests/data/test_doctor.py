@@ -8,7 +8,8 @@ from PIL import Image
 
 from vlgrpo.cli import main
 from vlgrpo.data.adapters import load_samples
-from vlgrpo.data.doctor import HUB_GEOMETRY, DoctorSettings, check_split, text_estimate
+from vlgrpo.data.doctor import HUB_GEOMETRY, check_split, text_estimate
+from vlgrpo.data.doctor_report import DoctorSettings
 from vlgrpo.data.images import inspect_image
 from vlgrpo.data.prompts import instruction
 from vlgrpo.data.rowcheck import RowVisuals, prompt_budget

@@ -11,7 +11,8 @@ from video_files import write_mp4
 
 from vlgrpo.cli import main
 from vlgrpo.data.adapters import load_samples
-from vlgrpo.data.doctor import DoctorSettings, check_split, text_estimate
+from vlgrpo.data.doctor import check_split, text_estimate
+from vlgrpo.data.doctor_report import DoctorSettings
 from vlgrpo.data.images import DEFAULT_GEOMETRY, inspect_image
 from vlgrpo.data.prompts import instruction, render_messages
 from vlgrpo.data.rowcheck import RowVisuals, prompt_budget, row_problems

@@ -12,13 +12,20 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vlgrpo.data.adapters import raw_rows, schema_sample, skip_reason
-from vlgrpo.data.doctor_report import CHARS_PER_TOKEN, ERROR, WARNING, DoctorReport, Finding, SplitStats
-from vlgrpo.data.images import DEFAULT_GEOMETRY, ProcessorGeometry
+from vlgrpo.data.doctor_report import (
+    CHARS_PER_TOKEN,
+    ERROR,
+    WARNING,
+    DoctorReport,
+    DoctorSettings,
+    Finding,
+    SplitStats,
+)
+from vlgrpo.data.images import DEFAULT_GEOMETRY
 from vlgrpo.data.inspection import image_key, inspect_images, inspect_videos, video_key
 from vlgrpo.data.jsonl import ACCEPTED
 from vlgrpo.data.preset_fields import ConversionReport, RowSkipped
@@ -33,7 +40,6 @@ from vlgrpo.data.rowcheck import (
     trajectory_tokens,
 )
 from vlgrpo.data.schema import DataError
-from vlgrpo.data.video import VideoSampling
 from vlgrpo.types import Sample
 
 HUB_GEOMETRY = DEFAULT_GEOMETRY
@@ -43,33 +49,6 @@ CORRECTNESS = ("accuracy", "iou", "iou_threshold", "giou")
 
 GoldCheck = Callable[[Sample, "tuple[int, int] | None"], list[tuple[str, str, str]]]
 """(sample, real (width, height) or None) -> [(severity, check, message)] about its gold answer."""
-
-
-@dataclass(frozen=True)
-class DoctorSettings:
-    """What the checks compare against: the processor geometry and the run's prompt settings."""
-
-    geometry: ProcessorGeometry = HUB_GEOMETRY
-    geometry_source: str = "released Qwen processor defaults"
-    max_prompt_length: int = 1024
-    answer_format: str = "think_answer"
-    box_format: str = "qwen2_5"
-    system_prompt: str = ""
-    data_format: str = "auto"
-    preset: str = "none"
-    """data.preset: the rows are in another project's shape (vlgrpo.data.presets), converted as training does."""
-    columns: dict[str, str] = field(default_factory=dict)
-    """data.columns: renames target=source applied first."""
-    video: VideoSampling = VideoSampling()
-    """data.video: how frames are taken from a video and their pixel bounds."""
-    video_timestamps: bool = False
-    """The model writes a video's time before each temporal patch (Qwen3-VL): counted in the length budget."""
-    max_new_tokens: int = 128
-    """rollout.max_new_tokens: the tokens of one turn."""
-    max_turns: int = 1
-    """rollout.max_turns: above 1, each row's whole trajectory (turns, tool responses and crops) is checked too."""
-    max_total_length: int | None = None
-    """rollout.max_total_length resolved (`vlgrpo.memory.from_config.total_length`); None: no trajectory check."""
 
 
 # ---------------------------------------------------------------- reading rows with their row numbers

@@ -1,22 +1,48 @@
-"""What `vlgrpo data doctor` reports: its findings (severity, check, split, row, message), each split's statistics,
-the report as JSON (`DoctorReport.to_dict`) and as the table it prints (`format_report`). The checks themselves are
-`data/doctor.py`."""
+"""What `vlgrpo data doctor` was asked (`DoctorSettings`) and what it reports: its findings (severity, check, split,
+row, message), each split's statistics, the report as JSON (`DoctorReport.to_dict`) and as the table it prints
+(`format_report`). The checks themselves are `data/doctor.py`."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from vlgrpo.data.images import DEFAULT_GEOMETRY, ProcessorGeometry
 from vlgrpo.data.rowcheck import DEFAULT_SYSTEM_TOKENS, TEMPLATE_TOKENS, VISION_WRAP
-
-if TYPE_CHECKING:  # the checks' settings, reported as they were
-    from vlgrpo.data.doctor import DoctorSettings
+from vlgrpo.data.video import VideoSampling
 
 ERROR, WARNING = "error", "warning"
 CHARS_PER_TOKEN = 3
 """Text estimate: Qwen's BPE averages ~4 characters per English token; 3 errs on the long side."""
+
+
+@dataclass(frozen=True)
+class DoctorSettings:
+    """What the checks compare against: the processor geometry and the run's prompt settings."""
+
+    geometry: ProcessorGeometry = DEFAULT_GEOMETRY
+    geometry_source: str = "released Qwen processor defaults"
+    max_prompt_length: int = 1024
+    answer_format: str = "think_answer"
+    box_format: str = "qwen2_5"
+    system_prompt: str = ""
+    data_format: str = "auto"
+    preset: str = "none"
+    """data.preset: the rows are in another project's shape (vlgrpo.data.presets), converted as training does."""
+    columns: dict[str, str] = field(default_factory=dict)
+    """data.columns: renames target=source applied first."""
+    video: VideoSampling = VideoSampling()
+    """data.video: how frames are taken from a video and their pixel bounds."""
+    video_timestamps: bool = False
+    """The model writes a video's time before each temporal patch (Qwen3-VL): counted in the length budget."""
+    max_new_tokens: int = 128
+    """rollout.max_new_tokens: the tokens of one turn."""
+    max_turns: int = 1
+    """rollout.max_turns: above 1, each row's whole trajectory (turns, tool responses and crops) is checked too."""
+    max_total_length: int | None = None
+    """rollout.max_total_length resolved (`vlgrpo.memory.from_config.total_length`); None: no trajectory check."""
 
 
 @dataclass
