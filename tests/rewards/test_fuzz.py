@@ -12,7 +12,15 @@ from hypothesis import strategies as st
 
 from vlgrpo.rewards import RewardContext, score
 from vlgrpo.rewards.boxes import BOX_FORMATS, MAX_BOXES, parse_boxes, to_original_pixels
-from vlgrpo.rewards.extract import answer_block, answer_line, answer_region, extract_answer, last_boxed, last_line
+from vlgrpo.rewards.extract import (
+    answer_block,
+    answer_line,
+    answer_region,
+    extract_answer,
+    final_turn,
+    last_boxed,
+    last_line,
+)
 from vlgrpo.rewards.format import answer_only_ok, think_answer_ok
 from vlgrpo.rewards.verifiable import parse_choice, parse_number, parse_yesno, text_match
 from vlgrpo.types import Sample
@@ -22,6 +30,8 @@ FRAGMENTS = [
     "</answer>",
     "<think>",
     "</think>",
+    "<tool_call>",
+    "</tool_call>",
     "\\boxed{",
     "\\fbox{",
     "{",
@@ -83,7 +93,9 @@ FUZZ = settings(max_examples=2500, deadline=None, derandomize=True, suppress_hea
 def test_extraction_and_format_never_raise(text):
     block = answer_block(text)
     assert block is None or (text.count("<answer>") == 1 and block == block.strip())
-    assert answer_region(text) in (None, text) or answer_region(text) == block
+    final = final_turn(text)  # the model's last turn: where the answer is read (a call's arguments never are)
+    assert final in text and "</tool_call>" not in final and "<tool_call>" not in final
+    assert answer_region(text) in (None, final) or answer_region(text) == answer_block(final)
     for value in (extract_answer(text), last_boxed(text), answer_line(text), last_line(text)):
         assert value is None or isinstance(value, str)
     ta, ao = think_answer_ok(text), answer_only_ok(text)
