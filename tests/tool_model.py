@@ -8,6 +8,7 @@ import torch
 
 from vlgrpo.policy.forward import collate_groups, completion_logprobs
 from vlgrpo.policy.prompt import IMAGE_PAD, build_prompt, forbidden_mask, vocab_size
+from vlgrpo.rollout.hf import _Row
 from vlgrpo.rollout.tools.table import tool_schemas
 from vlgrpo.types import Completion, RolloutGroup
 from vlgrpo.vision_cache import VisionCache
@@ -42,3 +43,19 @@ def teach_tool_call(model, processor, samples, box=(0, 0, 56, 56), steps: int = 
         losses.append(float(loss.detach()))
     model.eval()
     return losses
+
+
+def scripted(tokenizer, turns: list[list[str]]):
+    """An HF engine `decode`: its k-th call writes turns[k % len(turns)], the texts cycled over the call's rows."""
+
+    def decode(model, last, cache, next_pos, mask, run):
+        texts = turns[decode.calls % len(turns)]
+        decode.calls += 1
+        rows = []
+        for r in range(last.shape[0] * run.params.completions_per_prompt):
+            ids = tokenizer(texts[r % len(texts)], add_special_tokens=False)["input_ids"]
+            rows.append(_Row(list(ids), [-0.1] * len(ids), "stop"))
+        return rows
+
+    decode.calls = 0
+    return decode

@@ -125,7 +125,12 @@ class Completion:
     """PNG bytes of each image a tool returned, in the order of their <|image_pad|> runs in `token_ids`."""
     turns: list[dict] = field(default_factory=list)
     """A multi-turn completion's turns as chat messages (role, content parts; an image part's `image` is the index of
-    its entry in `images`); empty for a one-turn completion."""
+    its entry in `images`), as its processor's chat template renders them back to `token_ids`: an assistant turn is
+    what the model sampled (after what the prompt opened of it), a tool response the template's tool-response turn
+    (`rollout.turns.tool_response_role`); empty for a one-turn completion."""
+    prompt_messages: list[dict] = field(default_factory=list)
+    """A multi-turn completion's prompt as the chat messages its template rendered (`PromptInputs.messages`): the
+    conversation `turns` continue; empty for a one-turn completion."""
 
     @property
     def sampled_tokens(self) -> int:

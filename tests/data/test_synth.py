@@ -148,47 +148,43 @@ def test_compare_and_motion_answers_match_the_pixels(tmp_path):
         synth_dataset(tmp_path / "bad", 10, kinds=("spin",))
 
 
-def test_zoom_rows_hold_one_tiny_target_whose_colour_the_pixels_at_its_box_centre_show(tmp_path):
-    from vlgrpo.data.synth import COLOURS, RGB, ZOOM_PLACES
+def test_zoom_rows_ask_about_one_cell_of_a_grid_whose_shape_the_pixels_show(tmp_path):
+    from vlgrpo.data.synth import COLOURS, RGB, ZOOM_GRID
 
     assert main(["data", "synth", "--out", str(tmp_path), "--n", "60", "--seed", "4", "--kinds", "zoom"]) == 0
     samples = [s for split in ("train", "val", "test") for s in load_samples(tmp_path / f"{split}.jsonl").samples]
     assert len(samples) == 60 and {s.task for s in samples} == {"shapes/zoom"}
-    places = set()
+    cells, side = set(), 224  # cells of 2 x the 112 px default
     for s in samples:
         pixels = np.asarray(Image.open(s.image).convert("RGB")).astype(int)
-        assert pixels.shape == (448, 448, 3) and s.image_size == (448, 448)  # 4 x the 112 px default
+        assert pixels.shape == (896, 896, 3) and s.image_size == (896, 896) and ZOOM_GRID == 4
         assert (s.answer_type, s.objects) == ("text", []) and s.answer in COLOURS
-        ((x1, y1, x2, y2),) = s.boxes  # the target, in original pixels: 7 px (112 // 16), inside the image
-        assert (x2 - x1, y2 - y1) == (7, 7) and 0 <= x1 and 0 <= y1 and x2 <= 448 and y2 <= 448
-        cx, cy = int(x1 + x2) // 2, int(y1 + y2) // 2
-        assert tuple(pixels[cy, cx]) == RGB[s.answer]  # the answer is the colour drawn at the box centre
-        where = s.question.removeprefix("What colour is the small shape near the ").removesuffix(" of the image?")
-        assert ZOOM_PLACES[(cy // (448 // 3), cx // (448 // 3))] == where  # the 3 x 3 cell the question names
-        places.add(where)
-        *others, target = s.meta["scene"]
-        assert (
-            target["box"] == s.boxes[0]
-            and target["colour"] == s.answer
-            and s.meta["reasoning"] == (f"{target['colour']} {target['shape']}")
-        )
-        for o in others:  # the distractors are 28-56 px and keep a target's width away from it
-            bx1, by1, bx2, by2 = o["box"]
-            assert 28 <= bx2 - bx1 <= 56
-            assert x2 + 7 <= bx1 or bx2 + 7 <= x1 or y2 + 7 <= by1 or by2 + 7 <= y1
-    assert len(places) == 9  # every cell of the grid is asked about
+        r, c = s.meta["cell"]
+        assert s.question == f"What colour is the shape in row {r}, column {c}?"
+        assert s.boxes == [[(c - 1) * side, (r - 1) * side, c * side, r * side]]  # the cell: where to look
+        x1, y1, x2, y2 = s.meta["target"]  # the shape: 14 px (112 // 8), whole inside its cell
+        assert (x2 - x1, y2 - y1) == (14, 14)
+        assert (c - 1) * side <= x1 and x2 <= c * side and (r - 1) * side <= y1 and y2 <= r * side
+        assert tuple(pixels[(y1 + y2) // 2, (x1 + x2) // 2]) == RGB[s.answer]  # the answer is drawn at its centre
+        for k in range(ZOOM_GRID * ZOOM_GRID):  # every cell holds a shape of its own: ink in each
+            cy, cx = divmod(k, ZOOM_GRID)
+            cell = pixels[cy * side : (cy + 1) * side, cx * side : (cx + 1) * side]
+            assert (cell != 255).any()
+        cells.add((r, c))
+    assert len(cells) >= 14  # the questions spread over the grid
 
 
-def test_the_zoom_target_is_a_few_pixels_after_the_tiny_bases_resize():
-    """The tiny base's processor (max_pixels 224 x 224) halves a 448 px zoom image: its 7 px target keeps 3-4 px,
-    under a quarter of a 14 px patch."""
+def test_the_zoom_shape_is_a_few_pixels_after_the_tiny_bases_resize_and_whole_in_a_cells_crop():
+    """The tiny base's processor (max_pixels 224 x 224) squeezes an 896 px zoom image 4x: its 14 px shapes keep ~3.5
+    px, a quarter of a 14 px patch; a 224 px cell's crop comes back unsqueezed."""
     from pathlib import Path
 
     from vlgrpo.data.images import checkpoint_geometry
 
     base = Path(__file__).resolve().parents[2] / "data" / "models" / "shapes-tiny-qwen2_5_vl"
     geometry, _ = checkpoint_geometry(str(base))
-    assert geometry.resized_hw(448, 448) == (224, 224) and geometry.num_image_tokens(448, 448) == 64
+    assert geometry.resized_hw(896, 896) == (224, 224) and geometry.num_image_tokens(896, 896) == 64
+    assert geometry.resized_hw(224, 224) == (224, 224)
 
 
 def test_the_default_kinds_write_byte_for_byte_what_they_wrote_before_zoom(tmp_path):

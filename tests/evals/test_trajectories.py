@@ -10,6 +10,7 @@ from PIL import Image
 
 from vlgrpo.cli import main
 from vlgrpo.data.adapters import load_samples
+from vlgrpo.data.prompts import instruction
 from vlgrpo.evals.run import EvalData, evaluate, write_outputs
 from vlgrpo.rewards import RewardContext
 from vlgrpo.rollout.hf import HFEngine, _Row
@@ -17,6 +18,7 @@ from vlgrpo.rollout.turns import ToolRollout
 from vlgrpo.vision_cache import VisionCache
 
 CALL = '<tool_call>{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [0, 0, 40, 30]}}</tool_call>'
+OPEN, CLOSE = {"type": "text", "text": "<tool_response>\n"}, {"type": "text", "text": "\n</tool_response>"}
 
 
 def test_a_trajectory_is_written_as_messages_with_its_crop(load, shapes_dir, tmp_path):
@@ -33,10 +35,15 @@ def test_a_trajectory_is_written_as_messages_with_its_crop(load, shapes_dir, tmp
     assert result.metrics["eval/vqa/accuracy"] == 1.0  # the answer of the second turn is read
     write_outputs(result, tmp_path)
     (row,) = [json.loads(line) for line in (tmp_path / "predictions.jsonl").read_text().splitlines()]
-    user, assistant, tool, answer = row["messages"]
-    assert user["content"] == [{"type": "image", "image": sample.image}, {"type": "text", "text": sample.question}]
+    # the prompt as the model saw it: the tools block in the system turn (the tiny template ignores tools=), the
+    # question with its instruction; the crop back as the user <tool_response> turn the model read
+    system, user, assistant, tool, answer = row["messages"]
+    assert system["role"] == "system" and "image_zoom_in_tool" in system["content"]
+    question = f"{sample.question} {instruction(sample.answer_type, 'think_answer', 'plain')}"
+    assert user["content"] == [{"type": "image", "image": sample.image}, {"type": "text", "text": question}]
     assert assistant == {"role": "assistant", "content": [{"type": "text", "text": CALL}]}
-    assert tool == {"role": "tool", "content": [{"type": "image", "image": f"crops/{sample.id}_0.png"}]}
+    crop = {"type": "image", "image": f"crops/{sample.id}_0.png"}
+    assert tool == {"role": "user", "content": [OPEN, crop, CLOSE]}
     assert answer["content"][0]["text"] == f"<answer>{sample.answer}</answer>"
     assert Image.open(tmp_path / "crops" / f"{sample.id}_0.png").size == (40, 30)
     report = (tmp_path / "report.md").read_text()

@@ -162,3 +162,63 @@ def test_gradient_checkpointing_falls_back_to_whole_rows(load, samples, arch):
         x = completion_logits(model, batch, feats)[0, 0] / 0.7
     x[forbidden] = -torch.inf
     assert torch.isclose(ref[0, 0], torch.log_softmax(x, -1)[25], atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl", "qwen3_5"])
+def test_tool_rows_in_the_shared_prefix_pass_equal_whole_rows(load, samples, arch, monkeypatch):
+    """Trajectories with crops (two prompts, per prompt a row that calls twice and a row that answers at once) through
+    the shared-prefix packed pass: the prompt prefilled once, each crop's embeddings at its pads, M-RoPE from the
+    whole row's grids (a crop shifts the text after it), DeepStack at the crop's tokens (Qwen3-VL), each row's own
+    Gated DeltaNet state (Qwen3.5). Log-probs and every parameter's gradient equal the whole-row forward's."""
+    from tool_model import CALL, scripted
+
+    from vlgrpo.grpo.logprobs import token_logprobs
+    from vlgrpo.rollout.base import SamplingParams
+    from vlgrpo.rollout.hf import HFEngine
+    from vlgrpo.rollout.turns import ToolRollout
+    from vlgrpo.trainer.batch import attach_crops, make_batch
+
+    model, processor = load(arch, spread_by=0.1)
+    if arch == "qwen3_5":  # the float32 chunked rule's own error on a whole row exceeds the tolerance (see the module)
+        use_exact_rule(monkeypatch)
+    tok = processor.tokenizer
+    turns = [[CALL.format(0, 0, 56, 56), "<answer>3</answer>"], [CALL.format(28, 28, 84, 70)], ["<answer>2</answer>"]]
+    cache = VisionCache(model, processor)
+    engine = HFEngine(model, processor, cache, box_format="plain", decode=scripted(tok, turns))
+    rollout = ToolRollout(engine, ("zoom_in",), 3)
+    rollout.schemas = [{"type": "function", "function": {"name": "image_zoom_in_tool"}}]  # short prompts: the exact
+    # rule is a loop over tokens, and the full schema is ~750 tokens in the tiny tokenizer
+    groups = rollout.generate(samples[:2], SamplingParams(max_new_tokens=64, completions_per_prompt=2))
+    assert [len(c.images) for g in groups for c in g.completions] == [2, 0, 2, 0]
+    feats = cache.get_rows([p.sources for p in engine.build_prompts(samples[:2])])
+    forbidden = forbidden_mask(tok, model.config.get_text_config().vocab_size)
+    image_id = tok.convert_tokens_to_ids("<|image_pad|>")
+    batch = make_batch(groups, feats, tok.pad_token_id, image_id, torch.nonzero(forbidden).flatten().tolist())
+    attach_crops(batch, groups, cache)
+    b, mask = batch.batch, batch.loss_mask.bool()
+    model.train()
+
+    def logprobs_and_grads(full: bool):
+        model.zero_grad()
+        if full:
+            logits = forward_module._completion_logits_full_rows(model, b, feats)
+            logp, _ = token_logprobs(logits, forward_module.scored_ids(b), forbidden=forbidden)
+        else:
+            logp, _ = completion_logprobs_and_entropy(model, b, feats, forbidden)
+        (-(logp * batch.loss_mask).sum()).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return logp.detach(), grads
+
+    packed = forward_module.packed_completion_logits
+    calls = []  # the shared-prefix pass ran, given the crops (not the whole-row fallback)
+    monkeypatch.setattr(
+        forward_module, "packed_completion_logits", lambda *a: calls.append(a[-1].embeds.shape[0]) or packed(*a)
+    )
+    shared, shared_grads = logprobs_and_grads(full=False)
+    assert calls == [sum(f.embeds.shape[0] for extra in b.row_images for f in extra)] and calls[0] > 0
+    whole, whole_grads = logprobs_and_grads(full=True)
+    model.eval()
+    assert float((shared - whole)[mask].abs().max()) <= 1e-5
+    assert shared_grads.keys() == whole_grads.keys() and len(shared_grads) > 10
+    for name, g in whole_grads.items():
+        assert float((shared_grads[name] - g).abs().max()) <= 1e-5 * max(1.0, float(g.abs().max())), name

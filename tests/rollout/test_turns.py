@@ -1,31 +1,35 @@
 """Multi-turn rollouts with the zoom-in tool on the HF engine (`rollout/turns.py`), the model's turns scripted so the
 tool is called: the trajectory's tokens, its tool mask and crop, the next turn's prompt (its ids, the crop's image
 tokens and vision-cache source), and that prompt's prefill (cached features of the original and the crop) against
-the transformers model's own forward on pixels over the whole interleaved sequence."""
+the transformers model's own forward on pixels over the whole interleaved sequence; and the saved conversation
+(`trajectory_messages`), which the processor's own chat template replays to the ids each turn was fed."""
 
 from __future__ import annotations
 
 import io
 import math
+from dataclasses import replace
 
 import pytest
+from chat_replay import Replayed, replay, replay_groups
 from PIL import Image
 from pixel_reference import pixel_logits
 
 from vlgrpo.data.images import load_image
-from vlgrpo.data.prompts import TOOL_RESPONSE
+from vlgrpo.data.prompts import TOOL_RESPONSE, instruction
 from vlgrpo.models import load_model
 from vlgrpo.policy.prompt import build_prompt
 from vlgrpo.rollout.base import SamplingParams
-from vlgrpo.rollout.hf import HFEngine, _Row
+from vlgrpo.rollout.hf import HFEngine, _Row, decode_loop
 from vlgrpo.rollout.tools.table import tool_schemas
-from vlgrpo.rollout.turns import ToolRollout
+from vlgrpo.rollout.turns import ToolRollout, crop_names, tool_response_role, trajectory_messages
 from vlgrpo.trainer.batch import over_turn_mask
 from vlgrpo.types import RolloutGroup
 from vlgrpo.vision_cache import VisionCache
 
 CALL = '<think>small</think><tool_call>{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [0, 0, 56, 56]}}'
 ANSWER = "<think>red</think><answer>red</answer>"
+OPEN, CLOSE = {"type": "text", "text": "<tool_response>\n"}, {"type": "text", "text": "\n</tool_response>"}
 
 
 class Scripted:
@@ -68,8 +72,9 @@ def test_a_zoom_call_returns_the_crop_and_the_next_turn_sees_it(load, samples, a
     assert c.tool_mask == [0] * len(turn1) + [1] * len(response) + [0] * len(turn2)
     assert [math.isnan(x) for x in c.logprobs] == [bool(m) for m in c.tool_mask]
     assert c.text == CALL + "</tool_call>" + ANSWER and c.finish_reason == "stop"
-    assert [t["role"] for t in c.turns] == ["assistant", "tool", "assistant"]
-    assert c.turns[1]["content"] == [{"type": "image", "image": 0}]
+    # the tiny templates render a `tool` message as `<|im_start|>tool`: the crop goes back as a user <tool_response>
+    assert [t["role"] for t in c.turns] == ["assistant", "user", "assistant"]
+    assert c.turns[1]["content"] == [OPEN, {"type": "image", "image": 0}, CLOSE]
     stats = tools.stats()
     assert stats["tools/calls_per_sample"] == 1 and stats["tools/turns"] == 2 and stats["tools/errors"] == 0
     assert stats["tools/crop_area"] == pytest.approx(56 * 56 / (sample.image_size[0] * sample.image_size[1]))
@@ -91,7 +96,7 @@ def test_errors_go_back_as_text_and_the_turn_cap_ends_a_trajectory(load, samples
     (group,) = tools.generate(samples[:1], SamplingParams(completions_per_prompt=1, max_new_tokens=64))
     c = group.completions[0]
     assert c.finish_reason == "max_turns" and c.images == []  # the second call was never answered
-    error = c.turns[1]["content"][0]["text"]
+    error = c.turns[1]["content"][1]["text"]
     assert error.startswith("image_zoom_in_tool:") and tools.stats()["tools/errors"] == 1
     assert processor.tokenizer.decode(c.token_ids).count(
         "<tool_response>"
@@ -107,8 +112,8 @@ def test_a_close_tag_without_its_call_is_an_error_turn_not_a_crash(load, samples
     tools = ToolRollout(engine, ("zoom_in",), max_turns=3)
     (group,) = tools.generate(samples[:1], SamplingParams(completions_per_prompt=1, max_new_tokens=64))
     c = group.completions[0]
-    assert [t["role"] for t in c.turns] == ["assistant", "tool", "assistant"] and c.images == []
-    assert c.turns[1]["content"][0]["text"].startswith("</tool_call> without its opening tag; write <tool_call>")
+    assert [t["role"] for t in c.turns] == ["assistant", "user", "assistant"] and c.images == []
+    assert c.turns[1]["content"][1]["text"].startswith("</tool_call> without its opening tag; write <tool_call>")
     assert c.finish_reason == "stop" and tools.stats()["tools/errors"] == 1
 
 
@@ -124,7 +129,9 @@ def test_a_crop_the_conversation_has_no_room_for_is_an_error_turn(load, samples)
     c = group.completions[0]
     assert c.images == [] and c.finish_reason == "stop" and tools.stats()["tools/errors"] == 1
     assert c.turns[1]["content"] == [
-        {"type": "text", "text": "Error: the tool returned 1 image(s), but the conversation has room for 0 more"}
+        OPEN,
+        {"type": "text", "text": "Error: the tool returned 1 image(s), but the conversation has room for 0 more"},
+        CLOSE,
     ]
 
 
@@ -232,9 +239,9 @@ def test_the_turn_budget_holds_three_turns_with_two_error_responses(load, sample
     tools = ToolRollout(engine, ("zoom_in",), 3, settings.max_total_length)
     (group,) = tools.generate(samples[:1], SamplingParams(completions_per_prompt=1, max_new_tokens=turn))
     c = group.completions[0]
-    responses = [m for m in c.turns if m["role"] == "tool"]
+    responses = [m for m in c.turns if m["role"] != "assistant"]
     assert len(responses) == 2 and c.finish_reason == "max_turns"  # both bad calls answered, all three turns taken
-    error = responses[0]["content"][-1]["text"]
+    error = responses[0]["content"][-2]["text"]
     assert error.startswith('"bbox_2d" must be') or "bbox_2d" in error
     assert len(tok(error, add_special_tokens=False)["input_ids"]) <= MAX_TOOL_TEXT_TOKENS
     assert len(c.token_ids) + prompt <= settings.max_total_length
@@ -261,3 +268,129 @@ def test_a_call_cut_by_max_new_tokens_is_scored_as_a_cut_completion_not_masked(l
     assert c.finish_reason == "length" and c.tool_mask is None and tools.stats()["tools/cut_calls"] == 1.0
     assert not over_turn_mask([group]).any()
     assert extract_answer(c.text) == extract_answer("<think>look</think>")  # read without the call: never its "3"
+
+
+ZOOM = '<tool_call>{{"name": "image_zoom_in_tool", "arguments": {{"bbox_2d": [{}, {}, {}, {}]}}}}</tool_call>'
+REPLAY_SCRIPT = [
+    [
+        ZOOM.format(0, 0, 56, 56),
+        "</think>" + ZOOM.format(10, 20, 70, 90),
+        '<tool_call>{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [5, 5]}}</tool_call>',  # an error turn
+        "<answer>red</answer>",
+    ],
+    [ZOOM.format(30, 30, 90, 90), "</think><answer>blue</answer>"],
+    ["<answer>2</answer>"],
+]
+"""What each turn's rows write after the tokens they sampled (turn k: REPLAY_SCRIPT[k], cycled over the rows)."""
+
+
+class SampledThenScripted:
+    """An HF engine `decode`: every row samples `sampled` tokens with the engine's own decode loop (the model's own
+    tokens, which need not be the tokenizer's encoding of their text), then writes its scripted text for this turn,
+    so that turns call the tool; a row that sampled EOS or a stop string ends there."""
+
+    def __init__(self, tokenizer, script: list[list[str]], sampled: int):
+        self.tokenizer, self.script, self.sampled, self.calls = tokenizer, script, sampled, 0
+
+    def __call__(self, model, last, cache, next_pos, mask, run):
+        short = replace(run, params=replace(run.params, max_new_tokens=self.sampled))
+        rows = decode_loop(model, last, cache, next_pos, mask, short)
+        texts = self.script[min(self.calls, len(self.script) - 1)]
+        self.calls += 1
+        for r, row in enumerate(rows):
+            if row.finish_reason == "length":
+                ids = self.tokenizer(texts[r % len(texts)], add_special_tokens=False)["input_ids"]
+                row.token_ids += ids
+                row.logprobs += [-0.5] * len(ids)
+                row.finish_reason = "stop"
+        return rows
+
+
+@pytest.mark.parametrize(
+    "arch, thinking", [("qwen2_5_vl", "auto"), ("qwen3_vl", "auto"), ("qwen3_5", "on"), ("qwen3_5", "off")]
+)
+def test_saved_messages_replay_with_the_chat_template_to_the_ids_the_engine_fed(load, samples, arch, thinking):
+    """Issue 59: every turn of a saved trajectory (`trajectory_messages`), replayed with the processor's own
+    `apply_chat_template(messages[:k], tools=...)` and the processor over the saved images, gives the ids the engine fed
+    that turn: the system turn with the tools block, the question with its instruction, the crops as the tool-response
+    turn the model read, each assistant turn as sampled (Qwen3.5: after the opening of its turn, with thinking off the
+    closed empty block). Before, no turn did (the saved conversation had none of these). The turns sample a few tokens
+    of a spread tiny model, then a scripted call or answer: a sampled run that is not the tokenizer's encoding of its
+    text cannot come back from text, so after one the ids are not compared, the text is."""
+    model, processor = load(arch, spread_by=0.1)
+    engine = HFEngine(
+        model,
+        processor,
+        VisionCache(model, processor),
+        box_format="plain",
+        thinking=thinking,
+        decode=SampledThenScripted(processor.tokenizer, REPLAY_SCRIPT, sampled=2),
+    )
+    engine.batch_prompts = 64  # each turn in one decode call
+    tools = ToolRollout(engine, ("zoom_in",), max_turns=3)
+    params = SamplingParams(completions_per_prompt=4, temperature=1.0, max_new_tokens=64, seed=1)
+    groups = tools.generate(samples[:4], params)
+    c = next(c for c in groups[0].completions if c.turns)
+    system = trajectory_messages(groups[0].sample, c, crop_names(groups[0].sample, c, "crops"))[0]
+    assert system["role"] == "system" and "<tools>" in system["content"]  # the tiny templates ignore tools=
+    done = replay_groups(processor, groups, tools.schemas, thinking)
+    print(arch, thinking, done)  # seen: 30 turns, 19-23 id-compared, 6-9 of them after a crop, 7-11 after turn 1
+    assert done.turns >= 30 and done.ids >= 15 and done.after_crop >= 4 and done.later >= 5
+
+
+RELEASED = {
+    "qwen2_5_vl": ("qwen2_5_vl_chat_template", "user"),
+    "qwen3_vl": ("qwen3_vl_chat_template", "tool"),
+    "qwen3_5": ("qwen3_5_think_chat_template", "tool"),
+}
+"""Each family's released chat template (TRL keeps byte-exact copies) and how it takes a tool's result back."""
+
+
+@pytest.mark.parametrize("arch", RELEASED)
+def test_the_released_templates_get_the_tool_turn_and_the_tools_block_they_render(load, samples, arch):
+    """With Qwen's released templates: Qwen2.5-VL's renders a `tool` message as `<|im_start|>tool` and ignores
+    `tools=`, so the crop is saved as a user <tool_response> turn and the tools block in the system turn (after
+    data.system_prompt); Qwen3-VL's and Qwen3.5's render a `tool` message as the user <tool_response> turn and the
+    tools themselves, so the crop is a `tool` message and the system turn is data.system_prompt. Each replays to the
+    engine's ids. Qwen3.5's template rewrites an assistant turn's think block as `<think>\\n{r}\\n</think>\\n\\n`:
+    a turn written so replays, one written otherwise comes back in that form."""
+    templates = pytest.importorskip("trl.chat_template_utils", reason="TRL keeps the released chat templates")
+    name, role = RELEASED[arch]
+    model, processor = load(arch)
+    processor.chat_template = processor.tokenizer.chat_template = getattr(templates, name)
+    assert tool_response_role(processor) == role
+    think = "look\n</think>\n\n" if arch == "qwen3_5" else "<think>look</think>"  # Qwen3.5's prompt opens <think>
+    turns = [think + ZOOM.format(0, 0, 56, 56), think.replace("look", "red") + "<answer>red</answer>"]
+    engine = HFEngine(
+        model, processor, VisionCache(model, processor), box_format="plain", system_prompt="Answer briefly."
+    )
+    engine.decode = Scripted(processor.tokenizer, turns)
+    tools = ToolRollout(engine, ("zoom_in",), max_turns=3)
+    (group,) = tools.generate(samples[:1], SamplingParams(completions_per_prompt=1, max_new_tokens=64))
+    c = group.completions[0]
+    messages = trajectory_messages(group.sample, c, ["crop.png"])
+    system, user, first, response, second = messages
+    assert second["content"][0]["text"].endswith("<answer>red</answer>")
+    question = f"{group.sample.question} {instruction(group.sample.answer_type, 'think_answer', 'plain')}"
+    assert user == {
+        "role": "user",
+        "content": [{"type": "image", "image": group.sample.image}, {"type": "text", "text": question}],
+    }
+    opening = "<think>\n" if arch == "qwen3_5" else ""  # what the generation prompt wrote of the turn
+    assert first == {"role": "assistant", "content": [{"type": "text", "text": opening + turns[0]}]}
+    if role == "user":
+        assert (
+            system["content"].startswith("Answer briefly.\n\n# Tools\n") and "image_zoom_in_tool" in system["content"]
+        )
+        assert response == {"role": "user", "content": [OPEN, {"type": "image", "image": "crop.png"}, CLOSE]}
+    else:
+        assert system == {"role": "system", "content": "Answer briefly."}
+        assert response == {"role": "tool", "content": [{"type": "image", "image": "crop.png"}]}
+        assert "image_zoom_in_tool" in processor.apply_chat_template(messages[:2], tools=tools.schemas, tokenize=False)
+    images = {"crop.png": Image.open(io.BytesIO(c.images[0])), group.sample.image: Image.open(group.sample.image)}
+    done = replay(processor, group.prompt_ids, c, messages, images, tools.schemas)
+    assert done == Replayed(turns=2, ids=2, after_crop=1, later=1)
+    if arch == "qwen3_5":  # the think block written otherwise: the template's form comes back, not the sampled text
+        loose = [{**first, "content": [{"type": "text", "text": "<think>\nlook</think>" + ZOOM.format(0, 0, 56, 56)}]}]
+        text = processor.apply_chat_template([system, user, *loose, response], tokenize=False)
+        assert "<think>\nlook\n</think>\n\n<tool_call>" in text

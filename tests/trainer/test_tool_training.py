@@ -13,6 +13,7 @@ import pytest
 import torch
 from PIL import Image
 from pixel_reference import pixel_logits
+from tool_model import CALL, scripted
 from trainer_helpers import tiny_config
 
 from vlgrpo.config import ConfigError, load_config
@@ -22,31 +23,13 @@ from vlgrpo.grpo.logprobs import token_logprobs
 from vlgrpo.policy.forward import completion_logits, completion_logprobs_and_entropy
 from vlgrpo.policy.prompt import forbidden_mask
 from vlgrpo.rollout.base import SamplingParams
-from vlgrpo.rollout.hf import HFEngine, _Row
+from vlgrpo.rollout.hf import HFEngine
 from vlgrpo.rollout.turns import ToolRollout
 from vlgrpo.trainer.batch import attach_crops, make_batch, over_turn_mask
 from vlgrpo.trainer.loop import Trainer
 from vlgrpo.trainer.state import build_state
 from vlgrpo.types import Completion, RolloutGroup, Sample
 from vlgrpo.vision_cache import VisionCache
-
-CALL = '<tool_call>{{"name": "image_zoom_in_tool", "arguments": {{"bbox_2d": [{}, {}, {}, {}]}}}}</tool_call>'
-
-
-def scripted(tokenizer, turns: list[list[str]]):
-    """An HF engine `decode`: its k-th call writes turns[k % len(turns)], the texts cycled over the call's rows."""
-
-    def decode(model, last, cache, next_pos, mask, run):
-        texts = turns[decode.calls % len(turns)]
-        decode.calls += 1
-        rows = []
-        for r in range(last.shape[0] * run.params.completions_per_prompt):
-            ids = tokenizer(texts[r % len(texts)], add_special_tokens=False)["input_ids"]
-            rows.append(_Row(list(ids), [-0.1] * len(ids), "stop"))
-        return rows
-
-    decode.calls = 0
-    return decode
 
 
 def test_trajectory_logprobs_equal_the_pixel_forward_and_tool_tokens_get_no_gradient(load, samples):
@@ -139,8 +122,8 @@ def test_grpo_steps_with_the_zoom_tool_called(tmp_path, tiny_model_dir, shapes_d
     assert history[1]["eval/tools/turns"] == 1.0 and "eval/vqa/accuracy" in history[1]  # eval.every_steps=2
     # step 2's sample trajectories, readable: the conversation and its crop
     (first, *_) = [json.loads(line) for line in (tmp_path / "run" / "trajectories" / "step_2.jsonl").open()]
-    assert [m["role"] for m in first["messages"]] == ["user", "assistant", "tool", "assistant"]
-    crop = first["messages"][2]["content"][0]["image"]
+    assert [m["role"] for m in first["messages"]] == ["system", "user", "assistant", "user", "assistant"]
+    crop = first["messages"][3]["content"][1]["image"]  # Qwen2.5-VL's template: a user <tool_response> turn
     assert crop.startswith("step_2/") and Image.open(tmp_path / "run" / "trajectories" / crop).size == (40, 40)
     assert not (tmp_path / "run" / "trajectories" / "step_1.jsonl").exists()
 
@@ -221,8 +204,9 @@ def zoom_dir(tmp_path_factory):
 
 def test_sft_with_the_zoom_tool_trains_on_gold_trajectories(tmp_path, tiny_model_dir, zoom_dir):
     """train.stage=sft with rollout.tools=[zoom_in]: a sample with a box becomes a gold trajectory: a call on its box
-    grown to a quarter of the image (the model's box convention: Qwen2.5-VL's pixels of the 224 px resized input),
-    the tool's own crop of the original image as the tool-response turn (tool_mask 1: out of the loss), the answer."""
+    (the zoom kind's named cell, a quarter of the image's side: no growth) in the model's box convention (Qwen2.5-VL's
+    pixels of the 224 px resized input), the tool's own crop of the original image as the tool-response turn
+    (tool_mask 1: out of the loss), the answer."""
     from vlgrpo.trainer.sft import gold_group
 
     cfg = tiny_config(
@@ -237,21 +221,18 @@ def test_sft_with_the_zoom_tool_trains_on_gold_trajectories(tmp_path, tiny_model
     state = build_state(cfg, progress=False)
     try:
         sample = state.rows.draw(1)[0]
-        (x1, y1, x2, y2), side = sample.boxes[0], 448 // 4  # a 7 px shape in 448 px: the crop spans 112 px
-        cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
-        want = [round((cx - side / 2) / 2), round((cy - side / 2) / 2), round((cx + side / 2) / 2)]
-        want.append(round((cy + side / 2) / 2))  # /2: the original 448 px is resized to 224 px
+        want = [v // 4 for v in sample.boxes[0]]  # /4: the original 896 px is resized to 224 px
         c = gold_group(state, sample).completions[0]
         call = json.loads(c.text.split("<tool_call>")[1].split("</tool_call>")[0])
         assert call == {"name": "image_zoom_in_tool", "arguments": {"bbox_2d": want}}
         assert c.text.endswith(f"<answer>{sample.answer}</answer>")
         crop = Image.open(io.BytesIO(c.images[0]))
-        box = tuple(2 * v for v in want)  # the zoom tool maps the resized pixels back to the original's
-        assert crop.size == (112, 112)
+        box = tuple(4 * v for v in want)  # the zoom tool maps the resized pixels back to the original's
+        assert crop.size == (224, 224)
         assert crop.tobytes() == load_image(sample.image).convert("RGB").crop(box).tobytes()
         tok = state.tokenizer
         tool = [i for i, m in zip(c.token_ids, c.tool_mask) if m]
-        assert tok.decode(tool).count("<|image_pad|>") == 16 and "<tool_response>" in tok.decode(tool)
+        assert tok.decode(tool).count("<|image_pad|>") == 64 and "<tool_response>" in tok.decode(tool)
         assert tok.decode([i for i, m in zip(c.token_ids, c.tool_mask) if not m]).endswith("<|im_end|>")
         history = Trainer(state).train()
     finally:

@@ -65,20 +65,25 @@ FORMAT_HINTS = {
 }
 
 
-TOOL_RESPONSE = "<|im_end|>\n<|im_start|>user\n<tool_response>\n{}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
-"""The turn a tool's result comes back in, as Qwen's templates render a `tool` message (a user turn wrapped in
-<tool_response>), closing the model's turn before it and opening the next (`rollout/turns.py` writes it)."""
+TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE = "<tool_response>\n", "\n</tool_response>"
+"""What wraps a tool's result inside its user turn."""
+TOOL_RESPONSE = (
+    f"<|im_end|>\n<|im_start|>user\n{TOOL_RESPONSE_OPEN}{{}}{TOOL_RESPONSE_CLOSE}<|im_end|>\n<|im_start|>assistant\n"
+)
+"""The turn a tool's result comes back in, as Qwen3-VL's and Qwen3.5's templates render a `tool` message (a user turn
+wrapped in <tool_response>), closing the model's turn before it and opening the next (`rollout/turns.py` writes it,
+and decides how a template is given it back: `tool_response_role`)."""
 MAX_TOOL_TEXT_TOKENS = 64
 """Tokens of a tool's text (its words, or the error a bad call gets) that come back to the model; a longer text is cut
 there, so a tool response's length is bounded and the length budget (`rowcheck.trajectory_tokens`) holds."""
 
 
-def tool_response_markup(tokenizer, opened: str = "") -> int:
+def tool_response_markup(tokenizer, opening: str = "") -> int:
     """Tokens a tool-response turn adds around its image pads and text with this tokenizer: the closing <|im_end|>,
     the user turn's tags, <tool_response>, one image's vision markers, the next assistant turn's opening and what the
-    prompt opened of it (`opened`, e.g. Qwen3.5's "<think>\n"). Qwen's released tokenizers hold each tag as one
-    token; a tokenizer without them (the tiny test model's) spells them out."""
-    text = TOOL_RESPONSE.format("<|vision_start|><|vision_end|>") + opened
+    generation prompt writes of it (`opening`, e.g. Qwen3.5's "<think>\n"). Qwen's released tokenizers hold each tag
+    as one token; a tokenizer without them (the tiny test model's) spells them out."""
+    text = TOOL_RESPONSE.format("<|vision_start|><|vision_end|>") + opening
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 

@@ -2,8 +2,8 @@
 
 Four question kinds on one image: count (number), colour (text), existence (yes/no) and grounding (box); three more
 on request: compare (two images: which has more shapes of a colour), motion (a video of frames: which way a circle
-moves) and zoom (the colour of one tiny shape in a 4x larger image: a question the crop answers). Deterministic for a
-seed; writes PNG files and train/val/test JSONL in the `Sample` schema. Knows nothing of models.
+moves) and zoom (the colour of a small shape in one named cell of an 8x larger image: a question a crop answers).
+Deterministic for a seed; writes PNG files and train/val/test JSONL in the `Sample` schema. Knows nothing of models.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ KINDS = ("count", "colour", "exist", "ground")
 """The default question kinds, one image each."""
 MORE_KINDS = ("compare", "motion", "zoom")
 """Kinds chosen with --kinds: compare (two images, text answer first / second), motion (a video of MOTION_FRAMES
-frame PNGs, text answer left / right) and zoom (one ZOOM_SCALE x larger image, text answer a colour)."""
-ZOOM_SCALE = 4
-"""A zoom image's side in units of --image-size (448 px at the demo's 112)."""
+frame PNGs, text answer left / right) and zoom (a grid of cells with a small shape each, text answer a colour)."""
+ZOOM_GRID = 4
+"""A zoom image is ZOOM_GRID x ZOOM_GRID cells of 2 x --image-size px (896 px at the demo's 112): `zoom_sample`."""
 MOTION_FRAMES = 4
 """Frames of a motion video: Qwen's fewest (qwen-vl-utils' FPS_MIN_FRAMES), two temporal patches."""
 CROSSED_NEGATIVES = 0.5
@@ -161,7 +161,7 @@ def make_sample(
     if kind == "motion":
         return motion_sample(rng, f"shapes-{split}-{idx:06d}", size, image_dir, split)
     if kind == "zoom":
-        return zoom_sample(rng, f"shapes-{split}-{idx:06d}", size, image_dir, split, max_shapes)
+        return zoom_sample(rng, f"shapes-{split}-{idx:06d}", size, image_dir, split)
     while True:
         img, shapes = draw_scene(rng, size, max_shapes)
         q = _question(rng, kind, shapes, CROSSED_NEGATIVES if split == "train" else 0.0)
@@ -250,70 +250,44 @@ def motion_sample(rng: random.Random, sid: str, size: int, image_dir: Path, spli
     )
 
 
-ZOOM_PLACES = {
-    (0, 0): "top-left",
-    (0, 1): "top",
-    (0, 2): "top-right",
-    (1, 0): "left",
-    (1, 1): "centre",
-    (1, 2): "right",
-    (2, 0): "bottom-left",
-    (2, 1): "bottom",
-    (2, 2): "bottom-right",
-}
-"""(row, column) of a 3 x 3 grid over the image -> the words a zoom question locates its target with."""
+def zoom_sample(rng: random.Random, sid: str, size: int, image_dir: Path, split: str) -> Sample:
+    """A ZOOM_GRID x ZOOM_GRID grid of cells, each 2 x `size` px, one small shape (`size` // 8 px, at least 4) in
+    each, somewhere inside its cell; "What colour is the shape in row {r}, column {c}?", answer its colour (text).
+    `boxes` holds the cell (original pixels): where to look, the gold call's box; `meta.target` the shape's own box,
+    so a crop can be checked for it.
 
-
-def _zoom_target(
-    rng: random.Random, big: int, side: int, taken: list[tuple[int, int, int, int]]
-) -> tuple[tuple[int, int, int, int], str]:
-    """A `side` px box inside one cell of the 3 x 3 grid (a `side` margin from the cell's edges, so "near the top-left"
-    is where it is) and at least `side` px from every box in `taken`; with the cell's words. Cells are drawn until one
-    has room (a 448 px canvas holds at most 6 shapes of 56 px: nearly always the first)."""
-    cell = big // 3
-    while True:
-        r, c = rng.randrange(3), rng.randrange(3)
-        for _ in range(50):
-            x = rng.randint(c * cell + side, (c + 1) * cell - 2 * side)
-            y = rng.randint(r * cell + side, (r + 1) * cell - 2 * side)
-            box = (x, y, x + side, y + side)
-            if all(x + 2 * side <= b[0] or b[2] + side <= x or y + 2 * side <= b[1] or b[3] + side <= y for b in taken):
-                return box, ZOOM_PLACES[(r, c)]
-
-
-def zoom_sample(rng: random.Random, sid: str, size: int, image_dir: Path, split: str, max_shapes: int) -> Sample:
-    """A ZOOM_SCALE x `size` px scene: 1..max_shapes ordinary shapes (a quarter to a half of `size` across) and one
-    tiny shape, `size` // 16 px (at least 4), in a cell of a 3 x 3 grid; "What colour is the small shape near the
-    {top-left} of the image?", answer its colour (text), its box in `boxes` (original pixels) so a zoom can be checked.
-
-    Sizes at the demo's 112 px: a 448 px image and a 7 px target. The tiny base's processor (max_pixels 224 x 224)
-    halves the image, leaving the target 3-4 px of one 28 px token: 49 of the 3,136 original pixels that token sees
-    (1.6 %), where an ordinary 112 px scene's smallest shape (14 px) covers a quarter of its token. A 112 px crop
-    around it, kept at 112 px, shows it 4x larger in share. Qwen2.5-VL's released processor (max_pixels 12.8 M) keeps
-    448 px whole; set model.max_pixels (e.g. 112 * 112) for the same squeeze. `objects` stays empty: POPE's probes are
-    about ordinary scenes."""
-    big, side = ZOOM_SCALE * size, max(4, size // 16)
+    Built so that the tool is needed and a 2 M-parameter model can learn to use it. At the demo's 112 px: an 896 px
+    image of 224 px cells and 14 px shapes. The tiny base's processor (max_pixels 224 x 224) squeezes the whole image
+    4x: a shape becomes ~3.5 px, ~2 % of its 28 px token among 16 such shapes (`dev/LOG.md` measures what a model
+    reads there). A crop of one cell comes back at 224 px, unsqueezed: the shape 14 px across, the smallest size the
+    base was pretrained on, and alone. Where to look is coarse (a cell out of 16, named in words, the same box for every
+    row that names it), so the call is learnable from the question alone. Qwen2.5-VL's released processor (max_pixels
+    12.8 M) keeps 896 px whole; set model.max_pixels (e.g. 224 * 224) for the same squeeze."""
+    cell, side = 2 * size, max(4, size // 8)
+    big = ZOOM_GRID * cell
     img = Image.new("RGB", (big, big), (255, 255, 255))
     draw = ImageDraw.Draw(img)
-    shapes = [
-        Shape(rng.choice(SHAPES), rng.choice(COLOURS), box)
-        for box in _place(rng, rng.randint(1, max_shapes), big, max(10, size // 4), max(14, size // 2))
-    ]
-    box, where = _zoom_target(rng, big, side, [s.box for s in shapes])
-    target = Shape(rng.choice(SHAPES), rng.choice(COLOURS), box)
-    for s in [*shapes, target]:
+    shapes = []
+    for r in range(ZOOM_GRID):
+        for c in range(ZOOM_GRID):  # inside the cell with a margin of half a shape: a crop of the cell holds it whole
+            x = rng.randint(c * cell + side // 2, (c + 1) * cell - side - side // 2)
+            y = rng.randint(r * cell + side // 2, (r + 1) * cell - side - side // 2)
+            shapes.append(Shape(rng.choice(SHAPES), rng.choice(COLOURS), (x, y, x + side, y + side)))
+    for s in shapes:
         _draw(draw, s)
+    k = rng.randrange(ZOOM_GRID * ZOOM_GRID)
+    (r, c), target = divmod(k, ZOOM_GRID), shapes[k]
     img.save(image_dir / f"{sid}.png")
     return Sample(
         id=sid,
         image=f"images/{sid}.png",
-        question=f"What colour is the small shape near the {where} of the image?",
+        question=f"What colour is the shape in row {r + 1}, column {c + 1}?",
         answer=target.colour,
         answer_type="text",
-        boxes=[list(box)],
+        boxes=[[c * cell, r * cell, (c + 1) * cell, (r + 1) * cell]],
         image_size=(big, big),
         task="shapes/zoom",
-        meta={"split": split, "scene": _listed([*shapes, target]), "where": where, "reasoning": target.name},
+        meta={"split": split, "target": list(target.box), "cell": [r + 1, c + 1], "reasoning": target.name},
     )
 
 

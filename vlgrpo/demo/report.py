@@ -111,3 +111,46 @@ def write_report(out: Path, summary: dict, sft: list[dict], grpo: list[dict], be
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+TOOL_ROWS = (
+    ("accuracy", "test accuracy", "{:.3f}"),
+    ("calls_per_sample", "calls per sample", "{:.2f}"),
+    ("crop_hits", "crops holding the asked-about shape", "{:.2f}"),
+    ("errors", "tool errors (of the test rows)", "{:.0f}"),
+    ("crop_area", "crop area (share of the image)", "{:.3f}"),
+)
+
+
+def write_tool_report(out: Path, summary: dict) -> Path:
+    """report.md of `vlgrpo demo --tools`: both arms after SFT and after GRPO side by side, seconds per GRPO step,
+    and the first trajectories of the tool arm's final eval with their crops (`tool/eval_grpo/crops/`)."""
+    import json
+
+    from vlgrpo.evals.trajectories import CROPS, trajectory_lines
+
+    arms = [a for a in ("tool", "plain") if f"{a}_sft" in summary]
+    head = [f"{a} arm, {stage}" for a in arms for stage in ("SFT", "GRPO")]
+    lines = [
+        "# vlgrpo tool demo: thinking with images on the synth zoom task",
+        "",
+        f"Seed {summary['seed']}; {summary['wall_seconds']:.0f} s in all. The colour of a small shape in a named cell "
+        "of an 896 px image the base sees at 224 px: the tool arm zooms in on the cell, the plain arm answers from "
+        "the squeezed image. Greedy, held-out test split.",
+        "",
+        "| | " + " | ".join(head) + " |",
+        "|---" * (len(head) + 1) + "|",
+    ]
+    for key, label, fmt in TOOL_ROWS:
+        cells = [summary[f"{a}_{st}"].get(key) for a in arms for st in ("sft", "grpo")]
+        lines.append(f"| {label} | " + " | ".join("–" if v is None else fmt.format(v) for v in cells) + " |")
+    per_step = summary.get("grpo_seconds_per_step", {})
+    lines += ["", "Seconds per GRPO step: " + ", ".join(f"{a} {per_step[a]:.2f}" for a in arms if a in per_step)]
+    predictions = out / "tool" / "eval_grpo" / "predictions.jsonl"
+    if predictions.is_file():
+        rows = [json.loads(line) for line in predictions.read_text().splitlines() if line.strip()]
+        shown = trajectory_lines(rows)
+        lines += [line.replace(f"]({CROPS}/", f"](tool/eval_grpo/{CROPS}/") for line in shown]
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

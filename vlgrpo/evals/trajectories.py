@@ -1,5 +1,6 @@
 """Trajectories you can read: a multi-turn completion's conversation on its prediction row, in the Hugging Face chat
-format (`messages`: roles, text parts, `{"type": "image", "image": "<file>"}` parts), the crops its tools returned
+format (`messages`: roles, text parts, `{"type": "image", "image": "<file>"}` parts; the processor's chat template
+renders them back to the ids the model was fed, `rollout.turns.trajectory_messages`), the crops its tools returned
 saved as files next to predictions.jsonl, and a few of them in report.md. Knows nothing of models or engines.
 """
 
@@ -44,7 +45,10 @@ def trajectory_lines(predictions: list[dict], shown: int = SHOWN) -> list[str]:
     for row in rows:
         lines += [f"**{row['suite']} / {row['id']}**", ""]
         for m in row["messages"]:
-            for p in m["content"]:
+            if m["role"] == "system":  # the same tools block on every row
+                continue
+            parts = [{"type": "text", "text": m["content"]}] if isinstance(m["content"], str) else m["content"]
+            for p in parts:
                 if p["type"] == "image":
                     lines.append(
                         f"- {m['role']}: ![image]({p['image']})"

@@ -105,7 +105,10 @@ def total_length(cfg: Config, geometry: ProcessorGeometry | None = None, tokeniz
     if r.max_turns <= 1:  # no crop: no geometry to read
         return cfg.data.max_prompt_length + r.max_new_tokens
     crop = most_image_tokens(geometry if geometry is not None else geometry_for(cfg.model, None))
-    markup = TOOL_RESPONSE_TOKENS if tokenizer is None else tool_response_markup(tokenizer, "<think>\n")
+    # the longest opening a Qwen template writes of a turn: Qwen3.5's with thinking off (the engine writes it after
+    # each tool response, as the template does)
+    opening = "<think>\n\n</think>\n\n"
+    markup = TOOL_RESPONSE_TOKENS if tokenizer is None else tool_response_markup(tokenizer, opening)
     return cfg.data.max_prompt_length + trajectory_tokens(r.max_new_tokens, r.max_turns, crop, markup)
 
 

@@ -19,7 +19,7 @@ from torch import Tensor
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from vlgrpo.families import family_of
-from vlgrpo.policy.packed import packed_completion_logits
+from vlgrpo.policy.packed import CompletionImages, packed_completion_logits
 from vlgrpo.policy.prompt import left_pad
 from vlgrpo.policy.text_decoder import is_hybrid, supports_text_decoder
 
@@ -180,7 +180,7 @@ class CompletionBatch:
     """[R, C] long, 1 on tokens a tool-response turn inserted (multi-turn rollouts); None: none."""
     row_images: list | None = None
     """Per row, the features of the images its tools returned (crops), in the order of their pads in the
-    completion; None: no row holds one. Rows with crops run whole (`_completion_logits_full_rows`)."""
+    completion; None: no row holds one. The packed pass takes them after the shared prompt (`completion_images`)."""
 
     def select(self, rows: Tensor | list[int]) -> CompletionBatch:
         """A micro-batch of rows, keeping only the prompts they need (features: index them with `used_prompts`)."""
@@ -254,11 +254,10 @@ def completion_logits(model, batch: CompletionBatch, features: list) -> Tensor:
     does a hybrid model (Qwen3.5) the packed pass does not run: transformers' cache cannot gather its linear-attention
     states per row.
     """
-    if batch.row_images is not None and any(batch.row_images):  # crops inside completions: whole rows
-        return _completion_logits_full_rows(model, batch, features)
-    if _checkpointing(model) or (is_hybrid(model) and not supports_text_decoder(model)):
+    crops = batch.row_images is not None and any(batch.row_images)
+    if _checkpointing(model) or (not supports_text_decoder(model) and (crops or is_hybrid(model))):
         return _completion_logits_full_rows(model, batch, features)  # transformers' linear-attention cache has no
-        # per-row select
+        # per-row select; its forward over a gathered cache is not given crops
     last, cache, next_pos = prefill(model, batch.prompt_ids, batch.prompt_mask, batch.mm_token_type_ids, features)
     if supports_text_decoder(model):
         return packed_completion_logits(
@@ -270,6 +269,7 @@ def completion_logits(model, batch: CompletionBatch, features: list) -> Tensor:
             last,
             cache,
             next_pos,
+            completion_images(model, batch, features) if crops else None,
         )
     cache.batch_select_indices(batch.row_prompt)
     r, c = batch.completion_ids.shape
@@ -285,9 +285,10 @@ def completion_logits(model, batch: CompletionBatch, features: list) -> Tensor:
     return torch.cat([last[batch.row_prompt].unsqueeze(1), out.logits[:, :-1]], dim=1)
 
 
-def _completion_logits_full_rows(model, batch: CompletionBatch, features: list) -> Tensor:
-    """Each row's prompt and completion forwarded whole; a completion's crops (tool-response turns) are images of the
-    row after its prompt's, their pads image tokens, so M-RoPE runs over the whole interleaved sequence."""
+def _whole_rows(model, batch: CompletionBatch, features: list) -> tuple[Tensor, Tensor, Tensor, list]:
+    """Each row as one sequence, prompt then completion -> (ids, mask, mm_token_type_ids [R, Tp + C], the row's
+    features): a completion's crops (tool-response turns) are images of the row after its prompt's, their pads image
+    tokens, so M-RoPE runs over the whole interleaved sequence."""
     rp = batch.row_prompt
     ids = torch.cat([batch.prompt_ids[rp], batch.completion_ids], dim=1)
     mask = torch.cat([batch.prompt_mask[rp], batch.completion_mask], dim=1)
@@ -297,7 +298,28 @@ def _completion_logits_full_rows(model, batch: CompletionBatch, features: list) 
         rows = [parts + list(extra) for parts, extra in zip(row_parts(rows), batch.row_images)]
         image_id = core_model(model).config.image_token_id
         crops = (batch.completion_ids == image_id).long() * batch.completion_mask
-    mm = torch.cat([batch.mm_token_type_ids[rp], crops], dim=1)
+    return ids, mask, torch.cat([batch.mm_token_type_ids[rp], crops], dim=1), rows
+
+
+def completion_images(model, batch: CompletionBatch, features: list) -> CompletionImages:
+    """The crops inside a batch's completions for the packed pass: their embeddings and DeepStack maps in pad order,
+    and the completion tokens' M-RoPE positions from the whole rows' grids (a crop shifts the text after it)."""
+    ids, mask, mm, rows = _whole_rows(model, batch, features)
+    pos, _ = mrope_positions(model, ids, mask, mm, rows)
+    crops = [f for extra in batch.row_images for f in extra]
+    maps = [f.deepstack for f in crops]
+    deepstack = None if any(m is None for m in maps) else list(torch.cat(maps, dim=1))
+    return CompletionImages(
+        pos[:, :, batch.prompt_ids.shape[1] :],
+        torch.cat([f.embeds for f in crops]),
+        deepstack,
+        core_model(model).config.image_token_id,
+    )
+
+
+def _completion_logits_full_rows(model, batch: CompletionBatch, features: list) -> Tensor:
+    """Each row's prompt and completion forwarded whole (`_whole_rows`)."""
+    ids, mask, mm, rows = _whole_rows(model, batch, features)
     tp = batch.prompt_ids.shape[1]
     # the last prompt position predicts the first completion token: C + 1 positions through the LM head, not T
     logits = policy_logits(model, ids, mask, mm, rows, keep=ids.shape[1] - tp + 1)

@@ -13,12 +13,18 @@ KV cache. The logits come back as [R, C, V] in the layout the loss expects, zero
 
 It calls the model's own modules, so LoRA wrappers and ZeRO-3's gathered weights work as in the transformers forward;
 completion tokens are text, so their M-RoPE is the plain rotary embedding (`text_decoder.text_rotary`) and Qwen3-VL's
-DeepStack (image tokens only) adds nothing; q/k norms as in `text_decoder.project_qkv`. Models
+DeepStack (image tokens only) adds nothing; q/k norms as in `text_decoder.project_qkv`. Completions that hold images
+(multi-turn rollouts: a tool response's crop) pass them as `CompletionImages`: the crop's embeddings replace its pads'
+token embeddings, every token takes the model's own M-RoPE at its three position components (image tokens' differ,
+and the text after a crop resumes past it), and DeepStack's maps are added at the crop's tokens after their layers,
+as the transformers forward does. Models
 that `text_decoder.supports_text_decoder` rejects, and gradient checkpointing, keep the transformers forward
 (`forward.completion_logits`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +33,19 @@ from torch import Tensor
 from vlgrpo.families import is_gated_deltanet
 from vlgrpo.policy.linear_attention import gated_delta, prompt_states
 from vlgrpo.policy.text_decoder import first_attention, gated, project_qkv, rotate, text_rotary
+
+
+@dataclass
+class CompletionImages:
+    """The images inside R completions (tool responses' crops), for the packed pass."""
+
+    positions: Tensor
+    """[3, R, C] long: the M-RoPE positions of every completion token (`get_rope_index` over prompt + completion)."""
+    embeds: Tensor
+    """[M, H]: the images' merged embeddings, in the order of their pads (row by row, left to right)."""
+    deepstack: list[Tensor] | None
+    """Per DeepStack layer, [M, H] added at the pads after that decoder layer (Qwen3-VL); None without DeepStack."""
+    image_id: int
 
 
 def packed_completion_logits(
@@ -38,9 +57,11 @@ def packed_completion_logits(
     last: Tensor,
     cache,
     next_pos: Tensor,
+    images: CompletionImages | None = None,
 ) -> Tensor:
     """completion_ids/mask [R, C] (right-padded), row_prompt [R], prompt_mask [B, Tp]; last [B, V], cache and
-    next_pos [B] from `forward.prefill` -> logits [R, C, V], logits[:, t] predicting completion token t."""
+    next_pos [B] from `forward.prefill`; `images`: the completions' own images, if any -> logits [R, C, V],
+    logits[:, t] predicting completion token t."""
     text, head = model.get_decoder(), model.get_output_embeddings()
     r, c = completion_ids.shape
     first = last[row_prompt]  # [R, V]: the prompt's last position predicts completion token 0
@@ -52,7 +73,18 @@ def packed_completion_logits(
         return out
     length = int(cols.max()) + 1
     x = text.embed_tokens(completion_ids[rows, cols])  # [N, H]
-    cos, sin = text_rotary(text.rotary_emb, next_pos[row_prompt][rows] + cols, x.dtype)  # [N, 1, r]
+    pads = None
+    if images is None:
+        cos, sin = text_rotary(text.rotary_emb, next_pos[row_prompt][rows] + cols, x.dtype)  # [N, 1, r]
+    else:
+        pads = completion_ids[rows, cols] == images.image_id  # [N]: every pad is an input (its image's end follows)
+        if int(pads.sum()) != images.embeds.shape[0]:
+            raise ValueError(
+                f"the completions hold {int(pads.sum())} image pads as inputs, their images {images.embeds.shape[0]}"
+            )
+        x = x.masked_scatter(pads[:, None], images.embeds.to(x.dtype))
+        cos, sin = text.rotary_emb(x[None], images.positions[:, rows, cols][:, None, :])  # [1, N, r]
+        cos, sin = cos[0][:, None, :], sin[0][:, None, :]
     attn0 = first_attention(text)
     heads, kv_heads, d = text.config.num_attention_heads, text.config.num_key_value_heads, attn0.head_dim
     prompt_ok = prompt_mask.bool()[row_prompt][:, None, None, :].expand(r, 1, length, prompt_mask.shape[1])
@@ -85,5 +117,7 @@ def packed_completion_logits(
         else:
             x = x + attention(layer.self_attn, h, cache.layers[li])
         x = x + layer.mlp(layer.post_attention_layernorm(x))
+        if pads is not None and images.deepstack is not None and li < len(images.deepstack):
+            x = x.masked_scatter(pads[:, None], x[pads] + images.deepstack[li].to(x.dtype))
     out[rows, cols + 1] = head(text.norm(x)).to(out.dtype)  # in place: one [R, C, V] tensor, not two
     return out

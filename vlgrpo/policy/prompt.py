@@ -8,7 +8,7 @@ A prompt holds one image, several, or images and a video, in `visual_sources` or
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -95,6 +95,13 @@ class PromptInputs:
     """What the generation prompt already opened of the assistant's turn and left unclosed ("<think>\n" for Qwen3.5
     with thinking on, Qwen3-VL Thinking checkpoints): the completion continues inside it, so its text is read,
     rewarded and scored as `opened + completion`; "" otherwise."""
+    opening: str = ""
+    """All the generation prompt wrote of the assistant's turn, closed or not: `opened`, or Qwen3.5's empty
+    "<think>\n\n</think>\n\n" with thinking off. A tool response ends with it, as the template opens every turn."""
+    messages: list[dict] = field(default_factory=list)
+    """The chat messages the template rendered into `input_ids` (`build_prompt`; a continuation's are []): the system
+    turn with the tools block where the template ignores `tools=`, the user turn with the instruction, the visual
+    parts where they go (an image part names no file). A saved trajectory starts with them."""
 
     @property
     def image(self) -> str | bytes | None:
@@ -117,7 +124,7 @@ def build_prompt(
     <|image_pad|> to its token count, the video's to its frames' (Qwen3-VL: one `<t seconds>` block per temporal
     patch, as Qwen's processor writes it). The same ids as `processor(text, images, videos)`; tests pin that.
     `thinking` (data.thinking): auto leaves the template's enable_thinking at its default, on / off set it.
-    `tools`: function schemas the model may call (`rollout/tools.py`), rendered by the template (`tools_text`)."""
+    `tools`: function schemas the model may call (`rollout/tools.py`), rendered by the template (`tools_prompt`)."""
     if not sample.images and sample.video is None:
         raise InputError(f"sample '{sample.id}' has no image or video; every vlgrpo prompt carries at least one")
     geometry = geometry or ProcessorGeometry.from_processor(processor)
@@ -125,7 +132,7 @@ def build_prompt(
     grids = [geometry.grid_thw(*reversed(image_size(img))) for img in sample.images]
     messages = render_messages(sample, answer_format, box_format, system_prompt)
     switch = {} if thinking == "auto" else {"enable_thinking": thinking == "on"}
-    text = tools_text(processor, messages, tools or [], **switch)
+    text, messages = tools_prompt(processor, messages, tools or [], **switch)
     wants = {IMAGE_PAD: len(grids), VIDEO_PAD: int(sample.video is not None)}
     for pad, n in wants.items():
         if text.count(pad) != n:
@@ -155,27 +162,41 @@ def build_prompt(
         video_grid_thw=None if video_grid is None else torch.tensor([video_grid], dtype=torch.long),
         sources=sources,
         opened=opened_in_prompt(text),
+        opening=turn_opening(text),
+        messages=messages,
     )
 
 
-def tools_text(processor, messages: list[dict], tools: list[dict], **switch) -> str:
-    """The chat-templated prompt, with the tools' schemas where the template puts them (`tools=`, as Qwen3-VL's
-    template does). A template that ignores `tools` (Qwen2.5-VL's released one) gets the block Qwen2.5's text
-    template writes, at the end of the system turn (DeepEyes writes its zoom tool's schema into the system prompt)."""
+def tools_prompt(processor, messages: list[dict], tools: list[dict], **switch) -> tuple[str, list[dict]]:
+    """The chat-templated prompt with the tools' schemas where the template puts them (`tools=`, as Qwen3-VL's
+    template does), and the messages it rendered: `apply_chat_template(messages, tools=tools)` gives the text back.
+    A template that ignores `tools` (Qwen2.5-VL's released one) gets the block Qwen2.5's text template writes, at the
+    end of the system turn (DeepEyes writes its zoom tool's schema into the system prompt)."""
+
+    switch = {k: v for k, v in switch.items() if template_reads(processor, k)}
 
     def render(msgs: list[dict], **extra) -> str:
         return processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False, **switch, **extra)
 
     text = render(messages)
     if not tools:
-        return text
-    with_tools = render(messages, tools=tools)
+        return text, messages
+    with_tools = render(messages, tools=tools) if template_reads(processor, "tools") else text
     if with_tools != text:
-        return with_tools
+        return with_tools, messages
     block = HERMES_TOOLS.format("\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
     if messages and messages[0]["role"] == "system":
-        return render([{"role": "system", "content": f"{messages[0]['content']}\n\n{block}"}, *messages[1:]])
-    return render([{"role": "system", "content": block}, *messages])
+        messages = [{"role": "system", "content": f"{messages[0]['content']}\n\n{block}"}, *messages[1:]]
+    else:
+        messages = [{"role": "system", "content": block}, *messages]
+    return render(messages), messages
+
+
+def template_reads(processor, name: str) -> bool:
+    """Whether the processor's chat template reads the variable `name` (tools, enable_thinking). A keyword it does not
+    read changes nothing, and transformers takes it for a processor keyword and logs a warning at every call."""
+    template = getattr(processor, "chat_template", None)
+    return not isinstance(template, str) or name in template
 
 
 HERMES_TOOLS = (
@@ -190,13 +211,19 @@ ASSISTANT_TURN = "<|im_start|>assistant\n"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
+def turn_opening(prompt_text: str) -> str:
+    """What the generation prompt wrote of the assistant's turn after its `<|im_start|>assistant\n` ("" for Qwen2.5-VL
+    and Qwen3-VL Instruct, "<think>\n" or "<think>\n\n</think>\n\n" for Qwen3.5); "" for a prompt that does not end
+    inside an assistant turn."""
+    start = prompt_text.rfind(ASSISTANT_TURN)
+    turn = prompt_text[start + len(ASSISTANT_TURN) :] if start >= 0 else ""
+    return "" if "<|im_end|>" in turn or "<|im_start|>" in turn else turn
+
+
 def opened_in_prompt(prompt_text: str) -> str:
     """The part of the assistant's turn the generation prompt already wrote, when it leaves a <think> block open
     (Qwen3.5's "<think>\n"); "" when it opens none or closes the one it opens (thinking off: "<think>\n\n</think>")."""
-    start = prompt_text.rfind(ASSISTANT_TURN)
-    if start < 0:
-        return ""
-    turn = prompt_text[start + len(ASSISTANT_TURN) :]
+    turn = turn_opening(prompt_text)
     think = turn.rfind(THINK_OPEN)
     return turn if think >= 0 and THINK_CLOSE not in turn[think:] else ""
 

@@ -10,7 +10,8 @@ turn to turn, so a turn prefills only the tool response and what follows it; vLL
 turns' blocks. A trajectory ends at `max_turns` turns ("max_turns") or where its next turn could pass `max_total_length`
 tokens ("max_total_length"); both still hold a call the model made. A trajectory is one Completion: every token after
 the prompt, `tool_mask` 1 on the tokens the tool-response turns inserted (the model did not sample them), the crops' PNG
-bytes, and its turns as chat messages. Knows nothing of rewards or losses.
+bytes, and its conversation as chat messages that the processor's own chat template renders back to the ids the engine
+fed (`trajectory_messages`). Knows nothing of rewards or losses.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ import math
 import re
 from dataclasses import dataclass, field, replace
 
+import jinja2
 import torch
 from PIL import Image
 
 from vlgrpo.data.images import load_image
-from vlgrpo.data.prompts import MAX_TOOL_TEXT_TOKENS, TOOL_RESPONSE
+from vlgrpo.data.prompts import MAX_TOOL_TEXT_TOKENS, TOOL_RESPONSE, TOOL_RESPONSE_CLOSE, TOOL_RESPONSE_OPEN
 from vlgrpo.policy.prompt import IMAGE_PAD, VISION_END, VISION_START, PromptInputs, build_prompt
 from vlgrpo.rollout.base import RolloutEngine, SamplingParams
 from vlgrpo.rollout.tools.calls import EXPECTED_CALL, TOOL_CALL_END, TOOL_CALL_START, ToolCallError, first_tool_call
@@ -54,6 +56,9 @@ class Trajectory:
     crops: list[bytes] = field(default_factory=list)
     grids: list[tuple[int, int, int]] = field(default_factory=list)
     turns: list[dict] = field(default_factory=list)
+    """The conversation after the prompt (`Completion.turns`)."""
+    texts: list[str] = field(default_factory=list)
+    """Each of the model's turns as it is read (`Completion.text`): opened as the prompt did, cut after a call."""
     finish_reason: str = ""
     pending: str | None = None
     """The text of the last turn when it stopped at a tool call (the call runs before the next turn)."""
@@ -89,6 +94,8 @@ class ToolRollout:
         self.max_images = engine.max_images
         """Images a conversation may hold (vLLM's limit_mm_per_prompt); None: no bound (HF)."""
         self.schemas = tool_schemas(self.tools)
+        self.tool_role = tool_response_role(engine.processor)
+        """How the template takes a tool's result back: "tool" or "user" messages (`tool_response_role`)."""
         self.reset_stats()
 
     @property
@@ -184,7 +191,10 @@ class ToolRollout:
         t.logprobs += list(c.logprobs or [math.nan] * len(c.token_ids))
         called = c.finish_reason == "stop" and TOOL_CALL_END in text
         text = text[: text.index(TOOL_CALL_END) + len(TOOL_CALL_END)] if called else c.text[len(t.prompt.opened) :]
-        t.turns.append({"role": "assistant", "content": [{"type": "text", "text": t.prompt.opened + text}]})
+        t.texts.append(t.prompt.opened + text)
+        t.turns.append(
+            {"role": "assistant", "content": [{"type": "text", "text": t.prompt.opening + fed_text(tok, c)}]}
+        )
         t.pending, t.finish_reason = (text if called else None), c.finish_reason
         self._counts["turns"] += 1
         # A call cut by max_new_tokens is scored as any completion cut there (finish "length"): not masked like an
@@ -207,7 +217,7 @@ class ToolRollout:
             call, ToolContext(t.images, self.engine.prompt_kw["box_format"], self.engine.geometry), self.tools
         )
         room = None if self.max_images is None else self.max_images - len(t.images)
-        turn = response_turn(result, self.engine.geometry, self.engine.processor.tokenizer, t.prompt.opened, room)
+        turn = response_turn(result, self.engine.geometry, self.engine.processor.tokenizer, t.prompt.opening, room)
         images, grids, words, error, ids = turn.images, turn.grids, turn.words, turn.error, turn.ids
         t.calls += 1
         self._counts["calls"] += 1
@@ -232,25 +242,62 @@ class ToolRollout:
             self._counts["errors"] += 1
         if words:
             parts.append({"type": "text", "text": words})
-        t.turns.append({"role": "tool", "content": parts})
+        t.turns.append(tool_message(self.tool_role, parts))
         t.token_ids += ids
         t.tool_mask += [1] * len(ids)
         t.logprobs += [math.nan] * len(ids)
         return continuation(t, self.engine.processor.tokenizer)
 
     def _completion(self, t: Trajectory) -> Completion:
-        """The trajectory as one Completion; its text is the model's turns (each opening as the prompt did), so a
+        """The trajectory as one Completion; its text is the model's turns as read (`Trajectory.texts`), so a
         one-turn completion's text is the engine's own."""
-        text = "".join(p["text"] for turn in t.turns if turn["role"] == "assistant" for p in turn["content"])
         return Completion(
             list(t.token_ids),
-            text,
+            "".join(t.texts),
             ("max_turns" if t.pending is not None else t.finish_reason),
             list(t.logprobs),
             tool_mask=list(t.tool_mask) if t.calls else None,
             images=list(t.crops),
             turns=list(t.turns) if t.calls else [],
+            prompt_messages=list(t.prompt.messages) if t.calls else [],
         )
+
+
+def fed_text(tokenizer, c: Completion) -> str:
+    """A turn's sampled tokens as text, as they were fed back to the model: every token, special ones too, but the
+    EOS that ended the turn (the template closes the turn itself). A turn that ends on a special token with finish
+    "stop" ended on EOS: a stop string is matched on the text without special tokens."""
+    ids = c.token_ids
+    if c.finish_reason == "stop" and ids and ids[-1] in tokenizer.all_special_ids:
+        ids = ids[:-1]
+    return tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def tool_response_role(processor) -> str:
+    """How this processor's chat template takes a tool's result back, decided once per processor: "tool" when it
+    renders a `tool` message as the tool-response turn the model reads (`TOOL_RESPONSE`, as Qwen3-VL's and Qwen3.5's
+    templates do), else "user": the result goes back as a user message holding the <tool_response> tags itself
+    (Qwen2.5-VL's template writes a `tool` message as a `<|im_start|>tool` turn the model never saw)."""
+    probe = [
+        {"role": "user", "content": [{"type": "text", "text": "q"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "a"}]},
+        {"role": "tool", "content": [{"type": "image"}, {"type": "text", "text": "w"}]},
+    ]
+    want = "a" + TOOL_RESPONSE.format(VISION_START + IMAGE_PAD + VISION_END + "w")
+    try:
+        text = processor.apply_chat_template(probe, add_generation_prompt=True, tokenize=False)
+    except jinja2.TemplateError:  # a template may refuse the role (its raise_exception): then not "tool"
+        return "user"
+    return "tool" if want in text else "user"
+
+
+def tool_message(role: str, parts: list[dict]) -> dict:
+    """A tool-response turn as a chat message the template renders as `TOOL_RESPONSE`: `parts` (its images', then its
+    text's) in a `tool` message, or (role "user") in a user message between the <tool_response> tags."""
+    if role == "tool":
+        return {"role": "tool", "content": parts}
+    tags = [{"type": "text", "text": TOOL_RESPONSE_OPEN}, {"type": "text", "text": TOOL_RESPONSE_CLOSE}]
+    return {"role": "user", "content": [tags[0], *parts, tags[1]]}
 
 
 @dataclass
@@ -267,10 +314,11 @@ class ResponseTurn:
     error: str | None
 
 
-def response_turn(result, geometry, tokenizer, opened: str, room: int | None = None) -> ResponseTurn:
+def response_turn(result, geometry, tokenizer, opening: str, room: int | None = None) -> ResponseTurn:
     """`result` (a ToolResult) rendered as the tool-response turn (`TOOL_RESPONSE`), each image's pads counted from
-    its size as the processor resizes it, `opened` (what the prompt opened of a turn) after it. More images than
-    `room` (None: no bound) turn into an error text: the conversation could not hold them."""
+    its size as the processor resizes it, `opening` (what the generation prompt writes of a turn,
+    `PromptInputs.opening`) after it. More images than `room` (None: no bound) turn into an error text: the
+    conversation could not hold them."""
     error, images = result.error, [i.convert("RGB") for i in result.images] if result.error is None else []
     if room is not None and len(images) > room:
         error = (
@@ -280,7 +328,7 @@ def response_turn(result, geometry, tokenizer, opened: str, room: int | None = N
     grids = [geometry.grid_thw(i.height, i.width) for i in images]
     words = _bounded(error if error is not None else (result.text or ""), tokenizer)
     blocks = "".join(VISION_START + IMAGE_PAD * (g[1] * g[2] // geometry.merge_size**2) + VISION_END for g in grids)
-    ids = tokenizer(TOOL_RESPONSE.format(blocks + words) + opened, add_special_tokens=False)["input_ids"]
+    ids = tokenizer(TOOL_RESPONSE.format(blocks + words) + opening, add_special_tokens=False)["input_ids"]
     return ResponseTurn(ids, images, grids, words, error)
 
 
@@ -310,6 +358,7 @@ def continuation(t: Trajectory, tokenizer) -> PromptInputs:
         video_grid_thw=None,
         sources=[*t.prompt.sources, *t.crops],
         opened=t.prompt.opened,
+        opening=t.prompt.opening,
     )
 
 
@@ -320,14 +369,19 @@ def crop_names(sample: Sample, c: Completion, folder: str) -> list[str]:
 
 
 def trajectory_messages(sample: Sample, c: Completion, names: list[str]) -> list[dict]:
-    """The trajectory in the Hugging Face chat format: the sample's question and images, then the completion's turns,
-    its k-th crop's image part naming `names[k]`."""
-    image = [{"type": "image", "image": i if isinstance(i, str) else "(image bytes)"} for i in sample.images]
-    turns = [
-        {
-            "role": turn["role"],
-            "content": [{**p, "image": names[p["image"]]} if p["type"] == "image" else p for p in turn["content"]],
-        }
-        for turn in c.turns
-    ]
-    return [{"role": "user", "content": [*image, {"type": "text", "text": sample.question}]}, *turns]
+    """The trajectory in the Hugging Face chat format, as the model saw it: the prompt's messages (`prompt_messages`),
+    their image parts naming the sample's images (a path, or "(image bytes)"), then the completion's turns, its k-th
+    crop's image part naming `names[k]`. The processor's `apply_chat_template(messages[:k], tools=<the schemas>,
+    add_generation_prompt=True)` with these images gives the ids the engine fed the turn that follows, token for token
+    where the model's sampled tokens are the tokenizer's own encoding of their text."""
+    own = iter([i if isinstance(i, str) else "(image bytes)" for i in sample.images])
+    prompt = [_named(m, lambda p: next(own)) for m in c.prompt_messages]
+    return [*prompt, *(_named(m, lambda p: names[p["image"]]) for m in c.turns)]
+
+
+def _named(message: dict, name) -> dict:
+    """`message` with each image part's `image` set to `name(part)` (a string content stays as it is)."""
+    if isinstance(message["content"], str):
+        return dict(message)
+    parts = [{**p, "image": name(p)} if p["type"] == "image" else p for p in message["content"]]
+    return {**message, "content": parts}

@@ -16,7 +16,7 @@ from vlgrpo.rewards.render import render_completion
 from vlgrpo.rollout.tools.calls import first_tool_call
 from vlgrpo.rollout.tools.context import Tool, ToolContext
 from vlgrpo.rollout.tools.table import run_tool, tools_of
-from vlgrpo.rollout.turns import png_bytes, response_turn
+from vlgrpo.rollout.turns import png_bytes, response_turn, tool_message, tool_response_role
 from vlgrpo.types import Completion, RolloutGroup, Sample
 
 
@@ -71,7 +71,7 @@ def gold_trajectory(
     result = run_tool(first_tool_call(first), context, tuple(state.cfg.rollout.tools))  # as a rollout runs it
     if result.error is not None:
         raise ValueError(f"sample '{sample.id}': the gold call of {tool.name} on {arguments} failed: {result.error}")
-    turn = response_turn(result, context.geometry, tok, prompt.opened)
+    turn = response_turn(result, context.geometry, tok, prompt.opening)  # as a rollout's tool response ends
     second = continue_turn(prompt.opened, answer, f"sample '{sample.id}': ")
     head = tok(first, add_special_tokens=False)["input_ids"]
     tail = tok(second, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
@@ -82,9 +82,13 @@ def gold_trajectory(
         finish_reason="stop",
         tool_mask=[0] * len(head) + [1] * len(turn.ids) + [0] * len(tail),
         images=[png_bytes(i) for i in turn.images],
-        turns=[
-            {"role": "assistant", "content": [{"type": "text", "text": prompt.opened + first}]},
-            {"role": "tool", "content": [*({"type": "image", "image": k} for k in range(len(turn.images))), *words]},
-            {"role": "assistant", "content": [{"type": "text", "text": prompt.opened + second}]},
+        prompt_messages=list(prompt.messages),
+        turns=[  # as a rollout writes them (`rollout/turns.py`): what the template renders back to token_ids
+            {"role": "assistant", "content": [{"type": "text", "text": prompt.opening + first}]},
+            tool_message(
+                tool_response_role(state.lm.processor),
+                [*({"type": "image", "image": k} for k in range(len(turn.images))), *words],
+            ),
+            {"role": "assistant", "content": [{"type": "text", "text": prompt.opening + second}]},
         ],
     )
