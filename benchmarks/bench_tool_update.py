@@ -3,7 +3,8 @@ shipped tiny Qwen2.5-VL (`data/models/shapes-tiny-qwen2_5_vl`, the demo's base: 
 tools' schema alone is ~750 prompt tokens). One step's forward and backward of the policy log-probs
 (`completion_logprobs`, as the trainer's update calls it) over B prompts x G rows, side by side:
 
-- one turn: each row the answer alone (what a run without tools trains on);
+- one turn: each row the answer alone (what a run without tools trains on), or a text as many tokens long as a tool
+  row (the turns' cost without their structure);
 - tool rows, shared prefix: each row a call, the crop back as a tool-response turn, then the answer; the prompt
   prefilled once per group and the turns packed after it (`policy/packed.py`, `CompletionImages`);
 - tool rows, whole rows: the same trajectories forwarded row by row, prompt included (the path before; what gradient
@@ -86,7 +87,12 @@ def main() -> None:
         samples = load_samples(Path(tmp) / "shapes" / "train.jsonl").samples[: args.prompts]
         one = batch_of(lm, samples, args.group, [[ANSWER]], 1)
         tool = batch_of(lm, samples, args.group, [[CALL.format(0, 0, 56, 56)], [ANSWER]], 2)
+        length = int(tool[0].batch.completion_mask.sum(1).max())
+        tok = lm.processor.tokenizer
+        filler = "a" * max(0, length - len(tok(CALL.format(0, 0, 56, 56) + ANSWER)["input_ids"]) - 1)
+        long = batch_of(lm, samples, args.group, [[CALL.format(0, 0, 56, 56) + filler + ANSWER]], 1)
         t_one = step_seconds(lm.model, *one, args.repeats)
+        t_long = step_seconds(lm.model, *long, args.repeats)
         t_shared = step_seconds(lm.model, *tool, args.repeats)
         packed = forward.supports_text_decoder
         forward.supports_text_decoder = lambda m: False  # the whole-row path (as before the packed pass took crops)
@@ -98,11 +104,18 @@ def main() -> None:
     print(
         f"{args.prompts} prompts x {args.group} rows; prompt {b.prompt_ids.shape[1]} tokens; tool rows "
         f"{int(b.completion_mask.sum(1).max())} tokens ({int(b.tool_mask.sum(1).max())} of them the tool's), "
-        f"one-turn rows {int(one[0].batch.completion_mask.sum(1).max())}"
+        f"one-turn rows {int(one[0].batch.completion_mask.sum(1).max())} (the answer) or "
+        f"{int(long[0].batch.completion_mask.sum(1).max())} (text as long as a tool row)"
     )
-    print(f"{'update (forward + backward)':36}{'s (median)':>12}{'x one turn':>12}")
-    for name, t in (("one turn", t_one), ("tool rows, shared prefix", t_shared), ("tool rows, whole rows", t_whole)):
-        print(f"{name:36}{t:>12.3f}{t / t_one:>12.2f}")
+    print(f"{'update (forward + backward)':36}{'s (median)':>12}{'x one turn':>12}{'x same length':>15}")
+    rows = (
+        ("one turn, the answer", t_one),
+        ("one turn, as long as a tool row", t_long),
+        ("tool rows, shared prefix", t_shared),
+        ("tool rows, whole rows", t_whole),
+    )
+    for name, t in rows:
+        print(f"{name:36}{t:>12.3f}{t / t_one:>12.2f}{t / t_long:>15.2f}")
 
 
 if __name__ == "__main__":

@@ -164,30 +164,24 @@ def test_gradient_checkpointing_falls_back_to_whole_rows(load, samples, arch):
     assert torch.isclose(ref[0, 0], torch.log_softmax(x, -1)[25], atol=1e-6)
 
 
-@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl", "qwen3_5"])
-def test_tool_rows_in_the_shared_prefix_pass_equal_whole_rows(load, samples, arch, monkeypatch):
-    """Trajectories with crops (two prompts, per prompt a row that calls twice and a row that answers at once) through
-    the shared-prefix packed pass: the prompt prefilled once, each crop's embeddings at its pads, M-RoPE from the
-    whole row's grids (a crop shifts the text after it), DeepStack at the crop's tokens (Qwen3-VL), each row's own
-    Gated DeltaNet state (Qwen3.5). Log-probs and every parameter's gradient equal the whole-row forward's."""
+def _tool_batch(model, processor, samples, short_schema: bool):
+    """Two prompts' tool trajectories (per prompt a row that calls twice, a row that answers at once), scripted on the
+    HF engine -> (the trainer's batch with its crops, the prompts' features, the forbidden mask). `short_schema`: a
+    one-line tool schema instead of the zoom tool's ~750-token one."""
     from tool_model import CALL, scripted
 
-    from vlgrpo.grpo.logprobs import token_logprobs
     from vlgrpo.rollout.base import SamplingParams
     from vlgrpo.rollout.hf import HFEngine
     from vlgrpo.rollout.turns import ToolRollout
     from vlgrpo.trainer.batch import attach_crops, make_batch
 
-    model, processor = load(arch, spread_by=0.1)
-    if arch == "qwen3_5":  # the float32 chunked rule's own error on a whole row exceeds the tolerance (see the module)
-        use_exact_rule(monkeypatch)
     tok = processor.tokenizer
     turns = [[CALL.format(0, 0, 56, 56), "<answer>3</answer>"], [CALL.format(28, 28, 84, 70)], ["<answer>2</answer>"]]
     cache = VisionCache(model, processor)
     engine = HFEngine(model, processor, cache, box_format="plain", decode=scripted(tok, turns))
     rollout = ToolRollout(engine, ("zoom_in",), 3)
-    rollout.schemas = [{"type": "function", "function": {"name": "image_zoom_in_tool"}}]  # short prompts: the exact
-    # rule is a loop over tokens, and the full schema is ~750 tokens in the tiny tokenizer
+    if short_schema:
+        rollout.schemas = [{"type": "function", "function": {"name": "image_zoom_in_tool"}}]
     groups = rollout.generate(samples[:2], SamplingParams(max_new_tokens=64, completions_per_prompt=2))
     assert [len(c.images) for g in groups for c in g.completions] == [2, 0, 2, 0]
     feats = cache.get_rows([p.sources for p in engine.build_prompts(samples[:2])])
@@ -195,30 +189,80 @@ def test_tool_rows_in_the_shared_prefix_pass_equal_whole_rows(load, samples, arc
     image_id = tok.convert_tokens_to_ids("<|image_pad|>")
     batch = make_batch(groups, feats, tok.pad_token_id, image_id, torch.nonzero(forbidden).flatten().tolist())
     attach_crops(batch, groups, cache)
-    b, mask = batch.batch, batch.loss_mask.bool()
-    model.train()
+    return batch, feats, forbidden
 
-    def logprobs_and_grads(full: bool):
-        model.zero_grad()
-        if full:
-            logits = forward_module._completion_logits_full_rows(model, b, feats)
-            logp, _ = token_logprobs(logits, forward_module.scored_ids(b), forbidden=forbidden)
-        else:
-            logp, _ = completion_logprobs_and_entropy(model, b, feats, forbidden)
-        (-(logp * batch.loss_mask).sum()).backward()
-        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-        return logp.detach(), grads
 
+def _logprobs_and_grads(model, batch, feats, forbidden, full: bool = False):
+    """The masked log-probs [R, C] and every parameter's gradient of their sum (whole rows with `full`)."""
+    from vlgrpo.grpo.logprobs import token_logprobs
+
+    model.zero_grad()
+    b = batch.batch
+    if full:
+        logits = forward_module._completion_logits_full_rows(model, b, feats)
+        logp, _ = token_logprobs(logits, forward_module.scored_ids(b), forbidden=forbidden)
+    else:
+        logp, _ = completion_logprobs_and_entropy(model, b, feats, forbidden)
+    (-(logp * batch.loss_mask).sum()).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return logp.detach(), grads
+
+
+def _assert_same(a, b, mask):
+    (logp_a, grads_a), (logp_b, grads_b) = a, b
+    assert float((logp_a - logp_b)[mask].abs().max()) <= 1e-5
+    assert grads_a.keys() == grads_b.keys() and len(grads_a) > 10
+    for name, g in grads_b.items():
+        assert float((grads_a[name] - g).abs().max()) <= 1e-5 * max(1.0, float(g.abs().max())), name
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl", "qwen3_5"])
+def test_tool_rows_in_the_shared_prefix_pass_equal_whole_rows(load, samples, arch, monkeypatch):
+    """Trajectories with crops through the shared-prefix packed pass: the prompt prefilled once, each crop's
+    embeddings at its pads, M-RoPE from the whole row's grids (a crop shifts the text after it), DeepStack at the
+    crop's tokens (Qwen3-VL), each row's own Gated DeltaNet state (Qwen3.5). Log-probs and every parameter's gradient
+    equal the whole-row forward's."""
+    model, processor = load(arch, spread_by=0.1)
+    if arch == "qwen3_5":  # the float32 chunked rule's own error on a whole row exceeds the tolerance (see the module)
+        use_exact_rule(monkeypatch)
+    batch, feats, forbidden = _tool_batch(model, processor, samples, short_schema=True)  # the exact rule loops over
+    # tokens: short prompts
     packed = forward_module.packed_completion_logits
     calls = []  # the shared-prefix pass ran, given the crops (not the whole-row fallback)
     monkeypatch.setattr(
         forward_module, "packed_completion_logits", lambda *a: calls.append(a[-1].embeds.shape[0]) or packed(*a)
     )
-    shared, shared_grads = logprobs_and_grads(full=False)
+    model.train()
+    shared = _logprobs_and_grads(model, batch, feats, forbidden)
+    b = batch.batch
     assert calls == [sum(f.embeds.shape[0] for extra in b.row_images for f in extra)] and calls[0] > 0
-    whole, whole_grads = logprobs_and_grads(full=True)
+    whole = _logprobs_and_grads(model, batch, feats, forbidden, full=True)
     model.eval()
-    assert float((shared - whole)[mask].abs().max()) <= 1e-5
-    assert shared_grads.keys() == whole_grads.keys() and len(shared_grads) > 10
-    for name, g in whole_grads.items():
-        assert float((shared_grads[name] - g).abs().max()) <= 1e-5 * max(1.0, float(g.abs().max())), name
+    _assert_same(shared, whole, batch.loss_mask.bool())
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
+def test_a_tools_block_every_prompt_shares_is_prefilled_once_for_the_batch(load, samples, arch, monkeypatch):
+    """The zoom tool's prompts share their system turn and tools block (~750 tokens of the tiny tokenizer): the
+    update forwards it once for the batch and each prompt's own tokens after it. Log-probs and gradients equal those
+    of each prompt prefilled whole (SHARED_PREFIX_MIN out of reach) and of whole rows."""
+    model, processor = load(arch, spread_by=0.1)
+    batch, feats, forbidden = _tool_batch(model, processor, samples, short_schema=False)
+    b = batch.batch
+    shared_len = forward_module.common_prefix(b.prompt_ids, b.prompt_mask, b.mm_token_type_ids)
+    assert shared_len >= forward_module.SHARED_PREFIX_MIN and shared_len < int(b.prompt_mask.sum(1).min())
+    prefills = []
+    real_prefill = forward_module.prefill
+    monkeypatch.setattr(
+        forward_module, "prefill", lambda m, ids, *a: prefills.append(ids.shape) or real_prefill(m, ids, *a)
+    )
+    model.train()
+    once = _logprobs_and_grads(model, batch, feats, forbidden)
+    assert prefills == []  # the shared path, not the plain prefill
+    monkeypatch.setattr(forward_module, "SHARED_PREFIX_MIN", 10**9)
+    each = _logprobs_and_grads(model, batch, feats, forbidden)
+    assert len(prefills) == 1 and prefills[0][0] == 2  # both prompts prefilled whole
+    whole = _logprobs_and_grads(model, batch, feats, forbidden, full=True)
+    model.eval()
+    _assert_same(once, each, batch.loss_mask.bool())
+    _assert_same(once, whole, batch.loss_mask.bool())

@@ -142,6 +142,64 @@ def prefill(model, prompt_ids: Tensor, prompt_mask: Tensor, mm_token_type_ids: T
     return out.logits[:, -1], out.past_key_values, next_pos
 
 
+SHARED_PREFIX_MIN = 256
+"""Leading prompt tokens every prompt of a batch must share for the update to run them once for the batch (a long
+system turn, a tools block: the zoom tool's schema is ~750 tokens of the tiny base's tokenizer, ~250 of Qwen's);
+below it each prompt is prefilled whole, as before."""
+
+
+def common_prefix(prompt_ids: Tensor, prompt_mask: Tensor, mm_token_type_ids: Tensor) -> int:
+    """The number of leading text tokens every prompt's real tokens share (left padding skipped), leaving each prompt
+    at least one token of its own."""
+    rows = [ids[m.bool()] for ids, m in zip(prompt_ids, prompt_mask)]
+    n = min(len(r) for r in rows) - 1
+    if n <= 0:
+        return 0
+    same = mm_token_type_ids[0][prompt_mask[0].bool()][:n] == 0
+    for r in rows[1:]:
+        same &= r[:n] == rows[0][:n]
+    return n if bool(same.all()) else int((~same).nonzero()[0])
+
+
+def prefill_batch(model, prompt_ids: Tensor, prompt_mask: Tensor, mm_token_type_ids: Tensor, features: list):
+    """`prefill` for the update -> (last-position logits [B, V], cache, next position [B], the cache's key mask).
+    When the B prompts share at least SHARED_PREFIX_MIN leading tokens (`common_prefix`), those are forwarded once
+    and their keys and values repeated over the prompts (gradients flow back through the repeat), then each prompt's
+    own tokens continue from them: the cache holds the shared part, then each prompt's rest left-padded, and the key
+    mask says which positions are real. Else the plain `prefill` (key mask = prompt_mask). A hybrid model (Qwen3.5)
+    is prefilled whole: its Gated DeltaNet states would run over the padding between the two parts."""
+    b, tp = prompt_ids.shape
+    p = common_prefix(prompt_ids, prompt_mask, mm_token_type_ids) if b > 1 else 0
+    if p < SHARED_PREFIX_MIN or is_hybrid(model):
+        last, cache, next_pos = prefill(model, prompt_ids, prompt_mask, mm_token_type_ids, features)
+        return last, cache, next_pos, prompt_mask
+    real = prompt_mask.sum(1)
+    start = tp - int(real[0])
+    prefix = prompt_ids[0, start : start + p]
+    positions = torch.arange(p, device=prompt_ids.device).view(1, 1, p).expand(3, 1, p)
+    cache = model(input_ids=prefix[None], position_ids=positions, use_cache=True, logits_to_keep=1).past_key_values
+    cache.batch_repeat_interleave(b)
+    own = real - p  # [B] each prompt's tokens after the shared part: the last `own` columns of its left-padded row
+    width = int(own.max())
+    rest = prompt_ids[:, tp - width :]
+    cols = torch.arange(width, device=prompt_ids.device)
+    rest_mask = prompt_mask[:, tp - width :] * (cols[None] >= (width - own)[:, None]).long()
+    key_mask = torch.cat([prompt_mask.new_ones(b, p), rest_mask], dim=1)
+    ids = torch.cat([prefix.expand(b, p), rest], dim=1)
+    mm = torch.cat([mm_token_type_ids.new_zeros(b, p), mm_token_type_ids[:, tp - width :] * rest_mask], dim=1)
+    pos, next_pos = mrope_positions(model, ids, key_mask, mm, features)
+    out = model(
+        input_ids=rest,
+        attention_mask=key_mask,
+        position_ids=pos[:, :, p:],
+        past_key_values=cache,
+        mm_encoder_outputs=image_outputs(model, features),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return out.logits[:, -1], out.past_key_values, next_pos, key_mask
+
+
 def extend(model, cache, ids: Tensor, done: int, features: list):
     """Continue one sequence whose first `done` tokens are in `cache` (batch 1): forward ids[:, done:] -> (last-position
     logits [1, V], the cache over all of `ids`, next position [1]). `features`: every image of the sequence in order
@@ -258,19 +316,22 @@ def completion_logits(model, batch: CompletionBatch, features: list) -> Tensor:
     if _checkpointing(model) or (not supports_text_decoder(model) and (crops or is_hybrid(model))):
         return _completion_logits_full_rows(model, batch, features)  # transformers' linear-attention cache has no
         # per-row select; its forward over a gathered cache is not given crops
-    last, cache, next_pos = prefill(model, batch.prompt_ids, batch.prompt_mask, batch.mm_token_type_ids, features)
     if supports_text_decoder(model):
+        last, cache, next_pos, keys = prefill_batch(
+            model, batch.prompt_ids, batch.prompt_mask, batch.mm_token_type_ids, features
+        )
         return packed_completion_logits(
             model,
             batch.completion_ids,
             batch.completion_mask,
             batch.row_prompt,
-            batch.prompt_mask,
+            keys,
             last,
             cache,
             next_pos,
             completion_images(model, batch, features) if crops else None,
         )
+    last, cache, next_pos = prefill(model, batch.prompt_ids, batch.prompt_mask, batch.mm_token_type_ids, features)
     cache.batch_select_indices(batch.row_prompt)
     r, c = batch.completion_ids.shape
     pos = next_pos[batch.row_prompt].unsqueeze(1) + torch.arange(c, device=next_pos.device)  # [R, C]
