@@ -13,7 +13,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_TESTS := tests/rollout/test_vllm_engine.py tests/trainer/test_vllm_train.py tests/evals/test_vllm_eval.py \
   tests/trainer/test_judge_vllm.py tests/rollout/test_vllm_turns.py
 
-.PHONY: demo test test-main test-vllm test-dev lint install bench clean
+.PHONY: demo demo-tools test test-main test-vllm test-dev lint install bench clean
 
 # The demo needs the runtime packages and matplotlib (curves.png) only; the tests add the dev tools (pytest, TRL for
 # the parity tests, DeepSpeed, import-linter). A dev install holds everything the demo needs, so it marks both.
@@ -33,6 +33,10 @@ install: $(VENV)/.installed
 
 demo: $(VENV)/.installed-demo
 	$(VENV)/bin/vlgrpo demo --out runs/demo
+
+# Thinking with images on the CPU: the zoom task with the zoom-in tool and without it (docs/thinking-with-images.md).
+demo-tools: $(VENV)/.installed-demo
+	$(VENV)/bin/vlgrpo demo --tools --out runs/demo-tools
 
 # The main suite, then the vLLM tests in vLLM's own environment (its CPU build: see scripts/vllm_env.sh).
 test: test-main test-vllm

@@ -57,9 +57,7 @@ def _assert_union_equal(split: dict, union: dict) -> dict:
 @pytest.mark.parametrize(
     "backend, ranks, port, arch",
     [
-        ("plain", 2, 29611, "qwen2_5_vl"),
-        ("plain", 3, 29613, "qwen2_5_vl"),
-        ("lora", 2, 29615, "qwen2_5_vl"),
+        ("plain", 3, 29613, "qwen2_5_vl"),  # 3 ranks: uneven shards of the union batch (2 ranks: the zero3 cases)
         ("lora", 3, 29617, "qwen2_5_vl"),
         ("zero3", 2, 29619, "qwen2_5_vl"),
         ("zero3", 3, 29621, "qwen2_5_vl"),
