@@ -83,7 +83,7 @@ def add_demo_command(sub) -> None:
         "--tools",
         action="store_true",
         help="thinking with images (vlgrpo.demo.tools): the synth zoom task with the zoom-in tool and without it, "
-        "same base, data, steps and seed, both arms reported side by side (~15 min on 2 cores); takes --out, --seed, "
+        "same base, data, steps and seed, both arms reported side by side (15-20 min on 2 cores); takes --out, --seed, "
         "--base, --n, --sft-steps, --grpo-steps, --eval-samples",
     )
     p.set_defaults(handler=_cmd_demo)
