@@ -155,7 +155,8 @@ def stage_config(s: DemoSettings, out: Path, stage: str, model_dir: Path, extra:
 
 
 def evaluate_model(model_dir: Path, cfg: Config, test: Path, s: DemoSettings, suites: list[str]):
-    """The demo's held-out eval of a checkpoint: `suites` on `test`, prompted and sampled as `cfg` trained it."""
+    """The demo's held-out eval of a checkpoint: `suites` on `test`, prompted and sampled as `cfg` trained it (its
+    tools too, with `eval/tools/*` in the metrics)."""
     from vlgrpo.data.images import ProcessorGeometry
     from vlgrpo.evals.run import build_eval_data, evaluate
     from vlgrpo.evals.suite import PopeOptions
@@ -172,7 +173,10 @@ def evaluate_model(model_dir: Path, cfg: Config, test: Path, s: DemoSettings, su
     data = build_eval_data(str(test), suites, max_samples=s.eval_samples, pope=pope, ctx=ctx)
     prompt = PromptSettings.from_config(cfg, ctx.box_format, lm.processor)
     engine = build_engine("hf", lm, VisionCache(lm.model, lm.processor), prompt, batch_prompts=32)  # as trained
-    return evaluate(engine, data, ctx, batch_prompts=32, max_new_tokens=s.max_new_tokens, progress=True)
+    result = evaluate(engine, data, ctx, batch_prompts=32, max_new_tokens=s.max_new_tokens, progress=True)
+    if prompt.tools:  # the multi-turn rollout's counts, named as the in-loop eval names them
+        result.metrics |= {f"eval/{k}": v for k, v in engine.stats().items() if k.startswith("tools/")}
+    return result
 
 
 def resolve_base(base: str, arch: str = "auto") -> Path | None:

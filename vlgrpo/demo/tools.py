@@ -107,30 +107,21 @@ def crop_hits(samples, texts: list[str], box_format: str, geometry) -> tuple[int
 
 
 def evaluate_arm(model_dir: Path, cfg, test: Path, s: ToolDemoSettings) -> dict:
-    """Greedy accuracy on the test split, prompted and decoded as `cfg` trains (its tools included), with the tool
-    statistics and the eval result (predictions, crops) for the report."""
-    from vlgrpo.data.images import ProcessorGeometry
-    from vlgrpo.evals.run import build_eval_data, evaluate
-    from vlgrpo.models import load_model
-    from vlgrpo.policy.prompt import PromptSettings
-    from vlgrpo.rewards import context_from_config
-    from vlgrpo.rollout.build import build_engine
-    from vlgrpo.vision_cache import VisionCache
+    """Greedy accuracy on the test split (`demo.run.evaluate_model`: prompted and decoded as `cfg` trains, its tools
+    included), the tool arm's counts and its `crop_hits`, and the eval result (predictions, crops) for the report."""
+    from vlgrpo.data.adapters import load_samples
+    from vlgrpo.data.images import checkpoint_geometry
+    from vlgrpo.demo.run import evaluate_model
 
-    lm = load_model(str(model_dir))
-    geometry = ProcessorGeometry.from_processor(lm.processor)
-    ctx = context_from_config(cfg, lm.arch, geometry)
-    data = build_eval_data(str(test), ["vqa"], max_samples=s.eval_samples, ctx=ctx)
-    prompt = PromptSettings.from_config(cfg, ctx.box_format, lm.processor)
-    engine = build_engine("hf", lm, VisionCache(lm.model, lm.processor), prompt, batch_prompts=32)
-    result = evaluate(engine, data, ctx, batch_prompts=32, max_new_tokens=s.max_new_tokens, progress=True)
-    out = {"accuracy": result.metrics["eval/vqa/accuracy"]}
-    if prompt.tools:
-        stats = engine.stats()
-        out |= {k.split("/")[1]: stats[k] for k in ("tools/calls_per_sample", "tools/errors", "tools/crop_area")}
+    result = evaluate_model(model_dir, cfg, test, s.demo(), ["vqa"])
+    metrics = result.metrics
+    out = {"accuracy": metrics["eval/vqa/accuracy"]}
+    if "eval/tools/calls_per_sample" in metrics:
+        out |= {k: metrics[f"eval/tools/{k}"] for k in ("calls_per_sample", "errors", "crop_area")}
         texts = {row["id"]: row["completion"] for row in result.predictions}
-        samples = data.suites()["vqa"]
-        hits, total = crop_hits(samples, [texts[x.id] for x in samples], ctx.box_format, geometry)
+        samples = [x for x in load_samples(test).samples if x.id in texts]
+        geometry, _ = checkpoint_geometry(str(model_dir))
+        hits, total = crop_hits(samples, [texts[x.id] for x in samples], result.info["box_format"], geometry)
         out["crop_hits"] = hits / total if total else 0.0
     return out | {"result": result}
 
@@ -170,7 +161,7 @@ def run_tool_demo(out_dir: str | Path, settings: ToolDemoSettings | None = None,
     results = {arm: run_arm(arm, out, s, model_dir, paths["test"]) for arm in arms}
     summary = {
         "seed": s.seed,
-        "settings": {k: v for k, v in vars(s).items()},
+        "settings": vars(s),
         **{f"{arm}_{stage}": r[stage] for arm, r in results.items() for stage in ("sft", "grpo")},
         "grpo_seconds_per_step": {
             arm: round(sum(h.get("timing/step", 0.0) for h in r["history"]) / max(len(r["history"]), 1), 2)
