@@ -1,10 +1,12 @@
-"""Multi-turn rollouts with the zoom-in tool on the HF engine, each trajectory's KV kept from turn to turn against
-every turn's prompt prefilled whole (`ToolRollout(reuse_turns=...)`), on the tiny Qwen2.5-VL taught to call the tool
-(`tests/tool_model.py`): the same trajectories (checked), side by side per rollout: prefill tokens, decode tokens,
+"""Multi-turn rollouts with the zoom-in tool on the HF engine, each trajectory's state kept from turn to turn
+against every turn's prompt prefilled whole (`ToolRollout(reuse_turns=...)`), on the tiny Qwen2.5-VL taught to call
+the tool (`tests/tool_model.py`), or the tiny Qwen3.5 (`--arch qwen3_5`: its Gated DeltaNet states kept with the
+attention KV): the same trajectories (checked), side by side per rollout: prefill tokens, decode tokens,
 vision-encoder calls (a fresh vision cache per rollout: the prompts' images and each distinct crop) and wall time
 (median of `--repeats`).
 
-Usage: OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_turns.py [--prompts 8] [--group 4] [--turns 3]
+Usage: OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_turns.py [--arch qwen2_5_vl] [--prompts 8] [--group 4]
+       [--turns 3]
 """
 
 from __future__ import annotations
@@ -30,9 +32,13 @@ from vlgrpo.rollout.turns import ToolRollout  # noqa: E402
 from vlgrpo.tiny import init_tiny  # noqa: E402
 from vlgrpo.vision_cache import VisionCache  # noqa: E402
 
+TEACH = {"qwen2_5_vl": dict(steps=90, lr=1.5e-3), "qwen3_5": dict(steps=60, lr=3e-3)}
+"""Teacher-forcing that makes each tiny model call the tool (the tests' settings)."""
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arch", default="qwen2_5_vl", choices=sorted(TEACH))
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--turns", type=int, default=3)
@@ -42,12 +48,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         synth_dataset(Path(tmp) / "shapes", 40, seed=0, image_size=112)
         samples = load_samples(Path(tmp) / "shapes" / "train.jsonl").samples[: args.prompts]
-        lm = load_model(init_tiny(Path(tmp) / "tiny", "qwen2_5_vl", seed=0))
+        lm = load_model(init_tiny(Path(tmp) / "tiny", args.arch, seed=0))
         run(args, samples, lm)
 
 
 def run(args, samples, lm) -> None:
-    losses = teach_tool_call(lm.model, lm.processor, samples[:1], steps=90, lr=1.5e-3)
+    losses = teach_tool_call(lm.model, lm.processor, samples[:1], **TEACH[args.arch])
     print(f"taught to call the tool: loss {losses[0]:.2f} -> {losses[-1]:.3f}")
     model, processor = lm.model.eval(), lm.processor
     params = SamplingParams(

@@ -30,6 +30,16 @@ def prompt_states(cache, layer_index: int) -> tuple[Tensor, Tensor]:
     return layer.conv_states[0], layer.recurrent_states[0]
 
 
+def set_states(layer, conv: Tensor, state: Tensor) -> None:
+    """Give a transformers linear-attention cache layer (empty) the states of sequences already run, conv [B, conv
+    dim, K] and recurrent [B, v heads, k dim, v dim], so that a forward over it continues them as it continues a
+    prefill's (its next tokens' convolution reads `conv` as their left context, the delta rule starts from `state`)."""
+    layer.lazy_initialization(conv_states=conv, recurrent_states=state, conv_kernel_size=conv.shape[-1])
+    layer.conv_states[0].copy_(conv)
+    layer.recurrent_states[0].copy_(state)
+    layer.has_previous_state[0] = True
+
+
 def gated_delta(
     attn, h: Tensor, valid: Tensor | None, conv: Tensor, state: Tensor, final_state: bool = False
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:

@@ -28,7 +28,7 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from vlgrpo.families import is_gated_deltanet
-from vlgrpo.policy.linear_attention import gated_delta, prompt_states
+from vlgrpo.policy.linear_attention import gated_delta, prompt_states, set_states
 from vlgrpo.policy.text_decoder import (
     first_attention,
     gated,
@@ -41,30 +41,52 @@ from vlgrpo.policy.text_decoder import (
 
 @dataclass
 class TurnKV:
-    """One decoded row's keys and values, kept for its next turn (a multi-turn rollout): [kv heads, L, d] per attention
-    layer over its prompt's real tokens and the first `length` - prompt tokens it sampled (the ones fed back)."""
+    """One decoded row's state, kept for its next turn (a multi-turn rollout), per decoder layer: an attention layer's
+    keys and values [kv heads, L, d] over its prompt's real tokens and the first `length` - prompt tokens it sampled
+    (the ones fed back); a Gated DeltaNet layer's (Qwen3.5) conv state [conv dim, K] and recurrent state
+    [v heads, k dim, v dim] after those same tokens."""
 
     layers: list[tuple[Tensor, Tensor]]
     length: int
-    """Tokens of the row's sequence (prompt ids + sampled ids) the keys cover."""
+    """Tokens of the row's sequence (prompt ids + sampled ids) the state covers."""
 
 
-def stack_kv(kvs: list[TurnKV]) -> tuple[DynamicCache, Tensor | None]:
-    """Rows' TurnKVs as one left-padded cache [B, kv heads, T, d] per layer and its mask [B, T] (None: no padding),
-    the prompt cache `SharedPrefixDecoder` reads."""
+def turn_cache(model, kvs: list[TurnKV]) -> tuple[DynamicCache, Tensor | None]:
+    """Rows' TurnKVs as one transformers cache of the model's layer types, which the transformers forward continues
+    and `SharedPrefixDecoder` reads: an attention layer's keys and values left-padded to [B, kv heads, T, d], a
+    Gated DeltaNet layer's states stacked [B, ...] (a state has no length to pad) -> (cache, mask [B, T]; None: no
+    padding)."""
     width = max(kv.length for kv in kvs)
-    mask = torch.zeros(len(kvs), width, dtype=torch.long, device=kvs[0].layers[0][0].device)
-    layers = []
-    for li in range(len(kvs[0].layers)):
+    first = next(pair[0] for lin, pair in zip(linear_layers(model), kvs[0].layers) if not lin)
+    mask = torch.zeros(len(kvs), width, dtype=torch.long, device=first.device)
+    for b, kv in enumerate(kvs):
+        mask[b, width - kv.length :] = 1
+    cache = DynamicCache(config=model.config)
+    for li, lin in enumerate(linear_layers(model)):
+        if lin:
+            conv, state = (torch.stack([kv.layers[li][i] for kv in kvs]) for i in (0, 1))
+            set_states(cache.layers[li], conv, state)
+            continue
         k0 = kvs[0].layers[li][0]
         keys = k0.new_zeros(len(kvs), k0.shape[0], width, k0.shape[2])
         values = torch.zeros_like(keys)
         for b, kv in enumerate(kvs):
             keys[b, :, width - kv.length :], values[b, :, width - kv.length :] = kv.layers[li]
-        layers.append((keys, values))
-    for b, kv in enumerate(kvs):
-        mask[b, width - kv.length :] = 1
-    return DynamicCache(ddp_cache_data=layers), (mask if not bool(mask.all()) else None)
+        cache.layers[li].update(keys, values)
+    return cache, (mask if not bool(mask.all()) else None)
+
+
+def cache_rows(model, cache, length: int) -> list[TurnKV]:
+    """The rows of an unpadded transformers cache of `length` tokens (what `turn_cache` and a forward over it left),
+    one TurnKV each."""
+    lin = linear_layers(model)
+    pairs = [prompt_states(cache, i) if lin[i] else (layer.keys, layer.values) for i, layer in enumerate(cache.layers)]
+    return [TurnKV([(a[b], c[b]) for a, c in pairs], length) for b in range(pairs[0][0].shape[0])]
+
+
+def linear_layers(model) -> list[bool]:
+    """Per decoder layer: a Gated DeltaNet layer (True) or attention."""
+    return [is_gated_deltanet(layer) for layer in model.get_decoder().layers]
 
 
 class SharedPrefixDecoder:
@@ -104,16 +126,28 @@ class SharedPrefixDecoder:
         self.own_v = [None if k is None else k0.new_empty(shape) for k in self.prompt_k]  # written in place
         self.length = 0
 
-    def row_kv(self, row: int, fed: int, prompt_tokens: int) -> TurnKV:
-        """Row `row`'s (a current index) keys and values: its prompt's real positions and its first `fed` tokens
-        (`prompt_tokens`: the prompt's unpadded length). Attention-only models (a linear layer's state is not kept)."""
+    def row_kv(self, row: int, fed: int, prompt_tokens: int, states: list | None = None) -> TurnKV:
+        """Row `row`'s (a current index) state: its prompt's real positions and its first `fed` tokens
+        (`prompt_tokens`: the prompt's unpadded length). A Gated DeltaNet layer's states are the row's current ones,
+        or `states` (from `row_states`, taken when the row had fed exactly `fed` tokens: a finished row's states go
+        on stepping while its prompt's other rows sample)."""
         b = row // self.g
         real = None if self.bias is None else self.bias[b, 0, 0] == 0
         layers = []
-        for pk, pv, ok, ov in zip(self.prompt_k, self.prompt_v, self.own_k, self.own_v):
+        for li, (pk, pv, ok, ov) in enumerate(zip(self.prompt_k, self.prompt_v, self.own_k, self.own_v)):
+            if self.linear[li]:
+                layers.append(states[li] if states is not None else (self.states[li][0][row], self.states[li][1][row]))
+                continue
             k, v = (pk[b], pv[b]) if real is None else (pk[b][:, real], pv[b][:, real])
             layers.append((torch.cat([k, ok[row, :, :fed]], 1), torch.cat([v, ov[row, :, :fed]], 1)))
         return TurnKV(layers, prompt_tokens + fed)
+
+    def row_states(self, row: int) -> list | None:
+        """Row `row`'s Gated DeltaNet states now (copies; None per attention layer), or None for an attention-only
+        model."""
+        if not any(self.linear):
+            return None
+        return [(s[0][row].clone(), s[1][row].clone()) if s is not None else None for s in self.states]
 
     def keep(self, prompts: Tensor) -> Tensor:
         """Keep only the prompts `prompts` [b'] (ascending indices into the current ones) and their G rows each: the

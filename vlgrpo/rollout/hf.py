@@ -13,7 +13,6 @@ from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache
 
 from vlgrpo.data.images import ProcessorGeometry
 from vlgrpo.data.video import VideoSampling
@@ -21,9 +20,8 @@ from vlgrpo.models import eval_mode
 from vlgrpo.policy.forward import extend, prefill
 from vlgrpo.policy.linear_attention import select_cache_rows
 from vlgrpo.policy.prompt import PromptInputs, PromptSettings, build_prompt, forbidden_mask, left_pad, vocab_size
-from vlgrpo.policy.text_decoder import is_hybrid
 from vlgrpo.rollout.base import EngineCounters, SamplingParams, cut_at_stop
-from vlgrpo.rollout.decode import SharedPrefixDecoder, TurnKV, stack_kv
+from vlgrpo.rollout.decode import SharedPrefixDecoder, cache_rows, turn_cache
 from vlgrpo.types import Completion, RolloutGroup, Sample
 
 
@@ -142,15 +140,17 @@ def decode_shared(
     tokens = torch.zeros(len(rows), dtype=torch.long, device=logits.device)  # a held prompt's finished rows step too
     active_idx = torch.arange(len(rows), device=logits.device)  # the decoder rows of `active`
     slot = {p: i for i, p in enumerate(held)}
+    frozen: dict[int, list] = {}  # row -> its Gated DeltaNet states once its last token was fed (kept KV, hybrids)
     for _ in range(run.params.max_new_tokens):
         tok, keep = run.sample(rows, active, logits)
         if not keep:
             break
         tokens[active_idx] = tok
+        finished = [active[j] for j in sorted(set(range(len(active))) - set(keep))]
         active = [active[j] for j in keep]
         live = sorted({r // g for r in active})
         if drop_finished and len(live) < len(held):  # a prompt's rows have all finished: drop it
-            _keep_kv(run, decoder, rows, [p for p in held if p not in live], slot, g)
+            _keep_kv(run, decoder, rows, [p for p in held if p not in live], slot, g, frozen)
             idx = torch.tensor([held.index(p) for p in live], device=tok.device)
             kept = decoder.keep(idx)
             tokens, pos, held = tokens[kept], pos[kept], live
@@ -158,19 +158,27 @@ def decode_shared(
         active_idx = torch.tensor([slot[r // g] * g + r % g for r in active], device=tok.device)
         logits, pos = decoder.step(tokens, pos)[active_idx], pos + 1
         run.counts["decode_tokens"] += len(active)
-    _keep_kv(run, decoder, rows, held, slot, g)
+        if run.kv_out is not None:  # this step fed the last token of the rows that just finished
+            for r in finished:
+                if r // g in slot:
+                    frozen[r] = decoder.row_states(slot[r // g] * g + r % g)
+    _keep_kv(run, decoder, rows, held, slot, g, frozen)
     return rows
 
 
-def _keep_kv(run: DecodeRun, decoder: SharedPrefixDecoder, rows: list, prompts: list[int], slot: dict, g: int) -> None:
-    """Into `run.kv_out`: the KV of the rows of `prompts` (still held by the decoder, at `slot`), each over the tokens
-    it fed: a row's token t is fed at step t while its prompt is held, so min(its length, the steps taken)."""
+def _keep_kv(
+    run: DecodeRun, decoder: SharedPrefixDecoder, rows: list, prompts: list[int], slot: dict, g: int, frozen: dict
+) -> None:
+    """Into `run.kv_out`: the state of the rows of `prompts` (still held by the decoder, at `slot`), each over the
+    tokens it fed: a row's token t is fed at step t while its prompt is held, so min(its length, the steps taken).
+    A Gated DeltaNet's states are `frozen`'s where the row finished before the last step (taken as its last token was
+    fed; they went on stepping after), else the decoder's current ones (its last token not yet fed)."""
     if run.kv_out is None:
         return
     for p in prompts:
         for r in range(p * g, (p + 1) * g):
             fed = min(len(rows[r].token_ids), decoder.length)
-            run.kv_out[r] = decoder.row_kv(slot[p] * g + r % g, fed, run.prompt_tokens[p])
+            run.kv_out[r] = decoder.row_kv(slot[p] * g + r % g, fed, run.prompt_tokens[p], frozen.get(r))
 
 
 def decode_copied(model, last: Tensor, cache, next_pos: Tensor, prompt_mask: Tensor | None, run: DecodeRun) -> list:
@@ -281,9 +289,10 @@ class HFEngine(EngineCounters):
 
     @property
     def keeps_turns(self) -> bool:
-        """Whether a multi-turn rollout's next turn can continue each row's KV (`continue_prompts`): the shared-prefix
-        decode of an attention-only model (a Gated DeltaNet's state is not kept; a custom `decode` keeps nothing)."""
-        return self.decode is None and SharedPrefixDecoder.supports(self.model) and not is_hybrid(self.model)
+        """Whether a multi-turn rollout's next turn can continue each row's state (`continue_prompts`): the
+        shared-prefix decode keeps an attention layer's keys and values and a Gated DeltaNet layer's conv and
+        recurrent states (Qwen3.5); a custom `decode` keeps nothing."""
+        return self.decode is None and SharedPrefixDecoder.supports(self.model)
 
     def generate_prompts(
         self, samples: list[Sample], prompts: list[PromptInputs], params: SamplingParams, keep_kv: bool = False
@@ -324,14 +333,13 @@ class HFEngine(EngineCounters):
                 lasts, extended, positions = [], [], []
                 for p, f, kv in zip(prompts[chunk], feats[chunk], kvs[chunk]):
                     ids = torch.tensor([p.input_ids], device=self.device)
-                    cache = DynamicCache(ddp_cache_data=[(k[None], v[None]) for k, v in kv.layers])
+                    cache, _ = turn_cache(self.model, [kv])
                     last, cache, next_pos = extend(self.model, cache, ids, kv.length, f)
                     self._counts["prefill_tokens"] += len(p.input_ids) - kv.length
                     lasts.append(last)
                     positions.append(next_pos)
-                    layers = [(layer.keys[0], layer.values[0]) for layer in cache.layers]
-                    extended.append(TurnKV(layers, len(p.input_ids)))
-                stacked, mask = stack_kv(extended)
+                    extended += cache_rows(self.model, cache, len(p.input_ids))
+                stacked, mask = turn_cache(self.model, extended)
                 chunk_kv = [None] * len(extended)
                 lengths = [kv.length for kv in extended]
                 rows += decode_shared(
