@@ -8,7 +8,9 @@
 #   RDZV_ID       (vlgrpo) the job's rendezvous id, the same on every node
 #   The nodes meet in torchrun's c10d rendezvous (--rdzv-backend c10d): a restart is agreed by all nodes and every
 #   node starts the same attempt (with the static one each node counted its own restarts, and nodes that disagreed
-#   waited for each other for ever). Ranks are assigned by the rendezvous: NODE_RANK is not needed.
+#   waited for each other for ever). Ranks are assigned by the rendezvous: NODE_RANK is not needed. The ranks
+#   number their restart attempt by the rendezvous' round (VLGRPO_RDZV_ENDPOINT, set here), the same on every node:
+#   a launch of your own with torchrun on several nodes needs VLGRPO_RDZV_ENDPOINT=<its --rdzv-endpoint> too.
 #   NPROC_PER_NODE training processes per node: GPUS_PER_NODE, less rollout.vllm.rollout_gpus with a split vLLM
 #                 rollout (rollout.placement=split, rollout.engine=vllm: those GPUs run each rank's rollout worker)
 #   MAX_RESTARTS  (3) restarts of the whole group after a rank or node fails; each resumes from the newest verified
@@ -74,6 +76,8 @@ if [[ -n "${HOSTFILE:-}" ]]; then
     run deepspeed --hostfile "$HOSTFILE" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" --no_local_rank \
         --module vlgrpo.cli "${ARGS[@]}"
 else
+    # the ranks read the rendezvous' round there: the restart attempt every node agrees on (trainer/group.py)
+    export VLGRPO_RDZV_ENDPOINT="$MASTER_ADDR:$MASTER_PORT"
     run "$PYTHON" -m torch.distributed.run --nnodes "$NNODES" --nproc_per_node "$NPROC" --rdzv-backend c10d \
         --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "${RDZV_ID:-vlgrpo}" --max-restarts "$MAX_RESTARTS" \
         -m vlgrpo.cli "${ARGS[@]}"

@@ -68,3 +68,60 @@ def run_ranks(
             + stderr[-3000:]
         )
     return proc.returncode, stderr
+
+
+def run_nodes(config: Path, *, port: int, timeout: int, env: dict | None = None, restarts: int = 0, nodes: int = 2):
+    """`scripts/train_multinode.sh CONFIG` started `nodes` times on this machine, as on `nodes` nodes (NNODES, one
+    CPU rank per node, MASTER_ADDR 127.0.0.1, the c10d rendezvous on `port`, MAX_RESTARTS `restarts`), sharing the
+    config's run directory. A fault in VLGRPO_TEST_FAULT (`fault_worker.py`'s spec) is injected in the ranks
+    (`trainer/inject/sitecustomize.py`), its moment written to fault_at.txt beside the config. Returns (each node's
+    exit status, each node's stderr); nodes still running after `timeout` are stopped and fail the test."""
+    import pytest
+
+    here = Path(__file__).resolve().parent
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "DS_ACCELERATOR": "cpu",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHON": sys.executable,
+        "NNODES": str(nodes),
+        "GPUS_PER_NODE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "RDZV_ID": f"test{port}",
+        "MAX_RESTARTS": str(restarts),
+        "SKIP_DOCTOR": "1",
+        "PYTHONPATH": os.pathsep.join(
+            [str(here / "trainer" / "inject"), str(here / "trainer"), str(here), os.environ.get("PYTHONPATH", "")]
+        ),
+        "VLGRPO_TEST_FAULT_AT": str(config.parent / "fault_at.txt"),
+        **(env or {}),
+    }
+    script = here.parent / "scripts" / "train_multinode.sh"
+    procs = [  # each node's launcher in a session of its own: stopped with everything it started
+        subprocess.Popen(
+            ["bash", str(script), str(config)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for _ in range(nodes)
+    ]
+    out = []
+    try:
+        for p in procs:
+            out.append(p.communicate(timeout=timeout)[1])
+    except subprocess.TimeoutExpired:
+        import signal
+
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        err = [p.communicate(timeout=60)[1] for p in procs]
+        pytest.fail(f"{nodes}-node run still going after {timeout} s:\n" + "\n---\n".join(e[-2000:] for e in err))
+    return [p.returncode for p in procs], out

@@ -14,6 +14,16 @@ from vlgrpo.trainer.loop import Trainer
 from vlgrpo.trainer.state import build_state
 
 
+def group_timeouts(backend) -> dict[str, float]:
+    """Seconds each process group the run uses waits in a collective: the world's and, under ZeRO-3, the group
+    DeepSpeed reduce-scatters the gradients on (its optimiser's data-parallel group)."""
+    groups = {"world": torch.distributed.group.WORLD}
+    if backend.name == "zero3":
+        groups["deepspeed_data_parallel"] = backend.engine.optimizer.dp_process_group
+    cpu = torch.device("cpu")
+    return {k: g._get_backend(cpu).options._timeout.total_seconds() for k, g in groups.items()}
+
+
 def main(config_path: str, out_dir: str, *overrides: str) -> None:
     torch.set_num_threads(1)
     cfg = load_config(config_path, list(overrides))
@@ -37,7 +47,7 @@ def main(config_path: str, out_dir: str, *overrides: str) -> None:
     rank = torch.distributed.get_rank()
     torch.save(weights, f"{out_dir}/weights_rank{rank}.pt")
     with open(f"{out_dir}/rank{rank}.json", "w") as f:
-        json.dump({"history": history, "progress": progress}, f)
+        json.dump({"history": history, "progress": progress, "timeouts": group_timeouts(state.backend)}, f)
     if state.backend.name == "zero3" or rank == 0:  # the ZeRO-3 export is collective
         state.backend.export(f"{out_dir}/export", state.lm.processor)
     state.close()

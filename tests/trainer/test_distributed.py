@@ -58,8 +58,19 @@ def test_zero3_two_ranks_on_cpu_trains_and_exports_the_gathered_weights(
 
         untied = str(init_tiny(tmp_path / "untied", arch, spec=TinySpec(tie_word_embeddings=False)))
         tiny_model_dir = lambda _arch=None: untied  # noqa: E731
-    _config(tmp_path, tiny_model_dir, shapes_dir, "train.backend=zero3", "grpo.beta=0.04", arch=arch)
+    _config(
+        tmp_path,
+        tiny_model_dir,
+        shapes_dir,
+        "train.backend=zero3",
+        "grpo.beta=0.04",
+        "train.dist_timeout_s=3000",
+        arch=arch,
+    )
     _torchrun(tmp_path, port)
+    # train.dist_timeout_s reaches DeepSpeed's own data-parallel group too (it took gloo's 30-minute default: #60)
+    timeouts = json.loads((tmp_path / "rank1.json").read_text())["timeouts"]
+    assert timeouts == {"world": 3000.0, "deepspeed_data_parallel": 3000.0}, timeouts
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2] and "grpo/kl" in rows[-1]
     assert (tmp_path / "run" / "checkpoints" / "step_2" / "zero3").is_dir()  # DeepSpeed's own sharded checkpoint

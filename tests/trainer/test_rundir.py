@@ -67,3 +67,34 @@ def test_a_permanent_failure_stops_the_restarts_of_its_launch_only(tmp_path, mon
     assert not (tmp_path / PERMANENT_FAILURE).exists()
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
     refuse_replay(tmp_path)  # nothing recorded: a restart after a killed rank goes ahead
+
+
+def test_the_launch_attempt_of_several_nodes_is_the_rendezvous_round_not_the_nodes_restart_count(monkeypatch):
+    """One node: torchrun's restart count. Several nodes: the c10d rendezvous' round read from its store (the state
+    torch keeps under torch.rendezvous.<run id>), whatever this node's own count says; without the endpoint, an
+    error that says what to set."""
+    import pickle
+    from base64 import b64encode
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    import torch
+
+    from vlgrpo.trainer.group import LaunchError, launch_attempt
+
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")  # this node's ranks did not fail
+    monkeypatch.delenv("GROUP_WORLD_SIZE", raising=False)
+    assert launch_attempt() == 0
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    monkeypatch.delenv("VLGRPO_RDZV_ENDPOINT", raising=False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job7")
+    with pytest.raises(LaunchError, match="needs VLGRPO_RDZV_ENDPOINT=host:port, torchrun's --rdzv-endpoint"):
+        launch_attempt()
+    server = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=10))
+    state = SimpleNamespace(round=3)  # what the round's reader takes from torch's pickled _RendezvousState
+    server.set("torch.rendezvous.job7", b64encode(pickle.dumps(state)).decode())
+    monkeypatch.setenv("VLGRPO_RDZV_ENDPOINT", f"127.0.0.1:{server.port}")
+    assert launch_attempt() == 3
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "another")  # no rendezvous of that id: said so, not guessed
+    with pytest.raises(LaunchError, match="cannot read the restart attempt from the c10d rendezvous"):
+        launch_attempt()

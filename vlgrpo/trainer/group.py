@@ -1,6 +1,6 @@
 """Joining the data-parallel process group under torchrun (NCCL on GPUs, gloo on CPUs), on store keys of the restart
-attempt's own, picking this rank's device, and leaving the group and the process at the end of a finished run.
-Knows nothing of models or data.
+attempt's own, picking this rank's device, and leaving the group and the process at the end of a finished run; the
+restart attempt every node agrees on (`launch_attempt`). Knows nothing of models or data.
 """
 
 from __future__ import annotations
@@ -10,6 +10,57 @@ import sys
 from typing import NoReturn
 
 import torch
+
+RDZV_ENDPOINT = "VLGRPO_RDZV_ENDPOINT"
+"""The environment variable naming torchrun's `--rdzv-endpoint` (host:port) on a run of several nodes
+(`scripts/train_multinode.sh` sets it): the ranks read the rendezvous' round there (`launch_attempt`)."""
+
+
+class LaunchError(RuntimeError):
+    """A launch the ranks cannot place among its restarts (several nodes without the rendezvous endpoint)."""
+
+
+def launch_attempt() -> int:
+    """This launch's restart attempt, the same number on every rank of every node: 0 for a new launch, then one more
+    for each restart of the group (outside torchrun: 0).
+
+    On one node it is torchrun's restart count (`TORCHELASTIC_RESTART_COUNT`): one agent restarts every rank. On
+    several nodes each agent counts only the restarts its own workers caused, so after a rank of node A fails, A's
+    ranks would start attempt 1 and B's attempt 0 (B would then read the dead attempt's addresses, and clear the
+    record of a permanent failure). The number the nodes agree on is the c10d rendezvous' round: every restart is a
+    new round, which every agent joins; a new launch starts a new rendezvous at round 0. It is read from the
+    rendezvous' own store at `VLGRPO_RDZV_ENDPOINT` (its state under `torch.rendezvous.<run id>`)."""
+    if int(os.environ.get("GROUP_WORLD_SIZE", "1")) <= 1:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    return _rendezvous_round()
+
+
+def _rendezvous_round() -> int:
+    from base64 import b64decode
+    from datetime import timedelta
+    from pickle import loads
+
+    endpoint, run_id = os.environ.get(RDZV_ENDPOINT, ""), os.environ.get("TORCHELASTIC_RUN_ID", "")
+    nodes = os.environ.get("GROUP_WORLD_SIZE")
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit() or not run_id:
+        raise LaunchError(
+            f"a run on {nodes} nodes needs {RDZV_ENDPOINT}=host:port, torchrun's --rdzv-endpoint (the c10d "
+            f"rendezvous), to agree on its restart attempt across nodes (got {RDZV_ENDPOINT}={endpoint!r}); "
+            "scripts/train_multinode.sh sets it"
+        )
+    try:
+        store = torch.distributed.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
+        key = f"torch.rendezvous.{run_id}"  # the state as torch's c10d backend keeps it: base64 of a pickle
+        if not store.check([key]):
+            raise KeyError(f"no rendezvous state under '{key}'")
+        return int(loads(b64decode(store.get(key))).round)
+    except Exception as e:  # unreachable store, another backend, or a torch whose state has no round
+        raise LaunchError(
+            f"cannot read the restart attempt from the c10d rendezvous at {endpoint} (run id {run_id!r}): "
+            f"{type(e).__name__}: {e}; launch the nodes with --rdzv-backend c10d --rdzv-endpoint {endpoint} "
+            "(scripts/train_multinode.sh does)"
+        ) from None
 
 
 def join_group(timeout_s: float = 3600.0) -> str:
@@ -42,13 +93,32 @@ def _attempt_store(world: int, timeout):
     shares its server) and its workers use it without a per-attempt prefix. The process group publishes each rank's
     address there, so after a restart a rank could read a peer's address of the killed attempt and fail with
     "Gloo connectFullMesh failed ... Connection refused" (about half the restarts here). Keys under
-    `vlgrpo/attempt_<TORCHELASTIC_RESTART_COUNT>` are new for every attempt."""
+    `vlgrpo/attempt_<launch_attempt()>` are new for every attempt, on every node alike."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "TORCHELASTIC_RESTART_COUNT" not in os.environ:
         return None
     store = torch.distributed.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout
     )
-    return torch.distributed.PrefixStore(f"vlgrpo/attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
+    return torch.distributed.PrefixStore(f"vlgrpo/attempt_{launch_attempt()}", store)
+
+
+def bound_every_group(timeout_s: float) -> int:
+    """Give every process group this rank is in `timeout_s` (train.dist_timeout_s) -> the groups set. Groups made
+    with `new_group` (DeepSpeed's data-parallel group, on which ZeRO-3 reduce-scatters gradients and all-reduces
+    their norm) take the backend's default, not the world group's: 30 minutes on gloo, 10 on NCCL, so a rank blocked
+    mid-update made its peers abort there, before the watchdog named it. Call once the groups exist."""
+    from datetime import timedelta
+
+    from torch.distributed.distributed_c10d import _world
+
+    n = 0
+    for group in list(_world.pg_map):  # torch's registry of this process's groups
+        try:
+            torch.distributed.set_timeout(timedelta(seconds=timeout_s), group)
+        except ValueError:  # a group this rank is not in
+            continue
+        n += 1
+    return n
 
 
 def launched_as_rank() -> bool:

@@ -15,6 +15,7 @@ import socket
 import time
 from pathlib import Path
 
+from vlgrpo.trainer.group import launch_attempt
 from vlgrpo.types import InputError
 
 LOCK_NAME = ".vlgrpo.lock"
@@ -83,15 +84,10 @@ PERMANENT_FAILURE = ".permanent_failure.json"
 checkpoint that fails its checksum); a restarted rank of the same launch reads it and exits at once."""
 
 
-def restart_attempt() -> int:
-    """torchrun's restart count of this process's group (0 for the first attempt, or outside torchrun)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-
-
 def mark_permanent_failure(run_dir: Path, error: BaseException) -> None:
     """Record that this attempt failed in a way a restart would only repeat. Best effort: a disk too full for this
     small file leaves the restart to find out again, as before."""
-    record = {"attempt": restart_attempt(), "error": f"{type(error).__name__}: {error}", "time": time.time()}
+    record = {"attempt": launch_attempt(), "error": f"{type(error).__name__}: {error}", "time": time.time()}
     path = Path(run_dir) / PERMANENT_FAILURE
     tmp = path.with_name(f"{PERMANENT_FAILURE}.{os.getpid()}")
     try:
@@ -109,7 +105,7 @@ def refuse_replay(run_dir: Path) -> None:
     earlier attempt of this launch failed for good: replaying it would fail the same way, MAX_RESTARTS times. A new
     launch (attempt 0) clears an old record: its user may have fixed the cause."""
     path = Path(run_dir) / PERMANENT_FAILURE
-    attempt = restart_attempt()
+    attempt = launch_attempt()
     if attempt == 0:
         try:
             path.unlink()

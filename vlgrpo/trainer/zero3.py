@@ -19,6 +19,7 @@ import torch
 from vlgrpo.config import Config
 from vlgrpo.families import is_gated_deltanet
 from vlgrpo.trainer.backends import apply_freeze, lr_factor, max_over_ranks
+from vlgrpo.trainer.group import bound_every_group
 from vlgrpo.trainer.safe_state import weights_only_loads
 
 PICKLED_CLASSES = (
@@ -175,6 +176,7 @@ class Zero3Backend:
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config
         )
+        bound_every_group(t.dist_timeout_s)  # DeepSpeed's own groups included (their default is torch's)
         self.model = self.engine.module  # ZeRO-3 hooks gather parameters inside its forward
         self._pass_start: int | None = None  # DeepSpeed's step count at the first backward of this update pass
         self._backwards, self._lr = 0, t.lr
