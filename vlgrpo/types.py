@@ -16,6 +16,11 @@ class InputError(ValueError):
     """Base of every error caused by user input (config, data, images, checkpoints): the CLI prints these
     as one clear line instead of a traceback. Messages name the file/row/key and what is accepted."""
 
+    transient: bool = False
+    """Whether a restart can help (a service that is down, a directory that vanished): torchrun's restarts retry it.
+    False (bad config or data, the non-finite limit, a full disk, a damaged checkpoint): a restart would only repeat
+    it, so the launch records it and its restarts stop at once (`trainer.rundir.refuse_replay`)."""
+
 
 @dataclass
 class Video:

@@ -247,3 +247,15 @@ def test_ranks_hash_their_share_of_a_checkpoint_and_reach_one_verdict(tmp_path, 
     (directory / "zero3" / "part3.pt").write_bytes(b"\xff" * 1003)  # same size, other bytes: rank 1's file
     verdicts = on_two_ranks(lambda share, gather: manifest.check_manifest(directory, share, gather))
     assert verdicts == ["zero3/part3.pt does not match its checksum in manifest.json"] * 2
+    # #60 item 7: on NFS rank 1's listing can lag (part0 not seen yet): rank 0's listing decides what each hashes,
+    # so no file goes unhashed (before: rank 0 failed with a KeyError, not reported as a checkpoint error)
+    (directory / "manifest.json").unlink()
+    files = manifest._files
+
+    def lagging(d):
+        seen = files(d)
+        return seen[1:] if threading.current_thread().name == "rank1" else seen
+
+    monkeypatch.setattr(manifest, "_files", lagging)
+    on_two_ranks(lambda share, gather: manifest.write_manifest(directory, 3, share, gather))
+    assert sorted(json.loads((directory / "manifest.json").read_text())["files"]) == names

@@ -98,3 +98,36 @@ def test_the_launch_attempt_of_several_nodes_is_the_rendezvous_round_not_the_nod
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "another")  # no rendezvous of that id: said so, not guessed
     with pytest.raises(LaunchError, match="cannot read the restart attempt from the c10d rendezvous"):
         launch_attempt()
+
+
+@pytest.mark.parametrize(
+    "error, recorded",
+    [
+        ("vlgrpo.config.schema:ConfigError", True),
+        ("vlgrpo.trainer.loop:NonFiniteError", True),
+        ("vlgrpo.trainer.rundir:RunDirError", True),  # a full disk
+        ("vlgrpo.rewards.judge:JudgeError", False),  # the judge server is down
+        ("vlgrpo.vision_cache.entry:CacheDirError", False),  # the cache's share is unmounted for a while
+        ("builtins:TimeoutError", False),  # a read that timed out on a network file system
+    ],
+)
+def test_only_a_failure_a_restart_would_repeat_is_recorded_as_permanent(tmp_path, monkeypatch, error, recorded):
+    """#60 item 6: every InputError used to be recorded, a judge server that was down and a vanished cache directory
+    too, so the restarts that exist for them stopped at once."""
+    import importlib
+
+    import vlgrpo.trainer as trainer
+    from vlgrpo.trainer.rundir import PERMANENT_FAILURE
+
+    module, name = error.split(":")
+    cls = getattr(importlib.import_module(module), name)
+
+    def fails(*_):
+        raise cls(f"injected {name}")
+
+    monkeypatch.setattr(trainer, "_train", fails)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    monkeypatch.delenv("GROUP_WORLD_SIZE", raising=False)
+    with pytest.raises(cls, match=f"injected {name}"):
+        trainer.run_training(None, run_dir=tmp_path)
+    assert (tmp_path / PERMANENT_FAILURE).exists() is recorded

@@ -1,5 +1,6 @@
 """N data-parallel ranks compute the update of one process on the union of their batches (docs/scaling-out.md):
-every aggregation's normaliser and the batch-scaled advantages' std are the union batch's, reduced over the ranks.
+every aggregation's normaliser and the batch-scaled advantages' std are the union batch's, reduced over the ranks,
+and so are the logged metrics of the update (entropy, clip fractions, ratio, loss: weighted by tokens or sequences).
 The ranks' completion lengths differ (rank 1's are 3x rank 0's) and so do their sequence counts, so a per-rank
 normaliser (the mean of per-rank token means, of per-rank sequence means) or a rank's own reward std moves the
 weights differently, by far more than the tolerance."""
@@ -51,6 +52,12 @@ def _assert_union_equal(split: dict, union: dict) -> dict:
         worst[key] = max(float((s["gradient"][n] - u["gradient"][n]).abs().max()) for n in u["gradient"])
         largest = max(float(g.abs().max()) for g in u["gradient"].values())
         assert worst[key] <= 1e-6 and largest > 1e-3, (key, worst[key], largest)
+        # the logged values (#60 item 4): token-weighted over micro-batches and ranks, as the one process logs them
+        # (before: rank 0's mean of its micro-batch means; rank 1's completions are 3x longer, so its entropy and
+        # loss weigh 3x more in the union)
+        sm, um = s["metrics"], u["metrics"]
+        assert sm.keys() == um.keys() and {"grpo/entropy", "train/loss"} <= um.keys(), key
+        assert all(abs(sm[k] - um[k]) <= 1e-6 * max(1.0, abs(um[k])) for k in um), (key, sm, um)
     return worst
 
 

@@ -6,7 +6,8 @@ and 7 (`Trainer.advantages`, `Trainer._update`, the backend's step). Used by tes
 N == RANKS: each rank updates on its own share of the groups (rank 1's completions are 3x longer than rank 0's,
 and rank 0 holds half as many);
 N == 1: one process updates on the union of the RANKS shares. out/result.pt (rank 0) holds, per variant, every
-rank's advantages and the change of every weight divided by -lr, i.e. the gradient the optimiser stepped on.
+rank's advantages, the change of every weight divided by -lr, i.e. the gradient the optimiser stepped on, and the
+update's logged metrics (reduced over the ranks).
 """
 
 import sys
@@ -62,7 +63,7 @@ def main(config_path: str, out_dir: str, ranks: str, *overrides: str) -> None:
     torch.optim.AdamW = SGD  # before the backend builds its optimiser
     from vlgrpo.config import load_config
     from vlgrpo.data.adapters import load_samples
-    from vlgrpo.trainer.backends import rank_world
+    from vlgrpo.trainer.backends import gather_from_ranks, rank_world
     from vlgrpo.trainer.group import leave_group
     from vlgrpo.trainer.loop import Trainer
     from vlgrpo.trainer.state import build_state
@@ -94,13 +95,15 @@ def main(config_path: str, out_dir: str, ranks: str, *overrides: str) -> None:
         adv, _ = trainer.advantages(rewards, group_ids)
         batch = trainer._collate(groups, features)
         before = {n: w.double() for n, w in state.backend.named_weights()}  # collective under ZeRO-3
-        trainer._update(batch, adv.to(state.device), None, None)
+        _, means = trainer._update(batch, adv.to(state.device), None, None)
+        metrics = means.reduce(gather_from_ranks)  # the logged values, over every rank (a collective)
         after = {n: w.double() for n, w in state.backend.named_weights()}
         all_adv = [adv] if world == 1 else [None] * world
         if world > 1:
             torch.distributed.all_gather_object(all_adv, adv)
         result[f"{aggregation}/{ratio}/{advantage}"] = {
             "advantages": torch.cat(all_adv),
+            "metrics": metrics,
             "gradient": {n: (before[n] - after[n]) / LR for n in before if not torch.equal(before[n], after[n])},
         }
     if rank == 0:

@@ -19,6 +19,7 @@ from vlgrpo.grpo.losses import (
     seq_mean_token_sum_norm,
     sequence_log_ratio,
     sequence_token_log_ratio,
+    stat_weights,
     token_log_ratio,
     token_mean,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "seq_mean_token_sum_norm",
     "sequence_log_ratio",
     "sequence_token_log_ratio",
+    "stat_weights",
     "token_log_ratio",
     "token_logprobs",
     "token_mean",

@@ -122,6 +122,20 @@ def _mean(x: Tensor, mask: Tensor) -> Tensor:
     return torch.where(m, x, torch.zeros_like(x)).sum() / m.sum().clamp(min=1)
 
 
+def stat_weights(log_ratio: RatioFn, mask: Tensor) -> dict[str, float]:
+    """How many items each of `policy_loss`'s stats averages over, to combine micro-batches and ranks: the scored
+    tokens, or for the ratio's stats (clip fractions, ratio mean) the sequences where `log_ratio` gives one ratio per
+    sequence ([N, 1]: GSPO), as `_mean` averages them."""
+    tokens = float(mask.sum())
+    probe = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    per_sequence = log_ratio(probe, probe, mask).shape != mask.shape
+    ratio = float(mask.shape[0]) if per_sequence else tokens
+    return {
+        **dict.fromkeys(("clip_frac_low", "clip_frac_high", "clip_frac_dual", "ratio_mean"), ratio),
+        **dict.fromkeys(("approx_kl", "kl", "entropy"), tokens),
+    }
+
+
 def policy_loss(
     logp: Tensor,
     old_logp: Tensor | None,

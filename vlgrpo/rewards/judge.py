@@ -36,9 +36,11 @@ _MIME = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".web
 
 
 class JudgeError(InputError):
-    """Too many completions of one step could not be judged: the endpoint is down, overloaded or misconfigured. An
-    InputError: the run stops with one line (torchrun's restarts of this launch do not replay it); launching again
-    resumes from the last checkpoint once the server answers."""
+    """Too many completions of one step could not be judged: the endpoint is down, overloaded or misconfigured. The
+    run stops with one line; transient: torchrun's restarts resume from the last checkpoint and ask again (a server
+    that came back answers), as a launch of your own does."""
+
+    transient = True
 
 
 class _Retry(Exception):

@@ -11,9 +11,10 @@ from pathlib import Path
 def run_training(cfg, run_dir: str | Path | None = None, progress: bool | None = None, evaluator=None) -> list[dict]:
     """Build the run state from the config, resume if a checkpoint exists, train to train.steps.
 
-    A permanent failure (an InputError: bad config or data, the non-finite limit, a full disk, a checkpoint that
-    fails its checksum) is recorded in the run directory, so the ranks torchrun restarts stop at once instead of
-    replaying it (`rundir.refuse_replay`); a killed or hung rank restarts and resumes as before."""
+    A permanent failure (an InputError that is not `transient`: bad config or data, the non-finite limit, a full
+    disk, a checkpoint that fails its checksum) is recorded in the run directory, so the ranks torchrun restarts stop
+    at once instead of replaying it (`rundir.refuse_replay`); a killed or hung rank, a transient InputError (a judge
+    server down, a vanished cache directory) or any other exception restarts and resumes."""
     from vlgrpo.trainer.rundir import mark_permanent_failure, refuse_replay
     from vlgrpo.types import InputError
 
@@ -22,7 +23,8 @@ def run_training(cfg, run_dir: str | Path | None = None, progress: bool | None =
     try:
         return _train(cfg, run_dir, progress, evaluator)
     except InputError as e:
-        mark_permanent_failure(directory, e)
+        if not e.transient:
+            mark_permanent_failure(directory, e)
         raise
 
 

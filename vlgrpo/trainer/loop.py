@@ -17,10 +17,16 @@ from vlgrpo.policy.forward import completion_logprobs_and_entropy
 from vlgrpo.registry import ADVANTAGE, AGGREGATION, RATIO
 from vlgrpo.rewards import score
 from vlgrpo.rollout.base import staleness
-from vlgrpo.trainer.backends import global_normalisers, max_over_ranks, no_dropout, sum_tensor_over_ranks
+from vlgrpo.trainer.backends import (
+    gather_from_ranks,
+    global_normalisers,
+    max_over_ranks,
+    no_dropout,
+    sum_tensor_over_ranks,
+)
 from vlgrpo.trainer.batch import TrainBatch, attach_crops, make_batch, over_turn_mask
 from vlgrpo.trainer.checkpoint import checkpoint_dirs
-from vlgrpo.trainer.metrics import mean_metrics, memory_metrics
+from vlgrpo.trainer.metrics import UnionMeans, mean_metrics, memory_metrics
 from vlgrpo.trainer.offpolicy import OffPolicy
 from vlgrpo.trainer.sft import gold_group
 from vlgrpo.trainer.source import rollout_source
@@ -44,6 +50,9 @@ class Scored:
     """One ImageFeatures per group (from phase 2: the update pass reuses them, no encoder call)."""
     rewards: list[float] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
+    """This rank's other metrics of the step (the rounds' mean)."""
+    means: UnionMeans = field(default_factory=UnionMeans)
+    """The reward means (`reward/total`, each component's), weighted by the completions each round scored."""
     dropped_groups: int = 0
     rounds: int = 0
 
@@ -66,6 +75,8 @@ class Trainer:
         self.aggregate_fn = AGGREGATION.load(g.aggregation)
         self.step_fn = self.sft_step if state.cfg.train.stage == "sft" else self.grpo_step
         self.off_policy = OffPolicy(state, self.micro_batches)
+        self._reward_means: set[str] = {"reward/total"}
+        """The reward metrics that are means over completions (the total, each component's; set by `_rewards`)."""
         self.source = rollout_source(state, staleness(state.cfg))
         """Where each round's groups come from (trainer/source.py): sampled now, or by a worker kept ahead."""
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
@@ -100,7 +111,7 @@ class Trainer:
 
         # 7. update: num_iterations passes over micro-batches; token-mean normalises by the whole batch
         with timers("update"):
-            update = self._update(batch, advantages, correction.old_logp, ref_logp, correction.is_weights)
+            opt_stats, means = self._update(batch, advantages, correction.old_logp, ref_logp, correction.is_weights)
 
         # 8. sync the rollout engine (a version bump for the HF engine sharing the model)
         state.step += 1
@@ -108,12 +119,14 @@ class Trainer:
             state.cache.set_step(state.step)  # a trainable tower's cached features are now stale
             sync_bytes = state.sync_engine()
         lengths = batch.loss_mask.sum(1)  # [R]: the tokens the model sampled (not a tool-response turn's)
+        means.add({"grpo/response_length": float(lengths.float().mean())}, len(lengths))
+        means.add({f"grpo/{k}": v for k, v in adv_stats.items()}, len(rewards))  # shares of the completions
+        for part in (scored.means, correction.metrics):
+            means.merge(part)
         return {
             **scored.metrics,
-            **update,
-            **correction.metrics,
-            **{f"grpo/{k}": v for k, v in adv_stats.items()},
-            "grpo/response_length": float(lengths.mean()),
+            **opt_stats,
+            **means.reduce(gather_from_ranks),  # the union batch's, over every rank
             "grpo/dropped_groups": float(scored.dropped_groups),
             "grpo/sampling_rounds": float(scored.rounds),
             "rollout/placeholder_masked": float(batch.masked_rows),
@@ -155,7 +168,9 @@ class Trainer:
             if need == 0 and len(out.groups) < B:  # rounds exhausted: fill with the last round's dropped groups
                 dropped = [gi for gi, ok in enumerate(informative) if not ok]
                 out.take(groups, feats, rewards, G, dropped[: B - len(out.groups)])
-        out.metrics = mean_metrics(parts)
+        for metrics, n in parts:
+            out.means.add({k: metrics.pop(k) for k in list(metrics) if k in self._reward_means}, n)
+        out.metrics = mean_metrics([m for m, _ in parts])
         return out
 
     def _sample_round(self, need: int, round_no: int, parts: list) -> tuple[list[RolloutGroup], list, list[float]]:
@@ -167,7 +182,7 @@ class Trainer:
             return [], [], []
         with self.state.timers("reward"):  # 4. named components + weighted total; failures are counted zeros
             rewards, metrics = self._rewards(got.groups)
-        parts.append({**metrics, **got.metrics})
+        parts.append(({**metrics, **got.metrics}, len(rewards)))
         return got.groups, got.features, rewards
 
     def _rewards(self, groups: list[RolloutGroup]) -> tuple[list[float], dict[str, float]]:
@@ -185,6 +200,7 @@ class Trainer:
             totals = [t + float(p) for t, p in zip(totals, penalty)]
             metrics["reward/overlong"] = float(penalty.mean())
         metrics["reward/total"] = sum(totals) / len(totals)
+        self._reward_means = {"reward/total", "reward/overlong", *(f"reward/{n}" for n in result.components)}
         for sid, comp, err in result.failures[:5]:
             state.log_warning(f"reward '{comp}' failed on sample {sid}: {err}")
         return totals, metrics
@@ -242,7 +258,7 @@ class Trainer:
         # the union batch's counts over every rank and micro-batch (/ world size: the ranks' gradients are averaged),
         # so the micro-batch losses of all ranks add up to the loss of one process on the whole batch
         num_tokens, num_sequences = global_normalisers(batch.loss_mask)
-        stats_all, opt_stats, losses = [], {}, []
+        means, opt_stats, losses = UnionMeans(), {}, []
         model = state.backend.model
         with no_dropout(model):  # train mode so checkpointing engages; p = 0 so the on-policy ratio is exactly 1
             for _ in range(g.num_iterations):
@@ -270,13 +286,15 @@ class Trainer:
                     )
                     state.backend.backward(loss)
                     losses.append(loss.item())
-                    stats_all.append({k: float(v) for k, v in stats.items()})
+                    weights = grpo.stat_weights(self.ratio_fn, batch.loss_mask[rows])
+                    means.add(
+                        {f"grpo/{k}": float(v) for k, v in stats.items()}, {f"grpo/{k}": weights[k] for k in stats}
+                    )
                 opt_stats = state.backend.step()
-        return {
-            "train/loss": sum(losses) / g.num_iterations,
-            **opt_stats,
-            **{f"grpo/{k}": v for k, v in mean_metrics(stats_all).items()},
-        }
+        # each rank's loss is its share of the union's (sum over its tokens / the union's tokens per rank): the
+        # union's loss is the ranks' mean
+        means.add({"train/loss": sum(losses) / g.num_iterations}, 1.0)
+        return opt_stats, means
 
     # ------------------------------------------------------------------ SFT
     def sft_step(self) -> dict[str, float]:

@@ -71,9 +71,12 @@ def _hash_all(directory: Path, names: list[str]) -> dict[str, str]:
 
 
 def write_manifest(directory: Path, step: int, share: Share = (0, 1), gather: Gather = _alone) -> None:
-    """Record every file of a fully written checkpoint directory (sizes and sha256), as its last file: every rank
-    hashes its share, the rank of share 0 writes the manifest."""
-    names = _files(directory)
+    """Record every file of a fully written checkpoint directory (sizes and sha256), as its last file: the rank of
+    share 0 lists the files, every rank hashes its share of that list, the rank of share 0 writes the manifest. One
+    listing decides: on a network file system the nodes' listings can differ for a while (a file another node just
+    wrote), and shares cut from different lists left a file unhashed (a KeyError on rank 0, not reported as the
+    checkpoint error it is); a file of the list a rank cannot open is an OSError, a failed write, on every rank."""
+    names = gather(_files(directory) if share[0] == 0 else None)[0]
     digests = _hash_share(directory, names, share, gather)
     if share[0] == 0:
         files = {n: {"bytes": (directory / n).stat().st_size, "sha256": digests[n]} for n in names}

@@ -21,6 +21,7 @@ from vlgrpo import grpo
 from vlgrpo.models import eval_mode
 from vlgrpo.policy.forward import completion_logits, scored_ids
 from vlgrpo.trainer.batch import TrainBatch
+from vlgrpo.trainer.metrics import UnionMeans
 
 
 @dataclass
@@ -31,7 +32,8 @@ class Correction:
     """[R, C] the ratio's base; None: the update's own (detached) pass, ratio exactly 1."""
     is_weights: torch.Tensor | None = None
     """[R, C] rollout IS weights; None: unweighted."""
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: UnionMeans = field(default_factory=UnionMeans)
+    """The engine/trainer gap and the IS weights' stats, with the tokens (or sequences) each averages over."""
 
 
 class OffPolicy:
@@ -59,7 +61,7 @@ class OffPolicy:
             return Correction()
         with timers("old_logprob"):
             old_logp, behaviour_logp = self.old_logprobs(batch)
-        is_weights, metrics = self.rollout_correction(batch, behaviour_logp) if differ else (None, {})
+        is_weights, metrics = self.rollout_correction(batch, behaviour_logp) if differ else (None, UnionMeans())
         # on-policy (num_iterations = 1): ratio exactly 1, the trainer's own pass, not its re-run, is the base
         return Correction(old_logp if g.num_iterations > 1 else None, is_weights, metrics)
 
@@ -93,13 +95,20 @@ class OffPolicy:
         """The engine/trainer log-prob gap of this step's samples (`rollout/logprob_abs_diff*`) and the rollout IS
         weights [R, C] (None with grpo.rollout_is=none) with their stats (`grpo/is_*`)."""
         g = self.state.cfg.grpo
+        metrics = UnionMeans()
         if batch.engine_logp is None:
-            return None, {}
+            return None, metrics
         mean, worst = grpo.logprob_gap(behaviour_logp, batch.engine_logp, batch.loss_mask)
-        metrics = {"rollout/logprob_abs_diff": mean, "rollout/logprob_abs_diff_max": worst}
+        compared = batch.loss_mask.bool() & ~torch.isnan(batch.engine_logp)  # the tokens `logprob_gap` compares
+        metrics.add({"rollout/logprob_abs_diff": mean}, float(compared.sum()))
+        metrics.add_max({"rollout/logprob_abs_diff_max": worst})
         if self.rollout_is == "none":
             return None, metrics
         weights, stats = grpo.rollout_is_weights(
             behaviour_logp, batch.engine_logp, batch.loss_mask, self.rollout_is, g.rollout_is_cap, g.rollout_is_sequence
         )
-        return weights, {**metrics, **{f"grpo/{k}": float(v) for k, v in stats.items()}}
+        mask = batch.loss_mask.bool()  # the IS stats' items: tokens, or the sequences with a token
+        items = float(mask.any(-1).sum()) if self.rollout_is.startswith("sequence") else float(mask.sum())
+        metrics.add({f"grpo/{k}": float(stats[k]) for k in ("is_mean", "is_clipped_frac")}, items)
+        metrics.add_max({"grpo/is_max": float(stats["is_max"])})
+        return weights, metrics

@@ -96,7 +96,10 @@ def read_entry(path: Path, merge_size: int = 2, key: str | None = None) -> Image
 
 
 class CacheDirError(InputError):
-    """A vision-cache directory that does not exist."""
+    """A vision-cache directory that does not exist. Transient: on a network file system it can vanish for a while
+    (an unmounted share); a restart looks again."""
+
+    transient = True
 
 
 def _root(disk_dir: str | Path) -> Path:
