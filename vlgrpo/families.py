@@ -51,6 +51,9 @@ class Family:
     which the transformers cache carries and packing must reset per row (`is_gated_deltanet` tells the layers)."""
     thinking_template: bool = False
     """The released chat template opens `<think>` in the generation prompt when thinking is on (`data.thinking`)."""
+    vllm_lora: bool = False
+    """vLLM has been shown to serve its LoRA adapter (the engine/trainer log-prob gap of a LoRA run measured in
+    `tests/trainer/test_vllm_train.py`): `rollout.vllm.adapter_sync` null turns the adapter-only sync on."""
 
 
 _QWEN2_PIXELS = dict(patch_size=14, min_pixels=56 * 56, max_pixels=16384 * 28 * 28)  # one token per 28 x 28 px
@@ -74,6 +77,7 @@ FAMILIES: dict[str, Family] = {
         video_timestamps=False,
         video_seconds=True,
         vision_swiglu=True,
+        vllm_lora=True,
     ),
     "qwen3_vl": Family(
         model_class="Qwen3VLForConditionalGeneration",

@@ -120,11 +120,14 @@ class VLLMConfig:
     memory for that many parts per prompt, and a row with more is refused, naming the sample and this key."""
     engine_kwargs: dict = field(default_factory=dict)
     """Extra keyword arguments of `vllm.LLM`, over vlgrpo's own (e.g. {enforce_eager: true, block_size: 16})."""
-    adapter_sync: bool = True
+    adapter_sync: bool | None = None
     """With train.backend=lora: vLLM applies the LoRA adapter itself (enable_lora) and each step sends the adapter
     alone, under a versioned name (MBs instead of the whole model; vLLM keys its prefix cache by adapter, so two
-    policies never share an entry). false, or LoRA on the vision tower (vLLM leaves tower adapters out): the merged
-    weights, computed into new tensors (the trainer's base is never written)."""
+    policies never share an entry). null (default): on for an arch whose adapter vLLM has been shown to serve
+    (Qwen2.5-VL: the log-prob gap measured in the tests), else off (Qwen3-VL, Qwen3.5: its Gated DeltaNet projections
+    are LoRA targets vLLM's LoRA path is not shown to serve); `vlgrpo plan` says which. false, or LoRA on the vision
+    tower (vLLM leaves tower adapters out): the merged weights, computed into new tensors (the trainer's base is
+    never written)."""
 
 
 @dataclass

@@ -32,8 +32,8 @@ def checkpoint_bytes(inp: PlanInput, total: int, trainable: int) -> dict[str, in
 
 def sync_bytes(inp: PlanInput, total: int, trainable: int) -> dict[str, int]:
     """Bytes one weight sync sends to an engine with its own weights (vLLM, or a split worker): `full`, the merged
-    model in its dtype (what vlgrpo sends today, LoRA included); `adapter`, a LoRA adapter alone in fp32 (0 without
-    LoRA): what an adapter-only sync would send."""
+    model in its dtype; `adapter`, a LoRA adapter alone in fp32 (0 without LoRA), what the adapter-only sync sends
+    (`PlanInput.adapter_sync`)."""
     base = total - trainable if inp.lora_rank else total
     return {"full": base * inp.dtype_bytes, "adapter": trainable * 4 if inp.lora_rank else 0}
 

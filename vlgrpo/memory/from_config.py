@@ -20,6 +20,8 @@ from vlgrpo.memory.inputs import DTYPE_BYTES, PlanInput, train_gpus
 from vlgrpo.memory.specs import ModelSpec, PlanError, resolve_model
 from vlgrpo.memory.terms import trainer_optimizer_states
 from vlgrpo.memory.tokens import prompt_tokens
+from vlgrpo.models import ModelLoadError
+from vlgrpo.rollout.adapters import sync_mode
 
 if TYPE_CHECKING:
     from vlgrpo.data.images import ProcessorGeometry
@@ -176,6 +178,10 @@ def plan_input_from_config(
         spec = resolve_model(m.name_or_path)
     frozen = {"vision": m.freeze_vision, "merger": m.freeze_merger, "language": m.freeze_language}
     zero3 = t.backend == "zero3"
+    try:
+        sync = sync_mode(cfg) if r.engine == "vllm" else (False, "")
+    except ModelLoadError:  # planned by parameter count for a model whose arch no name or file tells
+        sync = (False, "the merged model: the arch is unknown, so the adapter-only sync is not assumed")
     inp = PlanInput(
         spec=spec,
         params=params,
@@ -201,6 +207,8 @@ def plan_input_from_config(
         max_prompt_length=cfg.data.max_prompt_length,
         gradient_checkpointing=m.gradient_checkpointing,
         engine=r.engine,
+        adapter_sync=sync[0],
+        sync_why=sync[1],
         turn_kv=r.engine == "hf" and r.max_turns > 1,
         vllm_gpu_memory_utilization=r.vllm.gpu_memory_utilization,
         vllm_placement=r.placement,

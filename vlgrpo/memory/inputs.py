@@ -6,7 +6,7 @@ the config onto it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vlgrpo.memory.specs import ModelSpec, PlanError
 
@@ -67,6 +67,11 @@ class PlanInput:
     logits_chunk: int | None = None
     """Completion tokens whose logits are live at once in the log-prob pass (None: all of them)."""
     engine: str = "hf"
+    adapter_sync: bool = field(default=False, compare=False)
+    """A LoRA run's policy reaches vLLM as its adapter alone (`rollout.adapters.sync_mode`), else the merged model.
+    Reported, not priced: it moves no memory term (compare=False: two inputs that price alike are equal)."""
+    sync_why: str = field(default="", compare=False)
+    """Why the sync is the adapter alone or the merged model (printed by `vlgrpo plan`)."""
     turn_kv: bool = False
     """Multi-turn rollouts on the HF engine: each trajectory keeps its whole KV (its prompt's copy included) from turn
     to turn, so a group holds G copies of the prompt's KV besides the shared one."""

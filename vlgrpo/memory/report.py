@@ -177,9 +177,13 @@ def _checkpoint_lines(report: dict[str, Any]) -> list[str]:
         f"checkpoint: {c['total'] / GB:.2f} GB ({parts}); written in ~{c['write_s']:.0f} s at {c['write_gbps']:g} "
         "GB/s (the ranks share its checksums)"
     ]
-    if report["inputs"]["engine"] == "vllm":
-        sync = f"weight sync to the rollout engine: {s['full'] / GB:.2f} GB per step"
-        if s["adapter"]:
-            sync += f" (the merged model; the adapter alone is {s['adapter'] / 1e6:.1f} MB)"
-        lines.append(sync)
+    i = report["inputs"]
+    if i["engine"] == "vllm":
+        if i["adapter_sync"]:
+            sync = f"weight sync to the rollout engine: the LoRA adapter alone, {s['adapter'] / 1e6:.1f} MB per step"
+        else:
+            sync = f"weight sync to the rollout engine: {s['full'] / GB:.2f} GB per step"
+            if s["adapter"]:
+                sync += f" (the merged model; the adapter alone would be {s['adapter'] / 1e6:.1f} MB)"
+        lines.append(sync + (f": {i['sync_why']}" if i["sync_why"] else ""))
     return lines

@@ -18,15 +18,32 @@ LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def adapter_sync(cfg) -> bool:
-    """Whether the policy reaches the engine as a LoRA adapter alone (rollout.vllm.adapter_sync): the LoRA backend,
-    vLLM, and no adapter on the vision tower (vLLM would leave it out)."""
-    on_tower = any(t.startswith("visual.") for t in cfg.train.lora.target_modules)
-    return (
-        cfg.train.stage == "grpo"
-        and cfg.train.backend == "lora"
-        and cfg.rollout.engine == "vllm"
-        and cfg.rollout.vllm.adapter_sync
-        and not on_tower
+    """Whether the policy reaches the engine as a LoRA adapter alone (`sync_mode`)."""
+    return sync_mode(cfg)[0]
+
+
+def sync_mode(cfg) -> tuple[bool, str]:
+    """(whether a LoRA run's policy reaches the engine as its adapter alone, why it does or why the merged weights
+    go instead): the LoRA backend, vLLM, no adapter on the vision tower (vLLM would leave it out), and
+    rollout.vllm.adapter_sync true, or null (the default) on an arch whose adapter vLLM has been shown to serve
+    (`Family.vllm_lora`: a test measures the engine/trainer log-prob gap, `test_vllm_train.py`)."""
+    from vlgrpo.families import FAMILIES
+    from vlgrpo.models import detect_arch
+
+    if not (cfg.train.stage == "grpo" and cfg.train.backend == "lora"):
+        return False, "no LoRA adapter"
+    if cfg.rollout.engine != "vllm":
+        return False, "the hf engine in a split worker holds a plain model"
+    if any(t.startswith("visual.") for t in cfg.train.lora.target_modules):
+        return False, "vLLM leaves adapters on the vision tower out"
+    wanted = cfg.rollout.vllm.adapter_sync
+    if wanted is not None:
+        return wanted, f"rollout.vllm.adapter_sync is {str(wanted).lower()}"
+    arch = detect_arch(cfg.model.name_or_path) if cfg.model.arch == "auto" else cfg.model.arch
+    if FAMILIES[arch].vllm_lora:
+        return True, f"vLLM serves {arch}'s LoRA adapter (measured)"
+    return False, (
+        f"rollout.vllm.adapter_sync null: vLLM serving {arch}'s LoRA adapter is not shown (set it true to try)"
     )
 
 

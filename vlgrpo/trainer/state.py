@@ -29,7 +29,7 @@ from vlgrpo.registry import ENGINE
 from vlgrpo.rewards import check_recipe, context_from_config
 from vlgrpo.rewards.context import RewardContext
 from vlgrpo.rewards.judge import Judge
-from vlgrpo.rollout.adapters import adapter_sync
+from vlgrpo.rollout.adapters import adapter_sync, sync_mode
 from vlgrpo.rollout.base import RolloutEngine, SamplingParams, staleness
 from vlgrpo.rollout.build import build_engine
 from vlgrpo.rollout.split import SplitRollout, worker_gpu
@@ -302,14 +302,8 @@ def _build(cfg: Config, run: Path, device: str, progress: bool | None, for_expor
         fingerprint=backend.vision_fingerprint(),
     )
     engine, needs_weights = (None, False) if for_export else _engine(cfg, lm, cache, reward_ctx.box_format)
-    if needs_weights and cfg.train.backend == "lora" and not adapter_sync(cfg) and rank == 0:
-        why = (
-            "rollout.vllm.adapter_sync is false"
-            if cfg.rollout.engine == "vllm" and not cfg.rollout.vllm.adapter_sync
-            else "vLLM leaves adapters on the vision tower out"
-            if cfg.rollout.engine == "vllm"
-            else "the hf engine in a split worker holds a plain model"
-        )
+    adapter_alone, why = sync_mode(cfg)
+    if needs_weights and cfg.train.backend == "lora" and not adapter_alone and rank == 0:
         print(
             f"[vlgrpo] the rollout engine gets the merged weights after each step ({why}): merged into new tensors, "
             "the trainer's base is never written"
