@@ -100,3 +100,43 @@ def test_a_bf16_step_at_lr_1e_6_moves_the_weights_as_the_fp32_step_does(tmp_path
     assert float(b.abs().mean() / a.abs().mean()) == pytest.approx(1.0, abs=0.05)  # as far as the fp32 step
     assert float((torch.sign(a) == torch.sign(b)).double().mean()) > 0.9  # and the same way
     assert moved["float32 model"] > 0.9 and moved["bfloat16 model"] < 0.2  # bf16 itself keeps few of them
+
+
+def test_16_bit_gradients_are_summed_in_fp32_over_the_micro_batches():
+    """#60 item 8: each backward's bf16 gradient goes onto the fp32 master copy's gradient at once, so a step's 16
+    micro-batches sum in fp32 (and the ranks all-reduce fp32 sums): equal to the exact sum of the 16 backwards' own
+    gradients up to fp32 rounding. Left to accumulate in the bf16 `.grad`, as before, each partial sum was rounded to
+    bf16's 8-bit mantissa (up to 2^-9 relative per add)."""
+    from vlgrpo.trainer.backends import MasterWeights
+
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(64, 64).to(torch.bfloat16))
+    xs = [torch.randn(8, 64).to(torch.bfloat16) for _ in range(16)]
+    master, exact = MasterWeights([w]), torch.zeros(64, 64, dtype=torch.float64)
+    for x in xs:
+        (x @ w).float().pow(2).mean().backward()
+        exact += w.grad.double()  # this backward's own gradient
+        master.accumulate()
+        assert w.grad is None  # freed: the next backward starts a new one
+    rel = lambda g: float((g.double() - exact).norm() / exact.norm())  # noqa: E731
+    summed_fp32 = rel(master.copies[0].grad)
+    for x in xs:  # the old way: the bf16 .grad accumulates over the backwards
+        (x @ w).float().pow(2).mean().backward()
+    summed_bf16 = rel(w.grad)
+    print(f"relative error of the summed gradient: fp32 {summed_fp32:.1e}, bf16 {summed_bf16:.1e}")
+    assert summed_fp32 < 1e-6 and summed_bf16 > 3e-4
+
+
+def test_fp16_is_refused_where_no_loss_scaler_runs(tiny_model_dir, shapes_dir, tmp_path):
+    """#60 item 8: the plain and LoRA backends have no loss scaler; fp16 would flush small gradients to 0 silently."""
+    from vlgrpo.config import ConfigError
+    from vlgrpo.trainer.state import build_state
+
+    for backend in ("plain", "lora"):
+        cfg = tiny_config(
+            tiny_model_dir(), shapes_dir, tmp_path / backend, "model.dtype=float16", f"train.backend={backend}"
+        )
+        with pytest.raises(
+            ConfigError, match=f"model.dtype=float16 with train.backend={backend}: this backend has no loss"
+        ):
+            build_state(cfg, progress=False)

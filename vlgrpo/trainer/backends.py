@@ -19,7 +19,7 @@ from typing import Protocol, runtime_checkable
 import torch
 import torch.distributed as dist
 
-from vlgrpo.config import Config
+from vlgrpo.config import Config, ConfigError
 from vlgrpo.models import is_visual
 from vlgrpo.registry import BACKEND
 from vlgrpo.trainer.safe_state import load_tensors
@@ -210,6 +210,13 @@ class PlainBackend:
     def _setup(self, model: torch.nn.Module, cfg: Config, need_reference: bool) -> None:
         """Gradient checkpointing, the optional frozen reference copy, AdamW over trainable params, LR schedule."""
         m, t = cfg.model, cfg.train
+        if m.dtype == "float16":
+            raise ConfigError(
+                f"model.dtype=float16 with train.backend={t.backend}: this backend has no loss scaler, and fp16 "
+                "flushes a gradient below ~6e-8 to 0 (a step of small gradients is lost without a sign); use "
+                "model.dtype=bfloat16 (the same memory, fp32's range) or train.backend=zero3 (DeepSpeed's dynamic "
+                "loss scaler)"
+            )
         self.model = model
         if m.gradient_checkpointing:
             model.gradient_checkpointing_enable()
@@ -238,14 +245,14 @@ class PlainBackend:
         if not bool(torch.isfinite(loss.detach()).all()):
             self._nonfinite_loss = True
         loss.backward()
+        self.master.accumulate()  # a 16-bit weight's gradient summed in fp32, micro-batch by micro-batch
 
     def step(self) -> dict[str, float]:
         """(Average grads over data-parallel ranks,) clip, step optimiser and schedule, zero grads. A non-finite loss
         or gradient norm on any rank skips the optimiser and schedule step on every rank alike (`skipped_steps`).
         Returns `train/grad_norm` and `train/lr`."""
-        average_gradients(self._params)
-        self.master.take_gradients()  # 16-bit gradients -> fp32 ones on the master copies
-        stepped = self.master.stepped
+        stepped = self.master.stepped  # fp32 gradients: the master copies' and the fp32 weights' own
+        average_gradients(stepped)  # reduced in fp32 too
         norm = torch.nn.utils.clip_grad_norm_(stepped, self.max_grad_norm if self.max_grad_norm > 0 else float("inf"))
         lr = self.optimizer.param_groups[0]["lr"]
         # NaN gradients reach every rank through the all-reduce, a non-finite loss does not: the ranks vote
@@ -256,7 +263,7 @@ class PlainBackend:
             self.master.write_back()  # the model's 16-bit weights: the fp32 result rounded once
             self.scheduler.step()
         self._nonfinite_loss = False
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=True)  # the master copies' gradients too
         for p in self._params:
             p.grad = None
         return {"train/grad_norm": float(norm), "train/lr": lr}
@@ -331,11 +338,18 @@ class MasterWeights:
         self.stepped = [self.copies.get(i, p) for i, p in enumerate(params)]
         """What the optimiser steps: the master copy of a 16-bit weight, an fp32 weight itself."""
 
-    def take_gradients(self) -> None:
-        """Move each 16-bit gradient onto its master copy in fp32 (freeing the 16-bit one)."""
+    def accumulate(self) -> None:
+        """Add each 16-bit weight's gradient (one backward's) to its master copy's fp32 gradient and free it: the
+        micro-batches of a step sum in fp32, and the ranks reduce fp32 sums (summed in bf16, each partial sum rounded,
+        the error grew with the micro-batches: `test_backends.py` measures it)."""
         for i, copy_ in self.copies.items():
             p = self.params[i]
-            copy_.grad = None if p.grad is None else p.grad.float()
+            if p.grad is None:
+                continue
+            if copy_.grad is None:
+                copy_.grad = p.grad.float()
+            else:
+                copy_.grad += p.grad
             p.grad = None
 
     @torch.no_grad()
