@@ -1,7 +1,8 @@
 """Run under `torchrun --nproc_per_node 2`: train a few steps on the CPU (any backend), then dump each rank's full
 weights (ZeRO-3: gathered, every rank joins) to weights_rank{r}.pt and export a plain HF checkpoint.
-rank{r}.json holds the rank's history and, after each step, its optimiser step count and a fingerprint of its full
-weights (observed around the Trainer's own step, which runs unchanged). Used by test_distributed.py."""
+rank{r}.json holds the rank's history and, after each step, its optimiser step count, the ids of the samples it
+trained on and a fingerprint of its full weights (observed around the Trainer's own step, which runs unchanged).
+Used by test_distributed.py."""
 
 import json
 import sys
@@ -28,8 +29,14 @@ def main(config_path: str, out_dir: str, *overrides: str) -> None:
     torch.set_num_threads(1)
     cfg = load_config(config_path, list(overrides))
     state = build_state(cfg, progress=False)
-    trainer, progress = Trainer(state), []
-    run_step = trainer.step_fn
+    trainer, progress, drawn = Trainer(state), [], []
+    run_step, collate = trainer.step_fn, trainer._collate
+
+    def recording_collate(groups, features):  # the samples this rank trains on (its own: the metrics are the union's)
+        drawn.append([g.sample.id for g in groups])
+        return collate(groups, features)
+
+    trainer._collate = recording_collate
 
     def step_and_record() -> dict:
         metrics = run_step()
@@ -37,6 +44,7 @@ def main(config_path: str, out_dir: str, *overrides: str) -> None:
             {
                 "optimizer_steps": state.backend.scheduler.last_epoch,  # LambdaLR: stepped once per optimiser step
                 "fingerprint": [float(w.double().sum()) for _, w in state.backend.named_weights()],  # collective
+                "samples": drawn[-1] if drawn else [],
             }
         )
         return metrics

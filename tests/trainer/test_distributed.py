@@ -184,25 +184,45 @@ def test_zero3_dynamic_sampling_ranks_agree_on_the_top_up_rounds(tmp_path, tiny_
     for h0, h1 in zip(rank0["history"], rank1["history"]):
         # rank 1 never fills its batch: 1 + 2 top-up rounds; rank 0 joins each round (the gather is collective)
         assert h0["grpo/sampling_rounds"] == h1["grpo/sampling_rounds"] == 3
-        assert h1["grpo/dropped_groups"] == 6 and h1["grpo/zero_adv_frac"] == 1.0  # filled with constant groups
-        assert h0["grpo/zero_adv_frac"] == 0.0
+        # rank 1 filled its batch with constant groups (its own count); the zero-advantage share is the union's:
+        # all of rank 1's completions (1.0), none of rank 0's, logged alike on both ranks
+        assert h1["grpo/dropped_groups"] == 6 and h0["grpo/zero_adv_frac"] == h1["grpo/zero_adv_frac"] == 0.5
 
 
-def test_zero3_with_a_trainable_tower_and_a_kl_term_trains_on_two_ranks(tmp_path, tiny_model_dir, shapes_dir):
+def test_zero3_with_a_trainable_tower_and_a_kl_term_trains_on_two_ranks(tmp_path, tiny_model_dir):
     """beta > 0 with the tower trained: the reference keeps a vision cache of its own, built and encoded under its
     gathered tower (its fingerprint read partitioned weights and raised before). Its KL is 0 at the first step (the
-    reference is the initial policy) and the tower moves."""
+    reference is the initial policy) and the tower moves. Rank 1's micro-batch holds a video beside an image, rank
+    0's images only (#60 item 5): the update encodes images and videos in one tower call, so both ranks gather the
+    tower's shards alike (two calls on rank 1 against one on rank 0 left the ranks' collectives unpaired)."""
+    import json
+
+    from vlgrpo.data.synth import synth_dataset
+
     pytest.importorskip("deepspeed")
+    data = tmp_path / "data"
+    synth_dataset(data, 30, seed=3, image_size=64, kinds=("count", "motion"))
+    rows = [json.loads(x) for x in (data / "train.jsonl").read_text().splitlines()]
+    images, videos = [r for r in rows if "video" not in r], [r for r in rows if "video" in r]
+    # unshuffled, rank r draws rows r, r + 2, ...: rank 0 rows 0 and 2 (images), rank 1 rows 1 and 3 (image, video)
+    order = [images[0], images[1], images[2], videos[0], *images[3:], *videos[1:]]
+    (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in order))
     _config(
         tmp_path,
         tiny_model_dir,
-        shapes_dir,
+        data,
         "train.backend=zero3",
         "grpo.beta=0.04",
         "model.freeze_vision=false",
         "model.freeze_merger=false",
         "train.lr=1e-2",
         "train.save_every=0",
+        "data.shuffle=false",
+        "data.video.max_pixels=50176",
+        "data.video.fps=4.0",
+        "train.micro_batch_completions=8",  # one micro-batch of both prompts on each rank
+        "train.fault_timeout_s=30",
+        "train.dist_timeout_s=60",
     )
     ranks = _torchrun(tmp_path, 29524)
     for rank in ranks:

@@ -340,3 +340,31 @@ def test_the_vqa_suite_scores_two_image_and_video_rows(tmp_path, mixed_dir, tiny
     assert doc["counts"]["vqa"] == 6 and [p["id"] for p in preds] == [r["id"] for r in test]
     assert {r["task"] for r in test} == {"shapes/count", "shapes/compare", "shapes/motion"}
     assert doc["info"]["vision_cache"]["videos_encoded"] == 2 and doc["info"]["vision_cache"]["encoder_calls"] == 2
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
+def test_a_trainable_towers_update_encodes_images_and_a_video_in_one_call(mixed_dir, tiny_model_dir, arch):
+    """#60 item 5: under ZeRO-3 every tower call gathers the tower's shards, so the update pass of a trainable tower
+    must call it as often on a rank whose micro-batch holds a video beside images as on one with images only: once.
+    The features (and DeepStack maps) equal the two calls' of the rollout's encode, to fp32 rounding."""
+    from vlgrpo.data.video import VideoSampling, visual_sources
+    from vlgrpo.models import load_model
+    from vlgrpo.vision_cache import VisionCache
+
+    lm = load_model(str(tiny_model_dir(arch)))
+    rows = load_samples(mixed_dir / "train.jsonl").samples
+    compare = next(s for s in rows if len(s.images) == 2)
+    clip = visual_sources(next(s for s in rows if s.video is not None), VideoSampling(max_pixels=50176))[0]
+    sources = [[*compare.images], [clip]]
+    cache = VisionCache(lm.model, lm.processor, trainable=True)
+    with torch.no_grad():
+        apart = cache.get_rows(sources)  # images, then the video: two calls
+        calls = cache.stats()["encoder_calls"]
+        together = cache.encode_rows_with_grad(sources)
+    assert calls == 2 and cache.stats()["encoder_calls"] == 3  # one call for both
+    for a, b in zip([f for r in apart for f in r], [f for r in together for f in r]):
+        assert a.video_fps == b.video_fps and torch.equal(a.grid_thw, b.grid_thw)
+        assert torch.allclose(a.embeds, b.embeds, atol=1e-5, rtol=0)
+        assert (a.deepstack is None) == (b.deepstack is None)
+        if a.deepstack is not None:
+            assert torch.allclose(a.deepstack, b.deepstack, atol=1e-5, rtol=0)

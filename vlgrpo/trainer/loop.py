@@ -227,7 +227,16 @@ class Trainer:
         state = self.state
         for rows, part, used in batch.micro_batches(state.cfg.train.micro_batch_completions):
             if features is None and torch.is_grad_enabled() and state.backend.vision_trainable():
-                feats = state.cache.encode_rows_with_grad([batch.sources[i] for i in used])
+                sources = [batch.sources[i] for i in used]
+                if state.backend.name == "zero3" and not any(sources):
+                    raise InputError(
+                        "train.backend=zero3 with a trainable vision tower: a micro-batch of rows without an image "
+                        f"or a video (prompts {used} of this rank's batch) makes no tower call "
+                        "where the other ranks' micro-batches make one (each call gathers the tower's shards), so "
+                        "the ranks' collectives would not pair up; freeze the tower (model.freeze_vision=true) or "
+                        "keep text-only rows out of the training data"
+                    )
+                feats = state.cache.encode_rows_with_grad(sources)  # images and videos in one tower call
             else:
                 feats = [(features or batch.features)[i] for i in used]
             yield rows, part, feats

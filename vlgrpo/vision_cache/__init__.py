@@ -187,35 +187,44 @@ class VisionCache:
         return _regroup(self.encode_with_grad([s for row in rows for s in row]), rows)
 
     def encode_with_grad(self, images: list) -> list[ImageFeatures]:
-        """Recompute features with autograd (trainable tower, update pass); nothing is cached. Duplicates share one."""
+        """Recompute features with autograd (trainable tower, update pass); nothing is cached. Duplicates share one.
+        Images and videos go through ONE tower call: under ZeRO-3 each call gathers the tower's shards, so a rank
+        whose micro-batch holds a video beside images would otherwise gather twice where the others gather once,
+        and the ranks' collectives would no longer pair up (a hang)."""
         shas = [self.source_sha(img) for img in images]
         unique = list(dict.fromkeys(shas))
         first = {s: img for s, img in zip(reversed(shas), reversed(images))}
-        encoded = dict(zip(unique, self._encode([first[s] for s in unique])))
+        encoded = dict(zip(unique, self._encode([first[s] for s in unique], one_call=True)))
         return [encoded[s] for s in shas]
 
-    def _encode(self, sources: list) -> list[ImageFeatures]:
-        """One vision-encoder call over the images among `sources` and one over the videos (aligned with `sources`)."""
+    def _encode(self, sources: list, one_call: bool = False) -> list[ImageFeatures]:
+        """One vision-encoder call over the images among `sources` and one over the videos (aligned with `sources`);
+        `one_call`: a single call over both (the tower encodes each item on its own: its patches attend within the
+        item, `grid_thw` says where each ends), when their patches have the same width (Qwen's: both temporal)."""
         videos = [i for i, s in enumerate(sources) if isinstance(s, VideoClip)]
         images = [i for i, s in enumerate(sources) if not isinstance(s, VideoClip)]
-        out: list = [None] * len(sources)
+        parts = []  # (indices, pixels, grid) per modality
         if images:
             pix = self.processor.image_processor(images=[load_image(sources[i]) for i in images], return_tensors="pt")
-            for i, f in zip(images, self._tower(pix["pixel_values"], pix["image_grid_thw"])):
-                out[i] = f
+            parts.append((images, pix["pixel_values"], pix["image_grid_thw"]))
             self._stats["images_encoded"] += len(images)
         if videos:
-            clips = [sources[i] for i in videos]
-            frames = [c.resized_frames(self.geometry) for c in clips]
+            frames = [sources[i].resized_frames(self.geometry) for i in videos]
             # frames arrive at the model's size: the processor only normalises and patchifies them (transformers
             # >= 5.20 warns about a per-frame pixel cap unless told; nothing is resized here, so there is none)
             vp = self.processor.video_processor
             cap = {"cap_pixels_per_frame": False} if hasattr(type(vp), "cap_pixels_per_frame") else {}
             pix = vp(videos=frames, do_resize=False, do_sample_frames=False, return_tensors="pt", **cap)
-            for i, c, f in zip(videos, clips, self._tower(pix["pixel_values_videos"], pix["video_grid_thw"])):
-                f.video_fps = c.info().sample_fps
-                out[i] = f
+            parts.append((videos, pix["pixel_values_videos"], pix["video_grid_thw"]))
             self._stats["videos_encoded"] += len(videos)
+        if one_call and len(parts) == 2 and parts[0][1].shape[-1] == parts[1][1].shape[-1]:
+            parts = [(images + videos, torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts]))]
+        out: list = [None] * len(sources)
+        for indices, pixels, grid in parts:
+            for i, f in zip(indices, self._tower(pixels, grid)):
+                out[i] = f
+        for i in videos:
+            out[i].video_fps = sources[i].info().sample_fps
         return out
 
     def _tower(self, pixels: Tensor, grid: Tensor) -> list[ImageFeatures]:
