@@ -13,6 +13,7 @@ import re
 from typing import TYPE_CHECKING
 
 from vlgrpo.config import Config, ModelConfig
+from vlgrpo.config.sync import sync_mode
 from vlgrpo.data.prompts import MAX_TOOL_TEXT_TOKENS, tool_response_markup
 from vlgrpo.data.rowcheck import TOOL_RESPONSE_TOKENS, trajectory_tokens
 from vlgrpo.memory.deepspeed_json import zero3_offload
@@ -20,8 +21,6 @@ from vlgrpo.memory.inputs import DTYPE_BYTES, PlanInput, train_gpus
 from vlgrpo.memory.specs import ModelSpec, PlanError, resolve_model
 from vlgrpo.memory.terms import trainer_optimizer_states
 from vlgrpo.memory.tokens import prompt_tokens
-from vlgrpo.models import ModelLoadError
-from vlgrpo.rollout.adapters import sync_mode
 
 if TYPE_CHECKING:
     from vlgrpo.data.images import ProcessorGeometry
@@ -178,10 +177,8 @@ def plan_input_from_config(
         spec = resolve_model(m.name_or_path)
     frozen = {"vision": m.freeze_vision, "merger": m.freeze_merger, "language": m.freeze_language}
     zero3 = t.backend == "zero3"
-    try:
-        sync = sync_mode(cfg) if r.engine == "vllm" else (False, "")
-    except ModelLoadError:  # planned by parameter count for a model whose arch no name or file tells
-        sync = (False, "the merged model: the arch is unknown, so the adapter-only sync is not assumed")
+    arch = m.arch if m.arch != "auto" else spec.family if spec is not None else None
+    sync = sync_mode(cfg, arch) if r.engine == "vllm" else (False, "")
     inp = PlanInput(
         spec=spec,
         params=params,

@@ -11,6 +11,7 @@ import os
 import shutil
 import tempfile
 
+from vlgrpo.config.sync import sync_mode as config_sync_mode
 from vlgrpo.rollout.base import Adapter, staleness
 
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
@@ -23,28 +24,16 @@ def adapter_sync(cfg) -> bool:
 
 
 def sync_mode(cfg) -> tuple[bool, str]:
-    """(whether a LoRA run's policy reaches the engine as its adapter alone, why it does or why the merged weights
-    go instead): the LoRA backend, vLLM, no adapter on the vision tower (vLLM would leave it out), and
-    rollout.vllm.adapter_sync true, or null (the default) on an arch whose adapter vLLM has been shown to serve
-    (`Family.vllm_lora`: a test measures the engine/trainer log-prob gap, `test_vllm_train.py`)."""
-    from vlgrpo.families import FAMILIES
+    """`config.sync.sync_mode` for the run's model, its arch read from the checkpoint when model.arch is auto."""
     from vlgrpo.models import detect_arch
 
-    if not (cfg.train.stage == "grpo" and cfg.train.backend == "lora"):
-        return False, "no LoRA adapter"
-    if cfg.rollout.engine != "vllm":
-        return False, "the hf engine in a split worker holds a plain model"
-    if any(t.startswith("visual.") for t in cfg.train.lora.target_modules):
-        return False, "vLLM leaves adapters on the vision tower out"
-    wanted = cfg.rollout.vllm.adapter_sync
-    if wanted is not None:
-        return wanted, f"rollout.vllm.adapter_sync is {str(wanted).lower()}"
-    arch = detect_arch(cfg.model.name_or_path) if cfg.model.arch == "auto" else cfg.model.arch
-    if FAMILIES[arch].vllm_lora:
-        return True, f"vLLM serves {arch}'s LoRA adapter (measured)"
-    return False, (
-        f"rollout.vllm.adapter_sync null: vLLM serving {arch}'s LoRA adapter is not shown (set it true to try)"
+    lora_on_vllm = (
+        cfg.train.backend == "lora" and cfg.rollout.engine == "vllm" and cfg.rollout.vllm.adapter_sync is None
     )
+    arch = cfg.model.arch
+    if arch == "auto":
+        arch = detect_arch(cfg.model.name_or_path) if lora_on_vllm else None
+    return config_sync_mode(cfg, arch)
 
 
 def engine_lora_kwargs(cfg) -> dict:
