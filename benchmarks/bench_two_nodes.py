@@ -19,9 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # trainer_helpers.py: the launch
 
-from trainer_helpers import run_nodes, tiny_config, write_reward_module  # noqa: E402
+from trainer_helpers import fault_run_config, run_nodes  # noqa: E402
 
-from vlgrpo.config import save_config  # noqa: E402
 from vlgrpo.data.synth import synth_dataset  # noqa: E402
 from vlgrpo.tiny import init_tiny  # noqa: E402
 
@@ -32,20 +31,9 @@ def trial(root: Path, base: Path, port: int, fault: str, restarts: int) -> tuple
     """One two-node run in a fresh directory -> (exit statuses, metrics rows, seconds)."""
     shutil.rmtree(root, ignore_errors=True)
     shutil.copytree(base, root)
-    spec = write_reward_module(root)
-    cfg = tiny_config(
-        str(root / "model"),
-        root,
-        root / "run",
-        f"reward.recipe={{'{spec}': 1.0}}",
-        "train.steps=4",
-        "train.save_every=1",
-    )
-    save_config(cfg, root / "cfg.yaml")
+    config = fault_run_config(root)
     t0 = time.time()
-    statuses, _ = run_nodes(
-        root / "cfg.yaml", port=port, timeout=600, env={"VLGRPO_TEST_FAULT": fault}, restarts=restarts
-    )
+    statuses, _ = run_nodes(config, port=port, timeout=600, env={"VLGRPO_TEST_FAULT": fault}, restarts=restarts)
     metrics = root / "run" / "metrics.jsonl"
     rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.is_file() else []
     return statuses, rows, time.time() - t0

@@ -40,6 +40,25 @@ def tiny_config(model_dir: str, data_dir: Path, run_dir: Path, *overrides: str) 
     return load_config(None, base + list(overrides))
 
 
+def fault_run_config(directory: Path, *overrides: str) -> Path:
+    """The config of the fault and restart runs (tiny model and shapes data in `directory`, the length reward, 4
+    steps, a checkpoint every step), saved as directory/cfg.yaml -> its path."""
+    from vlgrpo.config import save_config
+
+    spec = write_reward_module(directory)
+    cfg = tiny_config(
+        str(directory / "model"),
+        directory,
+        directory / "run",
+        f"reward.recipe={{'{spec}': 1.0}}",
+        "train.steps=4",
+        "train.save_every=1",
+        *overrides,
+    )
+    save_config(cfg, directory / "cfg.yaml")
+    return directory / "cfg.yaml"
+
+
 def run_ranks(
     script: Path, *args: str, port: int, timeout: int, env: dict | None = None, restarts: int = 0, nproc: int = 2
 ):

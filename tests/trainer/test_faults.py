@@ -11,9 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from trainer_helpers import run_ranks, tiny_config, write_reward_module
-
-from vlgrpo.config import save_config
+from trainer_helpers import fault_run_config, run_ranks
 
 WORKER = Path(__file__).with_name("fault_worker.py")
 
@@ -22,20 +20,9 @@ def _launch(
     tmp_path, port: int, fault: str, *overrides: str, timeout: int = 180, restarts: int = 0
 ) -> tuple[int, str, float | None]:
     """(exit status, stderr, seconds from the injected fault to the end of torchrun; None without a fault)."""
-    spec = write_reward_module(tmp_path)
-    cfg = tiny_config(
-        str(tmp_path / "model"),
-        tmp_path,
-        tmp_path / "run",
-        f"reward.recipe={{'{spec}': 1.0}}",
-        "train.steps=4",
-        "train.save_every=1",
-        *overrides,
-    )
-    save_config(cfg, tmp_path / "cfg.yaml")
     status, stderr = run_ranks(
         WORKER,
-        str(tmp_path / "cfg.yaml"),
+        str(fault_run_config(tmp_path, *overrides)),
         port=port,
         timeout=timeout,
         env={"VLGRPO_TEST_FAULT": fault},

@@ -12,9 +12,7 @@ import time
 
 import pytest
 import torch
-from trainer_helpers import run_nodes, tiny_config, write_reward_module
-
-from vlgrpo.config import save_config
+from trainer_helpers import fault_run_config, run_nodes
 
 
 @pytest.fixture
@@ -26,19 +24,12 @@ def run_dir(tmp_path, tiny_model_dir, shapes_dir):
 
 def _launch(directory, port: int, fault: str, *overrides: str, restarts: int = 0, timeout: int = 240):
     """-> (the nodes' exit statuses, their stderr, seconds from the injected fault to the end; None without one)."""
-    spec = write_reward_module(directory)
-    cfg = tiny_config(
-        str(directory / "model"),
-        directory,
-        directory / "run",
-        f"reward.recipe={{'{spec}': 1.0}}",
-        "train.steps=4",
-        "train.save_every=1",
-        *overrides,
-    )
-    save_config(cfg, directory / "cfg.yaml")
     statuses, errs = run_nodes(
-        directory / "cfg.yaml", port=port, timeout=timeout, env={"VLGRPO_TEST_FAULT": fault}, restarts=restarts
+        fault_run_config(directory, *overrides),
+        port=port,
+        timeout=timeout,
+        env={"VLGRPO_TEST_FAULT": fault},
+        restarts=restarts,
     )
     end, at = time.time(), directory / "fault_at.txt"
     return statuses, errs, (end - float(at.read_text()) if at.is_file() else None)
