@@ -8,6 +8,9 @@ PY := $(VENV)/bin/python
 ONE_THREAD := OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1}
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
+# No wheel cache: the two environments hold ~13 GB (CUDA builds of torch) and a cached copy of each download doubled
+# what the vLLM one took from a disk that CI shares with the suite's run directories.
+export PIP_NO_CACHE_DIR ?= 1
 
 VLLM_VENV ?= .venv-vllm
 VLLM_TESTS := tests/rollout/test_vllm_engine.py tests/trainer/test_vllm_train.py tests/evals/test_vllm_eval.py \
@@ -38,8 +41,16 @@ demo: $(VENV)/.installed-demo
 demo-tools: $(VENV)/.installed-demo
 	$(VENV)/bin/vlgrpo demo --tools --out runs/demo-tools
 
-# The main suite, then the vLLM tests in vLLM's own environment (its CPU build: see scripts/vllm_env.sh).
-test: test-main test-vllm
+# The main suite, then the vLLM tests in vLLM's own environment (its CPU build: see scripts/vllm_env.sh). That
+# environment (~3 GB of downloads) is built in the background, at the lowest CPU priority, while the main suite runs:
+# its log is $(VLLM_VENV).log, printed if the build fails.
+test: $(VENV)/.installed
+	@nice -n 19 $(MAKE) --no-print-directory $(VLLM_VENV)/.installed > $(VLLM_VENV).log 2>&1 & build=$$!; \
+	$(MAKE) --no-print-directory test-main; main=$$?; \
+	wait $$build; built=$$?; \
+	if [ $$built != 0 ]; then cat $(VLLM_VENV).log; echo "make test: building $(VLLM_VENV) failed"; exit $$built; fi; \
+	if [ $$main != 0 ]; then exit $$main; fi; \
+	$(MAKE) --no-print-directory test-vllm
 
 # lint first: lint-imports checks the layers and import rules of pyproject.toml's [tool.importlinter]; ruff the lint
 # rules and the format of [tool.ruff] (`ruff format` and `ruff check --fix` repair most of what it reports).
@@ -64,4 +75,4 @@ test-dev: $(VENV)/.installed
 	$(ONE_THREAD) $(PY) -m pytest -q -p no:cacheprovider dev/tests
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(VLLM_VENV).log runs .pytest_cache

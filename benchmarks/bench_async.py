@@ -12,7 +12,7 @@ Each mode runs `--repeats` times per seed in mirrored order (sync1 sync2 split s
 pooled: this machine's speed drifts by up to 2x over minutes, and the mirror spreads a drift over the modes alike.
 
 Usage: python benchmarks/bench_async.py [--seeds 0,1,2] [--grpo-steps 40] [--prompts 2] [--grpo-lr 1.5e-4] [--beta 0]
-                                     [--repeats 2]
+                                     [--repeats 2] [--grpo-set train.backend=lora]
 The defaults are the configuration of docs/scaling-out.md: 2 prompts x 8 completions per step and no reference pass,
 so that the rollout is about half of a one-thread synchronous step, at half the demo's GRPO learning rate.
 Time nothing else on the machine while it runs (it needs both cores). `--from-scratch --modes sync1,split --repeats 1
@@ -49,6 +49,8 @@ from vlgrpo.trainer.state import build_state
 
 SETTINGS: list[str] = []
 """--set overrides, applied to the SFT and every GRPO stage (e.g. data.answer_format=think_answer grpo.beta=0)."""
+GRPO_SETTINGS: list[str] = []
+"""--grpo-set overrides, applied to the GRPO stages only (e.g. train.backend=lora: LoRA from the SFT model)."""
 MODES = {"sync1": (1, []), "sync2": (2, []), "split": (1, ["rollout.placement=split", "rollout.max_staleness=1"])}
 
 
@@ -67,6 +69,7 @@ def grpo_run(
         sft_model,
         (
             *SETTINGS,
+            *GRPO_SETTINGS,
             f"train.output_dir={out / mode}",
             "eval.every_steps=0",
             "logging.progress_bar=false",
@@ -104,6 +107,9 @@ def summarise(later: list[dict]) -> dict:
         "trainer_idle": mean("timing/rollout_wait") / mean("timing/step"),
         "worker_idle": mean("timing/rollout_worker_idle") / mean("timing/step"),
         "length": mean("grpo/response_length"),
+        "sync_s": statistics.median(h.get("timing/sync", 0.0) for h in later),
+        "sync_mb": mean("sync/bytes") / 1e6,
+        "worker_receive_s": statistics.median(h.get("timing/rollout_worker_receive", 0.0) for h in later),
         "later": later,
     }
 
@@ -149,8 +155,16 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="config override for every stage, e.g. data.answer_format=think_answer (repeatable)",
     )
+    ap.add_argument(
+        "--grpo-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override for the GRPO stages only, e.g. train.backend=lora (repeatable)",
+    )
     args = ap.parse_args()
     SETTINGS.extend([f"grpo.beta={args.beta}", *args.set])
+    GRPO_SETTINGS.extend(args.grpo_set)
     rows = {}
     for seed in [int(x) for x in args.seeds.split(",")]:
         s = from_scratch() if args.from_scratch else DemoSettings()
@@ -227,6 +241,11 @@ def main() -> None:
             f"{split['steps_per_s'] / max(one['steps_per_s'], two['steps_per_s']):.2f}x, "
             f"split / its ideal = {split['steps_per_s'] * max(one['rollout_s'], one['rest_s']):.0%}"
         )
+    print(
+        f"weight sync: split {avg('split', 'sync_mb'):.1f} MB a step, {avg('split', 'sync_s') * 1e3:.1f} ms in the "
+        f"trainer (waiting for the worker's batch included), {avg('split', 'worker_receive_s') * 1e3:.1f} ms receiving "
+        "and loading in the worker"
+    )
     faster = max(avg("sync1", "steps_per_s"), avg("sync2", "steps_per_s"))
     print(
         f"split / faster synchronous = {avg('split', 'steps_per_s') / faster:.2f}x; split / ideal = "
@@ -243,7 +262,10 @@ def main() -> None:
                 "split_accuracy": avg("split", "accuracy"),
                 "seeds": seeds,
                 "grpo_steps": args.grpo_steps,
-                "settings": SETTINGS,
+                "settings": SETTINGS + GRPO_SETTINGS,
+                "sync_s": {m: avg(m, "sync_s") for m in MODES},
+                "sync_mb": {m: avg(m, "sync_mb") for m in MODES},
+                "split_worker_receive_s": avg("split", "worker_receive_s"),
             }
         )
     )

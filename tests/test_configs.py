@@ -412,9 +412,10 @@ def test_guides_name_only_real_config_keys_and_cli_flags(doc):
         ),
         (
             "qwen3_vl_8b_lora_8xa100.yaml",
-            "weight sync to the rollout engine: 17.53 GB per step (the merged model; the adapter alone would be 698.4 "
-            "MB): rollout.vllm.adapter_sync null: vLLM serving qwen3_vl's LoRA adapter is not shown (set it true to "
-            "try)",
+            "weight sync to the rollout engine: 13.89 GB per step (the merged layers, in buckets of 512 MB; the whole "
+            "model is 17.53 GB), ~0.07 s at a stated 200 GB/s in GPU memory (before buckets: the whole model, ~0.09 "
+            "s); the adapter alone would be 698.4 MB: rollout.vllm.adapter_sync null: vLLM serving qwen3_vl's LoRA "
+            "adapter is not shown (set it true to try)",
         ),
     ],
 )

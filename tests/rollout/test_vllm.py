@@ -271,3 +271,25 @@ def test_both_engines_offer_every_member_of_the_protocol_and_vllm_says_what_it_l
         vllm.generate_prompts([], [], SamplingParams(), keep_kv=True)
     tools = ToolRollout(vllm, ("zoom_in",), 3)
     assert (tools.reuse, tools.max_total_length, tools.max_images) == (False, 512, 3)
+
+
+def test_what_a_runs_config_hands_vllm(tiny_model_dir):
+    """`launch_args`, what reaches `vllm.LLM`: colocated runs turn the multimodal processor cache off (it keeps every
+    image's embeddings next to the trainer) and empty vLLM's caches after each rollout; a hybrid model asks for
+    prefix caching of its linear-attention state at block boundaries; rollout.vllm.engine_kwargs overrides each."""
+    from vlgrpo.config import load_config
+    from vlgrpo.models import load_model
+    from vlgrpo.rollout.vllm.engine import launch_args
+
+    dense, hybrid = load_model(tiny_model_dir()), load_model(tiny_model_dir("qwen3_5"))
+    colocated = load_config(None, ["rollout.engine=vllm"])
+    args = launch_args(colocated, dense, PromptSettings())
+    assert args["llm_kwargs"] == {"mm_processor_cache_gb": 0, "dtype": "float32"} and args["release_mm_caches"]
+    hybrid_args = launch_args(colocated, hybrid, PromptSettings())["llm_kwargs"]
+    assert hybrid_args == {"mm_processor_cache_gb": 0, "mamba_cache_mode": "align", "dtype": "float32"}
+    split = load_config(None, ["rollout.engine=vllm"])
+    split.rollout.placement = "split"  # (the config check wants GPUs for vLLM's worker)
+    args = launch_args(split, dense, PromptSettings())
+    assert args["llm_kwargs"] == {"dtype": "float32"} and not args["release_mm_caches"]
+    own = load_config(None, ["rollout.engine=vllm", "rollout.vllm.engine_kwargs={mm_processor_cache_gb: 2}"])
+    assert launch_args(own, dense, PromptSettings())["llm_kwargs"]["mm_processor_cache_gb"] == 2

@@ -18,7 +18,7 @@ from vlgrpo.data.synth import synth_dataset
 from vlgrpo.data.video import VideoSampling, visual_sources
 from vlgrpo.grpo.logprobs import token_logprobs, truncated_token_logprobs
 from vlgrpo.grpo.rollout_is import logprob_gap
-from vlgrpo.models import load_model, placeholder_token_ids
+from vlgrpo.models import is_visual, load_model, placeholder_token_ids
 from vlgrpo.policy.forward import completion_logits
 from vlgrpo.policy.prompt import PromptSettings, build_prompt, forbidden_mask
 from vlgrpo.rollout.base import SamplingParams
@@ -139,6 +139,11 @@ def test_prefix_cache_hits_and_one_encoder_call_per_unique_image(embeds_engine, 
     assert stats["rollout/encoder_calls"] == 1 and stats["rollout/images_encoded"] == 2
     # hits count whole 32-token blocks: at least G - 1 = 3 completions of each prompt reuse its full blocks
     assert stats["rollout/prefix_cache_hit_tokens"] >= sum(3 * (len(g.prompt_ids) // 32) * 32 for g in groups) > 0
+    # the rate is vLLM's hits over its lookups: each of the 12 samples looks its prompt up
+    queried = stats["rollout/prefix_cache_query_tokens"]
+    assert queried >= sum(4 * len(g.prompt_ids) for g in groups) - 4 * len(groups)  # less the last token it computes
+    assert stats["rollout/prefix_cache_hit_rate"] == stats["rollout/prefix_cache_hit_tokens"] / queried
+    assert 0.5 < stats["rollout/prefix_cache_hit_rate"] < 1
 
 
 def _request(engine, sample):
@@ -360,6 +365,51 @@ def test_merged_lora_weights_sync_through_the_lora_backend(embeds_engine, sample
     assert (base - replay).abs()[b.loss_mask.bool()].max() > 1e-2
 
 
+def _vllm_params(engine) -> dict:
+    """vLLM's own parameters (its fused layers: qkv_proj, gate_up_proj), copied to the CPU."""
+
+    def read(worker):
+        return {n: p.detach().cpu().clone() for n, p in worker.get_model().named_parameters()}
+
+    return engine.llm.collective_rpc(read)[0]
+
+
+@pytest.mark.parametrize("backend_name", ["plain", "lora"])
+def test_a_bucketed_sync_of_what_changes_leaves_vllm_as_a_whole_model_sync(backend_name, engines, samples):
+    """Buckets of the weights that change (a full fine-tune's language model; LoRA on q_proj and v_proj alone, so k_proj
+    travels as their sibling: no fused qkv_proj is sent in part) leave vLLM's every parameter bit for bit as a sync of
+    the whole model does."""
+    from vlgrpo.rollout.weight_stream import WeightBuckets, plan_buckets
+    from vlgrpo.trainer.backends import PlainBackend
+    from vlgrpo.trainer.lora import LoRABackend
+
+    served, _, engine = engines("qwen2_5_vl", "pixels")  # pixels: vLLM's own tower takes the synced vision weights
+    lm = load_model(engine.llm.llm_engine.model_config.model)  # a trainer's copy of the engine's checkpoint
+    overrides = ["train.lora.rank=4", "train.lora.target_modules=[q_proj,v_proj]", "grpo.beta=0"]
+    cfg = load_config(None, [f"train.backend={backend_name}", *overrides])
+    version = engine.policy_version + 1
+    try:
+        engine.update_weights(lm.model.state_dict().items(), version)  # vLLM holds what this trainer starts from
+        backend = (LoRABackend if backend_name == "lora" else PlainBackend)(lm.model, cfg, need_reference=False)
+        gen = torch.Generator().manual_seed(5)
+        with torch.no_grad():  # a trained policy: every trainable weight moved (LoRA: B != 0)
+            for p in (p for p in backend.model.parameters() if p.requires_grad):
+                p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+        weights = WeightBuckets(plan_buckets(backend.sync_specs(), 64 * 1024), backend.sync_tensors)
+        names = {n for b in weights.buckets for n in b.names}
+        if backend_name == "lora":
+            assert any(n.endswith("k_proj.weight") for n in names) and not any("mlp" in n for n in names)
+        assert len(weights.buckets) > 1 and not any(is_visual(n) for n in names)  # the frozen tower stays
+        engine.update_weights(weights, version + 1)
+        bucketed = _vllm_params(engine)
+        engine.update_weights(backend.named_weights(), version + 2)  # everything, as every sync sent before buckets
+        whole = _vllm_params(engine)
+        assert list(bucketed) == list(whole)
+        assert [n for n in whole if not torch.equal(bucketed[n], whole[n])] == []
+    finally:
+        engine.update_weights(served.model.state_dict().items(), version + 3)  # what the other tests expect
+
+
 def test_truncated_sampling_is_compared_on_the_engines_support(pixels_engine, samples):
     lm, cache, engine = pixels_engine
     params = SamplingParams(completions_per_prompt=4, temperature=0.8, top_k=5, top_p=0.9, max_new_tokens=12, seed=5)
@@ -459,3 +509,27 @@ def test_qwen3_5_on_vllms_cpu_build_decodes_as_the_hf_engine_or_stops_clearly(
         print("vLLM's CPU Gated DeltaNet returned NaN: the engine stopped with a clear error")
         return
     assert got == want
+
+
+def test_colocated_runs_turn_vllms_multimodal_processor_cache_off(tmp_path, tiny_model_dir):
+    """What a colocated run's config hands `vllm.LLM` (`engine.launch_args`; tests/rollout/test_vllm.py checks the
+    arguments for each placement and family) reaches vLLM's own config: the processor cache off. (Last in the module:
+    a second engine in the process tears down vLLM's groups when it goes, and the module's engines with them.)"""
+    from vlgrpo.rollout.vllm.engine import VLLMEngine, launch_args
+
+    lm = load_model(tiny_model_dir())
+    cfg = load_config(
+        None,
+        [
+            f"model.name_or_path={tiny_model_dir()}",
+            "rollout.engine=vllm",
+            "rollout.vllm.enable_sleep_mode=false",
+            "rollout.vllm.engine_kwargs={enforce_eager: true, block_size: 32}",
+            "model.dtype=float32",
+        ],
+    )
+    args = launch_args(cfg, lm, PromptSettings())
+    args["llm_kwargs"].pop("distributed_executor_backend", None)  # the earlier engines initialised torch.distributed
+    engine = VLLMEngine.launch(cfg.model.name_or_path, lm.processor, VisionCache(lm.model.eval(), lm.processor), **args)
+    assert engine.llm.llm_engine.vllm_config.model_config.multimodal_config.mm_processor_cache_gb == 0
+    assert engine.release_mm_caches

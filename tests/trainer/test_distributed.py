@@ -46,8 +46,9 @@ def _config(tmp_path, tiny_model_dir, shapes_dir, *extra, arch: str = "qwen2_5_v
 # (untied: the head is a tensor of its own, gathered and exported as itself)
 @pytest.mark.parametrize(
     "arch, port, tied",
-    [("qwen2_5_vl", 29517, True), ("qwen3_vl", 29522, True), ("qwen3_vl", 29523, False), ("qwen3_5", 29525, False)],
-    ids=["qwen2_5_vl", "qwen3_vl", "qwen3_vl-untied", "qwen3_5-untied"],
+    # tied embeddings: qwen2_5_vl; qwen3_vl's DeepStack and untied head together (CI time: its tied case adds nothing)
+    [("qwen2_5_vl", 29517, True), ("qwen3_vl", 29523, False), ("qwen3_5", 29525, False)],
+    ids=["qwen2_5_vl", "qwen3_vl-untied", "qwen3_5-untied"],
 )
 def test_zero3_two_ranks_on_cpu_trains_and_exports_the_gathered_weights(
     tmp_path, tiny_model_dir, shapes_dir, arch, port, tied

@@ -371,6 +371,7 @@ def test_weights_under_names_the_worker_lacks_stop_the_run(tmp_path, tiny_model_
     import torch
 
     from vlgrpo.rollout.split import SplitRollout
+    from vlgrpo.rollout.weight_stream import WeightBuckets
 
     cfg = tiny_config(tiny_model_dir(), shapes_dir, tmp_path / "run", "rollout.placement=split")
     split = SplitRollout(cfg, "qwen2_5", {}, 1)
@@ -378,5 +379,13 @@ def test_weights_under_names_the_worker_lacks_stop_the_run(tmp_path, tiny_model_
         split.update_weights([("model.no_such_layer.weight", torch.zeros(2))], 1)
         with pytest.raises(RuntimeError, match=r"version 1 hold 1 names the worker's model lacks.*no_such_layer"):
             split.collect(1)
+    finally:
+        split.close()
+    # over several buckets the worker stops after the first, mid-sync: the trainer raises the worker's own error
+    split = SplitRollout(cfg, "qwen2_5", {}, 1)
+    try:
+        bad = WeightBuckets.from_named([(f"model.no_such_layer_{i}.weight", torch.zeros(16)) for i in range(6)], 64)
+        with pytest.raises(RuntimeError, match=r"the rollout worker failed:(.|\n)*names the worker's model lacks"):
+            split.update_weights(bad, 1)
     finally:
         split.close()

@@ -171,6 +171,10 @@ class RolloutConfig:
     """On-disk vision-feature cache directory (None: memory only)."""
     vision_cache_bytes: int = 2 * 1024**3
     """Byte budget of the in-memory vision-feature LRU."""
+    sync_bucket_mb: float = 512.0
+    """Size of the buckets in which an engine with its own weights (vLLM, or any engine with placement=split) gets
+    the weights that change after each step; with placement=split the trainer and the worker each hold two buffers of
+    this size (or of the largest tensor, if larger): one in flight while the next is packed."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
 

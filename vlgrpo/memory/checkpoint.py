@@ -30,12 +30,43 @@ def checkpoint_bytes(inp: PlanInput, total: int, trainable: int) -> dict[str, in
     return {**parts, "total": sum(parts.values())}
 
 
+DEFAULT_SYNC_GBPS = {"colocate": 200.0, "split": 25.0, "host": 10.0}
+"""Stated bandwidths (GB/s) for a sync's time: colocate, a copy within the GPU's memory (a share of an A100's 1.5-2
+TB/s, the reload's per-layer work included); split, NCCL from a training GPU to a rollout GPU (PCIe 4 x16; NVLink is
+several times faster); host, the path before buckets: a copy to a CPU buffer and on to the rollout GPU (two PCIe
+crossings)."""
+
+
 def sync_bytes(inp: PlanInput, total: int, trainable: int) -> dict[str, int]:
-    """Bytes one weight sync sends to an engine with its own weights (vLLM, or a split worker): `full`, the merged
-    model in its dtype; `adapter`, a LoRA adapter alone in fp32 (0 without LoRA), what the adapter-only sync sends
-    (`PlanInput.adapter_sync`)."""
+    """Bytes one weight sync sends to an engine with its own weights (vLLM, or a split worker):
+    - `full`: what the bucketed sync sends (rollout.weight_stream): the weights that change and their sibling
+      layers, in the model's dtype: a full fine-tune's trainable weights; LoRA's merged layers, the language model's
+      blocks (every target of the default set; a narrower set sends its blocks' attention or MLP only: an upper
+      bound here);
+    - `whole`: the whole model (what every sync sent before buckets);
+    - `adapter`: a LoRA adapter alone in fp32 (0 without LoRA), what the adapter-only sync sends
+      (`PlanInput.adapter_sync`)."""
     base = total - trainable if inp.lora_rank else total
-    return {"full": base * inp.dtype_bytes, "adapter": trainable * 4 if inp.lora_rank else 0}
+    if inp.lora_rank:
+        spec = inp.spec
+        blocks = (
+            spec.language_params() - spec.vocab * spec.hidden * (1 if spec.tie_embeddings else 2) - spec.hidden
+            if spec is not None
+            else base
+        )
+        changing = blocks
+    else:
+        changing = trainable
+    return {
+        "full": changing * inp.dtype_bytes,
+        "whole": base * inp.dtype_bytes,
+        "adapter": trainable * 4 if inp.lora_rank else 0,
+    }
+
+
+def sync_seconds(size: int, path: str) -> float:
+    """A sync of `size` bytes along `path` (DEFAULT_SYNC_GBPS)."""
+    return size / (DEFAULT_SYNC_GBPS[path] * 1e9)
 
 
 def write_seconds(size: int, gbps: float = DEFAULT_WRITE_GBPS) -> float:

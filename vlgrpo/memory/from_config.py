@@ -206,6 +206,7 @@ def plan_input_from_config(
         engine=r.engine,
         adapter_sync=sync[0],
         sync_why=sync[1],
+        sync_bucket_mb=r.sync_bucket_mb,
         turn_kv=r.engine == "hf" and r.max_turns > 1,
         vllm_gpu_memory_utilization=r.vllm.gpu_memory_utilization,
         vllm_placement=r.placement,

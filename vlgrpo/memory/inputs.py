@@ -75,6 +75,8 @@ class PlanInput:
     turn_kv: bool = False
     """Multi-turn rollouts on the HF engine: each trajectory keeps its whole KV (its prompt's copy included) from turn
     to turn, so a group holds G copies of the prompt's KV besides the shared one."""
+    sync_bucket_mb: float = field(default=512.0, compare=False)
+    """rollout.sync_bucket_mb (reported with the sync's size)."""
     vllm_gpu_memory_utilization: float = 0.5
     vllm_placement: str = "colocate"
     rollout_gpus: int = 0

@@ -7,7 +7,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from vlgrpo.memory.checkpoint import DEFAULT_WRITE_GBPS, checkpoint_bytes, sync_bytes, write_seconds
+from vlgrpo.memory.checkpoint import (
+    DEFAULT_SYNC_GBPS,
+    DEFAULT_WRITE_GBPS,
+    checkpoint_bytes,
+    sync_bytes,
+    sync_seconds,
+    write_seconds,
+)
 from vlgrpo.memory.fit import GB, verdicts
 from vlgrpo.memory.inputs import PlanInput
 from vlgrpo.memory.planner import plan
@@ -52,6 +59,7 @@ def build_report(
         "suggestions": suggestions(inp, gpu_type),
         "checkpoint": {**ckpt, "write_gbps": write_gbps, "write_s": write_seconds(ckpt["total"], write_gbps)},
         "sync": sync_bytes(inp, total, trainable),
+        "prefix_block": inp.spec.prefix_block_tokens(inp.dtype_bytes) if inp.spec and inp.engine == "vllm" else 0,
     }
 
 
@@ -182,8 +190,35 @@ def _checkpoint_lines(report: dict[str, Any]) -> list[str]:
         if i["adapter_sync"]:
             sync = f"weight sync to the rollout engine: the LoRA adapter alone, {s['adapter'] / 1e6:.1f} MB per step"
         else:
-            sync = f"weight sync to the rollout engine: {s['full'] / GB:.2f} GB per step"
+            what = "the merged layers" if s["adapter"] else "the trained weights"
+            path = i["vllm_placement"]
+            sync = (
+                f"weight sync to the rollout engine: {s['full'] / GB:.2f} GB per step ({what}, in buckets of "
+                f"{i['sync_bucket_mb']:g} MB; the whole model is {s['whole'] / GB:.2f} GB), ~"
+                f"{sync_seconds(s['full'], path):.2f} s at a stated {DEFAULT_SYNC_GBPS[path]:g} GB/s"
+                + (" over NCCL" if path == "split" else " in GPU memory")
+                + (  # before buckets the split sent everything through a CPU buffer; colocated, everything in place
+                    f" (before buckets: the whole model through a CPU buffer, ~{sync_seconds(s['whole'], 'host'):.1f}"
+                    " s)"
+                    if path == "split"
+                    else f" (before buckets: the whole model, ~{sync_seconds(s['whole'], path):.2f} s)"
+                )
+            )
             if s["adapter"]:
-                sync += f" (the merged model; the adapter alone would be {s['adapter'] / 1e6:.1f} MB)"
+                sync += f"; the adapter alone would be {s['adapter'] / 1e6:.1f} MB"
         lines.append(sync + (f": {i['sync_why']}" if i["sync_why"] else ""))
+    block = report["prefix_block"]
+    if block:
+        prompt = report["counts"]["prompt_tokens"]
+        shared = prompt // block * block
+        lines.append(
+            f"vLLM prefix caching of a hybrid model: blocks of {block} tokens (a block's attention pages hold one "
+            f"Gated DeltaNet layer's state; vlgrpo sets mamba_cache_mode=align): of a {prompt}-token "
+            f"prompt, {shared} are reused by the group's other samples ({shared / max(prompt, 1):.0%}"
+            + (
+                "; a prompt shorter than a block reuses nothing: rollout/prefix_cache_hit_rate shows it)"
+                if not shared
+                else ")"
+            )
+        )
     return lines

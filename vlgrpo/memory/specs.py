@@ -105,6 +105,18 @@ class ModelSpec:
         recurrent = self.linear_v_heads * self.linear_k_dim * self.linear_v_dim * 4
         return self.linear_layers * (recurrent + self.linear_conv_dim * self.conv_kernel * dtype_bytes)
 
+    def prefix_block_tokens(self, dtype_bytes: int, kernel_block: int = 16) -> int:
+        """The block vLLM's prefix caching uses for a hybrid model (0 for one without linear layers): a block's
+        attention page (2 x kv heads x head dim x bytes per token) must hold one Gated DeltaNet layer's state, and its
+        "align" mode caches that state at block boundaries only, so only whole blocks of a shared prompt are reused.
+        vLLM's arithmetic (platforms.interface `_align_hybrid_block_size`): the smallest multiple of the attention
+        kernel's block (16 tokens on the GPU backends) whose page holds the state. Qwen3.5-9B: 528 tokens."""
+        if not self.linear_layers:
+            return 0
+        per_token = 2 * self.kv_heads * self.head_dim * dtype_bytes
+        state = self.state_bytes_per_sequence(dtype_bytes) // self.linear_layers
+        return kernel_block * -(-state // (kernel_block * per_token))
+
     def language_params(self) -> int:
         h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
         attn = h * q * (2 if self.gated_attention else 1) + 2 * h * kv + q * h  # q (+ gate), k, v, o_proj weights

@@ -14,7 +14,9 @@ The worker holds its own model copy, engine (`vlgrpo.registry.ENGINE`) and visio
 cache when the vision weights changed. With a frozen tower the trainer encodes a batch's images when it submits them
 (while the worker samples the batch before) and the features travel with the request: the worker's cache adopts them,
 so the encoder runs once per image in all, on the trainer's side of the overlap. A trainable tower's features are of
-one version: the worker encodes with the weights it holds. Weights travel as one flat buffer per dtype
+one version: the worker encodes with the weights it holds. Weights travel in buckets over a process group of the two
+(`weight_stream`: gloo here, NCCL between two GPUs), only the ones that change, each bucket loaded as it arrives; the
+queue carries the plan. A LoRA adapter (vLLM applies it) travels through the queue as one flat buffer per dtype
 (`pack_weights`). An engine with weights of its own (vLLM) gets every version too; it runs on a GPU of its own when
 the trainer names one (`worker_gpu`), else on the CPU. Each data-parallel rank starts its own worker and feeds it its
 own prompts, seeds and (full, gathered) weights. Knows nothing of losses, optimisers or checkpoints.
@@ -37,6 +39,14 @@ from torch import Tensor
 from vlgrpo import heartbeat
 from vlgrpo.config import ConfigError
 from vlgrpo.rollout.base import Adapter, SamplingParams
+from vlgrpo.rollout.weight_stream import (
+    PairGroup,
+    WeightBuckets,
+    form_pair,
+    host_store,
+    receive_buckets,
+    send_buckets,
+)
 from vlgrpo.types import RolloutGroup, Sample
 
 POLL_S = 1.0
@@ -54,6 +64,8 @@ class Collected:
     """The worker engine's `rollout/*` counters for this request."""
     worker_idle_s: float = 0.0
     """Seconds the worker waited for work or weights since its previous result."""
+    worker_receive_s: float = 0.0
+    """Seconds the worker spent receiving and loading weights since its previous result."""
 
 
 class SplitRollout:
@@ -71,14 +83,23 @@ class SplitRollout:
         self.pending: dict[tuple[int, int], int] = {}
         """Submitted (step, round) not yet collected -> their required minimum version."""
         self.ready: dict[tuple[int, int], Collected] = {}
+        self._worker_state: dict[str, Tensor] | None = None
+        self.bucket_bytes = int(cfg.rollout.sync_bucket_mb * 2**20)
+        # the weights' process group of two: NCCL where the trainer and the worker's vLLM each hold a GPU, else gloo
+        device = f"cuda:{torch.cuda.current_device()}" if gpu is not None and torch.cuda.is_available() else "cpu"
+        store = host_store()
         self.process = ctx.Process(
             target=_worker_main,
-            args=(cfg, box_format, self.requests, self.results, gpu),
+            args=(cfg, box_format, self.requests, self.results, gpu, store.port, device != "cpu"),
             name="vlgrpo-rollout",
             daemon=True,
         )
         self.process.start()
-        self.requests.put(("weights", 0, pack_weights(weights.items())))
+        self._pair: PairGroup | None = None
+        self._make_pair = lambda: PairGroup(store, 0, device)  # formed at the first sync that sends weights
+        self.requests.put(("weights", 0, []))
+        if weights:
+            self.update_weights(weights.items(), 0)
 
     # ---- trainer side
     def submit(
@@ -106,14 +127,43 @@ class SplitRollout:
             pass
         return len(self.ready)
 
-    def update_weights(self, named_params: Iterable[tuple[str, Tensor]] | Adapter | None, version: int) -> None:
-        """Send the trainer's weights (copies: the trainer keeps updating its own in place), or its LoRA adapter
-        alone for a worker's vLLM that applies it, tagged `version`."""
+    def update_weights(
+        self, named_params: WeightBuckets | Iterable[tuple[str, Tensor]] | Adapter | None, version: int
+    ) -> None:
+        """Send the trainer's weights, tagged `version`: the plan through the queue, then bucket after bucket over
+        the pair's process group (this returns when the worker has the last one: it receives when it has finished
+        the batch it samples). A LoRA adapter alone, for a worker's vLLM that applies it, goes through the queue."""
         self.policy_version = version
         if isinstance(named_params, Adapter):
             self.requests.put(("adapter", version, named_params.config, pack_weights(named_params.tensors.items())))
             return
-        self.requests.put(("weights", version, pack_weights(named_params or [])))
+        weights = named_params
+        if not isinstance(weights, WeightBuckets):
+            weights = WeightBuckets.from_named(weights or [], self.bucket_bytes)
+        self.requests.put(("weights", version, weights.buckets))
+        if not weights.buckets:
+            return
+        try:
+            send_buckets(self._group(), weights, self.process.is_alive)
+        except RuntimeError:  # the worker stopped mid-sync: its own error says why (raised by _receive), if it sent one
+            deadline = time.monotonic() + 5 * POLL_S
+            while time.monotonic() < deadline:
+                self._receive(block=True)
+            raise
+
+    def _group(self) -> PairGroup:
+        if self._pair is None:
+            self._pair = form_pair(self._make_pair, self.process.is_alive, "the rollout worker")
+        return self._pair
+
+    def worker_weights(self) -> dict[str, Tensor]:
+        """The worker's HF copy of the weights (all of them), once it has taken every message sent before: what
+        the tests compare with the trainer's, tensor for tensor."""
+        self.requests.put(("state",))
+        while self._worker_state is None:
+            self._receive(block=True)
+        state, self._worker_state = self._worker_state, None
+        return state
 
     def stats(self) -> dict[str, float]:
         """Nothing here: the worker's `rollout/*` counters arrive with each collected step (`Collected.stats`)."""
@@ -141,8 +191,11 @@ class SplitRollout:
             return False
         if message[0] == "error":
             raise RuntimeError(f"the rollout worker failed:\n{message[1]}")
-        _, key, groups, version, stats, idle = message
-        self.ready[key] = Collected(groups, version, stats, idle)
+        if message[0] == "state":
+            self._worker_state = message[1]
+            return True
+        _, key, groups, version, stats, idle, receive_s = message
+        self.ready[key] = Collected(groups, version, stats, idle, receive_s)
         return True
 
 
@@ -190,16 +243,17 @@ def worker_gpu(local_rank: int, local_ranks: int, rollout_gpus: int, visible: li
     return visible[local_ranks + local_rank]
 
 
-def _worker_main(cfg, box_format: str, requests, results, gpu: str | None) -> None:
+def _worker_main(cfg, box_format: str, requests, results, gpu: str | None, port: int, nccl: bool) -> None:
     if gpu is not None:  # before anything in this process initialises CUDA: vLLM and the vision tower see only it
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     try:
-        _serve(cfg, box_format, requests, results, "cpu" if gpu is None else "cuda")
+        join = lambda: PairGroup.join("127.0.0.1", port, "cuda:0" if nccl else "cpu")  # noqa: E731
+        _serve(cfg, box_format, requests, results, "cpu" if gpu is None else "cuda", join)
     except BaseException:  # noqa: BLE001 - reported to the trainer, which raises it
         results.put(("error", traceback.format_exc()))
 
 
-def _serve(cfg, box_format: str, requests, results, device: str) -> None:
+def _serve(cfg, box_format: str, requests, results, device: str, join) -> None:
     from vlgrpo.models import load_model
     from vlgrpo.policy.prompt import PromptSettings
     from vlgrpo.rollout.build import build_engine
@@ -218,18 +272,29 @@ def _serve(cfg, box_format: str, requests, results, device: str) -> None:
     prompt = PromptSettings.from_config(cfg, box_format, lm.processor)
     engine = build_engine(cfg.rollout.engine, lm, cache, prompt, run=cfg)
     buffers = {name for name, _ in lm.model.named_buffers()}
-    version, idle_since, idle = -1, time.perf_counter(), 0.0
+    version, idle_since, idle, receive_s = -1, time.perf_counter(), 0.0, 0.0
+    pair = None  # the weights' process group with the trainer, formed at the first sync that sends any
     while True:
         message = _next_request(requests)
         if message[0] == "stop":
             return
         if message[0] == "weights":
-            _, version, packed = message
-            weights = unpack_weights(*packed)
-            _load_weights(lm.model, buffers, version, weights)
+            _, version, buckets = message
+            t0 = time.perf_counter()
+            if buckets and pair is None:
+                pair = form_pair(join, _trainer_alive, "the trainer")
+            received = _received(lm.model, buffers, version, receive_buckets(pair, buckets, _trainer_alive))
             cache.set_step(version)  # a trainable tower: features of older weights are dropped (keyed by version)
-            # an engine with weights of its own (vLLM) reloads them in place; the HF engine decodes with the copy
-            engine.update_weights(weights.items() if weights and engine.holds_own_weights else None, version)
+            if buckets and engine.holds_own_weights:  # vLLM reloads each bucket as it arrives, after the HF copy
+                engine.update_weights(received, version)
+            else:  # the HF engine decodes with the worker's copy
+                for _ in received:
+                    pass
+                engine.update_weights(None, version)
+            receive_s += time.perf_counter() - t0
+            continue
+        if message[0] == "state":
+            results.put(("state", {k: v.detach().clone() for k, v in lm.model.state_dict().items()}))
             continue
         if message[0] == "adapter":  # vLLM applies it; the worker's HF copy (a frozen tower: LoRA leaves it) stays
             _, version, config, packed = message
@@ -240,7 +305,7 @@ def _serve(cfg, box_format: str, requests, results, device: str) -> None:
             raise RuntimeError(
                 f"step {key[0]} (round {key[1]}) needs weights of version >= {need}, the worker holds {version}"
             )
-        idle += time.perf_counter() - idle_since
+        idle += time.perf_counter() - idle_since - receive_s  # receiving weights is work, not waiting
         adopted = cache.adopt(features)  # a frozen tower's features, as the trainer encoded them: the engine hits
         with torch.no_grad():
             groups = engine.generate(samples, params)
@@ -250,8 +315,22 @@ def _serve(cfg, box_format: str, requests, results, device: str) -> None:
             "rollout/features_adopted": float(adopted),
         }
         engine.reset_stats()  # the next result's counters start here: the weight syncs before it count with it
-        results.put(("groups", key, groups, version, stats, idle))
-        idle_since, idle = time.perf_counter(), 0.0
+        results.put(("groups", key, groups, version, stats, idle, receive_s))
+        idle_since, idle, receive_s = time.perf_counter(), 0.0, 0.0
+
+
+def _received(model, buffers: set[str], version: int, buckets) -> Iterable[tuple[str, Tensor]]:
+    """Each received bucket loaded into the worker's HF copy, then its names with the copy's own tensors: vLLM's
+    reload may hold a fused layer's first parts until its last arrives, and the copy's tensors stay put until the
+    next sync (a receive buffer is reused two buckets later)."""
+    state = model.state_dict()
+    for tensors in buckets:
+        _load_weights(model, buffers, version, tensors)
+        yield from ((name, state[name]) for name in tensors)
+
+
+def _trainer_alive() -> bool:
+    return mp.parent_process().is_alive()
 
 
 def _load_weights(model, buffers: set[str], version: int, weights: dict[str, Tensor]) -> None:

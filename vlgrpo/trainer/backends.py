@@ -22,6 +22,7 @@ import torch.distributed as dist
 from vlgrpo.config import Config, ConfigError
 from vlgrpo.models import is_visual
 from vlgrpo.registry import BACKEND
+from vlgrpo.rollout.weight_stream import Bucket, Spec, with_siblings
 from vlgrpo.trainer.safe_state import load_tensors
 from vlgrpo.trainer.watchdog import waiting_for_ranks
 
@@ -186,7 +187,15 @@ class Backend(Protocol):
         its fingerprint, or None when the cache can read it from the module itself."""
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full (gathered, LoRA-merged) weights, for a rollout engine holding its own copy and for export."""
+        """Full (gathered, LoRA-merged) weights, for export (a rollout engine gets `sync_tensors`)."""
+
+    def sync_specs(self) -> list[Spec]:
+        """(name, dtype, full shape) of what a rollout engine holding its own copy is sent after a step, in the
+        names of `named_weights`: the weights that change and their siblings (`weight_stream.with_siblings`)."""
+
+    def sync_tensors(self, bucket: Bucket) -> Iterator[torch.Tensor]:
+        """The tensors of `bucket` (planned from `sync_specs`), in its order; ZeRO-3 gathers the bucket at once
+        (collective: every rank iterates every bucket)."""
 
     def vision_trainable(self) -> bool: ...
 
@@ -286,8 +295,18 @@ class PlainBackend:
         return nullcontext(None)
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full (gathered, merged) weights for the rollout engine and export."""
+        """Full (gathered, merged) weights for export."""
         yield from self.model.state_dict().items()
+
+    def sync_specs(self) -> list[Spec]:
+        changing = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        return with_siblings(((n, t.dtype, tuple(t.shape)) for n, t in self.model.state_dict().items()), changing)
+
+    def sync_tensors(self, bucket: Bucket) -> Iterator[torch.Tensor]:
+        """The trainer's own tensors (the optimiser updates them in place): a colocated engine copies them."""
+        state = self.model.state_dict()
+        for name in bucket.names:
+            yield state[name].detach()
 
     def vision_trainable(self) -> bool:
         return self.trainable_counts["vision"] + self.trainable_counts["merger"] > 0

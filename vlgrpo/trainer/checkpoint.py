@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # the types of a run's parts (none of these modules imports t
     from vlgrpo.data.stream import SampleStream
     from vlgrpo.rollout.base import RolloutEngine
     from vlgrpo.rollout.split import SplitRollout
+    from vlgrpo.rollout.weight_stream import SyncStats
     from vlgrpo.trainer.rows import CheckedRows
     from vlgrpo.vision_cache import VisionCache
 
@@ -52,7 +53,7 @@ class Checkpointed(Protocol):
     nonfinite_streak: int
     eval_failures: int
 
-    def sync_engine(self) -> int: ...
+    def sync_engine(self) -> SyncStats: ...
 
 
 def checkpoint_dirs(run_dir: Path) -> list[Path]:

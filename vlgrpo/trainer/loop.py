@@ -117,7 +117,7 @@ class Trainer:
         state.step += 1
         with timers("sync"):  # nothing, the LoRA adapter alone, or the full weights (RunState.sync_engine)
             state.cache.set_step(state.step)  # a trainable tower's cached features are now stale
-            sync_bytes = state.sync_engine()
+            synced = state.sync_engine()
         lengths = batch.loss_mask.sum(1)  # [R]: the tokens the model sampled (not a tool-response turn's)
         means.add({"grpo/response_length": float(lengths.float().mean())}, len(lengths))
         means.add({f"grpo/{k}": v for k, v in adv_stats.items()}, len(rewards))  # shares of the completions
@@ -130,7 +130,7 @@ class Trainer:
             "grpo/dropped_groups": float(scored.dropped_groups),
             "grpo/sampling_rounds": float(scored.rounds),
             "rollout/placeholder_masked": float(batch.masked_rows),
-            "sync/bytes": float(sync_bytes),
+            **synced.metrics(),
         }
 
     def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:

@@ -77,21 +77,49 @@ class LoRABackend(PlainBackend):
         The base is never written. peft's merge_adapter/unmerge_adapter round trip (W += dW; W -= dW) is not exact
         in bf16: repeated at every sync it moved the base, which is also the reference policy (adapter off) and the
         half of the export that is not the adapter, so a killed-and-resumed bf16 run left the run it should equal."""
+        base, layers = self._peft.get_base_model().state_dict(), self._merged_layers()
+        for name, key in self._base_names().items():
+            yield name, self._merged(key, base, layers)
+
+    def sync_specs(self):
+        """The merged layers and their siblings (an adapter on q_proj and v_proj sends k_proj too: vLLM fuses them),
+        under the base model's names; the rest of the base never changes."""
+        from vlgrpo.rollout.weight_stream import with_siblings
+
+        base = self._peft.get_base_model()
+        names, state = self._base_names(), base.state_dict()
+        changing = {n.replace(".base_layer.", ".") for n in self._merged_layers()}
+        changing |= {n.replace(".base_layer.", ".") for n, p in base.named_parameters() if p.requires_grad}
+        changing -= {n for n in changing if "lora_" in n}
+        return with_siblings(((n, state[k].dtype, tuple(state[k].shape)) for n, k in names.items()), changing)
+
+    def sync_tensors(self, bucket):
+        """As `named_weights` computes them (a merged layer is a new tensor), the bucket's names only."""
+        base, layers, names = self._peft.get_base_model().state_dict(), self._merged_layers(), self._base_names()
+        for name in bucket.names:
+            yield self._merged(names[name], base, layers)
+
+    def _base_names(self) -> dict[str, str]:
+        """The base model's names (q_proj.weight) -> its state's under peft (q_proj.base_layer.weight), in order."""
+        state = self._peft.get_base_model().state_dict()
+        return {n.replace(".base_layer.", "."): n for n in state if "lora_" not in n}
+
+    def _merged_layers(self) -> dict:
+        """Base-model state name ("...q_proj.base_layer.weight") -> its LoRA layer."""
         from peft.tuners.lora import LoraLayer
 
-        base_model = self._peft.get_base_model()
-        lora_layers = {
+        return {
             f"{name}.base_layer.weight": module
-            for name, module in base_model.named_modules()
+            for name, module in self._peft.get_base_model().named_modules()
             if isinstance(module, LoraLayer)
         }
-        for name, tensor in base_model.state_dict().items():
-            if "lora_" in name:
-                continue
-            module = lora_layers.get(name)
-            if module is not None:
-                tensor = (tensor.float() + _delta_weight(module)).to(tensor.dtype)
-            yield name.replace(".base_layer.", "."), tensor.detach().clone()
+
+    @staticmethod
+    def _merged(key: str, base: dict, layers: dict) -> torch.Tensor:
+        tensor, module = base[key], layers.get(key)
+        if module is not None:
+            tensor = (tensor.float() + _delta_weight(module)).to(tensor.dtype)
+        return tensor.detach().clone()
 
     def adapter(self):
         """The adapter alone, in PEFT's saved form (fp32, on the CPU), for an engine that applies it itself."""

@@ -97,6 +97,7 @@ class Split:
             "rollout/staleness": float(state.step - got.version),
             "rollout/queue_depth": float(state.engine.queue_depth()),
             "timing/rollout_worker_idle": got.worker_idle_s,
+            "timing/rollout_worker_receive": got.worker_receive_s,
         }
         return Round(got.groups, feats, metrics)
 

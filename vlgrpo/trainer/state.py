@@ -34,6 +34,7 @@ from vlgrpo.rollout.base import RolloutEngine, SamplingParams, staleness
 from vlgrpo.rollout.build import build_engine
 from vlgrpo.rollout.split import SplitRollout, worker_gpu
 from vlgrpo.rollout.tools.table import tool_schemas
+from vlgrpo.rollout.weight_stream import Bucket, SyncStats, WeightBuckets, plan_buckets
 from vlgrpo.trainer import checkpoint
 from vlgrpo.trainer.backends import Backend, make_backend, max_over_ranks, rank_world
 from vlgrpo.trainer.group import join_group
@@ -129,26 +130,26 @@ class RunState:
     def save_checkpoint(self) -> Path:
         return checkpoint.save(self)
 
-    def sync_engine(self) -> int:
-        """The engine gets this step's policy (phase 8, and after a resume); returns the bytes sent. Nothing for an
+    def sync_engine(self) -> SyncStats:
+        """The engine gets this step's policy (phase 8, and after a resume); returns what moved. Nothing for an
         engine that shares the trainer's model (a version bump); the LoRA adapter alone for one that applies it
-        (vLLM, rollout.vllm.adapter_sync); else the full weights (ZeRO-3: gathered; LoRA: merged into new tensors)."""
+        (vLLM, rollout.vllm.adapter_sync); else the weights that change, in buckets (`weight_stream`; ZeRO-3 gathers
+        a bucket at once, LoRA merges into new tensors)."""
         if not self.engine_needs_weights:
             self.engine.update_weights(None, self.step)
-            return 0
+            return SyncStats()
         if adapter_sync(self.cfg):
             adapter = self.backend.adapter()
             self.engine.update_weights(adapter, self.step)
-            return adapter.bytes
-        sent = [0]
+            return SyncStats(adapter.bytes, len(adapter.tensors), 1)
+        weights = WeightBuckets(self.sync_plan, self.backend.sync_tensors)
+        self.engine.update_weights(weights, self.step)
+        return SyncStats.of(weights)
 
-        def counted():
-            for name, tensor in self.backend.named_weights():
-                sent[0] += tensor.numel() * tensor.element_size()
-                yield name, tensor
-
-        self.engine.update_weights(counted(), self.step)
-        return sent[0]
+    @functools.cached_property
+    def sync_plan(self) -> list[Bucket]:
+        """The buckets every sync moves (the names, dtypes and shapes do not change during a run)."""
+        return plan_buckets(self.backend.sync_specs(), int(self.cfg.rollout.sync_bucket_mb * 2**20))
 
     @property
     def split(self) -> bool:

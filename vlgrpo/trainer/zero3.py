@@ -287,6 +287,25 @@ class Zero3Backend:
         for name, b in self.model.named_buffers():
             yield name, b.detach().clone()
 
+    def sync_specs(self):
+        """Full shapes (ds_shape) of the trainable parameters and their siblings; buffers never change."""
+        from vlgrpo.rollout.weight_stream import with_siblings
+
+        changing = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        specs = ((n, p.dtype, tuple(getattr(p, "ds_shape", p.shape))) for n, p in self.model.named_parameters())
+        return with_siblings(specs, changing)
+
+    def sync_tensors(self, bucket):
+        """One gather for the whole bucket (collective), copies of the full tensors (the partitions are freed when
+        the gather ends, and a colocated engine may still hold the tensors it was given)."""
+        import deepspeed
+
+        params = dict(self.model.named_parameters())
+        chosen = [params[n] for n in bucket.names]
+        with deepspeed.zero.GatheredParameters(chosen, modifier_rank=None):
+            copies = [p.data.detach().clone() for p in chosen]
+        yield from copies
+
     # ---- checkpoints
     def save(self, directory: Path) -> None:
         self.engine.save_checkpoint(str(directory), tag="zero3")

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from vlgrpo.config.validate import check_mm_limits
 from vlgrpo.data.images import ProcessorGeometry
+from vlgrpo.families import family_of
 from vlgrpo.memory.from_config import total_length
 from vlgrpo.policy.prompt import PromptInputs, PromptSettings, build_prompt, forbidden_mask
 from vlgrpo.rollout.adapters import AdapterVersions, engine_lora_kwargs
@@ -40,6 +41,49 @@ from vlgrpo.types import RolloutGroup, Sample
 SLEEP_TAGS = ("weights", "kv_cache")  # vLLM's sleep-mode allocations, in the order they must wake
 
 
+def launch_args(cfg, lm, prompt: PromptSettings) -> dict:
+    """`VLLMEngine.launch`'s arguments for a run config (`rollout.vllm.*`, `engine_defaults`, the LoRA adapter's
+    settings), besides the checkpoint, processor and vision cache: what reaches `vllm.LLM`."""
+    v, m = cfg.rollout.vllm, cfg.model
+    colocate = cfg.rollout.placement == "colocate"
+    lora = engine_lora_kwargs(cfg)  # vLLM applies the LoRA adapter itself ({} without adapter_sync)
+    llm_kwargs = {**lora, **engine_defaults(cfg, family_of(lm.model)), "dtype": m.dtype, **v.engine_kwargs}
+    if colocate and torch.distributed.is_available() and torch.distributed.is_initialized():
+        llm_kwargs["distributed_executor_backend"] = "external_launcher"  # one engine per training rank
+    return dict(
+        mm_input=v.mm_input,
+        gpu_memory_utilization=v.gpu_memory_utilization,
+        tensor_parallel_size=v.tensor_parallel_size,
+        max_model_len=prompt.max_total_length or total_length(cfg, ProcessorGeometry.from_processor(lm.processor)),
+        enable_sleep_mode=colocate and v.enable_sleep_mode,
+        seed=cfg.train.seed,
+        llm_kwargs=llm_kwargs,
+        limit_mm_per_prompt=with_tool_images(dict(v.limit_mm_per_prompt), prompt.max_turns),
+        prompt=prompt,
+        push_visual=not (m.freeze_vision and m.freeze_merger),
+        sleep_level=1 if colocate and v.enable_sleep_mode else 0,
+        max_loras=lora.get("max_loras", 0),
+        release_mm_caches=colocate,
+    )
+
+
+def engine_defaults(cfg, family) -> dict:
+    """`vllm.LLM` settings vlgrpo chooses for a run (rollout.vllm.engine_kwargs overrides each):
+    - colocated: `mm_processor_cache_gb=0`. The processor cache keeps every multimodal item it has seen (with
+      mm_input=embeds, our embedding tensors) for reuse across requests; a training run never sends an item twice
+      within its lifetime's use, and colocated with the trainer the cache grows into the update's memory (verl turns
+      it off for the same reason);
+    - a hybrid model (Qwen3.5's Gated DeltaNet): `mamba_cache_mode="align"`, the prefix caching of linear-attention
+      state at block boundaries (vLLM sizes the block so a block's attention pages hold a layer's state: hundreds of
+      tokens; `vlgrpo plan` prints the size and what share of a prompt it can reuse)."""
+    out: dict = {}
+    if cfg.rollout.placement == "colocate":
+        out["mm_processor_cache_gb"] = 0
+    if family.hybrid_attention:
+        out["mamba_cache_mode"] = "align"
+    return out
+
+
 # ---------------------------------------------------------------- the engine
 
 
@@ -56,6 +100,7 @@ class VLLMEngine(EngineCounters):
         "params_pushed",
         "adapter_syncs",
         "prefix_cache_hit_tokens",
+        "prefix_cache_query_tokens",
     )
 
     def __init__(
@@ -71,6 +116,7 @@ class VLLMEngine(EngineCounters):
         deepstack_maps: int = 0,
         limit_mm_per_prompt: dict | None = None,
         max_loras: int = 0,
+        release_mm_caches: bool = False,
     ):
         """`prompt`: how prompts are written (None: the defaults); the rest as `launch` and `from_config` set it."""
         if mm_input not in MM_INPUTS:
@@ -92,6 +138,9 @@ class VLLMEngine(EngineCounters):
         self.deepstack_maps = deepstack_maps
         """DeepStack maps each image's embeddings carry (Qwen3-VL: len(deepstack_visual_indexes); else 0)."""
         self.policy_version = 0
+        self.release_mm_caches = release_mm_caches
+        """Colocated runs: the multimodal caches are emptied after each rollout (EasyR1 clears the encoder cache
+        for the same reason: the trainer's update needs that memory)."""
         self.max_loras = max_loras
         """Adapters vLLM holds at once (0: the engine was built without LoRA): rollout.max_staleness + 1, so groups
         in flight finish on their own policy."""
@@ -175,30 +224,7 @@ class VLLMEngine(EngineCounters):
     def from_config(cls, cfg, lm, vision_cache, prompt: PromptSettings) -> VLLMEngine:
         """The engine a run config asks for (`rollout.vllm.*`; `rollout.build.build_engine`); `lm` is the trainer's
         LoadedModel."""
-        v, m = cfg.rollout.vllm, cfg.model
-        colocate = cfg.rollout.placement == "colocate"
-        llm_kwargs = {"dtype": m.dtype, **v.engine_kwargs}
-        lora = engine_lora_kwargs(cfg)  # vLLM applies the LoRA adapter itself ({} without adapter_sync)
-        llm_kwargs = {**lora, **llm_kwargs}
-        if colocate and torch.distributed.is_available() and torch.distributed.is_initialized():
-            llm_kwargs["distributed_executor_backend"] = "external_launcher"  # one engine per training rank
-        return cls.launch(
-            m.name_or_path,
-            lm.processor,
-            vision_cache,
-            mm_input=v.mm_input,
-            gpu_memory_utilization=v.gpu_memory_utilization,
-            tensor_parallel_size=v.tensor_parallel_size,
-            max_model_len=prompt.max_total_length or total_length(cfg, ProcessorGeometry.from_processor(lm.processor)),
-            enable_sleep_mode=colocate and v.enable_sleep_mode,
-            seed=cfg.train.seed,
-            llm_kwargs=llm_kwargs,
-            limit_mm_per_prompt=with_tool_images(dict(v.limit_mm_per_prompt), prompt.max_turns),
-            prompt=prompt,
-            push_visual=not (m.freeze_vision and m.freeze_merger),
-            sleep_level=1 if colocate and v.enable_sleep_mode else 0,
-            max_loras=lora.get("max_loras", 0),
-        )
+        return cls.launch(cfg.model.name_or_path, lm.processor, vision_cache, **launch_args(cfg, lm, prompt))
 
     @classmethod
     def for_eval(
@@ -263,10 +289,15 @@ class VLLMEngine(EngineCounters):
             for seed in request_seeds(params.seed, len(requests))
         ]
         self.wake_up()
-        hits = self._prefix_cache_hits()
+        before = self._prefix_cache_counts()
         lora = {"lora_request": self.lora_request} if self.lora_request is not None else {}  # the policy's adapter
         outputs = self.llm.generate(requests, per_request, use_tqdm=False, **lora)
-        self._counts["prefix_cache_hit_tokens"] += self._prefix_cache_hits() - hits
+        after = self._prefix_cache_counts()
+        self._counts["prefix_cache_hit_tokens"] += after[0] - before[0]
+        self._counts["prefix_cache_query_tokens"] += after[1] - before[1]
+        if self.release_mm_caches:  # colocated: nothing of this rollout's images outlives it on the trainer's GPU
+            self.llm.reset_mm_cache()
+            self.llm.llm_engine.reset_encoder_cache()
         if self.sleep_level:
             self.sleep(self.sleep_level)
         groups = []
@@ -293,14 +324,26 @@ class VLLMEngine(EngineCounters):
     def _decode(self, ids: list[int]) -> str:
         return self.processor.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def _prefix_cache_hits(self) -> int:
-        """vLLM's own prefix-cache hit counter (tokens), from its Prometheus metrics; 0 where it keeps none. vLLM
-        registers one set of collectors per process: with a second `LLM` in the process the first one's counters
-        are no longer read (production runs one engine per process)."""
+    def _prefix_cache_counts(self) -> tuple[int, int]:
+        """vLLM's own prefix-cache counters (tokens found cached, tokens looked up), from its Prometheus metrics; 0
+        where it keeps none. vLLM registers one set of collectors per process: with a second `LLM` in the process the
+        first one's counters are no longer read (production runs one engine per process)."""
         get = getattr(self.llm, "get_metrics", None)
         if get is None:
-            return 0
-        return int(sum(getattr(m, "value", 0) for m in get() if m.name == "vllm:prefix_cache_hits"))
+            return 0, 0
+        metrics = get()
+        count = lambda name: int(sum(getattr(m, "value", 0) for m in metrics if m.name == name))  # noqa: E731
+        return count("vllm:prefix_cache_hits"), count("vllm:prefix_cache_queries")
+
+    def stats(self) -> dict[str, float]:
+        """The counters, and `rollout/prefix_cache_hit_rate`: the share of the prompt tokens looked up in the prefix
+        cache that it held (a group's G samples share their prompt; a hybrid model's cache holds whole blocks only,
+        `vlgrpo plan` says how large)."""
+        out = super().stats()
+        queried = self._counts["prefix_cache_query_tokens"]
+        if queried:
+            out["rollout/prefix_cache_hit_rate"] = self._counts["prefix_cache_hit_tokens"] / queried
+        return out
 
     def update_weights(self, named_params: Iterable[tuple[str, Tensor]] | Adapter | None, version: int) -> None:
         """Reload (HF name, tensor) pairs in place on every worker (vLLM's `reload_weights`, which also resets the
