@@ -249,7 +249,7 @@ def test_every_config_key_the_docs_name_exists():
 
 CONFIG_SECTIONS = {"model", "data", "rollout", "train", "grpo", "reward", "eval", "logging"}
 """`data.…`, `rollout.…`, `grpo.…` read as config keys (checked above); the package's other top-level modules are
-names when the docs write them without `vlgrpo.` (`trainer.backends.average_gradients`)."""
+names when the docs write them without `vlgrpo.` (`trainer.ranks.average_gradients`)."""
 MODULES = sorted({p.stem for p in (ROOT / "vlgrpo").iterdir() if p.suffix == ".py" or p.is_dir()} - CONFIG_SECTIONS)
 PY_NAME = re.compile(r"`((?:vlgrpo|" + "|".join(MODULES) + r")\.[\w.]*\w(?::\w+)?)[`(]")
 FILE_SUFFIXES = {"json", "yaml", "py", "md"}

@@ -385,7 +385,8 @@ def test_weights_under_names_the_worker_lacks_stop_the_run(tmp_path, tiny_model_
     split = SplitRollout(cfg, "qwen2_5", {}, 1)
     try:
         bad = WeightBuckets.from_named([(f"model.no_such_layer_{i}.weight", torch.zeros(16)) for i in range(6)], 64)
+        split.update_weights(bad, 1)  # announced: the buckets travel at the next collect
         with pytest.raises(RuntimeError, match=r"the rollout worker failed:(.|\n)*names the worker's model lacks"):
-            split.update_weights(bad, 1)
+            split.collect(1)
     finally:
         split.close()

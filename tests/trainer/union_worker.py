@@ -63,9 +63,9 @@ def main(config_path: str, out_dir: str, ranks: str, *overrides: str) -> None:
     torch.optim.AdamW = SGD  # before the backend builds its optimiser
     from vlgrpo.config import load_config
     from vlgrpo.data.adapters import load_samples
-    from vlgrpo.trainer.backends import gather_from_ranks, rank_world
     from vlgrpo.trainer.group import leave_group
     from vlgrpo.trainer.loop import Trainer
+    from vlgrpo.trainer.ranks import gather_from_ranks, rank_world
     from vlgrpo.trainer.state import build_state
 
     cfg = load_config(config_path, list(overrides))

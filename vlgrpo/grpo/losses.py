@@ -58,7 +58,7 @@ def sequence_token_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Te
 # All take the same keywords so the trainer can call any of them; each uses the normaliser it needs. For gradient
 # accumulation pass the count of the whole optimiser batch, so summing micro-batch losses gives the full-batch loss;
 # on N data-parallel ranks whose gradients are averaged, the union batch's count / N
-# (trainer.backends.global_normalisers).
+# (trainer.ranks.global_normalisers).
 
 
 def _masked_sum(per_token: Tensor, mask: Tensor) -> Tensor:

@@ -84,6 +84,8 @@ class SplitRollout:
         """Submitted (step, round) not yet collected -> their required minimum version."""
         self.ready: dict[tuple[int, int], Collected] = {}
         self._worker_state: dict[str, Tensor] | None = None
+        self._unsent: WeightBuckets | None = None
+        """Weights announced to the worker (their plan is queued) and not sent yet: they go at the next collect."""
         self.bucket_bytes = int(cfg.rollout.sync_bucket_mb * 2**20)
         # the weights' process group of two: NCCL where the trainer and the worker's vLLM each hold a GPU, else gloo
         device = f"cuda:{torch.cuda.current_device()}" if gpu is not None and torch.cuda.is_available() else "cpu"
@@ -114,7 +116,9 @@ class SplitRollout:
         self.requests.put(("generate", (step, round_no), samples, params, need, features))
 
     def collect(self, step: int, round_no: int = 0) -> Collected:
-        """The groups of step `step` (round `round_no`), waiting for the worker if they are not there yet."""
+        """The groups of step `step` (round `round_no`), waiting for the worker if they are not there yet. The weights
+        announced since the last collect travel first (`update_weights`)."""
+        self._send_weights()
         key = (step, round_no)
         while key not in self.ready:
             self._receive(block=True)
@@ -130,10 +134,11 @@ class SplitRollout:
     def update_weights(
         self, named_params: WeightBuckets | Iterable[tuple[str, Tensor]] | Adapter | None, version: int
     ) -> None:
-        """Send the trainer's weights, tagged `version`: the plan through the queue, then bucket after bucket over
-        the pair's process group (this returns when the worker has the last one: it receives when it has finished
-        the batch it samples). A LoRA adapter alone, for a worker's vLLM that applies it, goes through the queue."""
+        """Announce the trainer's weights, tagged `version`: their plan goes through the queue now, the buckets over
+        the pair's process group at the next collect (`_send_weights`). A LoRA adapter alone, for a worker's vLLM that
+        applies it, goes through the queue."""
         self.policy_version = version
+        self._send_weights()  # (a version announced and not sent yet goes first)
         if isinstance(named_params, Adapter):
             self.requests.put(("adapter", version, named_params.config, pack_weights(named_params.tensors.items())))
             return
@@ -141,7 +146,15 @@ class SplitRollout:
         if not isinstance(weights, WeightBuckets):
             weights = WeightBuckets.from_named(weights or [], self.bucket_bytes)
         self.requests.put(("weights", version, weights.buckets))
-        if not weights.buckets:
+        self._unsent = weights if weights.buckets else None
+
+    def _send_weights(self) -> None:
+        """The buckets announced by `update_weights`, if not sent yet. They travel at the next collect rather than at
+        once: the worker receives when it has finished the batch it samples, and meanwhile the trainer submits (and
+        encodes) the next batch, which the queue puts behind the weights. Nothing changes the weights in between: the
+        next update starts after that collect."""
+        weights, self._unsent = self._unsent, None
+        if weights is None:
             return
         try:
             send_buckets(self._group(), weights, self.process.is_alive)
@@ -159,6 +172,7 @@ class SplitRollout:
     def worker_weights(self) -> dict[str, Tensor]:
         """The worker's HF copy of the weights (all of them), once it has taken every message sent before: what
         the tests compare with the trainer's, tensor for tensor."""
+        self._send_weights()
         self.requests.put(("state",))
         while self._worker_state is None:
             self._receive(block=True)
@@ -174,6 +188,11 @@ class SplitRollout:
 
     def close(self) -> None:
         if self.process.is_alive():
+            if self._unsent is not None:  # the last step's weights: the worker waits for them before it reads "stop"
+                try:
+                    self._send_weights()
+                except RuntimeError:
+                    pass  # it stops or is killed below either way
             self.requests.put(("stop",))
             self.process.join(timeout=30)
         if self.process.is_alive():

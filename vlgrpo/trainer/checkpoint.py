@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from vlgrpo.config import Config, to_dict
-from vlgrpo.trainer.backends import Backend, from_rank0, gather_from_ranks, max_over_ranks, rank_world
+from vlgrpo.trainer.backends import Backend
 from vlgrpo.trainer.manifest import check_manifest, refuse_pickled_code, write_manifest
 from vlgrpo.trainer.metrics import truncate_metrics
+from vlgrpo.trainer.ranks import from_rank0, gather_from_ranks, max_over_ranks, rank_world
 from vlgrpo.trainer.rundir import RunDirError, describe, is_write_error
 from vlgrpo.trainer.safe_state import CheckpointError, load_json, rng_state, set_rng_state, write_json
 

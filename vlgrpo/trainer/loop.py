@@ -17,17 +17,12 @@ from vlgrpo.policy.forward import completion_logprobs_and_entropy
 from vlgrpo.registry import ADVANTAGE, AGGREGATION, RATIO
 from vlgrpo.rewards import score
 from vlgrpo.rollout.base import staleness
-from vlgrpo.trainer.backends import (
-    gather_from_ranks,
-    global_normalisers,
-    max_over_ranks,
-    no_dropout,
-    sum_tensor_over_ranks,
-)
+from vlgrpo.trainer.backends import no_dropout
 from vlgrpo.trainer.batch import TrainBatch, attach_crops, make_batch, over_turn_mask
 from vlgrpo.trainer.checkpoint import checkpoint_dirs
 from vlgrpo.trainer.metrics import UnionMeans, mean_metrics, memory_metrics
 from vlgrpo.trainer.offpolicy import OffPolicy
+from vlgrpo.trainer.ranks import gather_from_ranks, global_normalisers, max_over_ranks, sum_tensor_over_ranks
 from vlgrpo.trainer.sft import gold_group
 from vlgrpo.trainer.source import rollout_source
 from vlgrpo.trainer.state import RunState

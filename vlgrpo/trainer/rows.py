@@ -19,7 +19,7 @@ from vlgrpo.data.schema import DataError
 from vlgrpo.data.stream import SampleStream
 from vlgrpo.data.video import VideoSampling, inspect_video
 from vlgrpo.policy.prompt import PromptInputs, build_prompt
-from vlgrpo.trainer.backends import rank_world, sum_over_ranks
+from vlgrpo.trainer.ranks import rank_world, sum_over_ranks
 from vlgrpo.types import InputError, Sample
 
 

@@ -36,9 +36,10 @@ from vlgrpo.rollout.split import SplitRollout, worker_gpu
 from vlgrpo.rollout.tools.table import tool_schemas
 from vlgrpo.rollout.weight_stream import Bucket, SyncStats, WeightBuckets, plan_buckets
 from vlgrpo.trainer import checkpoint
-from vlgrpo.trainer.backends import Backend, make_backend, max_over_ranks, rank_world
+from vlgrpo.trainer.backends import Backend, make_backend
 from vlgrpo.trainer.group import join_group
 from vlgrpo.trainer.metrics import MetricsLogger, Timers
+from vlgrpo.trainer.ranks import max_over_ranks, rank_world
 from vlgrpo.trainer.rows import CheckedRows
 from vlgrpo.trainer.rundir import RunDirError, RunLock, describe
 from vlgrpo.types import InputError

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 from vlgrpo.rollout.turns import crop_names, trajectory_messages
-from vlgrpo.trainer.backends import rank_world
+from vlgrpo.trainer.ranks import rank_world
 from vlgrpo.types import RolloutGroup
 
 TRAJECTORIES = 4

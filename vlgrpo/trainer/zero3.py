@@ -18,8 +18,9 @@ import torch
 
 from vlgrpo.config import Config
 from vlgrpo.families import is_gated_deltanet
-from vlgrpo.trainer.backends import apply_freeze, lr_factor, max_over_ranks
+from vlgrpo.trainer.backends import apply_freeze, lr_factor
 from vlgrpo.trainer.group import bound_every_group
+from vlgrpo.trainer.ranks import max_over_ranks
 from vlgrpo.trainer.safe_state import weights_only_loads
 
 PICKLED_CLASSES = (
