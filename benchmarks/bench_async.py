@@ -242,9 +242,9 @@ def main() -> None:
             f"split / its ideal = {split['steps_per_s'] * max(one['rollout_s'], one['rest_s']):.0%}"
         )
     print(
-        f"weight sync: split {avg('split', 'sync_mb'):.1f} MB a step, {avg('split', 'sync_s') * 1e3:.1f} ms in the "
-        f"trainer (waiting for the worker's batch included), {avg('split', 'worker_receive_s') * 1e3:.1f} ms receiving "
-        "and loading in the worker"
+        f"weight sync: split {avg('split', 'sync_mb'):.1f} MB a step; {avg('split', 'sync_s') * 1e3:.1f} ms in the "
+        "trainer's sync phase (the plan: the buckets travel at its next collect), "
+        f"{avg('split', 'worker_receive_s') * 1e3:.1f} ms receiving and loading them in the worker"
     )
     faster = max(avg("sync1", "steps_per_s"), avg("sync2", "steps_per_s"))
     print(
