@@ -65,6 +65,7 @@ def test_plan_says_what_share_of_a_prompt_a_hybrids_prefix_cache_reuses():
     text = format_report(build_report(plan_input_from_config(load_config(str(recipe)))))
     assert "vLLM prefix caching of a hybrid model: blocks of 528 tokens" in text
     assert "of a 260-token prompt, 0 are reused by the group's other samples (0%; a prompt shorter than a block" in text
+    assert "vLLM's multimodal processor cache: off (mm_processor_cache_gb=0;" in text  # the recipe is colocated
     dense = Path(__file__).parents[2] / "configs" / "qwen2_5_vl_7b_zero3_8xa100.yaml"
     assert "prefix caching of a hybrid" not in format_report(
         build_report(plan_input_from_config(load_config(str(dense))))

@@ -207,6 +207,14 @@ def _checkpoint_lines(report: dict[str, Any]) -> list[str]:
             if s["adapter"]:
                 sync += f"; the adapter alone would be {s['adapter'] / 1e6:.1f} MB"
         lines.append(sync + (f": {i['sync_why']}" if i["sync_why"] else ""))
+    if i["engine"] == "vllm":
+        lines.append(
+            "vLLM's multimodal processor cache: off (mm_processor_cache_gb=0; vLLM's default keeps up to 4 GiB of "
+            "processed items per engine, with mm_input=embeds the images' embeddings, next to the trainer), and vLLM's "
+            "caches emptied after each rollout"
+            if i["vllm_placement"] == "colocate"
+            else "vLLM's multimodal processor cache: vLLM's default (up to 4 GiB per engine), on the rollout side"
+        )
     block = report["prefix_block"]
     if block:
         prompt = report["counts"]["prompt_tokens"]
