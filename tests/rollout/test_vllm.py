@@ -279,7 +279,7 @@ def test_what_a_runs_config_hands_vllm(tiny_model_dir):
     prefix caching of its linear-attention state at block boundaries; rollout.vllm.engine_kwargs overrides each."""
     from vlgrpo.config import load_config
     from vlgrpo.models import load_model
-    from vlgrpo.rollout.vllm.engine import launch_args
+    from vlgrpo.rollout.vllm.settings import launch_args
 
     dense, hybrid = load_model(tiny_model_dir()), load_model(tiny_model_dir("qwen3_5"))
     colocated = load_config(None, ["rollout.engine=vllm"])

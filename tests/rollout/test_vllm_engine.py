@@ -512,10 +512,11 @@ def test_qwen3_5_on_vllms_cpu_build_decodes_as_the_hf_engine_or_stops_clearly(
 
 
 def test_colocated_runs_turn_vllms_multimodal_processor_cache_off(tmp_path, tiny_model_dir):
-    """What a colocated run's config hands `vllm.LLM` (`engine.launch_args`; tests/rollout/test_vllm.py checks the
+    """What a colocated run's config hands `vllm.LLM` (`settings.launch_args`; tests/rollout/test_vllm.py checks the
     arguments for each placement and family) reaches vLLM's own config: the processor cache off. (Last in the module:
     a second engine in the process tears down vLLM's groups when it goes, and the module's engines with them.)"""
-    from vlgrpo.rollout.vllm.engine import VLLMEngine, launch_args
+    from vlgrpo.rollout.vllm.engine import VLLMEngine
+    from vlgrpo.rollout.vllm.settings import launch_args
 
     lm = load_model(tiny_model_dir())
     cfg = load_config(
