@@ -57,13 +57,21 @@ def test_buckets_keep_the_order_the_size_and_sibling_groups_together():
     assert [n for b in buckets for n in b.names] == [s[0] for s in SPECS]  # every tensor once, in order
     assert [b.names for b in buckets] == [
         # q, q bias, k, v: 64 + 16 (-> 64) + 64 + 64 = 256 bytes, exactly one bucket
-        ["m.layers.0.attn.q_proj.weight", "m.layers.0.attn.q_proj.bias", "m.layers.0.attn.k_proj.weight",
-         "m.layers.0.attn.v_proj.weight"],
+        [
+            "m.layers.0.attn.q_proj.weight",
+            "m.layers.0.attn.q_proj.bias",
+            "m.layers.0.attn.k_proj.weight",
+            "m.layers.0.attn.v_proj.weight",
+        ],
         # up and down (64 + 64) fit after nothing else; the linear_attn group (8 -> 64, + 32) does not straddle
-        ["m.layers.0.mlp.up_proj.weight", "m.layers.0.mlp.down_proj.weight", "m.layers.0.linear_attn.A_log",
-         "m.layers.0.linear_attn.in_proj_a.weight"],
+        [
+            "m.layers.0.mlp.up_proj.weight",
+            "m.layers.0.mlp.down_proj.weight",
+            "m.layers.0.linear_attn.A_log",
+            "m.layers.0.linear_attn.in_proj_a.weight",
+        ],
         ["m.embed.weight", "m.norm.weight"],
-    ]  # fmt: skip
+    ]
     for b in buckets:
         assert b.nbytes <= 256 and all(e.offset % ALIGN == 0 for e in b.entries)
         ends = [e.offset + e.nbytes for e in b.entries]
@@ -105,8 +113,11 @@ def _receiver(port: int, buckets, results, done) -> None:
 
 def test_buckets_sent_over_a_process_group_of_two_arrive_bit_for_bit():
     torch.manual_seed(1)
-    tensors = {f"m.layers.{i}.mlp.{p}.weight": torch.randn(16, 8).to(dt) for i in range(5) for p, dt in
-               (("up_proj", BF16), ("down_proj", F32))}  # fmt: skip
+    tensors = {
+        f"m.layers.{i}.mlp.{p}.weight": torch.randn(16, 8).to(dt)
+        for i in range(5)
+        for p, dt in (("up_proj", BF16), ("down_proj", F32))
+    }
     weights = WeightBuckets.from_named(tensors.items(), 700)  # 256 + 512 bytes a layer: two buckets per layer
     assert len(weights.buckets) == 10 and weights.nbytes == 5 * (256 + 512) and weights.tensors == 10
     ctx = mp.get_context("spawn")
