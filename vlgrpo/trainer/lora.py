@@ -7,6 +7,7 @@ copy in memory); export merges the adapter into a plain HF checkpoint.
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -77,8 +78,8 @@ class LoRABackend(PlainBackend):
         The base is never written. peft's merge_adapter/unmerge_adapter round trip (W += dW; W -= dW) is not exact
         in bf16: repeated at every sync it moved the base, which is also the reference policy (adapter off) and the
         half of the export that is not the adapter, so a killed-and-resumed bf16 run left the run it should equal."""
-        base, layers = self._peft.get_base_model().state_dict(), self._merged_layers()
-        for name, key in self._base_names().items():
+        base, layers = self._peft.get_base_model().state_dict(), self._merged_layers
+        for name, key in self._base_names.items():
             yield name, self._merged(key, base, layers)
 
     def sync_specs(self):
@@ -87,23 +88,26 @@ class LoRABackend(PlainBackend):
         from vlgrpo.rollout.weight_stream import with_siblings
 
         base = self._peft.get_base_model()
-        names, state = self._base_names(), base.state_dict()
-        changing = {n.replace(".base_layer.", ".") for n in self._merged_layers()}
+        names, state = self._base_names, base.state_dict()
+        changing = {n.replace(".base_layer.", ".") for n in self._merged_layers}
         changing |= {n.replace(".base_layer.", ".") for n, p in base.named_parameters() if p.requires_grad}
         changing -= {n for n in changing if "lora_" in n}
         return with_siblings(((n, state[k].dtype, tuple(state[k].shape)) for n, k in names.items()), changing)
 
     def sync_tensors(self, bucket):
         """As `named_weights` computes them (a merged layer is a new tensor), the bucket's names only."""
-        base, layers, names = self._peft.get_base_model().state_dict(), self._merged_layers(), self._base_names()
+        base, layers, names = self._peft.get_base_model().state_dict(), self._merged_layers, self._base_names
         for name in bucket.names:
             yield self._merged(names[name], base, layers)
 
+    @functools.cached_property
     def _base_names(self) -> dict[str, str]:
-        """The base model's names (q_proj.weight) -> its state's under peft (q_proj.base_layer.weight), in order."""
+        """The base model's names (q_proj.weight) -> its state's under peft (q_proj.base_layer.weight), in order; fixed
+        once peft has wrapped the model, so computed once, not per bucket."""
         state = self._peft.get_base_model().state_dict()
         return {n.replace(".base_layer.", "."): n for n in state if "lora_" not in n}
 
+    @functools.cached_property
     def _merged_layers(self) -> dict:
         """Base-model state name ("...q_proj.base_layer.weight") -> its LoRA layer."""
         from peft.tuners.lora import LoraLayer
