@@ -165,3 +165,37 @@ def test_bf16_split_lora_never_writes_the_base_weights(tmp_path, tiny_model_dir,
     ][:5]
     # and the adapter trained: the synced (merged) weights left the base
     assert sum(not torch.equal(synced[n], base[n]) for n in base) >= 10
+
+
+def test_the_hf_engine_decodes_fp32_lora_merged_with_peft_s_log_probs(tmp_path, tiny_model_dir, shapes_dir):
+    """Inside `rollout_weights` every language LoRA layer runs one product with its merged weight (no adapter
+    product, the base untouched), and the rollout's log-probs equal the trainer's (peft's path) to fp32 rounding; on
+    leaving, peft's path is back."""
+    state = _lora_state(tmp_path, tiny_model_dir, shapes_dir, "train.lora.target_modules=[q_proj,v_proj,down_proj]")
+    torch.manual_seed(1)
+    for n, p in state.backend.model.named_parameters():
+        if "lora_B" in n:  # an adapter that moves the policy
+            p.data.normal_(0, 0.3)
+    model = state.backend.model
+    base = {n: p.detach().clone() for n, p in model.named_parameters() if "base_layer" in n}
+    calls = []
+    hooks = [m.register_forward_hook(lambda *_: calls.append(1)) for n, m in model.named_modules() if "lora_A" in n]
+    samples = load_samples(shapes_dir / "train.jsonl").samples[:2]
+    feats = state.cache.get([s.image for s in samples])
+    with state.backend.rollout_weights():
+        groups = state.engine.generate(samples, state.sampling_for(0))
+    assert calls == []  # no adapter product ran: the merged weights did
+    for n, p in model.named_parameters():
+        if "base_layer" in n:
+            assert torch.equal(p, base[n]), n
+    trainer = Trainer(state)
+    batch = trainer._collate(groups, feats)
+    trainer_logp = trainer._logprobs(model, batch)
+    assert calls  # outside the context, peft's path again
+    engine_logp = torch.nn.utils.rnn.pad_sequence(
+        [torch.tensor(c.logprobs) for g in groups for c in g.completions], batch_first=True
+    )
+    mask = batch.loss_mask.bool()
+    gap = (trainer_logp[mask] - engine_logp[mask]).abs().max()
+    assert 0 < gap < 1e-4, gap  # merged differs from peft's three products by fp32 rounding only
+    state.close()

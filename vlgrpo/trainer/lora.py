@@ -10,10 +10,11 @@ import copy
 import functools
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from vlgrpo.config import Config
 from vlgrpo.models import is_visual
@@ -67,6 +68,33 @@ class LoRABackend(PlainBackend):
             return
         with self._peft.disable_adapter():
             yield self._peft
+
+    def rollout_weights(self, full: bool = True):
+        """The HF engine decodes (full=True) through the adapter merged: each fp32 LoRA layer of the language model runs
+        one matrix product with W + scale * B @ A (a new tensor per layer, made at entry; the base is never written)
+        instead of peft's three products and its per-call Python, which more than halve a decode step's cost on the
+        CPU (benchmarks/bench_vs_trl.py). The fp32 sum differs from peft's path by rounding only (the log-probs within
+        1e-5, `tests/trainer/test_lora.py`); a 16-bit layer keeps peft's path, where the merged weight's one
+        rounding to bf16 would move the sampling policy off the trainer's (the gap a vLLM engine's correction
+        measures). full=False (only the vision encoder runs here): nothing to merge."""
+        return self._merged_forwards() if full else nullcontext()
+
+    @contextmanager
+    def _merged_forwards(self):
+        layers = [m for n, m in self._merged_layers.items() if _mergeable(n, m)]
+        try:
+            with torch.no_grad():
+                for m in layers:
+                    bias = m.base_layer.bias
+                    m.forward = functools.partial(
+                        F.linear,
+                        weight=m.base_layer.weight + _delta_weight(m),
+                        bias=None if bias is None else bias.detach(),
+                    )
+            yield
+        finally:
+            for m in layers:
+                m.__dict__.pop("forward", None)
 
     def vision_trainable(self) -> bool:
         return any(p.requires_grad and is_visual(n) for n, p in self._peft.named_parameters())
@@ -176,6 +204,23 @@ class LoRABackend(PlainBackend):
         merged.save_pretrained(out)
         processor.save_pretrained(out)
         return out
+
+
+def _mergeable(name: str, layer) -> bool:
+    """A language-model LoRA Linear over an fp32 nn.Linear, no adapter merged into it by peft, no DoRA: what
+    `LoRABackend.rollout_weights` decodes merged."""
+    from peft.tuners.lora import Linear
+
+    base = getattr(layer, "base_layer", None)
+    return (
+        isinstance(layer, Linear)
+        and type(base) is torch.nn.Linear
+        and base.weight.dtype == torch.float32
+        and not layer.merged
+        and not layer.fan_in_fan_out
+        and not any(layer.use_dora.get(a, False) for a in layer.active_adapters)
+        and not is_visual(name)
+    )
 
 
 def _delta_weight(layer) -> torch.Tensor:
