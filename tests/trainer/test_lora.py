@@ -179,7 +179,9 @@ def test_the_hf_engine_decodes_fp32_lora_merged_with_peft_s_log_probs(tmp_path, 
     model = state.backend.model
     base = {n: p.detach().clone() for n, p in model.named_parameters() if "base_layer" in n}
     calls = []
-    hooks = [m.register_forward_hook(lambda *_: calls.append(1)) for n, m in model.named_modules() if "lora_A" in n]
+    for n, m in model.named_modules():
+        if "lora_A" in n:
+            m.register_forward_hook(lambda *_: calls.append(1))
     samples = load_samples(shapes_dir / "train.jsonl").samples[:2]
     feats = state.cache.get([s.image for s in samples])
     with state.backend.rollout_weights():
