@@ -54,15 +54,14 @@ def test_placeholders_and_arch_detection(tiny_model_dir):
 
 
 @pytest.mark.parametrize(
-    "name, family",
-    [("Qwen/Qwen3.5-35B-A3B", "Qwen3.5 mixture-of-experts"), ("Qwen/Qwen3-VL-30B-A3B-Instruct", "Qwen3-VL mixture")],
+    "name, arch", [("Qwen/Qwen3.5-35B-A3B", "qwen3_5_moe"), ("Qwen/Qwen3-VL-30B-A3B", "qwen3_vl_moe")]
 )
-def test_mixture_of_experts_checkpoints_are_refused_by_name(tmp_path, name, family):
-    with pytest.raises(ModelLoadError, match=family):
-        detect_arch(name)
-    model_type = "qwen3_5_moe" if "3.5" in name else "qwen3_vl_moe"
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
-    with pytest.raises(ModelLoadError, match=rf"model_type '{model_type}' \(a {family}.*accepted: .*qwen3_5"):
+def test_mixture_of_experts_checkpoints_load_as_their_moe_arch(tmp_path, name, arch):
+    assert detect_arch(name) == arch
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": arch}))
+    assert detect_arch(str(tmp_path)) == arch
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe"}))  # the text-only MoE
+    with pytest.raises(ModelLoadError, match=r"model_type 'qwen3_moe' is not supported; accepted: .*qwen3_5_moe"):
         detect_arch(str(tmp_path))
 
 

@@ -11,7 +11,7 @@ three of every four layers). Imports nothing of vlgrpo, nor torch or transformer
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,9 @@ class Family:
     which the transformers cache carries and packing must reset per row (`is_gated_deltanet` tells the layers)."""
     thinking_template: bool = False
     """The released chat template opens `<think>` in the generation prompt when thinking is on (`data.thinking`)."""
+    dense: str | None = None
+    """A mixture-of-experts family's dense sibling, whose attention, tower, M-RoPE and conventions it shares: only its
+    feed-forward layers differ (a router choosing top-k experts per token); None for a dense family."""
     vllm_lora: bool = False
     """vLLM has been shown to serve its LoRA adapter (the engine/trainer log-prob gap of a LoRA run measured in
     `tests/trainer/test_vllm_train.py`): `rollout.vllm.adapter_sync` null turns the adapter-only sync on."""
@@ -102,22 +105,26 @@ FAMILIES: dict[str, Family] = {
         thinking_template=True,
     ),
 }
+FAMILIES["qwen3_vl_moe"] = replace(
+    FAMILIES["qwen3_vl"],
+    model_class="Qwen3VLMoeForConditionalGeneration",
+    config_class="Qwen3VLMoeConfig",
+    dense="qwen3_vl",
+)
+FAMILIES["qwen3_5_moe"] = replace(
+    FAMILIES["qwen3_5"],
+    model_class="Qwen3_5MoeForConditionalGeneration",
+    config_class="Qwen3_5MoeConfig",
+    dense="qwen3_5",
+)
 """Released pixel bounds (preprocessor_config.json): Qwen2-VL / Qwen2.5-VL 3,136 .. 12,845,056 px (qwen-vl-utils'
 MIN_PIXELS / MAX_PIXELS; transformers' Qwen2VLImageProcessor class defaults to 1,003,520 instead, which no released
 checkpoint uses), Qwen3-VL and Qwen3.5 65,536 .. 16,777,216 px."""
 
-REFUSED: dict[str, str] = {
-    "qwen3_vl_moe": "a Qwen3-VL mixture-of-experts model (30B-A3B, 235B-A22B), which vlgrpo does not train "
-    "(model.arch qwen3_vl is the dense Qwen3-VL 2B, 4B, 8B and 32B)",
-    "qwen3_5_moe": "a Qwen3.5 mixture-of-experts model (35B-A3B, 122B-A10B, 397B-A17B), which vlgrpo does not train "
-    "(model.arch qwen3_5 is the dense Qwen3.5 0.8B, 2B, 4B, 9B and 27B)",
-}
-"""Model types vlgrpo names and refuses, with why and what to use instead (each `<dense arch>_moe`)."""
-
 _MOE_NAME = re.compile(r"_a\d+b(?:_|$)|_moe(?:_|$)")
 """A mixture-of-experts checkpoint's name, normalised: qwen3_5_35b_a3b, qwen3_vl_30b_a3b_instruct."""
 
-PROCESSOR_ARCH = {f.processor_class: arch for arch, f in reversed(FAMILIES.items())}
+PROCESSOR_ARCH = {f.processor_class: arch for arch, f in reversed(FAMILIES.items()) if f.dense is None}
 """The family of each Qwen processor class: the first family that ships it (Qwen3.5 ships Qwen3-VL's, whose video and
 image conventions it shares)."""
 
@@ -148,15 +155,17 @@ def family_of(obj) -> Family:
 def family(arch: str) -> Family:
     """The conventions of a registered arch; ValueError naming the accepted ones."""
     if arch not in FAMILIES:
-        why = f" ({REFUSED[arch]})" if arch in REFUSED else ""
-        raise ValueError(f"model arch {arch!r}{why} is not supported; accepted: {', '.join(FAMILIES)}")
+        raise ValueError(f"model arch {arch!r} is not supported; accepted: {', '.join(FAMILIES)}")
     return FAMILIES[arch]
 
 
-def refused_by_name(name: str) -> str | None:
-    """The refused model type a hub id or model name names (Qwen/Qwen3.5-35B-A3B -> qwen3_5_moe, qwen3-vl-30b-a3b ->
-    qwen3_vl_moe), else None: a mixture-of-experts name that contains its dense family's arch."""
+def arch_by_name(name: str) -> str | None:
+    """The arch a hub id or model name names, else None: Qwen/Qwen2.5-VL-7B-Instruct -> qwen2_5_vl; a
+    mixture-of-experts name (an `-A3B` active-parameter suffix or `moe`) names its family's MoE arch:
+    Qwen/Qwen3.5-35B-A3B -> qwen3_5_moe, qwen3-vl-30b-a3b -> qwen3_vl_moe. None when no arch or several."""
     low = name.lower().replace(".", "_").replace("-", "_")  # Qwen/Qwen3.5-35B-A3B -> qwen/qwen3_5_35b_a3b
-    if not _MOE_NAME.search(low):
-        return None
-    return next((t for t in REFUSED if t.removesuffix("_moe") in low), None)
+    moe = bool(_MOE_NAME.search(low))
+    named = [a for a, f in FAMILIES.items() if f.dense is None and a in low]
+    if moe:
+        named = [a for a, f in FAMILIES.items() if f.dense in named]
+    return named[0] if len(named) == 1 else None

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from vlgrpo.data.prompts import VISION_PLACEHOLDERS
-from vlgrpo.families import FAMILIES, REFUSED, family, refused_by_name
+from vlgrpo.families import FAMILIES, arch_by_name, family
 from vlgrpo.registry import MODEL_ARCH
 from vlgrpo.types import InputError
 
@@ -29,6 +29,8 @@ QWEN2_VL = FAMILIES["qwen2_vl"]
 QWEN2_5_VL = FAMILIES["qwen2_5_vl"]
 QWEN3_VL = FAMILIES["qwen3_vl"]
 QWEN3_5 = FAMILIES["qwen3_5"]
+QWEN3_VL_MOE = FAMILIES["qwen3_vl_moe"]
+QWEN3_5_MOE = FAMILIES["qwen3_5_moe"]
 
 
 class ModelLoadError(InputError):
@@ -44,22 +46,17 @@ class LoadedModel:
 
 
 def detect_arch(name_or_path: str) -> str:
-    """A registered arch (qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5) from a local config.json's model_type (or the hub
-    id's name). The mixture-of-experts types are refused by name (`vlgrpo.families.REFUSED`)."""
+    """A registered arch (qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5 and the MoE qwen3_vl_moe, qwen3_5_moe) from a local
+    config.json's model_type, else from the hub id's name (`vlgrpo.families.arch_by_name`)."""
     cfg = Path(name_or_path) / "config.json"
     if cfg.is_file():
         model_type = json.loads(cfg.read_text()).get("model_type", "")
         if model_type in ARCHS:
             return model_type
-        why = f" ({REFUSED[model_type]})" if model_type in REFUSED else ""
-        raise ModelLoadError(f"{cfg}: model_type '{model_type}'{why} is not supported; accepted: {', '.join(ARCHS)}")
-    low = name_or_path.lower().replace(".", "_").replace("-", "_")
-    named = [arch for arch in ARCHS if arch in low]  # Qwen/Qwen2.5-VL-7B-Instruct -> qwen/qwen2_5_vl_7b_instruct
-    moe = refused_by_name(name_or_path)  # Qwen/Qwen3.5-35B-A3B
-    if moe:
-        raise ModelLoadError(f"'{name_or_path}' names {REFUSED[moe]}")
-    if len(named) == 1:
-        return named[0]
+        raise ModelLoadError(f"{cfg}: model_type '{model_type}' is not supported; accepted: {', '.join(ARCHS)}")
+    arch = arch_by_name(name_or_path)  # Qwen/Qwen2.5-VL-7B-Instruct -> qwen2_5_vl, Qwen/Qwen3.5-35B-A3B -> qwen3_5_moe
+    if arch is not None:
+        return arch
     raise ModelLoadError(
         f"cannot tell the architecture of '{name_or_path}': no config.json there and the name names none of "
         f"{', '.join(ARCHS)}; set model.arch explicitly"

@@ -68,6 +68,16 @@ MODEL_ARCH = Registry(
         "vlgrpo.models:QWEN3_5",
         "Qwen3.5 (dense): Gated DeltaNet + gated attention, Qwen3-VL's tower without DeepStack; bbox_2d on 0-1000",
     ),
+    Option(
+        "qwen3_vl_moe",
+        "vlgrpo.models:QWEN3_VL_MOE",
+        "Qwen3-VL mixture of experts (30B-A3B, 235B-A22B): Qwen3-VL with top-k routed experts in every layer",
+    ),
+    Option(
+        "qwen3_5_moe",
+        "vlgrpo.models:QWEN3_5_MOE",
+        "Qwen3.5 mixture of experts (35B-A3B, 122B-A10B): Qwen3.5 with routed experts and a gated shared expert",
+    ),
 )
 BACKEND = Registry(
     "train.backend",

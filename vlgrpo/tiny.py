@@ -130,21 +130,30 @@ class TinySpec:
     linear_value_head_dim: int = 64
     full_attention_interval: int = 4
     """Qwen3.5 only: every this-many-th layer is full (gated) attention, the others Gated DeltaNet (3 : 1)."""
+    num_experts: int = 4
+    """Mixture-of-experts archs only: routed experts per layer (Qwen3-VL-30B-A3B: 128, Qwen3.5-35B-A3B: 256)."""
+    experts_per_token: int = 2
+    """The router's top-k (30B-A3B: 8, 35B-A3B: 8)."""
+    moe_intermediate_size: int = 96
+    """One expert's MLP width (30B-A3B: 768, 35B-A3B: 512)."""
+    shared_expert_intermediate_size: int = 96
+    """Qwen3.5-MoE only: the gated shared expert's MLP width (35B-A3B: 512)."""
 
     def attention_head_dim(self, arch: str) -> int:
         if self.head_dim is not None:
             return self.head_dim
-        return 64 if arch == "qwen3_5" else self.hidden_size // self.num_heads
+        return 64 if family(arch).gated_attention else self.hidden_size // self.num_heads
 
 
 def _mrope_section(arch: str, half: int) -> list[int]:
     """(temporal, height, width) M-RoPE frequency pairs summing to the rotary dims / 2 = `half`: about 1/4, 3/8, 3/8
     (Qwen2/2.5-VL's 16, 24, 24 of 64), 3/8, 5/16, 5/16 for Qwen3-VL's interleaved M-RoPE (its 24, 20, 20 of 64), or
     11/32, 11/32, 10/32 for Qwen3.5's (its 11, 11, 10 of the 32 rotary pairs of a 256-dim head)."""
-    if arch == "qwen3_5":
+    fam = family(arch)
+    if fam.gated_attention:  # Qwen3.5
         part = round(half * 11 / 32)
         return [part, part, half - 2 * part]
-    part = half // 3 if arch == "qwen3_vl" else half * 3 // 8
+    part = half // 3 if fam.qwen3 else half * 3 // 8
     return [half - 2 * part, part, part]
 
 
@@ -189,16 +198,17 @@ def _vision_config(arch: str, spec: TinySpec) -> dict:
 
 
 def tiny_config(arch: str, spec: TinySpec, tokenizer):
-    """The transformers config of a tiny `arch` (qwen2_vl, qwen2_5_vl, qwen3_vl or qwen3_5) sized by `spec`."""
+    """The transformers config of a tiny `arch` (qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5 or their MoE siblings) sized
+    by `spec`."""
     import transformers as tf
 
     fam = family(arch)
     head_dim = spec.attention_head_dim(arch)
-    rotary = head_dim // 4 if arch == "qwen3_5" else head_dim  # Qwen3.5 rotates a quarter of each head
+    rotary = head_dim // 4 if fam.gated_attention else head_dim  # Qwen3.5 rotates a quarter of each head
     rope = {"rope_type": "default", "rope_theta": spec.rope_theta, "mrope_section": _mrope_section(arch, rotary // 2)}
     if fam.qwen3:
         rope["mrope_interleaved"] = True  # as the released config.json says; transformers always interleaves
-    if arch == "qwen3_5":
+    if fam.gated_attention:
         rope["partial_rotary_factor"] = 0.25
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     text = dict(
@@ -227,6 +237,14 @@ def tiny_config(arch: str, spec: TinySpec, tokenizer):
                 for i in range(spec.num_layers)
             ],
         )
+    if fam.dense is not None:  # top-k routed experts in every layer (Qwen3.5-MoE: beside a gated shared expert)
+        text.update(
+            num_experts=spec.num_experts,
+            num_experts_per_tok=spec.experts_per_token,
+            moe_intermediate_size=spec.moe_intermediate_size,
+        )
+        if fam.hybrid_attention:
+            text["shared_expert_intermediate_size"] = spec.shared_expert_intermediate_size
     return getattr(tf, fam.config_class)(
         text_config=text,
         vision_config=_vision_config(arch, spec),

@@ -136,6 +136,9 @@ class Completion:
     prompt_messages: list[dict] = field(default_factory=list)
     """A multi-turn completion's prompt as the chat messages its template rendered (`PromptInputs.messages`): the
     conversation `turns` continue; empty for a one-turn completion."""
+    routing: Any = None
+    """A mixture-of-experts model's rollout routing: the experts each fed token went to, a [tokens fed (all but the
+    last), MoE layers, k] integer tensor (`vlgrpo.policy.routing`); None when the engine recorded none."""
 
     @property
     def sampled_tokens(self) -> int:
@@ -152,3 +155,6 @@ class RolloutGroup:
     completions: list[Completion]
     policy_version: int = 0
     """Optimiser step of the weights that produced the completions."""
+    prompt_routing: Any = None
+    """A mixture-of-experts model's rollout routing of the prompt's tokens, [prompt tokens, MoE layers, k]; None when
+    the engine recorded none."""

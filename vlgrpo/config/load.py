@@ -56,8 +56,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"config key '{key}' must be a finite number, got {value!r}")
         return float(value)
     if tp is str:
-        if isinstance(value, bool) and {"on", "off"} <= set(CHOICES.get(key, ())):
-            return "on" if value else "off"  # YAML 1.1 reads on / off (data.thinking) as booleans
+        word = {True: "on", False: "off"}.get(value) if isinstance(value, bool) else None
+        if word in CHOICES.get(key, ()):  # YAML 1.1 reads on / off (data.thinking, train.routing_replay) as booleans
+            return word
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise ConfigError(f"config key '{key}' must be a string, got {value!r}")
         return str(value)

@@ -297,6 +297,12 @@ class TrainConfig:
     """AdamW weight decay."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm (0 disables)."""
+    routing_replay: str = "off"
+    """Mixture-of-experts models (qwen3_vl_moe, qwen3_5_moe): off (each trainer pass routes every token itself) or
+    rollout (R3: the experts the rollout chose for each token, prompt and completion, are forced in the old-log-prob,
+    reference and update passes; the router still learns through the chosen experts' weights). Either way the
+    engine records the experts and `moe/routing_mismatch` says how often the trainer's own choice differs. The HF
+    engine records them; with vLLM or a multi-turn tool rollout it is refused."""
     max_nonfinite_steps: int = 3
     """Stop the run after this many steps in a row whose loss or gradient was NaN/inf (each one's optimiser step is
     skipped and counted in train/nonfinite_steps); the newest checkpoint is kept."""
@@ -386,6 +392,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "grpo.rollout_is": ("auto", "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
     "grpo.rollout_is_sequence": ("product", "geometric_mean"),
     "train.stage": ("grpo", "sft"),
+    "train.routing_replay": ("off", "rollout"),
     "train.lr_schedule": ("constant", "cosine"),
 }
 EVAL_SUITES = EVAL_SUITE.names

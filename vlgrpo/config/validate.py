@@ -137,6 +137,7 @@ def validate(cfg: Config) -> None:
             f"reward.overlong.cache_length ({o.cache_length}) must be in (0, reward.overlong.max_length={o.max_length}]"
         )
     _check_tools(cfg)
+    _check_routing_replay(cfg)
     _check_total_length(cfg)
     try:
         check_judge(cfg.reward.judge, "judge" in cfg.reward.recipe)
@@ -167,6 +168,26 @@ def _check_tools(cfg: Config) -> None:
             f"rollout.tools does not run with {key}=false yet: the crops' features come from the vision cache, "
             "without the gradient a trainable tower or merger needs (keep both frozen, or train with LoRA)"
         )
+
+
+def _check_routing_replay(cfg: Config) -> None:
+    """train.routing_replay=rollout needs the experts the rollout chose: the HF engine records them for one-turn
+    rollouts, colocated (the engine is the trainer's own model)."""
+    r = cfg.rollout
+    if cfg.train.routing_replay == "off":
+        return
+    why = [
+        (
+            r.engine != "hf",
+            f"rollout.engine={r.engine}: vLLM's routed experts are not read back yet, so there is no "
+            "rollout routing to replay",
+        ),
+        (bool(r.tools), "rollout.tools: a multi-turn rollout's later turns keep no routing record"),
+        (r.placement != "colocate", f"rollout.placement={r.placement}: the split worker does not send its routing"),
+    ]
+    for bad, reason in why:
+        if bad:
+            raise ConfigError(f"train.routing_replay=rollout does not run with {reason}; use train.routing_replay=off")
 
 
 def _check_placement(cfg: Config) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vlgrpo.families import FAMILIES, GATED_DELTANET, REFUSED, Family, is_gated_deltanet, refused_by_name
+from vlgrpo.families import FAMILIES, GATED_DELTANET, Family, arch_by_name, is_gated_deltanet
 from vlgrpo.types import InputError
 
 LM_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
@@ -259,10 +259,10 @@ MODEL_TABLE: dict[str, ModelSpec] = {
 
 
 def moe_refusal(what: str, model_type: str) -> PlanError:
-    """A refused model type (`vlgrpo.families.REFUSED`: the mixture-of-experts ones) the planner does not count."""
+    """A mixture-of-experts model (`Family.dense` set), which vlgrpo trains but the planner does not count yet."""
     return PlanError(
-        f"{what} is {REFUSED[model_type]}; nor does the planner count it (model_type {model_type}): plan its model "
-        "states with --params N (N: the total count, every expert stays in memory)"
+        f"{what} is a mixture-of-experts model (model_type {model_type}), which the planner does not count yet: plan "
+        "its model states with --params N (N: the total count, every expert stays in memory)"
     )
 
 
@@ -279,7 +279,7 @@ def spec_from_config_json(path: str | Path) -> ModelSpec:
     except (OSError, json.JSONDecodeError) as e:
         raise PlanError(f"cannot read model config '{path}': {e}") from None
     family = raw.get("model_type")
-    if family in REFUSED:
+    if family in FAMILIES and FAMILIES[family].dense is not None:
         raise moe_refusal(f"'{path}'", family)
     if family not in FAMILIES:
         raise PlanError(f"'{path}': model_type {family!r} is not supported; accepted: {', '.join(FAMILIES)}")
@@ -343,7 +343,7 @@ def _linear_attention(text: dict) -> dict:
 
 def resolve_model(name_or_path: str) -> ModelSpec:
     """A directory with config.json (or the file), else a table name like `qwen2.5-vl-7b` or `qwen3-vl-8b` (any case,
-    -Instruct optional). Qwen3-VL's mixture-of-experts models are refused by name."""
+    -Instruct optional). A mixture-of-experts name is refused (`moe_refusal`)."""
     p = Path(name_or_path)
     if p.is_dir() and (p / "config.json").is_file():
         return spec_from_config_json(p / "config.json")
@@ -352,8 +352,9 @@ def resolve_model(name_or_path: str) -> ModelSpec:
     by_short = {_short(k): v for k, v in MODEL_TABLE.items()}
     if _short(name_or_path) in by_short:
         return by_short[_short(name_or_path)]
-    if refused_by_name(name_or_path):
-        raise moe_refusal(name_or_path, refused_by_name(name_or_path))
+    arch = arch_by_name(name_or_path)
+    if arch is not None and FAMILIES[arch].dense is not None:
+        raise moe_refusal(name_or_path, arch)
     raise PlanError(
         f"model '{name_or_path}' is neither a directory holding config.json nor a known model; known: "
         f"{', '.join(MODEL_TABLE)} (short forms like qwen2.5-vl-7b work too), or plan with --params N"

@@ -21,6 +21,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 from vlgrpo.families import family_of
 from vlgrpo.policy.packed import CompletionImages, packed_completion_logits
 from vlgrpo.policy.prompt import left_pad
+from vlgrpo.policy.routing import BatchRouting, routed
 from vlgrpo.policy.text_decoder import is_hybrid, supports_text_decoder
 
 
@@ -161,17 +162,23 @@ def common_prefix(prompt_ids: Tensor, prompt_mask: Tensor, mm_token_type_ids: Te
     return n if bool(same.all()) else int((~same).nonzero()[0])
 
 
-def prefill_batch(model, prompt_ids: Tensor, prompt_mask: Tensor, mm_token_type_ids: Tensor, features: list):
+def prefill_batch(
+    model, prompt_ids: Tensor, prompt_mask: Tensor, mm_token_type_ids: Tensor, features: list, routing=None
+):
     """`prefill` for the update -> (last-position logits [B, V], cache, next position [B], the cache's key mask).
     When the B prompts share at least SHARED_PREFIX_MIN leading tokens (`common_prefix`), those are forwarded once
     and their keys and values repeated over the prompts (gradients flow back through the repeat), then each prompt's
     own tokens continue from them: the cache holds the shared part, then each prompt's rest left-padded, and the key
     mask says which positions are real. Else the plain `prefill` (key mask = prompt_mask). A hybrid model (Qwen3.5)
-    is prefilled whole: its Gated DeltaNet states would run over the padding between the two parts."""
+    is prefilled whole: its Gated DeltaNet states would run over the padding between the two parts, and so is a
+    batch with `routing` (a MoE rollout's experts, `policy.routing.BatchRouting`: replayed or compared token by
+    token, in the prompts' own layout)."""
     b, tp = prompt_ids.shape
     p = common_prefix(prompt_ids, prompt_mask, mm_token_type_ids) if b > 1 else 0
-    if p < SHARED_PREFIX_MIN or is_hybrid(model):
-        last, cache, next_pos = prefill(model, prompt_ids, prompt_mask, mm_token_type_ids, features)
+    if p < SHARED_PREFIX_MIN or is_hybrid(model) or routing is not None:
+        recorded = None if routing is None else routing.prompt.flatten(0, 1)
+        with routed(model, routing, recorded, prompt_mask):
+            last, cache, next_pos = prefill(model, prompt_ids, prompt_mask, mm_token_type_ids, features)
         return last, cache, next_pos, prompt_mask
     real = prompt_mask.sum(1)
     start = tp - int(real[0])
@@ -239,6 +246,8 @@ class CompletionBatch:
     row_images: list | None = None
     """Per row, the features of the images its tools returned (crops), in the order of their pads in the
     completion; None: no row holds one. The packed pass takes them after the shared prompt (`completion_images`)."""
+    routing: BatchRouting | None = None
+    """A mixture-of-experts rollout's recorded experts (`policy.routing`), replayed or compared by every pass."""
 
     def select(self, rows: Tensor | list[int]) -> CompletionBatch:
         """A micro-batch of rows, keeping only the prompts they need (features: index them with `used_prompts`)."""
@@ -253,6 +262,7 @@ class CompletionBatch:
             inverse,
             None if self.tool_mask is None else self.tool_mask[rows],
             None if self.row_images is None else [self.row_images[i] for i in rows.tolist()],
+            None if self.routing is None else self.routing.select(used, rows),
         )
 
     def used_prompts(self, rows: Tensor | list[int]) -> list[int]:
@@ -318,19 +328,23 @@ def completion_logits(model, batch: CompletionBatch, features: list) -> Tensor:
         # per-row select; its forward over a gathered cache is not given crops
     if supports_text_decoder(model):
         last, cache, next_pos, keys = prefill_batch(
-            model, batch.prompt_ids, batch.prompt_mask, batch.mm_token_type_ids, features
+            model, batch.prompt_ids, batch.prompt_mask, batch.mm_token_type_ids, features, batch.routing
         )
-        return packed_completion_logits(
-            model,
-            batch.completion_ids,
-            batch.completion_mask,
-            batch.row_prompt,
-            keys,
-            last,
-            cache,
-            next_pos,
-            completion_images(model, batch, features) if crops else None,
-        )
+        recorded = None  # the packed tokens' rollout experts, in the packed order (row-major over the inputs)
+        if batch.routing is not None:
+            recorded = batch.routing.completion[batch.completion_mask[:, 1:].bool().nonzero(as_tuple=True)]
+        with routed(model, batch.routing, recorded):
+            return packed_completion_logits(
+                model,
+                batch.completion_ids,
+                batch.completion_mask,
+                batch.row_prompt,
+                keys,
+                last,
+                cache,
+                next_pos,
+                completion_images(model, batch, features) if crops else None,
+            )
     last, cache, next_pos = prefill(model, batch.prompt_ids, batch.prompt_mask, batch.mm_token_type_ids, features)
     cache.batch_select_indices(batch.row_prompt)
     r, c = batch.completion_ids.shape
@@ -382,8 +396,12 @@ def _completion_logits_full_rows(model, batch: CompletionBatch, features: list) 
     """Each row's prompt and completion forwarded whole (`_whole_rows`)."""
     ids, mask, mm, rows = _whole_rows(model, batch, features)
     tp = batch.prompt_ids.shape[1]
+    recorded = None
+    if batch.routing is not None:  # each row's prompt's experts, then its own
+        recorded = torch.cat([batch.routing.prompt[batch.row_prompt], batch.routing.completion], dim=1).flatten(0, 1)
     # the last prompt position predicts the first completion token: C + 1 positions through the LM head, not T
-    logits = policy_logits(model, ids, mask, mm, rows, keep=ids.shape[1] - tp + 1)
+    with routed(model, batch.routing, recorded, mask):
+        logits = policy_logits(model, ids, mask, mm, rows, keep=ids.shape[1] - tp + 1)
     return logits[:, :-1]
 
 

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from vlgrpo.families import is_gated_deltanet
 from vlgrpo.policy.linear_attention import gated_delta, prompt_states
-from vlgrpo.policy.text_decoder import first_attention, gated, project_qkv, rotate, text_rotary
+from vlgrpo.policy.text_decoder import feed_forward, first_attention, gated, project_qkv, rotate, text_rotary
 
 
 @dataclass
@@ -116,7 +116,7 @@ def packed_completion_logits(
             x = x + o[rows, cols]
         else:
             x = x + attention(layer.self_attn, h, cache.layers[li])
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        x = x + feed_forward(layer, layer.post_attention_layernorm(x))
         if pads is not None and images.deepstack is not None and li < len(images.deepstack):
             x = x.masked_scatter(pads[:, None], x[pads] + images.deepstack[li].to(x.dtype))
     out[rows, cols + 1] = head(text.norm(x)).to(out.dtype)  # in place: one [R, C, V] tensor, not two

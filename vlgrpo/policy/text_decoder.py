@@ -96,6 +96,19 @@ def project_qkv(attn, h: Tensor, heads: int, kv_heads: int, d: int) -> tuple[Ten
     return q, k, v, gate
 
 
+def feed_forward(layer, h: Tensor) -> Tensor:
+    """A decoder layer's MLP on hidden states h [n, H] -> [n, H]: a dense MLP, or a mixture-of-experts block (its
+    router's top-k experts per token; Qwen3.5-MoE adds a gated shared expert), which takes [batch, seq, H]."""
+    if is_moe_block(layer.mlp):
+        return layer.mlp(h[None])[0]
+    return layer.mlp(h)
+
+
+def is_moe_block(mlp) -> bool:
+    """A mixture-of-experts feed-forward block (a router `gate` choosing among `experts`), not a dense MLP."""
+    return hasattr(mlp, "experts") and hasattr(mlp, "gate")
+
+
 def gated(out: Tensor, gate: Tensor | None) -> Tensor:
     """A gated attention's output (Qwen3.5: out * sigmoid(gate)), or the output unchanged."""
     return out if gate is None else out * torch.sigmoid(gate)

@@ -30,6 +30,7 @@ from transformers import DynamicCache
 from vlgrpo.families import is_gated_deltanet
 from vlgrpo.policy.linear_attention import gated_delta, prompt_states, set_states
 from vlgrpo.policy.text_decoder import (
+    feed_forward,
     first_attention,
     gated,
     project_qkv,
@@ -190,7 +191,7 @@ class SharedPrefixDecoder:
                 x = x + o[:, 0]
             else:
                 x = x + self._attention(li, layer.self_attn, h, cos, sin)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + feed_forward(layer, layer.post_attention_layernorm(x))
         self.length += 1
         return self.head(self.text.norm(x))
 

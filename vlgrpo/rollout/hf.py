@@ -9,6 +9,7 @@ Shares the trainer's model object; knows nothing of rewards or losses.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -20,6 +21,7 @@ from vlgrpo.models import eval_mode
 from vlgrpo.policy.forward import extend, prefill
 from vlgrpo.policy.linear_attention import select_cache_rows
 from vlgrpo.policy.prompt import PromptInputs, PromptSettings, build_prompt, forbidden_mask, left_pad, vocab_size
+from vlgrpo.policy.routing import compact, control_of
 from vlgrpo.rollout.base import EngineCounters, SamplingParams, cut_at_stop
 from vlgrpo.rollout.decode import SharedPrefixDecoder, cache_rows, turn_cache
 from vlgrpo.types import Completion, RolloutGroup, Sample
@@ -58,6 +60,8 @@ class _Row:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str = ""
+    routing: list[Tensor] = field(default_factory=list)
+    """A MoE model's: the experts [L, k] of each token fed back (every sampled token but the last)."""
 
 
 class _StopCheck:
@@ -94,6 +98,8 @@ class DecodeRun:
     multi-turn rollouts). Other decodes leave it as it is."""
     prompt_tokens: list[int] | None = None
     """Each prompt's unpadded length (with `kv_out`)."""
+    record_routing: bool = False
+    """A MoE model's decode records each fed token's experts in its row (`_Row.routing`)."""
 
     def sample(self, rows: list[_Row], active: list[int], logits: Tensor) -> tuple[Tensor, list[int]]:
         """Sample the next token of each active row and record it -> (tokens [A], indices into `active` of the rows
@@ -133,6 +139,7 @@ def decode_shared(
     (what the engine did before; benchmarks/bench_decode.py and tests/rollout/test_hf.py compare the two)."""
     g = run.params.completions_per_prompt
     decoder = SharedPrefixDecoder(model, cache, prompt_mask, g, run.params.max_new_tokens)
+    control = control_of(model) if run.record_routing else None  # each fed token's experts (`policy.routing`)
     logits, pos = last.repeat_interleave(g, dim=0), next_pos.repeat_interleave(g)
     rows = [_Row() for _ in range(logits.shape[0])]
     active = list(range(len(rows)))
@@ -156,7 +163,11 @@ def decode_shared(
             tokens, pos, held = tokens[kept], pos[kept], live
         slot = {p: i for i, p in enumerate(held)}
         active_idx = torch.tensor([slot[r // g] * g + r % g for r in active], device=tok.device)
-        logits, pos = decoder.step(tokens, pos)[active_idx], pos + 1
+        with control.call() if control is not None else nullcontext() as record:
+            logits, pos = decoder.step(tokens, pos)[active_idx], pos + 1
+        if control is not None:  # the experts of each active row's token just fed
+            for r, experts in zip(active, compact(record.own()[active_idx], control.num_experts)):
+                rows[r].routing.append(experts)
         run.counts["decode_tokens"] += len(active)
         if run.kv_out is not None:  # this step fed the last token of the rows that just finished
             for r in finished:
@@ -305,15 +316,17 @@ class HFEngine(EngineCounters):
         run = replace(params, completions_per_prompt=1) if params.greedy else params  # greedy: decode once, copy G
         rows: list[_Row] = []
         kv: list = []
+        # a MoE model's experts per token (one-turn rollouts: a multi-turn one's later turns keep no record)
+        routing = [] if control_of(self.model) is not None and not keep_kv else None
         with eval_mode(self.model), torch.no_grad():  # train mode + gradient checkpointing would drop the KV cache
             for i in range(0, len(prompts), self.batch_prompts):
                 chunk = slice(i, i + self.batch_prompts)
                 chunk_kv = [None] * (len(prompts[chunk]) * run.completions_per_prompt) if keep_kv else None
-                rows += self._generate_chunk(prompts[chunk], feats[chunk], run, stop, gen, chunk_kv)
+                rows += self._generate_chunk(prompts[chunk], feats[chunk], run, stop, gen, chunk_kv, routing)
                 kv += chunk_kv or []
         run_g, g = run.completions_per_prompt, params.completions_per_prompt
         self.last_kv = [kv[b * run_g + j % run_g] for b in range(len(prompts)) for j in range(g)] if keep_kv else []
-        return self._groups(samples, prompts, rows, run_g, g, stop)
+        return self._groups(samples, prompts, rows, run_g, g, stop, routing)
 
     def continue_prompts(
         self, samples: list[Sample], prompts: list[PromptInputs], kvs: list, params: SamplingParams
@@ -353,10 +366,19 @@ class HFEngine(EngineCounters):
                 self.last_kv += chunk_kv
         return self._groups(samples, prompts, rows, 1, 1, stop)
 
-    def _generate_chunk(self, prompts, feats, params, stop, gen, kv_out: list | None = None) -> list[_Row]:
+    def _generate_chunk(
+        self, prompts, feats, params, stop, gen, kv_out: list | None = None, prompt_routing: list | None = None
+    ) -> list[_Row]:
+        """Prefill a chunk of prompts once, then decode their rows; a MoE model's prompt routing (each prompt's real
+        tokens' experts) goes to `prompt_routing`, its rows' to each row."""
         ids, mask = left_pad([p.input_ids for p in prompts], self.pad_id, self.device)
         mm, _ = left_pad([p.mm_token_type_ids for p in prompts], 0, self.device)
-        last, cache, next_pos = prefill(self.model, ids, mask, mm, feats)
+        control = control_of(self.model) if prompt_routing is not None else None
+        with control.call() if control is not None else nullcontext() as record:
+            last, cache, next_pos = prefill(self.model, ids, mask, mm, feats)
+        if control is not None:  # each prompt's real tokens' experts, kept with its group
+            experts = compact(record.own(), control.num_experts).view(*ids.shape, control.layers, control.top_k)
+            prompt_routing += [e[m.bool().cpu()] for e, m in zip(experts, mask)]
         self._counts["prefill_tokens"] += int(mask.sum())
         padded = mask if not bool(mask.all()) else None
         decode = self.decode or decode_loop  # the module global, looked up per call (bench_vs_trl.py times it)
@@ -367,10 +389,12 @@ class HFEngine(EngineCounters):
             cache,
             next_pos,
             padded,
-            DecodeRun(params, self.forbidden, self.eos_ids, stop, gen, self._counts, kv_out, lengths),
+            DecodeRun(
+                params, self.forbidden, self.eos_ids, stop, gen, self._counts, kv_out, lengths, control is not None
+            ),
         )
 
-    def _groups(self, samples, prompts, rows, run_g: int, g: int, stop) -> list[RolloutGroup]:
+    def _groups(self, samples, prompts, rows, run_g: int, g: int, stop, routing=None) -> list[RolloutGroup]:
         tok = self.processor.tokenizer
         forbidden = set(torch.nonzero(self.forbidden).flatten().tolist())
         groups = []
@@ -378,11 +402,16 @@ class HFEngine(EngineCounters):
             completions = []
             for row in rows[b * run_g : (b + 1) * run_g] * (g // run_g):
                 text = p.opened + stop.cut(tok.decode(row.token_ids, skip_special_tokens=True))
-                completions.append(Completion(list(row.token_ids), text, row.finish_reason, list(row.logprobs)))
+                c = Completion(list(row.token_ids), text, row.finish_reason, list(row.logprobs))
+                if routing is not None:  # [fed tokens, L, k]; a one-token row fed none
+                    c.routing = torch.stack(row.routing) if row.routing else routing[b][:0]
+                completions.append(c)
                 self._counts[f"finish_{row.finish_reason}"] += 1
                 self._counts["generated_tokens"] += len(row.token_ids)
                 self._counts["placeholder_sampled"] += sum(t in forbidden for t in row.token_ids)
-            groups.append(RolloutGroup(s, list(p.input_ids), completions, self.policy_version))
+            group = RolloutGroup(s, list(p.input_ids), completions, self.policy_version)
+            group.prompt_routing = None if routing is None else routing[b]
+            groups.append(group)
         self._counts["prompts"] += len(samples)
         self._counts["completions"] += len(samples) * g
         return groups

@@ -20,7 +20,7 @@ from vlgrpo.rollout.base import staleness
 from vlgrpo.trainer.backends import no_dropout
 from vlgrpo.trainer.batch import TrainBatch, attach_crops, make_batch, over_turn_mask
 from vlgrpo.trainer.checkpoint import checkpoint_dirs
-from vlgrpo.trainer.metrics import UnionMeans, mean_metrics, memory_metrics
+from vlgrpo.trainer.metrics import UnionMeans, add_routing_metrics, mean_metrics, memory_metrics
 from vlgrpo.trainer.offpolicy import OffPolicy
 from vlgrpo.trainer.ranks import gather_from_ranks, global_normalisers, max_over_ranks, sum_tensor_over_ranks
 from vlgrpo.trainer.sft import gold_group
@@ -212,6 +212,7 @@ class Trainer:
             state.device,
             video_token_id=state.video_token_id,
             sources=sources,
+            routing_replay=state.cfg.train.routing_replay == "rollout",
         )
         attach_crops(batch, groups, state.cache)  # multi-turn rollouts: the tools' crops, from the vision cache
         return batch
@@ -264,6 +265,9 @@ class Trainer:
         num_tokens, num_sequences = global_normalisers(batch.loss_mask)
         means, opt_stats, losses = UnionMeans(), {}, []
         model = state.backend.model
+        routing = batch.batch.routing
+        if routing is not None:  # what the update's own passes route (the reference's and old passes' set aside)
+            routing.observed.clear()
         with no_dropout(model):  # train mode so checkpointing engages; p = 0 so the on-policy ratio is exactly 1
             for _ in range(g.num_iterations):
                 for rows, part, feats in self.micro_batches(batch):
@@ -298,6 +302,7 @@ class Trainer:
         # each rank's loss is its share of the union's (sum over its tokens / the union's tokens per rank): the
         # union's loss is the ranks' mean
         means.add({"train/loss": sum(losses) / g.num_iterations}, 1.0)
+        add_routing_metrics(means, routing, model)
         return opt_stats, means
 
     # ------------------------------------------------------------------ SFT

@@ -225,3 +225,16 @@ def mean_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
     """The mean of each key over the parts (micro-batches); a part without the key counts as 0."""
     keys = {k for p in parts for k in p}
     return {k: sum(p.get(k, 0.0) for p in parts) / len(parts) for k in keys}
+
+
+def add_routing_metrics(means: UnionMeans, routing, model) -> None:
+    """A MoE batch's `moe/*` metrics (`policy.routing.routing_metrics`) into `means`; nothing for a dense model."""
+    from vlgrpo.policy.routing import control_of, routing_metrics
+
+    control = control_of(model) if routing is not None else None
+    if control is None:
+        return
+    averaged, maxima = routing_metrics(routing, control.num_experts)
+    for name, (value, items) in averaged.items():
+        means.add({name: value}, items)
+    means.add_max(maxima)
