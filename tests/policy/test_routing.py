@@ -25,8 +25,9 @@ def spread_experts(model, scale: float, seed: int = 3) -> None:
 def near_ties(model, gap: float = 1e-6) -> None:
     """Routers whose second choice is a near tie for every token: expert 0 first by far, experts 1 and 2 apart by
     `gap` (relative) of their logit, expert 3 last; and expert 2 the negative of expert 1, scaled up 8 times (expert 0
-    takes most of the weight), so a token routed to the other one comes out far apart. The rollout's decode step and the trainer's packed pass round a
-    token's hidden state differently (different attention kernels), which breaks such a tie one way or the other."""
+    takes most of the weight), so a token routed to the other one comes out far apart. The rollout's decode step and
+    the trainer's packed pass round a token's hidden state differently (different attention kernels), which breaks
+    such a tie one way or the other."""
     gen = torch.Generator().manual_seed(5)
     with torch.no_grad():
         for layer in model.get_decoder().layers:
