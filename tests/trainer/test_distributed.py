@@ -16,6 +16,7 @@ MODEL_CLASS = {
     "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
     "qwen3_5": "Qwen3_5ForConditionalGeneration",
+    "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
 }
 
 
@@ -47,8 +48,13 @@ def _config(tmp_path, tiny_model_dir, shapes_dir, *extra, arch: str = "qwen2_5_v
 @pytest.mark.parametrize(
     "arch, port, tied",
     # tied embeddings: qwen2_5_vl; qwen3_vl's DeepStack and untied head together (CI time: its tied case adds nothing)
-    [("qwen2_5_vl", 29517, True), ("qwen3_vl", 29523, False), ("qwen3_5", 29525, False)],
-    ids=["qwen2_5_vl", "qwen3_vl-untied", "qwen3_5-untied"],
+    [
+        ("qwen2_5_vl", 29517, True),
+        ("qwen3_vl", 29523, False),
+        ("qwen3_5", 29525, False),
+        ("qwen3_vl_moe", 29531, False),
+    ],
+    ids=["qwen2_5_vl", "qwen3_vl-untied", "qwen3_5-untied", "qwen3_vl_moe-untied"],
 )
 def test_zero3_two_ranks_on_cpu_trains_and_exports_the_gathered_weights(
     tmp_path, tiny_model_dir, shapes_dir, arch, port, tied
@@ -87,6 +93,9 @@ def test_zero3_two_ranks_on_cpu_trains_and_exports_the_gathered_weights(
         assert torch.equal(tensor, expected), name  # the export is exactly the gathered weights
     moved = [n for n in exported if not torch.equal(exported[n], base[n])]
     assert moved and all(".visual." not in f".{n}" for n in moved)  # trained, vision tower frozen
+    if arch.endswith("_moe"):  # every router and expert weight trains (all experts of a layer: one module, one gather)
+        blocks = [n for n in exported if ".language_model." in n and ".mlp." in n]
+        assert len(blocks) == 3 * 4 and set(blocks) <= set(moved), sorted(set(blocks) - set(moved))
     if not tied:  # the head trained on its own, apart from the embeddings
         assert "lm_head.weight" in moved and not torch.equal(
             exported["lm_head.weight"], exported["model.language_model.embed_tokens.weight"]

@@ -3,6 +3,7 @@ import torch
 from trainer_helpers import tiny_config, write_reward_module
 
 from vlgrpo.data.adapters import load_samples
+from vlgrpo.families import family
 from vlgrpo.models import load_model
 from vlgrpo.tiny import TinySpec, init_tiny
 from vlgrpo.trainer.loop import Trainer
@@ -201,3 +202,42 @@ def test_the_hf_engine_decodes_fp32_lora_merged_with_peft_s_log_probs(tmp_path, 
     gap = (trainer_logp[mask] - engine_logp[mask]).abs().max()
     assert 0 < gap < 1e-4, gap  # merged differs from peft's three products by fp32 rounding only
     state.close()
+
+
+@pytest.mark.parametrize("arch", ["qwen3_vl_moe", "qwen3_5_moe"])
+def test_moe_lora_on_the_experts_exports_a_model_that_computes_what_trained(tmp_path, shapes_dir, arch):
+    """train.lora.experts: adapters on every expert's fused weights (rank r per expert) beside the attention's; the
+    export loads as the released MoE class, its weights the merged ones, and its logits are the peft model's."""
+    from vlgrpo.cli import main
+
+    model_dir = init_tiny(tmp_path / "m", arch)
+    spec = write_reward_module(tmp_path)
+    cfg = tiny_config(
+        str(model_dir),
+        shapes_dir,
+        tmp_path / "run",
+        "train.backend=lora",
+        "train.lora.rank=4",
+        "train.lora.experts=true",
+        f"reward.recipe={{'{spec}': 1.0}}",
+        "train.lr=1e-2",
+    )
+    state = build_state(cfg, progress=False)
+    trainable = [n for n, p in state.backend.model.named_parameters() if p.requires_grad]
+    experts = [n for n in trainable if ".mlp.experts." in n]
+    assert len(experts) == 4 * 2 * 2  # 4 layers x (gate_up_proj, down_proj) x (A, B)
+    Trainer(state).train()
+    ids = torch.randint(0, 300, (2, 7))
+    with torch.no_grad():
+        peft_logits = state.backend.model.eval()(input_ids=ids).logits
+    state.close()
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "export")]) == 0
+    exported = load_model(str(tmp_path / "export")).model
+    assert type(exported).__name__ == exported.config.architectures[0] == family(arch).model_class
+    base = load_model(str(model_dir)).model.state_dict()
+    moved = {n for n, w in exported.state_dict().items() if not torch.equal(w, base[n])}
+    assert {n for n in moved if ".mlp.experts." in n} == {
+        f"model.language_model.layers.{i}.mlp.experts.{w}" for i in range(4) for w in ("gate_up_proj", "down_proj")
+    }
+    with torch.no_grad():
+        assert (exported(input_ids=ids).logits - peft_logits).abs().max() < 1e-4  # W + BA merged: fp32 rounding

@@ -63,8 +63,14 @@ BACKENDS = {
     ),
     # Qwen3.5 (Gated DeltaNet layers) in bf16, LoRA on its linear-attention projections too, the engine split
     "qwen3_5-lora-bf16-split": (LORA_BF16_SPLIT, 1, 4),
+    # a Qwen3-VL-MoE with adapters on its experts and the rollout's routing replayed (moe/* metrics equal too)
+    "qwen3_vl_moe-lora-experts-replay": (
+        ["train.backend=lora", "train.lora.experts=true", "train.routing_replay=rollout", "train.lr=1e-2"],
+        1,
+        4,
+    ),
 }
-ARCH = {"qwen3_5-lora-bf16-split": "qwen3_5"}
+ARCH = {"qwen3_5-lora-bf16-split": "qwen3_5", "qwen3_vl_moe-lora-experts-replay": "qwen3_vl_moe"}
 """The cases that run another tiny model than the default Qwen2.5-VL one."""
 
 

@@ -263,6 +263,10 @@ class LoRAConfig:
     """Linear layers of the language model that get adapters (never the vision tower unless listed). The in_proj_* and
     out_proj names are Qwen3.5's Gated DeltaNet projections (other families have none); its conv1d, A_log and dt_bias
     are not linear layers and train only in a full fine-tune (plain, zero3)."""
+    experts: bool = False
+    """Mixture-of-experts models: adapters on every routed expert's weights too (peft's `target_parameters` on the
+    fused `mlp.experts.gate_up_proj` and `down_proj`: rank r per expert). Off: the experts stay frozen and only the
+    linear layers above (attention, a Qwen3.5-MoE shared expert's MLP) adapt, as most MoE LoRA recipes start."""
 
 
 @dataclass

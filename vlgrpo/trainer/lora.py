@@ -37,6 +37,20 @@ def target_regex(modules: list[str]) -> str:
     return "|".join(f"(?:{p})" for p in parts)
 
 
+def base_name(name: str) -> str:
+    """A base-model state name under peft -> the plain model's: every `.base_layer` segment dropped (a MoE's experts
+    are wrapped twice, once per fused weight: mlp.experts.base_layer.base_layer.gate_up_proj -> mlp.experts.gate_up_proj)."""
+    return re.sub(r"(?:\.base_layer)+\.", ".", name)
+
+
+def expert_parameters(model) -> list[str]:
+    """peft `target_parameters` for every routed expert's fused weights of a MoE model (ValueError for a dense one)."""
+    experts = [layer.mlp.experts for layer in model.get_decoder().layers if hasattr(layer.mlp, "experts")]
+    if not experts:
+        raise ValueError("train.lora.experts=true: the model has no mixture-of-experts layers (a dense model)")
+    return [f"mlp.experts.{name}" for name, _ in experts[0].named_parameters(recurse=False)]
+
+
 class LoRABackend(PlainBackend):
     name = "lora"
 
@@ -50,6 +64,7 @@ class LoRABackend(PlainBackend):
             lora_alpha=lc.alpha,
             lora_dropout=lc.dropout,
             target_modules=target_regex(lc.target_modules),
+            target_parameters=expert_parameters(model) if lc.experts else None,
             bias="none",
         )
         peft_model = get_peft_model(model, peft_cfg)
@@ -117,8 +132,8 @@ class LoRABackend(PlainBackend):
 
         base = self._peft.get_base_model()
         names, state = self._base_names, base.state_dict()
-        changing = {n.replace(".base_layer.", ".") for n in self._merged_layers}
-        changing |= {n.replace(".base_layer.", ".") for n, p in base.named_parameters() if p.requires_grad}
+        changing = {base_name(n) for n in self._merged_layers}
+        changing |= {base_name(n) for n, p in base.named_parameters() if p.requires_grad}
         changing -= {n for n in changing if "lora_" in n}
         return with_siblings(((n, state[k].dtype, tuple(state[k].shape)) for n, k in names.items()), changing)
 
@@ -133,16 +148,19 @@ class LoRABackend(PlainBackend):
         """The base model's names (q_proj.weight) -> its state's under peft (q_proj.base_layer.weight), in order; fixed
         once peft has wrapped the model, so computed once, not per bucket."""
         state = self._peft.get_base_model().state_dict()
-        return {n.replace(".base_layer.", "."): n for n in state if "lora_" not in n}
+        return {base_name(n): n for n in state if "lora_" not in n}
 
     @functools.cached_property
     def _merged_layers(self) -> dict:
-        """Base-model state name ("...q_proj.base_layer.weight") -> its LoRA layer."""
-        from peft.tuners.lora import LoraLayer
+        """Base-model state name of each adapted weight ("...q_proj.base_layer.weight"; a MoE's fused experts,
+        "...mlp.experts.base_layer.base_layer.gate_up_proj") -> its LoRA layer (a Linear, or peft's ParamWrapper)."""
+        from peft.tuners.lora import LoraLayer, ParamWrapper
 
+        base = self._peft.get_base_model()
+        names = {id(p): n for n, p in base.named_parameters(remove_duplicate=False)}
         return {
-            f"{name}.base_layer.weight": module
-            for name, module in self._peft.get_base_model().named_modules()
+            names[id(module.get_param() if isinstance(module, ParamWrapper) else module.base_layer.weight)]: module
+            for module in base.modules()
             if isinstance(module, LoraLayer)
         }
 

@@ -3,6 +3,12 @@
 The only module that imports deepspeed. Runs on GPUs (NCCL) and on the CPU (gloo, for tests). Weights are gathered
 one parameter at a time when the rollout engine or an export needs them; checkpoints are DeepSpeed's own, read
 with every `torch.load` forced to weights_only=True (PICKLED_CLASSES are the only classes allowed besides tensors).
+
+Mixture-of-experts models (transformers 5's fused experts: one module holds every expert's weights as one tensor per
+projection) need no ZeRO-3 leaf modules: every rank calls the same modules in the same order whichever experts its
+tokens hit, and one fetch gathers a layer's experts. Marking the MoE block a leaf, as peers do for per-expert
+modules, breaks DeepSpeed's gradient bucketing here (the block runs twice per pass, the prompts' prefill and the
+packed completions: a parameter reaches one bucket twice). A MoE model loads whole (`loads_whole`).
 """
 
 from __future__ import annotations
@@ -105,12 +111,32 @@ _HF_DS_CONFIG = None  # transformers keeps a weak reference: the object must out
 
 
 def prepare_partitioned_load(cfg: Config) -> None:
-    """Call before `from_pretrained`: with ZeRO-3 each rank then materialises only its shard of the weights."""
+    """Call before `from_pretrained`: with ZeRO-3 each rank then materialises only its shard of the weights; a
+    mixture-of-experts model loads whole (`loads_whole`) and is partitioned by `deepspeed.initialize`."""
+    init_distributed(cfg)
+    if not loads_whole(cfg):
+        _announce_zero3(cfg)
+
+
+def loads_whole(cfg: Config) -> bool:
+    """A mixture-of-experts model loads whole on each rank, not partitioned at load: transformers 5.20 skips its
+    checkpoint conversion of the fused expert weights (Qwen3-VL-MoE's are stored transposed) under DeepSpeed's
+    ZeRO-3 init and fails on their shapes (transformers issue #43257). Each rank holds the whole model in host memory
+    while it loads (a 30B-A3B: ~61 GB in bf16); `deepspeed.initialize` then keeps only its shard."""
+    from vlgrpo.families import family
+    from vlgrpo.models import detect_arch
+
+    arch = cfg.model.arch if cfg.model.arch != "auto" else detect_arch(cfg.model.name_or_path)
+    return family(arch).dense is not None
+
+
+def _announce_zero3(cfg: Config) -> None:
+    """Tell transformers ZeRO-3 is on (its from_pretrained then loads partitioned)."""
     global _HF_DS_CONFIG
     from transformers.integrations import HfDeepSpeedConfig
 
-    init_distributed(cfg)
-    _HF_DS_CONFIG = HfDeepSpeedConfig(ds_config(cfg, torch.distributed.get_world_size()))
+    if _HF_DS_CONFIG is None:
+        _HF_DS_CONFIG = HfDeepSpeedConfig(ds_config(cfg, torch.distributed.get_world_size()))
 
 
 def register_linear_attention_parameters(model: torch.nn.Module, config: dict) -> int:
@@ -169,6 +195,7 @@ class Zero3Backend:
             register_linear_attention_parameters(ref, config)
             ref_config = {k: v for k, v in config.items() if k not in ("optimizer", "scheduler")}
             self._ref, *_ = deepspeed.initialize(model=ref.eval(), config=ref_config)
+        _announce_zero3(cfg)  # a MoE model (and its reference) loaded whole: ZeRO-3 is on from here
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
