@@ -39,7 +39,8 @@ def target_regex(modules: list[str]) -> str:
 
 def base_name(name: str) -> str:
     """A base-model state name under peft -> the plain model's: every `.base_layer` segment dropped (a MoE's experts
-    are wrapped twice, once per fused weight: mlp.experts.base_layer.base_layer.gate_up_proj -> mlp.experts.gate_up_proj)."""
+    are wrapped twice, once per fused weight: mlp.experts.base_layer.base_layer.gate_up_proj becomes
+    mlp.experts.gate_up_proj)."""
     return re.sub(r"(?:\.base_layer)+\.", ".", name)
 
 
