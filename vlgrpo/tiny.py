@@ -242,6 +242,7 @@ def tiny_config(arch: str, spec: TinySpec, tokenizer):
             num_experts=spec.num_experts,
             num_experts_per_tok=spec.experts_per_token,
             moe_intermediate_size=spec.moe_intermediate_size,
+            norm_topk_prob=True,  # as released; transformers' router always renormalises, vLLM reads the key
         )
         if fam.hybrid_attention:
             text["shared_expert_intermediate_size"] = spec.shared_expert_intermediate_size
