@@ -1,5 +1,5 @@
 """Does vLLM's CPU build serve the tiny Qwen3-VL-MoE? Greedy tokens against the HF engine, in fp32 (the log: README.md).
-Run: OMP_NUM_THREADS=1 VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python dev/moe_vllm/run.py [arch]"""
+Run: OMP_NUM_THREADS=1 VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python dev/moe_vllm/run.py [arch] [expert width]"""
 
 import sys
 import tempfile
@@ -13,7 +13,7 @@ from vlgrpo.models import load_model
 from vlgrpo.rollout.base import SamplingParams
 from vlgrpo.rollout.hf import HFEngine
 from vlgrpo.rollout.vllm.engine import VLLMEngine
-from vlgrpo.tiny import init_tiny
+from vlgrpo.tiny import TinySpec, init_tiny
 from vlgrpo.vision_cache import VisionCache
 
 arch = sys.argv[1] if len(sys.argv) > 1 else "qwen3_vl_moe"
@@ -21,9 +21,8 @@ dtype = "bfloat16" if arch == "qwen3_5_moe" else "float32"
 work = Path(tempfile.mkdtemp())
 synth_dataset(work / "data", 20, seed=0, image_size=112)
 samples = load_samples(work / "data" / "train.jsonl").samples[:4]
-from vlgrpo.tiny import TinySpec
-
-lm = load_model(str(init_tiny(work / "tiny", arch, spec=TinySpec(moe_intermediate_size=int(sys.argv[2]) if len(sys.argv) > 2 else 96))))
+width = int(sys.argv[2]) if len(sys.argv) > 2 else 96  # the experts' MLP width
+lm = load_model(str(init_tiny(work / "tiny", arch, spec=TinySpec(moe_intermediate_size=width))))
 gen = torch.Generator().manual_seed(1)
 with torch.no_grad():
     for name, p in lm.model.named_parameters():

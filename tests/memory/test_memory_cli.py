@@ -273,7 +273,7 @@ def test_the_default_model_of_an_arch_the_planner_cannot_count_is_named():
     cfg.model.arch = "llava"  # not an accepted model.arch: only a hand-built config reaches the planner with it
     with pytest.raises(
         PlanError,
-        match="model.arch=llava: the planner counts the parameters of qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5 models",
+        match="model.arch=llava: the planner counts the parameters of qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5, qwen3_vl_moe",
     ):
         init_tiny_spec(TinySpec(), cfg)
 
@@ -339,10 +339,20 @@ def test_qwen3_vl_local_directory_is_planned_like_the_table(tmp_path, capsys):
     assert run_json(capsys, "--model", str(tmp_path))["inputs"]["image_tokens"] == 64
 
 
-def test_qwen3_vl_moe_is_refused_in_one_line(capsys):
-    assert main(["plan", "--model", "Qwen/Qwen3-VL-30B-A3B-Instruct", "--gpus", "8"]) == 2
-    err = capsys.readouterr().err
-    assert "Qwen/Qwen3-VL-30B-A3B-Instruct is a Qwen3-VL mixture-of-experts model" in err and "--params N" in err
+def test_a_moe_model_is_planned_with_its_active_parameters_and_expert_adapters(capsys):
+    """Qwen3-VL-30B-A3B with LoRA: every expert's weights are held (31.07 B), a token runs 3.89 B; adapters on the
+    experts add r x 128 x (3 h + 3 I) per layer."""
+    from vlgrpo.memory import MODEL_TABLE
+    from vlgrpo.memory.specs import lora_params
+
+    s = MODEL_TABLE["Qwen/Qwen3-VL-30B-A3B-Instruct"]
+    assert main(["plan", "--model", "Qwen/Qwen3-VL-30B-A3B-Instruct", "--gpus", "8", "--lora-rank", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "31.08 B params" in out and "3.89 B active per token (128 experts, top-8)" in out  # 31.07 B + the adapters
+    assert "routing record 384 B per token" in out  # 48 layers x top-8, a byte each
+    attention = lora_params(s, 16, ("q_proj", "k_proj", "v_proj", "o_proj"))
+    assert lora_params(s, 16, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj")) == attention  # no dense MLP
+    assert lora_params(s, 16, (), experts=True) == 16 * 128 * (3 * 2048 + 3 * 768) * 48
 
 
 def test_qwen3_5_9b_lora_and_zero3_on_8_gpus(capsys):

@@ -125,6 +125,8 @@ CLASSES = {
     "qwen2_5_vl": ("Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLConfig"),
     "qwen2_vl": ("Qwen2VLForConditionalGeneration", "Qwen2VLConfig"),
     "qwen3_vl": ("Qwen3VLForConditionalGeneration", "Qwen3VLConfig"),
+    "qwen3_vl_moe": ("Qwen3VLMoeForConditionalGeneration", "Qwen3VLMoeConfig"),
+    "qwen3_5_moe": ("Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeConfig"),
 }
 
 
@@ -325,17 +327,31 @@ def test_qwen3_vl_name_variants(name):
     assert resolve_model(name) is MODEL_TABLE["Qwen/Qwen3-VL-8B-Instruct"]
 
 
-@pytest.mark.parametrize(
-    "name", ["qwen3-vl-30b-a3b", "Qwen/Qwen3-VL-30B-A3B-Instruct", "Qwen/Qwen3-VL-235B-A22B-Thinking"]
-)
-def test_qwen3_vl_moe_is_refused_by_name(name, tmp_path):
-    with pytest.raises(PlanError) as e:
-        resolve_model(name)
-    msg = str(e.value)
-    assert msg.startswith(f"{name} is a mixture-of-experts model (model_type qwen3_vl_moe)") and "--params N" in msg
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_vl_moe"}))
-    with pytest.raises(PlanError, match="config.json' is a mixture-of-experts model"):
-        resolve_model(str(tmp_path))
+def _moe_released(dense: dict, model_type: str, **text) -> dict:
+    """A released MoE config.json: its dense sibling's, routed experts in every layer."""
+    return {**dense, "model_type": model_type, "text_config": {**dense["text_config"], **text}}
+
+
+@pytest.mark.parametrize("name", ["Qwen/Qwen3-VL-30B-A3B-Instruct", "Qwen/Qwen3.5-35B-A3B"])
+def test_moe_table_is_the_released_config_and_counts_equal_transformers(name, tmp_path):
+    """Total, active, largest module, vision and merger of the two MoE recipes' models, against transformers' own
+    modules on the meta device; the routing record of a token is k bytes per layer."""
+    raw = MOE_RELEASED[name]
+    spec = MODEL_TABLE[name]
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert resolve_model(str(tmp_path)) == dataclasses.replace(spec, name=str(tmp_path))
+    assert resolve_model(name.removeprefix("Qwen/").lower()) is spec
+    counts = _torch_counts(raw, parts=True)
+    assert counts == {
+        "total": spec.total_params(),
+        "largest": spec.largest_layer_params(),
+        "vision": spec.vision_params(),
+        "merger": spec.merger_params(),
+    }
+    experts = spec.layers * spec.experts * 3 * spec.hidden * spec.moe_intermediate
+    idle = experts * (spec.experts - spec.experts_per_token) // spec.experts
+    assert spec.active_params() == spec.total_params() - idle
+    assert 3.5e9 < spec.active_params() < 4.0e9 and spec.routing_bytes(1000) == 1000 * spec.layers * 8
 
 
 # The released Qwen3.5 config.json values (sources: docs/memory.md, "Qwen3.5 sizes"): head_dim 256, vocab 248,320,
@@ -382,6 +398,29 @@ QWEN3_5_RELEASED = {
     "Qwen/Qwen3.5-9B": _qwen3_5_released(4096, 12288, 32, 16, 4, 32, False, 27, 1152, 4304),
     "Qwen/Qwen3.5-27B": _qwen3_5_released(5120, 17408, 64, 24, 4, 48, False, 27, 1152, 4304),
 }
+MOE_RELEASED = {  # their config.json text keys (the 35B's have no dense intermediate_size)
+    "Qwen/Qwen3-VL-30B-A3B-Instruct": _moe_released(
+        _qwen3_released(2048, 6144, 48, 32, False, 27, 1152, 4304, [8, 16, 24]),
+        "qwen3_vl_moe",
+        num_key_value_heads=4,
+        num_experts=128,
+        num_experts_per_tok=8,
+        moe_intermediate_size=768,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        norm_topk_prob=True,
+    ),
+    "Qwen/Qwen3.5-35B-A3B": _moe_released(
+        _qwen3_5_released(2048, 0, 40, 16, 2, 32, False, 27, 1152, 4304),
+        "qwen3_5_moe",
+        num_experts=256,
+        num_experts_per_tok=8,
+        moe_intermediate_size=512,
+        shared_expert_intermediate_size=512,
+    ),
+}
+for _raw in MOE_RELEASED.values():
+    _raw["text_config"] = {k: v for k, v in _raw["text_config"].items() if v != 0}  # no dense MLP width
 # transformers' own count of Qwen3_5ForConditionalGeneration(Qwen3_5Config(**config.json)) on the meta device
 # (transformers 5.20.2; the checkpoints' MTP layer is not part of the model transformers builds)
 QWEN3_5_PARAMS = {
@@ -430,12 +469,3 @@ def test_qwen3_5_9b_exact_breakdown_state_and_lora():
     assert lora_params(s, 16, ("in_proj_qkv", "out_proj")) == 16 * 24 * ((h + 8192) + (4096 + h))
     assert lora_params(s, 16, ("down_proj",)) == 16 * 32 * (12288 + h)
     assert lora_params(MODEL_TABLE["Qwen/Qwen3-VL-8B-Instruct"], 16, ("in_proj_qkv",)) == 0  # no such layer there
-
-
-@pytest.mark.parametrize("name", ["qwen3.5-35b-a3b", "Qwen/Qwen3.5-397B-A17B"])
-def test_qwen3_5_moe_is_refused_by_name(name, tmp_path):
-    with pytest.raises(PlanError, match=r"mixture-of-experts model \(model_type qwen3_5_moe\).*planner does not count"):
-        resolve_model(name)
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_5_moe"}))
-    with pytest.raises(PlanError, match="model_type qwen3_5_moe"):
-        resolve_model(str(tmp_path))

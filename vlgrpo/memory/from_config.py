@@ -186,6 +186,7 @@ def plan_input_from_config(
         trainable=tuple(part for part, is_frozen in frozen.items() if not is_frozen),
         lora_rank=t.lora.rank if t.backend == "lora" else None,
         lora_targets=tuple(t.lora.target_modules),
+        lora_experts=t.lora.experts,
         zero_stage=3 if zero3 else 0,
         num_gpus=t.num_gpus,
         offload=zero3_offload(cfg) if zero3 else frozenset(),

@@ -31,6 +31,8 @@ class PlanInput:
     lora_rank: int | None = None
     """LoRA rank; None is a full fine-tune of `trainable`."""
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    lora_experts: bool = False
+    """Adapters on a MoE's routed experts too (train.lora.experts)."""
     zero_stage: int = 0
     num_gpus: int = 1
     offload: frozenset[str] = frozenset()

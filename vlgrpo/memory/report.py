@@ -30,6 +30,7 @@ def _inputs_dict(inp: PlanInput) -> dict[str, Any]:
             "merger": inp.spec.merger_params(),
             "language": inp.spec.language_params(),
             "total": inp.spec.total_params(),
+            "active": inp.spec.active_params(),
         }
     return d
 
@@ -103,8 +104,16 @@ def _headline(report: dict[str, Any]) -> list[str]:
     name = i["spec"]["name"] if i["spec"] else f"{_count(c['total_params'])} parameters (--params)"
     method = f"LoRA r={i['lora_rank']}" if i["lora_rank"] else f"full fine-tune of {', '.join(i['trainable'])}"
     source = f" (from {i['deepspeed_config']})" if i["deepspeed_config"] else ""
+    spec = i["spec"]
+    moe = ""
+    if spec and spec.get("experts"):  # a token runs through k of the experts: its compute and activations
+        moe = (
+            f"; mixture of experts: {_count(spec['params']['active'])} active per token ({spec['experts']} experts, "
+            f"top-{spec['experts_per_token']}), every expert's weights held; routing record "
+            f"{spec['layers'] * spec['experts_per_token']} B per token"
+        )
     return [
-        f"model: {name}  ({_count(c['total_params'])} params, {c['trainable_params'] / 1e6:,.1f} M trainable)",
+        f"model: {name}  ({_count(c['total_params'])} params, {c['trainable_params'] / 1e6:,.1f} M trainable{moe})",
         f"{method}; ZeRO-{i['zero_stage']} over {c['train_gpus']} training GPU(s) of {i['num_gpus']}; "
         f"{i['dtype_bytes']}-byte dtype; offload: {', '.join(i['offload']) or 'none'}{source}; beta={i['beta']}",
         f"per step and GPU: {i['prompts_per_step']} prompts x {i['completions_per_prompt']} completions; micro-batch "

@@ -6,12 +6,13 @@ architecture formulas (checked against transformers in the tests), which branch 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vlgrpo.families import FAMILIES, GATED_DELTANET, Family, arch_by_name, is_gated_deltanet
+from vlgrpo.families import FAMILIES, GATED_DELTANET, Family, is_gated_deltanet
 from vlgrpo.types import InputError
 
 LM_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
@@ -66,6 +67,14 @@ class ModelSpec:
     linear_k_dim: int = 0
     linear_v_dim: int = 0
     conv_kernel: int = 4
+    experts: int = 0
+    """Mixture of experts (qwen3_vl_moe, qwen3_5_moe): routed experts per decoder layer; 0 for a dense MLP."""
+    experts_per_token: int = 0
+    """The router's top-k."""
+    moe_intermediate: int = 0
+    """One routed expert's MLP width."""
+    shared_expert_intermediate: int = 0
+    """Qwen3.5-MoE's gated shared expert's MLP width (0: none)."""
 
     @property
     def traits(self) -> Family:
@@ -117,12 +126,41 @@ class ModelSpec:
         state = self.state_bytes_per_sequence(dtype_bytes) // self.linear_layers
         return kernel_block * -(-state // (kernel_block * per_token))
 
+    def mlp_params(self) -> int:
+        """One decoder layer's feed-forward: a SwiGLU MLP (gate/up/down), or a MoE block: the router (E x h), every
+        expert's fused gate/up and down projections, and Qwen3.5-MoE's shared expert with its one-output gate."""
+        h = self.hidden
+        if not self.experts:
+            return 3 * h * self.intermediate
+        shared = 3 * h * self.shared_expert_intermediate + h if self.shared_expert_intermediate else 0
+        return self.experts * h + self.experts * 3 * h * self.moe_intermediate + shared
+
+    @property
+    def mlp_width(self) -> int:
+        """The MLP width a token runs through (its activations): a dense MLP's, or its k experts' and the shared
+        expert's."""
+        if not self.experts:
+            return self.intermediate
+        return self.experts_per_token * self.moe_intermediate + self.shared_expert_intermediate
+
+    def active_params(self) -> int:
+        """Parameters a token runs through: all of a dense model; a MoE's without the experts it is not routed to."""
+        idle = self.experts - self.experts_per_token
+        return self.total_params() - self.layers * idle * 3 * self.hidden * self.moe_intermediate
+
+    def routing_bytes(self, tokens: int) -> int:
+        """A rollout's routing record (`policy.routing`): one byte per expert index (two past 256 experts), k per
+        token per MoE layer; 0 for a dense model."""
+        if not self.experts:
+            return 0
+        return tokens * self.layers * self.experts_per_token * (1 if self.experts <= 256 else 2)
+
     def language_params(self) -> int:
         h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
         attn = h * q * (2 if self.gated_attention else 1) + 2 * h * kv + q * h  # q (+ gate), k, v, o_proj weights
         # Qwen2: q/k/v biases. Qwen3: no biases, an RMSNorm over each head's queries and keys (q_norm, k_norm)
         attn += 2 * self.head_dim if self.qwen3 else q + 2 * kv
-        rest = 3 * h * self.intermediate + 2 * h  # SwiGLU gate/up/down + two RMSNorms
+        rest = self.mlp_params() + 2 * h  # SwiGLU gate/up/down (or the MoE block) + two RMSNorms
         mixers = self.attention_layers * attn + self.linear_layers * self.linear_attention_params()
         embeddings = self.vocab * h * (1 if self.tie_embeddings else 2)  # embed_tokens (+ lm_head unless tied)
         return mixers + self.layers * rest + embeddings + h  # + final norm
@@ -159,6 +197,7 @@ class ModelSpec:
             self.vocab * h,
             h * self.intermediate,
             h * q * (2 if self.gated_attention else 1) + (0 if self.qwen3 else q),  # embedding / lm_head, MLP, q_proj
+            self.experts * 3 * h * self.moe_intermediate,  # a MoE's fused experts: one module, both projections
             h * self.linear_conv_dim,  # Qwen3.5's in_proj_qkv
             self.in_channels * self.temporal_patch * self.patch**2 * hv + (hv if self.qwen3 else 0),  # conv3d
             self.position_embeddings * hv,  # Qwen3-VL's learned position table
@@ -234,6 +273,20 @@ def _qwen3_5(name, hidden, inter, layers, heads, kv, linear_v_heads, tie, vision
     )
 
 
+def _moe(dense: ModelSpec, experts: int, top_k: int, width: int, shared: int = 0) -> ModelSpec:
+    """A mixture-of-experts sibling of a dense spec: every layer's MLP is `experts` routed experts of `width` (top-k per
+    token), with a gated shared expert of `shared` (Qwen3.5-MoE)."""
+    family = next(a for a, f in FAMILIES.items() if f.dense == dense.family)
+    return dataclasses.replace(
+        dense,
+        family=family,
+        experts=experts,
+        experts_per_token=top_k,
+        moe_intermediate=width,
+        shared_expert_intermediate=shared,
+    )
+
+
 # Public config.json values of the released checkpoints. Qwen3-VL (docs/memory.md names the sources): transformers'
 # Qwen3VLConfig defaults are none of them (its text defaults are 32 layers x 4096 with intermediate 22016).
 MODEL_TABLE: dict[str, ModelSpec] = {
@@ -254,16 +307,21 @@ MODEL_TABLE: dict[str, ModelSpec] = {
         _qwen3_5("Qwen/Qwen3.5-4B", 2560, 9216, 32, 16, 4, 32, True, (24, 1024, 4096)),
         _qwen3_5("Qwen/Qwen3.5-9B", 4096, 12288, 32, 16, 4, 32, False, (27, 1152, 4304)),
         _qwen3_5("Qwen/Qwen3.5-27B", 5120, 17408, 64, 24, 4, 48, False, (27, 1152, 4304)),
+        _moe(
+            _qwen3("Qwen/Qwen3-VL-30B-A3B-Instruct", 2048, 6144, 48, 32, 4, False, (27, 1152, 4304), (8, 16, 24)),
+            experts=128,
+            top_k=8,
+            width=768,
+        ),
+        _moe(
+            _qwen3_5("Qwen/Qwen3.5-35B-A3B", 2048, 0, 40, 16, 2, 32, False, (27, 1152, 4304)),
+            experts=256,
+            top_k=8,
+            width=512,
+            shared=512,
+        ),
     )
 }
-
-
-def moe_refusal(what: str, model_type: str) -> PlanError:
-    """A mixture-of-experts model (`Family.dense` set), which vlgrpo trains but the planner does not count yet."""
-    return PlanError(
-        f"{what} is a mixture-of-experts model (model_type {model_type}), which the planner does not count yet: plan "
-        "its model states with --params N (N: the total count, every expert stays in memory)"
-    )
 
 
 def _short(name: str) -> str:
@@ -279,8 +337,6 @@ def spec_from_config_json(path: str | Path) -> ModelSpec:
     except (OSError, json.JSONDecodeError) as e:
         raise PlanError(f"cannot read model config '{path}': {e}") from None
     family = raw.get("model_type")
-    if family in FAMILIES and FAMILIES[family].dense is not None:
-        raise moe_refusal(f"'{path}'", family)
     if family not in FAMILIES:
         raise PlanError(f"'{path}': model_type {family!r} is not supported; accepted: {', '.join(FAMILIES)}")
     text, vis = {**raw, **(raw.get("text_config") or {})}, raw.get("vision_config") or {}
@@ -298,13 +354,21 @@ def spec_from_config_json(path: str | Path) -> ModelSpec:
     else:
         hv, iv = need(vis, "hidden_size", "vision_config."), need(vis, "intermediate_size", "vision_config.")
     traits = FAMILIES[family]
+    moe = {}
+    if traits.dense is not None:  # routed experts in every layer (Qwen3.5-MoE: beside a gated shared expert)
+        moe = dict(
+            experts=need(text, "num_experts", ""),
+            experts_per_token=need(text, "num_experts_per_tok", ""),
+            moe_intermediate=need(text, "moe_intermediate_size", ""),
+            shared_expert_intermediate=text.get("shared_expert_intermediate_size", 0) if traits.hybrid_attention else 0,
+        )
     # transformers ties Qwen3-VL's and Qwen3.5's lm_head by the top-level key only (the released files set both alike)
     tie = raw.get("tie_word_embeddings", False) if traits.qwen3 else text.get("tie_word_embeddings", False)
     return ModelSpec(
         name=str(path.parent),
         family=family,
         hidden=hidden,
-        intermediate=need(text, "intermediate_size", ""),
+        intermediate=text.get("intermediate_size", 0) if moe else need(text, "intermediate_size", ""),
         layers=need(text, "num_hidden_layers", ""),
         heads=heads,
         kv_heads=text.get("num_key_value_heads") or heads,
@@ -321,6 +385,7 @@ def spec_from_config_json(path: str | Path) -> ModelSpec:
         position_embeddings=vis.get("num_position_embeddings", 2304) if traits.qwen3 else 0,
         deepstack_mergers=len(vis.get("deepstack_visual_indexes", (8, 16, 24))) if traits.deepstack else 0,
         **(_linear_attention(text) if traits.hybrid_attention else {}),
+        **moe,
     )
 
 
@@ -343,7 +408,7 @@ def _linear_attention(text: dict) -> dict:
 
 def resolve_model(name_or_path: str) -> ModelSpec:
     """A directory with config.json (or the file), else a table name like `qwen2.5-vl-7b` or `qwen3-vl-8b` (any case,
-    -Instruct optional). A mixture-of-experts name is refused (`moe_refusal`)."""
+    -Instruct optional)."""
     p = Path(name_or_path)
     if p.is_dir() and (p / "config.json").is_file():
         return spec_from_config_json(p / "config.json")
@@ -352,19 +417,20 @@ def resolve_model(name_or_path: str) -> ModelSpec:
     by_short = {_short(k): v for k, v in MODEL_TABLE.items()}
     if _short(name_or_path) in by_short:
         return by_short[_short(name_or_path)]
-    arch = arch_by_name(name_or_path)
-    if arch is not None and FAMILIES[arch].dense is not None:
-        raise moe_refusal(name_or_path, arch)
     raise PlanError(
         f"model '{name_or_path}' is neither a directory holding config.json nor a known model; known: "
         f"{', '.join(MODEL_TABLE)} (short forms like qwen2.5-vl-7b work too), or plan with --params N"
     )
 
 
-def lora_params(spec: ModelSpec, rank: int, targets: tuple[str, ...]) -> int:
+def lora_params(spec: ModelSpec, rank: int, targets: tuple[str, ...], experts: bool = False) -> int:
     """Adapter parameters r·(in + out) per targeted linear layer (language model; ViT names when listed): attention
-    projections in the attention layers, Gated DeltaNet ones in the linear layers (Qwen3.5), the MLP in every one."""
-    h, kv, i, q = spec.hidden, spec.kv_heads * spec.head_dim, spec.intermediate, spec.heads * spec.head_dim
+    projections in the attention layers, Gated DeltaNet ones in the linear layers (Qwen3.5), the MLP in every one (a
+    MoE's MLP names are its shared expert's, none in Qwen3-VL-MoE); `experts`: r per routed expert on its fused
+    gate/up (h -> 2 I) and down (I -> h) projections, in every layer (peft's target_parameters)."""
+    h, kv, q = spec.hidden, spec.kv_heads * spec.head_dim, spec.heads * spec.head_dim
+    i = spec.shared_expert_intermediate if spec.experts else spec.intermediate
+    mlp_layers = spec.layers if i else 0
     hv, iv = spec.vision_hidden, spec.vision_intermediate
     vd, v_heads = spec.linear_v_heads * spec.linear_v_dim, spec.linear_v_heads
     attention = spec.attention_layers
@@ -373,9 +439,9 @@ def lora_params(spec: ModelSpec, rank: int, targets: tuple[str, ...]) -> int:
         "k_proj": (h + kv, attention),
         "v_proj": (h + kv, attention),
         "o_proj": (q + h, attention),
-        "gate_proj": (h + i, spec.layers),
-        "up_proj": (h + i, spec.layers),
-        "down_proj": (i + h, spec.layers),
+        "gate_proj": (h + i, mlp_layers),
+        "up_proj": (h + i, mlp_layers),
+        "down_proj": (i + h, mlp_layers),
         "in_proj_qkv": (h + spec.linear_conv_dim, spec.linear_layers),
         "in_proj_z": (h + vd, spec.linear_layers),
         "in_proj_b": (h + v_heads, spec.linear_layers),
@@ -395,7 +461,7 @@ def lora_params(spec: ModelSpec, rank: int, targets: tuple[str, ...]) -> int:
     if bad:
         accepted = LM_LINEARS + LINEAR_ATTENTION_LINEARS + VISION_LINEARS
         raise PlanError(f"train.lora.target_modules has {bad}; accepted: {', '.join(accepted)}")
-    total = 0
+    total = rank * spec.experts * (3 * h + 3 * spec.moe_intermediate) * spec.layers if experts else 0
     for t in targets:
         if t == "lm_head":
             total += rank * (h + spec.vocab)

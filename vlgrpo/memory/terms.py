@@ -23,7 +23,7 @@ def param_counts(inp: PlanInput) -> tuple[int, int, int]:
     s = inp.spec
     parts = {"vision": s.vision_params(), "merger": s.merger_params(), "language": s.language_params()}
     if inp.lora_rank:  # frozen base + adapters
-        adapters = lora_params(s, inp.lora_rank, inp.lora_targets)
+        adapters = lora_params(s, inp.lora_rank, inp.lora_targets, inp.lora_experts)
         return s.total_params() + adapters, adapters, s.largest_layer_params()
     bad = [p for p in inp.trainable if p not in parts]
     if bad:
@@ -91,10 +91,10 @@ def activation_bytes(inp: PlanInput, seq_len: int) -> int:
     # and the gated norm's output (v dim each), and the MLP's (4 I + h); the chunked rule's fp32 intermediates are
     # per 64-token chunk and left out.
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
-    per_token = 4 * s.hidden + 2 * q + 2 * kv + 4 * s.intermediate + ((q + kv) if s.qwen3 else 0)
+    per_token = 4 * s.hidden + 2 * q + 2 * kv + 4 * s.mlp_width + ((q + kv) if s.qwen3 else 0)
     per_token += 2 * q if s.gated_attention else 0
     vd = s.linear_v_heads * s.linear_v_dim
-    per_linear_token = 4 * s.hidden + 2 * s.linear_conv_dim + 3 * vd + 4 * s.intermediate
+    per_linear_token = 4 * s.hidden + 2 * s.linear_conv_dim + 3 * vd + 4 * s.mlp_width
     per_layer = b * mb * seq_len * (per_token * s.attention_layers + per_linear_token * s.linear_layers) // s.layers
     lm = (b * s.hidden * mb * seq_len * s.layers + per_layer) if inp.gradient_checkpointing else per_layer * s.layers
     if "vision" not in inp.trainable or inp.lora_rank:

@@ -67,6 +67,16 @@ def init_tiny_spec(tiny: Any, cfg: Config) -> tuple[ModelSpec, str]:
         min_pixels=tiny.min_pixels,
         max_pixels=tiny.max_pixels,
         **linear,
+        **(
+            dict(
+                experts=tiny.num_experts,
+                experts_per_token=tiny.experts_per_token,
+                moe_intermediate=tiny.moe_intermediate_size,
+                shared_expert_intermediate=tiny.shared_expert_intermediate_size if hybrid else 0,
+            )
+            if fam.dense is not None
+            else {}
+        ),
     )
     flag = "" if arch == "qwen2_5_vl" else f" --arch {arch}"
     note = (
