@@ -15,6 +15,7 @@ import yaml
 
 from vlgrpo.cli import main
 from vlgrpo.config import Config, get_key, load_config
+from vlgrpo.families import FAMILIES, family
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -38,13 +39,15 @@ def test_the_shipped_recipes_are_all_there():
         "qwen2_vl_2b_lora_1gpu.yaml",
         "qwen3_vl_8b_lora_8xa100.yaml",
         "qwen3_vl_8b_zero3_8xa100.yaml",
+        "qwen3_vl_30b_a3b_lora_8xa100.yaml",
+        "qwen3_5_35b_a3b_lora_8xa100.yaml",
         "qwen3_5_9b_lora_8xa100.yaml",
         "qwen3_5_9b_zero3_8xa100.yaml",
         "qwen2_5_vl_7b_deepeyes_8xa100.yaml",
         "tiny_grpo.yaml",
         "tiny_sft.yaml",
     } <= names
-    assert len(NODE_8XA100) == 7
+    assert len(NODE_8XA100) == 9
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
@@ -55,7 +58,7 @@ def test_config_loads_validates_and_holds_only_what_differs_from_the_defaults(pa
     assert same == [], f"{path.name} repeats default values: {same}"
     if cfg.model.name_or_path.startswith("Qwen/"):  # the real recipes: the stated hardware assumptions hold
         m, r = cfg.model, cfg.rollout
-        assert m.dtype == "bfloat16" and m.max_pixels and m.arch in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5")
+        assert m.dtype == "bfloat16" and m.max_pixels and m.arch in FAMILIES
         assert m.freeze_vision and m.freeze_merger and r.vision_cache_dir and r.placement == "colocate"
         assert r.engine == "vllm" and r.vllm.enable_sleep_mode
         token_px = 32 if m.arch in ("qwen3_vl", "qwen3_5") else 28  # a token covers 2 x 2 patches of 16 or 14 px
@@ -122,7 +125,7 @@ def test_real_model_recipes_are_clean_under_the_doctor(path, shapes_dir, capsys)
     assert main(["data", "doctor", str(path), "--no-progress", *(a for s in splits for a in ("--set", s))]) == 0
     out = capsys.readouterr().out
     assert "0 error(s), 0 warning(s): ready" in out
-    qwen3 = load_config(path).model.arch in ("qwen3_vl", "qwen3_5")
+    qwen3 = family(load_config(path).model.arch).qwen3  # Qwen3-VL, Qwen3.5 and their MoE siblings
     assert ("geometry: patch 16, merge 2, pixels 65536.." if qwen3 else "geometry: patch 14, merge 2") in out
 
 
