@@ -60,8 +60,11 @@ def test_config_loads_validates_and_holds_only_what_differs_from_the_defaults(pa
         m, r = cfg.model, cfg.rollout
         assert m.dtype == "bfloat16" and m.max_pixels and m.arch in FAMILIES
         assert m.freeze_vision and m.freeze_merger and r.vision_cache_dir and r.placement == "colocate"
-        assert r.engine == "vllm" and r.vllm.enable_sleep_mode
-        token_px = 32 if m.arch in ("qwen3_vl", "qwen3_5") else 28  # a token covers 2 x 2 patches of 16 or 14 px
+        # vLLM, asleep during the update; a MoE recipe decodes with the trainer's model (HF: routing replay)
+        moe = family(m.arch).dense is not None
+        assert (r.engine == "hf" and cfg.train.routing_replay == "rollout") if moe else r.engine == "vllm"
+        assert r.vllm.enable_sleep_mode
+        token_px = 32 if family(m.arch).qwen3 else 28  # a token covers 2 x 2 patches of 16 or 14 px
         assert m.max_pixels % token_px**2 == 0
         assert m.max_pixels // token_px**2 + 64 <= cfg.data.max_prompt_length  # the largest image + a question fits
 
