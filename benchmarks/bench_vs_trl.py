@@ -16,7 +16,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -89,9 +89,13 @@ SPEC_QWEN3_5 = TinySpec(
     max_pixels=28 * 28 * 1280,
     tie_word_embeddings=False,
 )
-SPECS = {"qwen2_5_vl": SPEC, "qwen3_vl": SPEC_QWEN3, "qwen3_5": SPEC_QWEN3_5}
+# Qwen3-VL-30B-A3B's proportions: 48 layers of width 2048, 32 query heads per 4 KV heads of 128, every layer 128
+# experts of width 768 (0.375 of the width), top-8 (1/16 of them); DeepStack, untied head. Here: 8 layers of width
+# 192, 4 query heads per KV head, 32 experts of width 72 (0.375), top-2 (1/16).
+SPEC_QWEN3_VL_MOE = replace(SPEC_QWEN3, num_experts=32, experts_per_token=2, moe_intermediate_size=72)
+SPECS = {"qwen2_5_vl": SPEC, "qwen3_vl": SPEC_QWEN3, "qwen3_5": SPEC_QWEN3_5, "qwen3_vl_moe": SPEC_QWEN3_VL_MOE}
 """--arch -> the tiny model's spec (each keeps max_pixels above a 448 px image, so it is never resized)."""
-ARCH_NAMES = {"qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL", "qwen3_5": "Qwen3.5"}
+ARCH_NAMES = {"qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL", "qwen3_5": "Qwen3.5", "qwen3_vl_moe": "Qwen3-VL-MoE"}
 LR, CLIP = 1e-5, 0.2
 PHASES = ("vision", "rollout", "reward", "advantage", "old_logprob", "ref_logprob", "update", "sync")
 ROLLOUT_PARTS = PhaseTimer()
