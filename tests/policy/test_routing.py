@@ -6,7 +6,7 @@ from trainer_helpers import tiny_config, write_reward_module
 
 from vlgrpo.config.schema import ConfigError
 from vlgrpo.data.adapters import load_samples
-from vlgrpo.policy.routing import control_of, load_balance, mismatch
+from vlgrpo.policy.routing import BatchRouting, control_of, load_balance, mismatch
 from vlgrpo.trainer.loop import Trainer
 from vlgrpo.trainer.state import build_state
 
@@ -69,6 +69,30 @@ def test_mismatch_and_load_balance_on_known_routings():
     assert load_balance(a, 4) == (2.0, 2.0)
     c = torch.tensor([[[0, 1]], [[2, 3]]])  # one layer, every expert once: 1.0
     assert load_balance(c, 4) == (1.0, 1.0)
+
+
+def test_the_aux_loss_is_transformers_load_balancing_loss_per_layer():
+    """One layer: equal to transformers' own `load_balancing_loss_func` on the router logits (its top-k chosen
+    there); several: the mean of each layer's; a perfect balance gives k."""
+    from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import load_balancing_loss_func
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 6, 4, generator=gen)  # 2 layers x 6 tokens x 4 experts
+    probs = logits.softmax(-1)
+    top = probs.topk(2, dim=-1).indices
+    for layer in (0, 1):
+        r = BatchRouting(None, None, False, 1.0)
+        r.aux_terms.append((probs[layer][:, None], top[layer][:, None]))
+        want = load_balancing_loss_func((logits[layer],), num_experts=4, top_k=2)
+        assert torch.allclose(r.aux_loss(), want, atol=1e-6) and r.aux_terms == []
+    both = BatchRouting(None, None, False, 1.0)
+    both.aux_terms += [(probs[:, :3].transpose(0, 1), top[:, :3].transpose(0, 1))]  # two calls, 3 tokens each
+    both.aux_terms += [(probs[:, 3:].transpose(0, 1), top[:, 3:].transpose(0, 1))]
+    per_layer = [load_balancing_loss_func((logits[i],), num_experts=4, top_k=2) for i in (0, 1)]
+    assert torch.allclose(both.aux_loss(), torch.stack(per_layer).mean(), atol=1e-6)
+    even = BatchRouting(None, None, False, 1.0)
+    even.aux_terms.append((torch.full((2, 1, 4), 0.25), torch.tensor([[[0, 1]], [[2, 3]]])))
+    assert float(even.aux_loss()) == pytest.approx(2.0)  # k
 
 
 @pytest.mark.parametrize("arch", MOE)
@@ -151,6 +175,23 @@ def test_a_lora_grpo_run_with_routing_replay_reports_the_routing_metrics(tmp_pat
     state.close()
 
 
+def test_the_aux_loss_enters_the_update_and_moves_the_routers(tmp_path, tiny_model_dir, shapes_dir):
+    """train.router_aux_loss_coef > 0: `moe/aux_loss` logged, and the routers' weights after one step differ from a
+    run without it (same seed, same rollout)."""
+    routers = {}
+    for coef in (0.0, 5.0):
+        state = _state(
+            tmp_path / str(coef), tiny_model_dir("qwen3_vl_moe"), shapes_dir, f"train.router_aux_loss_coef={coef}"
+        )
+        metrics = Trainer(state).step_fn()
+        assert ("moe/aux_loss" in metrics) == (coef > 0)
+        if coef:
+            assert 1.0 < metrics["moe/aux_loss"] < 4.0  # k = 2 at a perfect balance, E = 4 at the worst
+        routers[coef] = torch.cat([r.weight.detach().flatten() for r in control_of(state.backend.model).routers])
+        state.close()
+    assert not torch.equal(routers[0.0], routers[5.0])
+
+
 @pytest.mark.parametrize(
     "extra, why",
     [
@@ -166,3 +207,8 @@ def test_routing_replay_is_refused_where_no_rollout_routing_comes_back(tmp_path,
 
 def test_yaml_off_is_the_off_setting(tmp_path, shapes_dir):
     assert tiny_config("m", shapes_dir, tmp_path, "train.routing_replay=off").train.routing_replay == "off"
+
+
+def test_a_negative_aux_loss_weight_is_refused(tmp_path, shapes_dir):
+    with pytest.raises(ConfigError, match=r"train.router_aux_loss_coef' must be >= 0 \(0: off\)"):
+        tiny_config("m", shapes_dir, tmp_path, "train.router_aux_loss_coef=-0.01")

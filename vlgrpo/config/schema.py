@@ -307,6 +307,11 @@ class TrainConfig:
     reference and update passes; the router still learns through the chosen experts' weights). Either way the
     engine records the experts and `moe/routing_mismatch` says how often the trainer's own choice differs. The HF
     engine records them; with vLLM or a multi-turn tool rollout it is refused."""
+    router_aux_loss_coef: float = 0.0
+    """Mixture-of-experts models: the weight of the routers' load-balancing loss (Switch Transformer's, as
+    transformers' `load_balancing_loss_func`: E x sum_e (share of tokens routed to e) x (mean probability of e) per
+    layer, averaged over layers; k at a perfect balance) added to the update's loss, logged as `moe/aux_loss`. 0
+    (off) as peers' RL recipes: the policy gradient alone moves the routers."""
     max_nonfinite_steps: int = 3
     """Stop the run after this many steps in a row whose loss or gradient was NaN/inf (each one's optimiser step is
     skipped and counted in train/nonfinite_steps); the newest checkpoint is kept."""

@@ -40,6 +40,7 @@ def _range_checks(cfg: Config) -> list[tuple[bool, str, str]]:
         (r.temperature > 0, "rollout.temperature", "must be > 0 (GRPO samples; use eval for greedy decoding)"),
         (0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]"),
         (t.steps >= 0, "train.steps", "must be >= 0"),
+        (t.router_aux_loss_coef >= 0, "train.router_aux_loss_coef", "must be >= 0 (0: off)"),
         (t.lr > 0, "train.lr", "must be > 0"),
         (t.max_grad_norm >= 0, "train.max_grad_norm", "must be >= 0 (0 disables clipping)"),
         (t.save_every >= 0, "train.save_every", "must be >= 0 (0: checkpoint only at the end)"),

@@ -176,7 +176,7 @@ def prefill_batch(
     b, tp = prompt_ids.shape
     p = common_prefix(prompt_ids, prompt_mask, mm_token_type_ids) if b > 1 else 0
     if p < SHARED_PREFIX_MIN or is_hybrid(model) or routing is not None:
-        recorded = None if routing is None else routing.prompt.flatten(0, 1)
+        recorded = None if routing is None or routing.prompt is None else routing.prompt.flatten(0, 1)
         with routed(model, routing, recorded, prompt_mask):
             last, cache, next_pos = prefill(model, prompt_ids, prompt_mask, mm_token_type_ids, features)
         return last, cache, next_pos, prompt_mask
@@ -331,7 +331,7 @@ def completion_logits(model, batch: CompletionBatch, features: list) -> Tensor:
             model, batch.prompt_ids, batch.prompt_mask, batch.mm_token_type_ids, features, batch.routing
         )
         recorded = None  # the packed tokens' rollout experts, in the packed order (row-major over the inputs)
-        if batch.routing is not None:
+        if batch.routing is not None and batch.routing.completion is not None:
             recorded = batch.routing.completion[batch.completion_mask[:, 1:].bool().nonzero(as_tuple=True)]
         with routed(model, batch.routing, recorded):
             return packed_completion_logits(
@@ -397,7 +397,7 @@ def _completion_logits_full_rows(model, batch: CompletionBatch, features: list) 
     ids, mask, mm, rows = _whole_rows(model, batch, features)
     tp = batch.prompt_ids.shape[1]
     recorded = None
-    if batch.routing is not None:  # each row's prompt's experts, then its own
+    if batch.routing is not None and batch.routing.prompt is not None:  # each row's prompt's experts, then its own
         recorded = torch.cat([batch.routing.prompt[batch.row_prompt], batch.routing.completion], dim=1).flatten(0, 1)
     # the last prompt position predicts the first completion token: C + 1 positions through the LM head, not T
     with routed(model, batch.routing, recorded, mask):

@@ -40,6 +40,9 @@ class CallRecord:
     """[N, L, k] the experts to use, or None: each router's own choice."""
     chosen: list[Tensor] = field(default_factory=list)
     """Per MoE layer, the router's own top-k [N, k] (what it would choose)."""
+    probs: list[Tensor] | None = None
+    """Per MoE layer, the router's probabilities [N, E] (with their graph), when the call keeps them (the auxiliary
+    load-balancing loss); None: not kept."""
 
     def own(self) -> Tensor:
         """[N, L, k] the routers' own choices, each token's k experts in descending probability."""
@@ -68,15 +71,15 @@ class RoutingControl:
         return len(self.routers)
 
     @contextmanager
-    def call(self, replay: Tensor | None = None) -> Iterator[CallRecord]:
+    def call(self, replay: Tensor | None = None, keep_probs: bool = False) -> Iterator[CallRecord]:
         """Around one model call: its routers use `replay` [N, L, k] (None: their own top-k); the record holds the
-        routers' own choices once the call has run."""
+        routers' own choices once the call has run (and their probabilities with `keep_probs`)."""
         if replay is not None and tuple(replay.shape[1:]) != (self.layers, self.top_k):
             raise ValueError(
                 f"routing replay of shape {tuple(replay.shape)}: this model routes through {self.layers} MoE layers "
                 f"with top-{self.top_k}, so [tokens, {self.layers}, {self.top_k}] is wanted"
             )
-        outer, self._record = self._record, CallRecord(replay)
+        outer, self._record = self._record, CallRecord(replay, probs=[] if keep_probs else None)
         try:
             yield self._record
         finally:
@@ -95,6 +98,8 @@ def _route(router, hidden: Tensor):
     probs = torch.softmax(logits, dtype=torch.float, dim=-1)
     top, experts = torch.topk(probs, router.top_k, dim=-1)
     record.chosen.append(experts)
+    if record.probs is not None:
+        record.probs.append(probs)
     if record.replay is not None:
         experts = record.replay[:, layer].to(device=h.device, dtype=torch.long)
         if experts.shape[0] != h.shape[0]:
@@ -151,29 +156,62 @@ def load_balance(experts: Tensor, num_experts: int) -> tuple[float, float]:
 class BatchRouting:
     """A training batch's rollout routing, aligned with its `CompletionBatch` tensors, and what its passes saw."""
 
-    prompt: Tensor
-    """[B, Tp, L, k] the experts each prompt token went to in the rollout's prefill (left padding: experts 0..k-1)."""
-    completion: Tensor
+    prompt: Tensor | None
+    """[B, Tp, L, k] the experts each prompt token went to in the rollout's prefill (left padding: experts 0..k-1);
+    None when the engine recorded none (vLLM): the passes then keep only what the auxiliary loss needs."""
+    completion: Tensor | None
     """[R, C, L, k] each completion token's, as the decode step fed it (right padding, and a row's last token, which
     is never fed: experts 0..k-1)."""
     replay: bool
     """Force these experts in the trainer's passes (`train.routing_replay=rollout`); False: only compare."""
+    aux_coef: float = 0.0
+    """The weight of the routers' load-balancing loss in the update (`train.router_aux_loss_coef`); 0: off."""
     observed: list = field(default_factory=list)
     """(own [n, L, k], recorded [n, L, k], used [n, L, k]) of the real tokens of each pass over this batch."""
+    aux_terms: list = field(default_factory=list)
+    """(probs [n, L, E] with their graph, used [n, L, k]) of the real tokens of each call since the last
+    `aux_loss`, when aux_coef > 0."""
 
     def select(self, used: Tensor, rows: Tensor) -> BatchRouting:
-        """The routing of `CompletionBatch.select`'s micro-batch (its prompts `used`, its `rows`); observations are
-        shared with the whole batch's."""
-        return BatchRouting(self.prompt[used], self.completion[rows], self.replay, self.observed)
+        """The routing of `CompletionBatch.select`'s micro-batch (its prompts `used`, its `rows`); what its passes
+        observe goes to the whole batch's lists."""
+        pick = lambda t, i: None if t is None else t[i]  # noqa: E731
+        return BatchRouting(
+            pick(self.prompt, used),
+            pick(self.completion, rows),
+            self.replay,
+            self.aux_coef,
+            self.observed,
+            self.aux_terms,
+        )
+
+    def aux_loss(self) -> Tensor | None:
+        """The routers' load-balancing loss over the calls since the last one (then forgotten), as transformers'
+        `load_balancing_loss_func` (Switch Transformer) per MoE layer: E x sum_e (tokens routed to e / tokens) x
+        (mean router probability of e), k at a perfect balance; averaged over layers. None when no call kept any."""
+        if not self.aux_terms:
+            return None
+        probs = torch.cat([t[0] for t in self.aux_terms])  # [N, L, E]
+        used = torch.cat([t[1] for t in self.aux_terms]).long()  # [N, L, k]
+        self.aux_terms.clear()
+        n, layers, e = probs.shape
+        flat = used.transpose(0, 1).reshape(layers, -1)  # [L, N * k]
+        routed = torch.zeros(layers, e, device=probs.device).scatter_add_(
+            1, flat, torch.ones(flat.shape, device=flat.device)
+        )
+        return (e * (routed / n * probs.mean(0)).sum(-1)).mean()
 
 
-def collate_routing(groups, prompt_width: int, completion_width: int, replay: bool) -> BatchRouting | None:
+def collate_routing(
+    groups, prompt_width: int, completion_width: int, replay: bool, aux_coef: float = 0.0
+) -> BatchRouting | None:
     """The rollout routing of B groups, left-padded prompts of `prompt_width` and right-padded completions of
-    `completion_width` as `collate_groups` lays them out; None when the engine recorded none (a dense model, vLLM)."""
+    `completion_width` as `collate_groups` lays them out. Without a record (a dense model, vLLM): None, or with the
+    auxiliary loss on, a routing without recorded experts (its passes keep what the loss needs)."""
     prompts = [g.prompt_routing for g in groups]
     rows = [c.routing for g in groups for c in g.completions]
     if any(x is None for x in prompts) or any(x is None for x in rows):
-        return None
+        return BatchRouting(None, None, False, aux_coef) if aux_coef > 0 else None
     layers, k = prompts[0].shape[1:]
     fill = torch.arange(k, dtype=torch.long)  # a valid, distinct choice where no token routes
     prompt = fill.expand(len(prompts), prompt_width, layers, k).clone()
@@ -182,25 +220,31 @@ def collate_routing(groups, prompt_width: int, completion_width: int, replay: bo
     completion = fill.expand(len(rows), completion_width, layers, k).clone()
     for r, x in enumerate(rows):
         completion[r, : x.shape[0]] = x.long()
-    return BatchRouting(prompt, completion, replay)
+    return BatchRouting(prompt, completion, replay, aux_coef)
 
 
 @contextmanager
 def routed(model, routing: BatchRouting | None, recorded: Tensor | None, valid: Tensor | None = None):
-    """Around one model call of a trainer pass over tokens whose rollout routing is `recorded` [N, L, k] (the call's
-    token order): the experts are replayed when `routing.replay`; the routers' own choices and what was used are
-    observed for the real tokens (`valid` [N] bool, None: all). Nothing for a dense model or no routing."""
+    """Around one model call of a trainer pass over N tokens whose rollout routing is `recorded` [N, L, k] (the
+    call's token order; None: not recorded): the experts are replayed when `routing.replay`; for the real tokens
+    (`valid` [N] bool, None: all) the routers' own choices and what was used are observed, and with the auxiliary
+    loss on their probabilities kept. Nothing for a dense model or no routing."""
     control = control_of(model) if routing is not None else None
     if control is None:
         yield
         return
-    recorded = recorded.to(routing.prompt.device)
-    with control.call(recorded if routing.replay else None) as record:
+    replay = recorded if routing.replay and recorded is not None else None
+    with control.call(replay, keep_probs=routing.aux_coef > 0) as record:
         yield
     if not record.chosen:  # the call routed no token (a micro-batch of one-token completions)
         return
-    keep = slice(None) if valid is None else valid.reshape(-1).bool().cpu()
-    routing.observed.append((record.own().cpu()[keep], recorded.cpu()[keep], record.used().cpu()[keep]))
+    used = record.used().to(record.chosen[0].device)
+    keep = torch.ones(used.shape[0], dtype=torch.bool) if valid is None else valid.reshape(-1).bool().cpu()
+    if recorded is not None:
+        routing.observed.append((record.own().cpu()[keep], recorded.cpu()[keep], used.cpu()[keep]))
+    if record.probs is not None:
+        device_keep = keep.to(used.device)
+        routing.aux_terms.append((torch.stack(record.probs, dim=1)[device_keep], used[device_keep]))
 
 
 def routing_metrics(routing: BatchRouting | None, num_experts: int) -> tuple[dict, dict]:

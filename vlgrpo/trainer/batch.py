@@ -54,13 +54,16 @@ def make_batch(
     video_token_id: int | None = None,
     sources: list | None = None,
     routing_replay: bool = False,
+    router_aux_loss_coef: float = 0.0,
 ) -> TrainBatch:
     """features: one entry per group, its ImageFeatures or the list of its parts' (embeds [N, H], grid_thw [3],
     DeepStack maps or None), kept whole: the log-prob passes inject all of them. `sources`: each group's visual
     sources (default: its images). Tensors go to `device` (the model's). A MoE rollout's recorded experts ride along
-    (`CompletionBatch.routing`), forced in every pass with `routing_replay`."""
+    (`CompletionBatch.routing`), forced in every pass with `routing_replay`; with `router_aux_loss_coef` the update's
+    passes keep the routers' probabilities for their load-balancing loss."""
     batch = collate_groups(groups, pad_id, image_token_id, video_token_id, device)
-    batch.routing = collate_routing(groups, batch.prompt_ids.shape[1], batch.completion_ids.shape[1], routing_replay)
+    widths = batch.prompt_ids.shape[1], batch.completion_ids.shape[1]
+    batch.routing = collate_routing(groups, *widths, routing_replay, router_aux_loss_coef)
     sampled = batch.completion_mask if batch.tool_mask is None else batch.completion_mask * (1 - batch.tool_mask)
     loss_mask = sampled.float()  # a tool-response turn's tokens: no loss, no ratio, not in the normalisers
     forbidden = torch.tensor(list(forbidden_ids), dtype=torch.long, device=batch.completion_ids.device)

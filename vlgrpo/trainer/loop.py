@@ -213,6 +213,7 @@ class Trainer:
             video_token_id=state.video_token_id,
             sources=sources,
             routing_replay=state.cfg.train.routing_replay == "rollout",
+            router_aux_loss_coef=state.cfg.train.router_aux_loss_coef,
         )
         attach_crops(batch, groups, state.cache)  # multi-turn rollouts: the tools' crops, from the vision cache
         return batch
@@ -268,6 +269,8 @@ class Trainer:
         routing = batch.batch.routing
         if routing is not None:  # what the update's own passes route (the reference's and old passes' set aside)
             routing.observed.clear()
+            routing.aux_terms.clear()
+        passes = -(-batch.rows // state.cfg.train.micro_batch_completions)  # micro-batches per pass over the batch
         with no_dropout(model):  # train mode so checkpointing engages; p = 0 so the on-policy ratio is exactly 1
             for _ in range(g.num_iterations):
                 for rows, part, feats in self.micro_batches(batch):
@@ -292,6 +295,10 @@ class Trainer:
                         max_completion_length=state.cfg.rollout.max_new_tokens,
                         is_weights=None if is_weights is None else is_weights[rows],
                     )
+                    aux = part.routing.aux_loss() if part.routing is not None else None
+                    if aux is not None:  # the routers' load balance, its share of the batch's
+                        loss = loss + state.cfg.train.router_aux_loss_coef * aux / passes
+                        means.add({"moe/aux_loss": float(aux.detach())}, 1.0)
                     state.backend.backward(loss)
                     losses.append(loss.item())
                     weights = grpo.stat_weights(self.ratio_fn, batch.loss_mask[rows])
