@@ -212,3 +212,20 @@ def test_yaml_off_is_the_off_setting(tmp_path, shapes_dir):
 def test_a_negative_aux_loss_weight_is_refused(tmp_path, shapes_dir):
     with pytest.raises(ConfigError, match=r"train.router_aux_loss_coef' must be >= 0 \(0: off\)"):
         tiny_config("m", shapes_dir, tmp_path, "train.router_aux_loss_coef=-0.01")
+
+
+def test_only_the_shared_prefix_decode_records_routing(tiny_model_dir, load, samples):
+    """A custom decode (the transformers forward) routes without recording: its groups carry no routing, so a batch
+    of them is never replayed with padding for experts."""
+    from vlgrpo.rollout.base import SamplingParams
+    from vlgrpo.rollout.hf import HFEngine, decode_copied
+    from vlgrpo.vision_cache import VisionCache
+
+    model, processor = load("qwen3_vl_moe", spread_by=0.3)
+    cache = VisionCache(model, processor)
+    params = SamplingParams(completions_per_prompt=2, temperature=1.0, max_new_tokens=5, seed=0)
+    shared = HFEngine(model, processor, cache).generate(samples[:2], params)
+    copied = HFEngine(model, processor, cache, decode=decode_copied).generate(samples[:2], params)
+    assert all(g.prompt_routing is not None and g.prompt_routing.shape[0] == len(g.prompt_ids) for g in shared)
+    assert all(c.routing.shape[0] == len(c.token_ids) - 1 for g in shared for c in g.completions)
+    assert all(g.prompt_routing is None and all(c.routing is None for c in g.completions) for g in copied)

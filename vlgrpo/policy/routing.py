@@ -218,7 +218,10 @@ def collate_routing(
     for b, x in enumerate(prompts):
         prompt[b, prompt_width - x.shape[0] :] = x.long()
     completion = fill.expand(len(rows), completion_width, layers, k).clone()
-    for r, x in enumerate(rows):
+    lengths = [len(c.token_ids) for g in groups for c in g.completions]
+    for r, (x, n) in enumerate(zip(rows, lengths)):
+        if x.shape[0] != max(n - 1, 0):  # every sampled token but the last was fed back, and routed
+            raise ValueError(f"completion {r} has {n} tokens but a routing record of {x.shape[0]} (want {n - 1})")
         completion[r, : x.shape[0]] = x.long()
     return BatchRouting(prompt, completion, replay, aux_coef)
 

@@ -316,8 +316,9 @@ class HFEngine(EngineCounters):
         run = replace(params, completions_per_prompt=1) if params.greedy else params  # greedy: decode once, copy G
         rows: list[_Row] = []
         kv: list = []
-        # a MoE model's experts per token (one-turn rollouts: a multi-turn one's later turns keep no record)
-        routing = [] if control_of(self.model) is not None and not keep_kv else None
+        # a MoE model's experts per token, recorded by the shared-prefix decode (one-turn rollouts: a multi-turn one's
+        # later turns keep no record; a custom `decode` records none)
+        routing = [] if control_of(self.model) is not None and self.keeps_turns and not keep_kv else None
         with eval_mode(self.model), torch.no_grad():  # train mode + gradient checkpointing would drop the KV cache
             for i in range(0, len(prompts), self.batch_prompts):
                 chunk = slice(i, i + self.batch_prompts)
