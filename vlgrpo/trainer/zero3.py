@@ -121,8 +121,8 @@ def prepare_partitioned_load(cfg: Config) -> None:
 def loads_whole(cfg: Config) -> bool:
     """A mixture-of-experts model loads whole on each rank, not partitioned at load: transformers 5.20 skips its
     checkpoint conversion of the fused expert weights (Qwen3-VL-MoE's are stored transposed) under DeepSpeed's
-    ZeRO-3 init and fails on their shapes (huggingface/transformers#43257). Each rank holds the whole model in host memory
-    while it loads (a 30B-A3B: ~61 GB in bf16); `deepspeed.initialize` then keeps only its shard."""
+    ZeRO-3 init and fails on their shapes (huggingface/transformers#43257). Each rank holds the whole model in host
+    memory while it loads (a 30B-A3B: ~61 GB in bf16); `deepspeed.initialize` then keeps only its shard."""
     from vlgrpo.families import family
     from vlgrpo.models import detect_arch
 
