@@ -76,24 +76,31 @@ def _groups(samples, processor, completions_per_prompt):
     return groups
 
 
+RAGGED = [[[25, 26, 27], [28, 29]], [[30], [31, 32, 33, 34], [35, 36]]]
+EVEN = [[[25, 26, 27], [28, 29, 30]], [[31, 32, 33], [34, 35, 36], [37, 38, 39]]]
+
+
+@pytest.mark.parametrize("rows", [RAGGED, EVEN], ids=["ragged", "even"])
 @pytest.mark.parametrize("packed", [True, False], ids=["packed", "transformers"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_shared_prefix_logits_and_grads_equal_whole_rows(load, samples, arch, packed, monkeypatch):
+def test_shared_prefix_logits_and_grads_equal_whole_rows(load, samples, arch, packed, rows, monkeypatch):
     """The packed completion pass (no layer on padding) and the transformers one over the gathered cache (whole rows
     for Qwen3.5, whose linear-attention cache has no per-row select) both give the pixel path's logits and gradients,
-    with a left-padded prompt and rows of 1 to 4 tokens."""
+    with a left-padded prompt and rows of 1 to 4 tokens (ragged), or rows of one length (even: the packed pass's
+    layout is the padded one, viewed, not scattered)."""
     model, processor = load(arch)
     assert forward_module.supports_text_decoder(model)
     if arch == "qwen3_5":  # the float32 chunked rule's own error on a whole row exceeds the tolerance (see the module)
         use_exact_rule(monkeypatch)
     if not packed:
         monkeypatch.setattr(forward_module, "supports_text_decoder", lambda m: False)
-    groups = _groups(samples[:2], processor, [[[25, 26, 27], [28, 29]], [[30], [31, 32, 33, 34], [35, 36]]])
+    groups = _groups(samples[:2], processor, rows)
     feats = VisionCache(model, processor).get([g.sample.image for g in groups])
     tok = processor.tokenizer
     batch = collate_groups(groups, tok.pad_token_id, model.config.image_token_id)
-    assert batch.completion_ids.shape == (5, 4) and batch.row_prompt.tolist() == [0, 0, 1, 1, 1]
-    assert batch.completion_mask.sum(1).tolist() == [3, 2, 1, 4, 2]
+    assert batch.completion_ids.shape == (5, 4 if rows is RAGGED else 3)
+    assert batch.row_prompt.tolist() == [0, 0, 1, 1, 1]
+    assert batch.completion_mask.sum(1).tolist() == ([3, 2, 1, 4, 2] if rows is RAGGED else [3] * 5)
     assert (batch.prompt_mask == 0).any()  # the prompts differ in length: one is left-padded
 
     # whole rows, the pixel path: prompt + completion, one row per completion

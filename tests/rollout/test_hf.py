@@ -9,6 +9,7 @@ from vlgrpo.data.prompts import render_messages
 from vlgrpo.models import placeholder_token_ids
 from vlgrpo.policy.forward import collate_groups, completion_logprobs
 from vlgrpo.policy.prompt import forbidden_mask
+from vlgrpo.policy.text_decoder import Fused
 from vlgrpo.rollout.base import SamplingParams
 from vlgrpo.rollout.decode import SharedPrefixDecoder
 from vlgrpo.rollout.hf import HFEngine, decode_shared, sample_next
@@ -143,9 +144,12 @@ def test_shared_prefix_decode_samples_what_the_transformers_forward_samples(load
     batch = [samples[0], samples[5], samples[2]]  # different prompt lengths: a left-padded chunk
     params = SamplingParams(completions_per_prompt=4, temperature=1.0, max_new_tokens=12, seed=5)
     hook = ForcedLogits(model, always=[eos], bonus=5.0)  # eos likely enough that rows stop at different steps
+    fused, product = [], Fused.__call__  # the decode's q/k/v and gate/up products, one each (`text_decoder.fuse`)
+    monkeypatch.setattr(Fused, "__call__", lambda self, h: fused.append(len(self.sizes)) or product(self, h))
     try:
         shared = engine.generate(batch, params)
         shared_calls = list(hook.calls)
+        assert set(fused) == {2, 3}  # every step's attention (q, k, v) and MLP (gate, up) ran fused
         monkeypatch.setattr(SharedPrefixDecoder, "supports", staticmethod(lambda m: False))
         reference = engine.generate(batch, params)
     finally:

@@ -5,6 +5,7 @@ from trainer_helpers import tiny_config, write_reward_module
 from vlgrpo.data.adapters import load_samples
 from vlgrpo.families import family
 from vlgrpo.models import load_model
+from vlgrpo.policy.text_decoder import fuse_attention
 from vlgrpo.tiny import TinySpec, init_tiny
 from vlgrpo.trainer.loop import Trainer
 from vlgrpo.trainer.lora import target_regex
@@ -185,9 +186,12 @@ def test_the_hf_engine_decodes_fp32_lora_merged_with_peft_s_log_probs(tmp_path, 
             m.register_forward_hook(lambda *_: calls.append(1))
     samples = load_samples(shapes_dir / "train.jsonl").samples[:2]
     feats = state.cache.get([s.image for s in samples])
+    attn = next(m for n, m in model.named_modules() if n.endswith("layers.0.self_attn") and "visual" not in n)
     with state.backend.rollout_weights():
+        assert fuse_attention(attn) is not None  # merged, the layers are plain linear maps: the decode fuses q/k/v
         groups = state.engine.generate(samples, state.sampling_for(0))
     assert calls == []  # no adapter product ran: the merged weights did
+    assert fuse_attention(attn) is None  # peft's path: its layers must be called
     for n, p in model.named_parameters():
         if "base_layer" in n:
             assert torch.equal(p, base[n]), n

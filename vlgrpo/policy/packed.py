@@ -32,7 +32,15 @@ from torch import Tensor
 
 from vlgrpo.families import is_gated_deltanet
 from vlgrpo.policy.linear_attention import gated_delta, prompt_states
-from vlgrpo.policy.text_decoder import feed_forward, first_attention, gated, project_qkv, rotate, text_rotary
+from vlgrpo.policy.text_decoder import (
+    feed_forward,
+    first_attention,
+    gated,
+    project_qkv,
+    rotate,
+    signed_sin,
+    text_rotary,
+)
 
 
 @dataclass
@@ -84,36 +92,46 @@ def packed_completion_logits(
             )
         x = x.masked_scatter(pads[:, None], images.embeds.to(x.dtype))
         cos, sin = text.rotary_emb(x[None], images.positions[:, rows, cols][:, None, :])  # [1, N, r]
-        cos, sin = cos[0][:, None, :], sin[0][:, None, :]
+        cos, sin = cos[0][:, None, :], signed_sin(sin[0][:, None, :])
     attn0 = first_attention(text)
     heads, kv_heads, d = text.config.num_attention_heads, text.config.num_key_value_heads, attn0.head_dim
     prompt_ok = prompt_mask.bool()[row_prompt][:, None, None, :].expand(r, 1, length, prompt_mask.shape[1])
     causal = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
     allowed = torch.cat((prompt_ok, causal.expand(r, 1, length, length)), dim=-1)  # [R, 1, L, Tp + L]
     valid = inputs[:, :length]  # [R, L]
+    dense = rows.numel() == r * length  # every row has L inputs: packed and padded are the same layout
+    # query head j reads KV head j // rep: the CPU's flash kernel takes grouped heads with a mask (the same result, a
+    # quarter less time forward and back than repeated heads); CUDA's takes them with a mask only in its math kernel
+    # ([L, Tp + L] scores per head), so there the heads are repeated
+    grouped = heads != kv_heads and x.device.type == "cpu"
 
     def padded(t: Tensor) -> Tensor:  # [N, ...] -> [R, L, ...], zeros on padding
+        if dense:
+            return t.view(r, length, *t.shape[1:])
         return t.new_zeros(r, length, *t.shape[1:]).index_put((rows, cols), t)
+
+    def packed(t: Tensor) -> Tensor:  # [R, L, ...] -> [N, ...], the inverse of `padded`
+        return t.reshape(r * length, *t.shape[2:]) if dense else t[rows, cols]
 
     def attention(attn, h: Tensor, kv) -> Tensor:  # [N, H] -> [N, H]: the rows read their prompt's keys and values
         q, k, v, gate = project_qkv(attn, h, heads, kv_heads, d)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         keys = torch.cat((kv.keys[row_prompt], padded(k).transpose(1, 2)), dim=2)  # [R, kvh, Tp + L, d]
         values = torch.cat((kv.values[row_prompt], padded(v).transpose(1, 2)), dim=2)
-        if heads != kv_heads:  # query head j reads KV head j // rep; CUDA's SDPA takes a mask with GQA only in its
-            keys = keys.repeat_interleave(heads // kv_heads, dim=1)  # math kernel ([L, Tp + L] scores per head),
-            values = values.repeat_interleave(heads // kv_heads, dim=1)  # so the heads are repeated
+        if heads != kv_heads and not grouped:
+            keys = keys.repeat_interleave(heads // kv_heads, dim=1)
+            values = values.repeat_interleave(heads // kv_heads, dim=1)
         o = F.scaled_dot_product_attention(
-            padded(q).transpose(1, 2), keys, values, attn_mask=allowed, scale=attn.scaling
+            padded(q).transpose(1, 2), keys, values, attn_mask=allowed, scale=attn.scaling, enable_gqa=grouped
         )
-        return attn.o_proj(gated(o.transpose(1, 2)[rows, cols].reshape(-1, heads * d), gate))
+        return attn.o_proj(gated(packed(o.transpose(1, 2)).reshape(-1, heads * d), gate))
 
     for li, layer in enumerate(text.layers):
         h = layer.input_layernorm(x)
         if is_gated_deltanet(layer):  # Gated DeltaNet: each row continues its own prompt's states
             conv, state = prompt_states(cache, li)
             o, _, _ = gated_delta(layer.linear_attn, padded(h), valid, conv[row_prompt], state[row_prompt])
-            x = x + o[rows, cols]
+            x = x + packed(o)
         else:
             x = x + attention(layer.self_attn, h, cache.layers[li])
         x = x + feed_forward(layer, layer.post_attention_layernorm(x))

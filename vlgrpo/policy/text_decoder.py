@@ -11,36 +11,44 @@ output * sigmoid(gate)); its Gated DeltaNet layers are `linear_attention.py`'s.
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from vlgrpo.families import is_gated_deltanet
 
 
-def rotate_half(x: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 def text_rotary(rot, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """cos, sin [n, 1, r] of text tokens at `positions` [n] (their three M-RoPE components equal: plain rotary); r is
-    the rotated part of a head (the whole head, or Qwen3.5's first quarter)."""
+    """cos and the signed sin (`signed_sin`) [n, 1, r] of text tokens at `positions` [n] (their three M-RoPE
+    components equal: plain rotary), what `rotate` takes; r is the rotated part of a head (the whole head, or Qwen3.5's
+    first quarter)."""
     freqs = positions[:, None].float() * rot.inv_freq.to(device=positions.device, dtype=torch.float)  # [n, r/2]
     emb = torch.cat((freqs, freqs), dim=-1)
     return (
         (emb.cos() * rot.attention_scaling).to(dtype)[:, None, :],
-        (emb.sin() * rot.attention_scaling).to(dtype)[:, None, :],
+        signed_sin((emb.sin() * rot.attention_scaling).to(dtype)[:, None, :]),
     )
 
 
+def signed_sin(sin: Tensor) -> Tensor:
+    """transformers' sin [..., r] with its first half negated: rotate_half(x) * sin = cat(-x2, x1) * cat(s1, s2) =
+    cat(x2, x1) * cat(-s1, s2) = x.roll(r / 2) * signed_sin(sin), the same products bit for bit, in one op (a roll)
+    per tensor rotated instead of three (split, negate, concatenate)."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotary embedding of queries or keys x [..., d]; with cos/sin narrower than d (partial rotary) only the first
-    cos.shape[-1] dims turn, the rest pass unchanged."""
+    """Rotary embedding of queries or keys x [..., d] (cos and the signed sin from `text_rotary` / `signed_sin`); with
+    cos/sin narrower than d (partial rotary) only the first cos.shape[-1] dims turn, the rest pass unchanged."""
     r = cos.shape[-1]
     if r == x.shape[-1]:
-        return x * cos + rotate_half(x) * sin
+        return x * cos + x.roll(r // 2, -1) * sin
     turned, rest = x[..., :r], x[..., r:]
-    return torch.cat((turned * cos + rotate_half(turned) * sin, rest), dim=-1)
+    return torch.cat((turned * cos + turned.roll(r // 2, -1) * sin, rest), dim=-1)
 
 
 def attention_layers(text) -> list[int]:
@@ -80,27 +88,92 @@ def supports_text_decoder(model) -> bool:
         return False
 
 
-def project_qkv(attn, h: Tensor, heads: int, kv_heads: int, d: int) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+@dataclass
+class Fused:
+    """Sibling projections of one input (q/k/v, or an MLP's gate/up) as one matrix product: their weights stacked,
+    `sizes` the outputs of each in order."""
+
+    weight: Tensor
+    bias: Tensor | None
+    sizes: list[int]
+
+    def __call__(self, h: Tensor) -> tuple[Tensor, ...]:
+        return F.linear(h, self.weight, self.bias).split(self.sizes, dim=-1)
+
+
+def linear_weights(module) -> tuple[Tensor, Tensor | None] | None:
+    """(weight, bias) when `module` computes F.linear(x, weight, bias): a torch Linear, or a layer whose forward is
+    `functools.partial(F.linear, weight=..., bias=...)` (the LoRA backend's merged decode); None for any other (peft's
+    adapter path, a quantized layer), which must be called."""
+    forward = module.__dict__.get("forward")
+    if forward is None and type(module) is torch.nn.Linear:
+        return module.weight, module.bias
+    if isinstance(forward, functools.partial) and forward.func is F.linear and not forward.args:
+        return forward.keywords["weight"], forward.keywords.get("bias")
+    return None
+
+
+def fuse(modules: list) -> Fused | None:
+    """The modules as one `Fused` product, or None where one of them is not a plain linear map or the weights are not
+    on the CPU. Stacking copies the weights (once per decode): on the CPU, where a decode step's [rows x width]
+    products are bound by their dispatch and by reading each weight, one product instead of three (q/k/v) or two
+    (gate/up) pays that many times over; on a GPU the copy would be memory the planner does not count."""
+    parts = [linear_weights(m) for m in modules]
+    if any(p is None for p in parts) or any(p[0].device.type != "cpu" for p in parts):
+        return None
+    with torch.no_grad():
+        weight = torch.cat([w for w, _ in parts])
+        bias = None
+        if any(b is not None for _, b in parts):
+            bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in parts])
+    return Fused(weight, bias, [w.shape[0] for w, _ in parts])
+
+
+def fuse_attention(attn) -> Fused | None:
+    """An attention's q, k and v projections as one product (`fuse`)."""
+    return fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+
+
+def fuse_mlp(mlp) -> Fused | None:
+    """A dense gated MLP's gate and up projections as one product (`fuse`); None for a mixture-of-experts block or
+    an MLP of another form."""
+    if is_moe_block(mlp) or not all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+        return None
+    return fuse([mlp.gate_proj, mlp.up_proj])
+
+
+def project_qkv(
+    attn, h: Tensor, heads: int, kv_heads: int, d: int, fused: Fused | None = None
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Queries [n, heads, d], keys and values [n, kv heads, d] of hidden states h [n, H], before the rotation, and
     the output gate [n, heads * d] of a gated attention (Qwen3.5), else None; a Qwen3 attention normalises each query
-    and key head (`q_norm`, `k_norm`: RMSNorm over d)."""
-    q, gate = attn.q_proj(h), None
+    and key head (`q_norm`, `k_norm`: RMSNorm over d). `fused`: the three projections as one product
+    (`fuse_attention`)."""
+    if fused is not None:
+        q, k, v = fused(h)
+    else:
+        q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+    gate = None
     if q.shape[-1] == 2 * heads * d:  # Qwen3.5: each head's query, then its gate
         q, gate = q.view(-1, heads, 2 * d).chunk(2, dim=-1)
         gate = gate.reshape(-1, heads * d)
     q = q.reshape(-1, heads, d)
-    k = attn.k_proj(h).view(-1, kv_heads, d)
-    v = attn.v_proj(h).view(-1, kv_heads, d)
+    k = k.view(-1, kv_heads, d)
+    v = v.view(-1, kv_heads, d)
     if hasattr(attn, "q_norm"):
         q, k = attn.q_norm(q), attn.k_norm(k)
     return q, k, v, gate
 
 
-def feed_forward(layer, h: Tensor) -> Tensor:
+def feed_forward(layer, h: Tensor, fused: Fused | None = None) -> Tensor:
     """A decoder layer's MLP on hidden states h [n, H] -> [n, H]: a dense MLP, or a mixture-of-experts block (its
-    router's top-k experts per token; Qwen3.5-MoE adds a gated shared expert), which takes [batch, seq, H]."""
+    router's top-k experts per token; Qwen3.5-MoE adds a gated shared expert), which takes [batch, seq, H]. `fused`:
+    the dense MLP's gate and up projections as one product (`fuse_mlp`)."""
     if is_moe_block(layer.mlp):
         return layer.mlp(h[None])[0]
+    if fused is not None:
+        gate, up = fused(h)
+        return layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
     return layer.mlp(h)
 
 

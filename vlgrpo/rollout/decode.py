@@ -32,6 +32,8 @@ from vlgrpo.policy.linear_attention import gated_delta, prompt_states, set_state
 from vlgrpo.policy.text_decoder import (
     feed_forward,
     first_attention,
+    fuse_attention,
+    fuse_mlp,
     gated,
     project_qkv,
     rotate,
@@ -126,6 +128,10 @@ class SharedPrefixDecoder:
         self.own_k = [None if k is None else k0.new_empty(shape) for k in self.prompt_k]  # the rows' own tokens,
         self.own_v = [None if k is None else k0.new_empty(shape) for k in self.prompt_k]  # written in place
         self.length = 0
+        # q/k/v and gate/up as one product each where the layers are plain linear maps on the CPU (`text_decoder.fuse`)
+        layers = self.text.layers
+        self.qkv = [None if lin else fuse_attention(layer.self_attn) for lin, layer in zip(self.linear, layers)]
+        self.gate_up = [fuse_mlp(layer.mlp) for layer in layers]
 
     def row_kv(self, row: int, fed: int, prompt_tokens: int, states: list | None = None) -> TurnKV:
         """Row `row`'s (a current index) state: its prompt's real positions and its first `fed` tokens
@@ -191,24 +197,31 @@ class SharedPrefixDecoder:
                 x = x + o[:, 0]
             else:
                 x = x + self._attention(li, layer.self_attn, h, cos, sin)
-            x = x + feed_forward(layer, layer.post_attention_layernorm(x))
+            x = x + feed_forward(layer, layer.post_attention_layernorm(x), self.gate_up[li])
         self.length += 1
         return self.head(self.text.norm(x))
 
     def _attention(self, li: int, attn, h: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        """Attention layer `li` for the current token of every row: the prompt's keys read once for its G rows."""
-        i = self.length
-        q, k, v, gate = project_qkv(attn, h, self.heads, self.kv_heads, self.d)
-        q = rotate(q, cos, sin)
+        """Attention layer `li` for the current token of every row: the prompt's keys read once for its G rows.
+
+        Scores [R, kvh, rep, T + i + 1] in row layout: the prompt part is one product per prompt and KV head (its G
+        rows' queries, and the query heads sharing that KV head, stacked), turned to rows by a view; the row's own
+        part, one product per row. One softmax over both."""
+        i, r, kvh, rep, d = self.length, self.rows, self.kv_heads, self.rep, self.d
+        q, k, v, gate = project_qkv(attn, h, self.heads, kvh, d, self.qkv[li])
         self.own_k[li][:, :, i] = rotate(k, cos, sin)
         self.own_v[li][:, :, i] = v
-        q = q.view(self.rows, self.kv_heads, self.rep, self.d)  # query head j reads KV head j // rep
-        own_k, own_v = self.own_k[li][:, :, : i + 1], self.own_v[li][:, :, : i + 1]
-        prompt_s = (self._grouped(q) @ self.prompt_k[li].transpose(-1, -2)) * self.scale  # [B, kvh, G*rep, T]
+        q = (rotate(q, cos, sin) * self.scale).view(r, kvh, rep, d)  # query head j reads KV head j // rep
+        t = self.prompt_k[li].shape[2]
+        prompt_s = self._grouped(q) @ self.prompt_k[li].transpose(-1, -2)  # [B, kvh, G*rep, T]
         if self.bias is not None:
             prompt_s = prompt_s + self.bias
-        own_s = self._grouped(q @ own_k.transpose(-1, -2)) * self.scale  # [B, kvh, G*rep, i+1]
-        p = torch.softmax(torch.cat((prompt_s, own_s), dim=-1).float(), dim=-1).to(q.dtype)
-        t = prompt_s.shape[-1]
-        out = self._rows(p[..., :t] @ self.prompt_v[li]) + self._rows(p[..., t:]) @ own_v  # [R, kvh, rep, d]
-        return attn.o_proj(gated(out.reshape(self.rows, self.heads * self.d), gate))
+        own_s = q @ self.own_k[li][:, :, : i + 1].transpose(-1, -2)  # [R, kvh, rep, i+1]
+        p = torch.softmax(torch.cat((self._rows(prompt_s), own_s), dim=-1).float(), dim=-1).to(q.dtype)
+        from_prompt = self._rows(self._grouped(p[..., :t]) @ self.prompt_v[li])  # [R, kvh, rep, d]
+        out = torch.baddbmm(
+            from_prompt.reshape(r * kvh, rep, d),
+            p[..., t:].reshape(r * kvh, rep, i + 1),
+            self.own_v[li][:, :, : i + 1].reshape(r * kvh, i + 1, d),
+        )
+        return attn.o_proj(gated(out.view(r, self.heads * d), gate))
