@@ -5,6 +5,7 @@ from trainer_helpers import tiny_config, write_reward_module
 from vlgrpo.data.adapters import load_samples
 from vlgrpo.families import family
 from vlgrpo.models import load_model
+from vlgrpo.policy.decode_weights import decode_weights
 from vlgrpo.policy.text_decoder import fuse_attention
 from vlgrpo.tiny import TinySpec, init_tiny
 from vlgrpo.trainer.loop import Trainer
@@ -170,9 +171,9 @@ def test_bf16_split_lora_never_writes_the_base_weights(tmp_path, tiny_model_dir,
 
 
 def test_the_hf_engine_decodes_fp32_lora_merged_with_peft_s_log_probs(tmp_path, tiny_model_dir, shapes_dir):
-    """Inside `rollout_weights` every language LoRA layer runs one product with its merged weight (no adapter
-    product, the base untouched), and the rollout's log-probs equal the trainer's (peft's path) to fp32 rounding; on
-    leaving, peft's path is back."""
+    """In the HF engine's decode loop (`policy.decode_weights`) every language LoRA layer runs one product with its
+    merged weight (no adapter product, the base untouched), the prefill before it peft's path; the rollout's log-probs
+    equal the trainer's (peft's path) to fp32 rounding; after, peft's path is back."""
     state = _lora_state(tmp_path, tiny_model_dir, shapes_dir, "train.lora.target_modules=[q_proj,v_proj,down_proj]")
     torch.manual_seed(1)
     for n, p in state.backend.model.named_parameters():
@@ -187,18 +188,21 @@ def test_the_hf_engine_decodes_fp32_lora_merged_with_peft_s_log_probs(tmp_path, 
     samples = load_samples(shapes_dir / "train.jsonl").samples[:2]
     feats = state.cache.get([s.image for s in samples])
     attn = next(m for n, m in model.named_modules() if n.endswith("layers.0.self_attn") and "visual" not in n)
-    with state.backend.rollout_weights():
+    with decode_weights(state.engine.model):  # what the engine's decode loop runs in
         assert fuse_attention(attn) is not None  # merged, the layers are plain linear maps: the decode fuses q/k/v
-        groups = state.engine.generate(samples, state.sampling_for(0))
-    assert calls == []  # no adapter product ran: the merged weights did
     assert fuse_attention(attn) is None  # peft's path: its layers must be called
+    adapters = sum(n.endswith("lora_A.default") for n, _ in model.named_modules())
+    with state.backend.rollout_weights():
+        groups = state.engine.generate(samples, state.sampling_for(0))
+    assert len(calls) == adapters  # the prefill's, once per adapter (peft's path: the update can take its graph);
+    # the decode's steps ran none, the merged weights did
     for n, p in model.named_parameters():
         if "base_layer" in n:
             assert torch.equal(p, base[n]), n
     trainer = Trainer(state)
     batch = trainer._collate(groups, feats)
     trainer_logp = trainer._logprobs(model, batch)
-    assert calls  # outside the context, peft's path again
+    assert len(calls) > adapters  # the trainer's pass: peft's path
     engine_logp = torch.nn.utils.rnn.pad_sequence(
         [torch.tensor(c.logprobs) for g in groups for c in g.completions], batch_first=True
     )

@@ -301,6 +301,12 @@ class TrainConfig:
     """AdamW weight decay."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm (0 disables)."""
+    prefill_once: bool = True
+    """On-policy runs with the colocated HF engine (num_iterations 1, plain or lora backend, frozen tower, no
+    checkpointing, tools or mixture of experts): the rollout's prompt prefill runs with autograd and is the update's
+    prompt pass (`policy.kept_prefill`), so each step forwards its prompts once instead of twice (the same
+    gradient). Its activations are held from the prefill through the decode to the update; false: the update
+    prefills again, holding nothing through the decode."""
     routing_replay: str = "off"
     """Mixture-of-experts models (qwen3_vl_moe, qwen3_5_moe): off (each trainer pass routes every token itself) or
     rollout (R3: the experts the rollout chose for each token, prompt and completion, are forced in the old-log-prob,

@@ -311,7 +311,7 @@ def _checkpointing(model) -> bool:
     return model.training and any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
 
 
-def completion_logits(model, batch: CompletionBatch, features: list) -> Tensor:
+def completion_logits(model, batch: CompletionBatch, features: list, prefilled=None) -> Tensor:
     """Logits that predict each completion token -> [R, C, V] (features: one entry per prompt, B of them: its
     ImageFeatures or the list of its parts').
 
@@ -321,13 +321,21 @@ def completion_logits(model, batch: CompletionBatch, features: list) -> Tensor:
     rows. Under active gradient checkpointing it falls back to whole rows through `policy_logits` (same numbers), as
     does a hybrid model (Qwen3.5) the packed pass does not run: transformers' cache cannot gather its linear-attention
     states per row.
+
+    `prefilled`: the prompts' prefill done already, `prefill_batch`'s outputs (the rollout's, `policy.kept_prefill`),
+    for the packed pass.
     """
     crops = batch.row_images is not None and any(batch.row_images)
+    packed = supports_text_decoder(model) and not _checkpointing(model)
+    if prefilled is not None and not packed:
+        raise ValueError(
+            "a kept prefill is read by the packed completion pass only (a supported model, no checkpointing)"
+        )
     if _checkpointing(model) or (not supports_text_decoder(model) and (crops or is_hybrid(model))):
         return _completion_logits_full_rows(model, batch, features)  # transformers' linear-attention cache has no
         # per-row select; its forward over a gathered cache is not given crops
     if supports_text_decoder(model):
-        last, cache, next_pos, keys = prefill_batch(
+        last, cache, next_pos, keys = prefilled or prefill_batch(
             model, batch.prompt_ids, batch.prompt_mask, batch.mm_token_type_ids, features, batch.routing
         )
         recorded = None  # the packed tokens' rollout experts, in the packed order (row-major over the inputs)
@@ -406,14 +414,14 @@ def _completion_logits_full_rows(model, batch: CompletionBatch, features: list) 
 
 
 def completion_logprobs_and_entropy(
-    model, batch: CompletionBatch, features: list, forbidden: Tensor | None, temperature: float = 1.0
+    model, batch: CompletionBatch, features: list, forbidden: Tensor | None, temperature: float = 1.0, prefilled=None
 ) -> tuple[Tensor, Tensor]:
     """(log-probs [R, C], entropies [R, C]) of the completion tokens under log softmax(logits / T) with the
     forbidden (placeholder) ids at -inf: the exact distribution the HF engine samples from. Padding: mask it.
-    Tool-response tokens are scored as `scored_ids` says."""
+    Tool-response tokens are scored as `scored_ids` says. `prefilled`: as `completion_logits` takes it."""
     from vlgrpo.grpo.logprobs import token_logprobs
 
-    logits = completion_logits(model, batch, features)
+    logits = completion_logits(model, batch, features, prefilled)
     return token_logprobs(logits, scored_ids(batch), temperature=temperature, forbidden=forbidden)
 
 

@@ -18,7 +18,9 @@ from torch import Tensor
 from vlgrpo.data.images import ProcessorGeometry
 from vlgrpo.data.video import VideoSampling
 from vlgrpo.models import eval_mode
+from vlgrpo.policy.decode_weights import decode_weights
 from vlgrpo.policy.forward import extend, prefill
+from vlgrpo.policy.kept_prefill import KeptPrefill
 from vlgrpo.policy.linear_attention import select_cache_rows
 from vlgrpo.policy.prompt import PromptInputs, PromptSettings, build_prompt, forbidden_mask, left_pad, vocab_size
 from vlgrpo.policy.routing import compact, control_of
@@ -288,6 +290,11 @@ class HFEngine(EngineCounters):
         self.policy_version = 0
         self.last_kv: list = []
         """Each completion's TurnKV from the last `generate_prompts(keep_kv=True)` or `continue_prompts`."""
+        self.keep_prefill = False
+        """Run the prompt prefill with autograd and keep it (`kept`) for the update of the same step: set by a run
+        whose update can use it (`trainer.prefill_once`)."""
+        self.kept: KeptPrefill | None = None
+        """The last `generate`'s prefill with its graph (with `keep_prefill`, one chunk of prompts), until taken."""
         self.reset_stats()
 
     def build_prompts(self, samples: list[Sample]) -> list[PromptInputs]:
@@ -319,11 +326,20 @@ class HFEngine(EngineCounters):
         # a MoE model's experts per token, recorded by the shared-prefix decode (one-turn rollouts: a multi-turn one's
         # later turns keep no record; a custom `decode` records none)
         routing = [] if control_of(self.model) is not None and self.keeps_turns and not keep_kv else None
+        # the update's prompt pass, when asked and the step's prompts are one chunk the shared-prefix decode runs
+        keep = (
+            self.keep_prefill
+            and not keep_kv
+            and self.keeps_turns
+            and routing is None
+            and len(prompts) <= self.batch_prompts
+        )
+        self.kept = None
         with eval_mode(self.model), torch.no_grad():  # train mode + gradient checkpointing would drop the KV cache
             for i in range(0, len(prompts), self.batch_prompts):
                 chunk = slice(i, i + self.batch_prompts)
                 chunk_kv = [None] * (len(prompts[chunk]) * run.completions_per_prompt) if keep_kv else None
-                rows += self._generate_chunk(prompts[chunk], feats[chunk], run, stop, gen, chunk_kv, routing)
+                rows += self._generate_chunk(prompts[chunk], feats[chunk], run, stop, gen, chunk_kv, routing, keep)
                 kv += chunk_kv or []
         run_g, g = run.completions_per_prompt, params.completions_per_prompt
         self.last_kv = [kv[b * run_g + j % run_g] for b in range(len(prompts)) for j in range(g)] if keep_kv else []
@@ -356,44 +372,57 @@ class HFEngine(EngineCounters):
                 stacked, mask = turn_cache(self.model, extended)
                 chunk_kv = [None] * len(extended)
                 lengths = [kv.length for kv in extended]
-                rows += decode_shared(
-                    self.model,
-                    torch.cat(lasts),
-                    stacked,
-                    torch.cat(positions),
-                    mask,
-                    DecodeRun(run, self.forbidden, self.eos_ids, stop, gen, self._counts, chunk_kv, lengths),
-                )
+                with decode_weights(self.model):
+                    rows += decode_shared(
+                        self.model,
+                        torch.cat(lasts),
+                        stacked,
+                        torch.cat(positions),
+                        mask,
+                        DecodeRun(run, self.forbidden, self.eos_ids, stop, gen, self._counts, chunk_kv, lengths),
+                    )
                 self.last_kv += chunk_kv
         return self._groups(samples, prompts, rows, 1, 1, stop)
 
     def _generate_chunk(
-        self, prompts, feats, params, stop, gen, kv_out: list | None = None, prompt_routing: list | None = None
+        self,
+        prompts,
+        feats,
+        params,
+        stop,
+        gen,
+        kv_out: list | None = None,
+        prompt_routing: list | None = None,
+        keep: bool = False,
     ) -> list[_Row]:
         """Prefill a chunk of prompts once, then decode their rows; a MoE model's prompt routing (each prompt's real
-        tokens' experts) goes to `prompt_routing`, its rows' to each row."""
+        tokens' experts) goes to `prompt_routing`, its rows' to each row. `keep`: the prefill runs with autograd and
+        is kept for the update (`kept`)."""
         ids, mask = left_pad([p.input_ids for p in prompts], self.pad_id, self.device)
         mm, _ = left_pad([p.mm_token_type_ids for p in prompts], 0, self.device)
         control = control_of(self.model) if prompt_routing is not None else None
-        with control.call() if control is not None else nullcontext() as record:
+        with control.call() if control is not None else nullcontext() as record, torch.set_grad_enabled(keep):
             last, cache, next_pos = prefill(self.model, ids, mask, mm, feats)
         if control is not None:  # each prompt's real tokens' experts, kept with its group
             experts = compact(record.own(), control.num_experts).view(*ids.shape, control.layers, control.top_k)
             prompt_routing += [e[m.bool().cpu()] for e, m in zip(experts, mask)]
         self._counts["prefill_tokens"] += int(mask.sum())
+        if keep:  # the update's prompt pass (`policy.kept_prefill`); the decode below reads it without a graph
+            self.kept = KeptPrefill.of(self.model, ids, mask, last, cache, next_pos)
         padded = mask if not bool(mask.all()) else None
         decode = self.decode or decode_loop  # the module global, looked up per call (bench_vs_trl.py times it)
         lengths = [len(p.input_ids) for p in prompts]
-        return decode(
-            self.model,
-            last,
-            cache,
-            next_pos,
-            padded,
-            DecodeRun(
-                params, self.forbidden, self.eos_ids, stop, gen, self._counts, kv_out, lengths, control is not None
-            ),
-        )
+        with decode_weights(self.model):
+            return decode(
+                self.model,
+                last,
+                cache,
+                next_pos,
+                padded,
+                DecodeRun(
+                    params, self.forbidden, self.eos_ids, stop, gen, self._counts, kv_out, lengths, control is not None
+                ),
+            )
 
     def _groups(self, samples, prompts, rows, run_g: int, g: int, stop, routing=None) -> list[RolloutGroup]:
         tok = self.processor.tokenizer
@@ -416,6 +445,11 @@ class HFEngine(EngineCounters):
         self._counts["prompts"] += len(samples)
         self._counts["completions"] += len(samples) * g
         return groups
+
+    def take_prefill(self) -> KeptPrefill | None:
+        """The kept prefill, handed over once (the engine holds no graph after)."""
+        kept, self.kept = self.kept, None
+        return kept
 
     def update_weights(self, named_params=None, version: int = 0) -> None:
         """The model is the trainer's own object: only the version moves (and a trainable tower's cache version)."""

@@ -17,6 +17,7 @@ from vlgrpo.policy.forward import completion_logprobs_and_entropy
 from vlgrpo.registry import ADVANTAGE, AGGREGATION, RATIO
 from vlgrpo.rewards import score
 from vlgrpo.rollout.base import staleness
+from vlgrpo.trainer import prefill_once
 from vlgrpo.trainer.backends import no_dropout
 from vlgrpo.trainer.batch import TrainBatch, attach_crops, make_batch, over_turn_mask
 from vlgrpo.trainer.checkpoint import checkpoint_dirs
@@ -271,11 +272,13 @@ class Trainer:
             routing.observed.clear()
             routing.aux_terms.clear()
         passes = -(-batch.rows // state.cfg.train.micro_batch_completions)  # micro-batches per pass over the batch
+        prompts = prefill_once.take(state, batch)  # the rollout's prompt prefill, when it is this update's
         with no_dropout(model):  # train mode so checkpointing engages; p = 0 so the on-policy ratio is exactly 1
             for _ in range(g.num_iterations):
                 for rows, part, feats in self.micro_batches(batch):
+                    used = batch.batch.used_prompts(range(rows.start, rows.stop))
                     logp, entropy = completion_logprobs_and_entropy(
-                        model, part, feats, state.forbidden, state.temperature
+                        model, part, feats, state.forbidden, state.temperature, prompts and prompts.part(used)
                     )
                     loss, stats = grpo.policy_loss(
                         logp,
@@ -305,6 +308,9 @@ class Trainer:
                     means.add(
                         {f"grpo/{k}": float(v) for k, v in stats.items()}, {f"grpo/{k}": weights[k] for k in stats}
                     )
+                carried = prompts.carry() if prompts is not None else None
+                if carried is not None:  # the micro-batches' gradients at the prompts, through the rollout's prefill
+                    state.backend.backward(carried)
                 opt_stats = state.backend.step()
         # each rank's loss is its share of the union's (sum over its tokens / the union's tokens per rank): the
         # union's loss is the ranks' mean

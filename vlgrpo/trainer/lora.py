@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from vlgrpo.config import Config
 from vlgrpo.models import is_visual
+from vlgrpo.policy.decode_weights import register_decode_weights
 from vlgrpo.trainer.backends import PlainBackend, apply_freeze
 
 
@@ -75,6 +76,8 @@ class LoRABackend(PlainBackend):
         self._need_reference = need_reference
         self.trainable_counts = {"lora": sum(p.numel() for p in peft_model.parameters() if p.requires_grad)}
         self._setup(peft_model, cfg, need_reference=False)  # no reference copy: the adapter is switched off
+        for decoded in (peft_model, peft_model.get_base_model()):  # the engines hold one or the other
+            register_decode_weights(decoded, self._merged_forwards)
 
     @contextmanager
     def reference(self):
@@ -86,17 +89,19 @@ class LoRABackend(PlainBackend):
             yield self._peft
 
     def rollout_weights(self, full: bool = True):
-        """The HF engine decodes (full=True) through the adapter merged: each fp32 LoRA layer of the language model runs
-        one matrix product with W + scale * B @ A (a new tensor per layer, made at entry; the base is never written)
-        instead of peft's three products and its per-call Python, which more than halve a decode step's cost on the
-        CPU (benchmarks/bench_vs_trl.py). The fp32 sum differs from peft's path by rounding only (the log-probs within
-        1e-5, `tests/trainer/test_lora.py`); a 16-bit layer keeps peft's path, where the merged weight's one
-        rounding to bf16 would move the sampling policy off the trainer's (the gap a vLLM engine's correction
-        measures). full=False (only the vision encoder runs here): nothing to merge."""
-        return self._merged_forwards() if full else nullcontext()
+        """Nothing to gather: the engine and the encoder run the module as it is. The HF engine's decode runs the
+        adapters merged (`_merged_forwards`, registered as the model's `policy.decode_weights`)."""
+        return nullcontext()
 
     @contextmanager
     def _merged_forwards(self):
+        """Each fp32 LoRA layer of the language model runs one product with W + scale * B @ A (a new tensor per
+        layer, made at entry; the base is never written) instead of peft's three and its per-call Python, which more
+        than halve a decode step's cost on the CPU (benchmarks/bench_vs_trl.py), and lets the decode fuse its
+        projections (`text_decoder.fuse`). The fp32 sum differs from peft's path by rounding only (the log-probs
+        within 1e-4, `tests/trainer/test_lora.py`); a 16-bit layer keeps peft's path, where the merged weight's one
+        rounding to bf16 would move the sampling policy off the trainer's (the gap a vLLM engine's correction
+        measures)."""
         layers = [m for n, m in self._merged_layers.items() if _mergeable(n, m)]
         try:
             with torch.no_grad():

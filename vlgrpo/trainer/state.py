@@ -35,7 +35,7 @@ from vlgrpo.rollout.build import build_engine
 from vlgrpo.rollout.split import SplitRollout, worker_gpu
 from vlgrpo.rollout.tools.table import tool_schemas
 from vlgrpo.rollout.weight_stream import Bucket, SyncStats, WeightBuckets, plan_buckets
-from vlgrpo.trainer import checkpoint
+from vlgrpo.trainer import checkpoint, prefill_once
 from vlgrpo.trainer.backends import Backend, make_backend
 from vlgrpo.trainer.group import join_group
 from vlgrpo.trainer.metrics import MetricsLogger, Timers
@@ -335,7 +335,7 @@ def _build(cfg: Config, run: Path, device: str, progress: bool | None, for_expor
     rows = CheckedRows(
         data, lm.processor, geometry, cfg.data, reward_ctx.box_format, loaded.errors, loaded.source, schemas
     )
-    return RunState(
+    state = RunState(
         cfg=cfg,
         run_dir=run,
         lm=lm,
@@ -352,3 +352,5 @@ def _build(cfg: Config, run: Path, device: str, progress: bool | None, for_expor
         engine_needs_weights=needs_weights,
         engine_logprobs_differ=engine is not None and ENGINE.load(cfg.rollout.engine).holds_own_weights,
     )
+    prefill_once.enable(state)  # the rollout's prompt prefill is the update's, where it can be
+    return state
