@@ -164,3 +164,22 @@ def test_data_thinking_reads_yaml_on_and_off_as_the_switch_not_booleans(tmp_path
         load_config(None, ["data.thinking=maybe"])
     with pytest.raises(ConfigError, match="data.answer_format' must be a string"):
         load_config(None, ["data.answer_format=false"])  # other string keys still refuse a boolean
+
+
+def test_prefill_once_is_decided_from_the_config_for_the_device():
+    from vlgrpo.config.prefill import prefill_once
+
+    cfg = load_config(None, ["model.name_or_path=m", "data.train=t.jsonl"])
+    assert prefill_once(cfg, "cpu") == (True, "the update's prompt pass is the rollout's prefill")
+    assert prefill_once(cfg, "cuda")[0] is False  # auto: the CPU only
+    on = load_config(None, ["model.name_or_path=m", "data.train=t.jsonl", "train.prefill_once=on"])
+    assert prefill_once(on, "cuda")[0] is True
+    for override, why in [
+        ("rollout.engine=vllm", "holds its own weights"),
+        ("grpo.num_iterations=2", "the weights move"),
+        ("model.freeze_vision=false", "trainable vision tower"),
+        ("train.lora.target_modules=[visual.blocks.0.attn.qkv]", None),  # plain backend: lora targets not read
+        ("train.prefill_once=off", "is off"),
+    ]:
+        applies, reason = prefill_once(load_config(None, ["model.name_or_path=m", "data.train=t.jsonl", override]), "cpu")
+        assert applies is (why is None) and (why is None or why in reason), (override, reason)

@@ -173,6 +173,18 @@ def test_rollout_kv_cache_hf_and_vllm_prefix_sharing():
     assert turns["kv_cache"] == per_token * (3840 + 8 * (3840 + 256))
 
 
+def test_a_kept_prefill_holds_the_steps_prompt_activations_in_both_phases():
+    """train.prefill_once on: the step's B prompts' activations (`activation_bytes` of B rows of the prompt's tokens,
+    hand-computed here for Qwen2.5-VL-7B's shapes) are held through the rollout and the update."""
+    inp = PlanInput(spec=Q7, prompts_per_step=2, text_tokens=1000, image_tokens=0, completion_tokens=256)
+    off, on = plan(inp)["per_gpu"], plan(replace(inp, kept_prefill=True))["per_gpu"]
+    per_token = 4 * 3584 + 2 * 3584 + 2 * 512 + 4 * 18944  # norm/q/MLP inputs, q + attention out, k + v, MLP
+    assert off["kept_prefill"] == 0
+    assert on["kept_prefill"] == 2 * per_token * 2 * 1000 * 28  # bf16, 2 prompts, 1000 tokens, 28 layers
+    assert on["rollout_phase"] - off["rollout_phase"] == on["kept_prefill"]
+    assert on["train_phase"] - off["train_phase"] == on["kept_prefill"]
+
+
 def test_vllm_colocated_peak_takes_its_budget():
     inp = PlanInput(spec=Q7, lora_rank=16, engine="vllm", vllm_gpu_memory_utilization=0.4, num_gpus=8)
     g = plan(inp)["per_gpu"]

@@ -2,7 +2,6 @@
 pass, one prompt forward per step, and the runs it applies to."""
 
 import pytest
-import torch
 from trainer_helpers import tiny_config, write_reward_module
 
 from vlgrpo.policy import forward as forward_module
@@ -63,9 +62,10 @@ def test_the_update_on_the_rollouts_prefill_has_the_gradient_of_its_own_prompt_p
     assert (kept_passes, own_passes) == (0, 3)  # the rollout's prefill served both micro-batches
     assert kept["reward/total"] == own["reward/total"] and kept["grpo/response_length"] == own["grpo/response_length"]
     assert abs(kept["train/loss"] - own["train/loss"]) <= 1e-6
-    assert own["train/grad_norm"] > 0 and abs(kept["train/grad_norm"] - own["train/grad_norm"]) <= 1e-5 * own[
-        "train/grad_norm"
-    ]
+    assert (
+        own["train/grad_norm"] > 0
+        and abs(kept["train/grad_norm"] - own["train/grad_norm"]) <= 1e-5 * own["train/grad_norm"]
+    )
     assert kept_grads.keys() == own_grads.keys() and own_grads
     for name, g in own_grads.items():
         scale = float(g.abs().max())

@@ -301,12 +301,13 @@ class TrainConfig:
     """AdamW weight decay."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm (0 disables)."""
-    prefill_once: bool = True
-    """On-policy runs with the colocated HF engine (num_iterations 1, plain or lora backend, frozen tower, no
-    checkpointing, tools or mixture of experts): the rollout's prompt prefill runs with autograd and is the update's
-    prompt pass (`policy.kept_prefill`), so each step forwards its prompts once instead of twice (the same
-    gradient). Its activations are held from the prefill through the decode to the update; false: the update
-    prefills again, holding nothing through the decode."""
+    prefill_once: str = "auto"
+    """auto, on or off. On: an on-policy run with the colocated HF engine (num_iterations 1, plain or lora backend,
+    frozen tower, no checkpointing, no tools) runs the rollout's prompt prefill with autograd and makes it the
+    update's prompt pass (`policy.kept_prefill`): each step forwards its prompts once instead of twice, with the same
+    gradient; the step's prompt activations are held from the prefill through the decode (`vlgrpo plan` counts
+    them). auto: on when training on the CPU, off on a GPU (at 7B those activations are tens of GB). Off: the update
+    prefills again. A mixture-of-experts model's update always prefills (its prompts' experts are routed there)."""
     routing_replay: str = "off"
     """Mixture-of-experts models (qwen3_vl_moe, qwen3_5_moe): off (each trainer pass routes every token itself) or
     rollout (R3: the experts the rollout chose for each token, prompt and completion, are forced in the old-log-prob,
@@ -408,6 +409,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "grpo.rollout_is_sequence": ("product", "geometric_mean"),
     "train.stage": ("grpo", "sft"),
     "train.routing_replay": ("off", "rollout"),
+    "train.prefill_once": ("auto", "on", "off"),
     "train.lr_schedule": ("constant", "cosine"),
 }
 EVAL_SUITES = EVAL_SUITE.names

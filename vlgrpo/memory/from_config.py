@@ -13,6 +13,7 @@ import re
 from typing import TYPE_CHECKING
 
 from vlgrpo.config import Config, ModelConfig
+from vlgrpo.config.prefill import prefill_once
 from vlgrpo.config.sync import sync_mode
 from vlgrpo.data.prompts import MAX_TOOL_TEXT_TOKENS, tool_response_markup
 from vlgrpo.data.rowcheck import TOOL_RESPONSE_TOKENS, trajectory_tokens
@@ -209,6 +210,7 @@ def plan_input_from_config(
         sync_why=sync[1],
         sync_bucket_mb=r.sync_bucket_mb,
         turn_kv=r.engine == "hf" and r.max_turns > 1,
+        kept_prefill=prefill_once(cfg)[0],  # priced for a GPU: auto is off there, on is counted
         vllm_gpu_memory_utilization=r.vllm.gpu_memory_utilization,
         vllm_placement=r.placement,
         rollout_gpus=r.vllm.rollout_gpus,

@@ -74,6 +74,9 @@ class PlanInput:
     Reported, not priced: it moves no memory term (compare=False: two inputs that price alike are equal)."""
     sync_why: str = field(default="", compare=False)
     """Why the sync is the adapter alone or the merged model (printed by `vlgrpo plan`)."""
+    kept_prefill: bool = False
+    """The update takes the rollout's prompt prefill with its graph (`config.prefill.prefill_once`): the step's
+    prompts' activations are held from the prefill through the decode and the update."""
     turn_kv: bool = False
     """Multi-turn rollouts on the HF engine: each trajectory keeps its whole KV (its prompt's copy included) from turn
     to turn, so a group holds G copies of the prompt's KV besides the shared one."""

@@ -8,6 +8,7 @@ docs/memory.md. All sizes are bytes.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from vlgrpo.memory.inputs import PlanInput, check, train_gpus
@@ -43,6 +44,10 @@ def plan(inp: PlanInput) -> dict[str, Any]:
         "reward_model": 0 if "reward" in inp.offload else reward,
         "critic": sum(states["gpu"].values()) if inp.critic else 0,  # PPO: a value model mirroring the actor
         "activations": activation_bytes(inp, seq),
+        # the step's prompts' activations, kept from the rollout's prefill through the decode and the update
+        "kept_prefill": activation_bytes(replace(inp, micro_batch=inp.prompts_per_step), prompt_tokens(inp))
+        if inp.kept_prefill
+        else 0,
         "logits": logits_bytes(inp),
         **roll,
         "vision_cache": inp.vision_cache_bytes + step_features_bytes(inp),
@@ -51,7 +56,9 @@ def plan(inp: PlanInput) -> dict[str, Any]:
     resident = sum(
         g[k] for k in ("weights", "optimizer", "reference", "reward_model", "critic", "vision_cache", "overhead")
     )
-    g["train_phase"] = resident + sum(g[k] for k in ("gradients", "zero3_gather", "activations", "logits"))
+    g["train_phase"] = resident + sum(
+        g[k] for k in ("gradients", "zero3_gather", "activations", "logits", "kept_prefill")
+    )
     split = inp.engine == "vllm" and inp.vllm_placement == "split"
     # ZeRO-3 training GPUs gather weights during rollout (the trainer's `rollout_weights`): the whole policy when the
     # HF engine decodes with it, only the vision tower + merger when vLLM decodes with its own copy.
@@ -59,7 +66,11 @@ def plan(inp: PlanInput) -> dict[str, Any]:
     gathered = vision if inp.engine == "vllm" else total
     g["zero3_rollout_gather"] = gathered * inp.dtype_bytes * (d - 1) // d if inp.zero_stage == 3 and not split else 0
     g["rollout_phase"] = (
-        (g["overhead"] if split else resident) + g["zero3_rollout_gather"] + roll["rollout_weights"] + roll["kv_cache"]
+        (g["overhead"] if split else resident)
+        + g["zero3_rollout_gather"]
+        + roll["rollout_weights"]
+        + roll["kv_cache"]
+        + g["kept_prefill"]
     )
     g["total"] = max(g["train_phase"], g["rollout_phase"])
     cpu = {

@@ -76,6 +76,7 @@ _ROWS = [
     ("critic", "critic (PPO)"),
     ("activations", "activations (1 micro-batch)"),
     ("logits", "log-prob logits"),
+    ("kept_prefill", "prompt prefill kept for the update"),
     ("zero3_rollout_gather", "ZeRO-3 weights gathered for rollout"),
     ("rollout_weights", "rollout engine weights"),
     ("kv_cache", "rollout KV cache"),

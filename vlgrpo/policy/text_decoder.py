@@ -12,6 +12,7 @@ output * sigmoid(gate)); its Gated DeltaNet layers are `linear_attention.py`'s.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -142,13 +143,34 @@ def fuse_mlp(mlp) -> Fused | None:
     return fuse([mlp.gate_proj, mlp.up_proj])
 
 
+def fast_norm(module) -> Callable[[Tensor], Tensor]:
+    """`module` (an RMSNorm) as PyTorch's own `rms_norm` over its weight and epsilon where that computes the same
+    numbers bit for bit, checked once on a probe in the weight's dtype (transformers' Qwen2/Qwen3 norms in fp32: one
+    call where the module's forward runs eight ops, the most frequent call of a decode step); else the module itself
+    (Qwen3.5's norms scale by 1 + weight)."""
+    weight = getattr(module, "weight", None)
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    if not isinstance(weight, Tensor) or weight.dim() != 1 or not isinstance(eps, float):
+        return module
+    probe = torch.randn(4, weight.shape[0], generator=torch.Generator().manual_seed(0)).to(weight)
+    norm = functools.partial(F.rms_norm, normalized_shape=tuple(weight.shape), weight=weight, eps=eps)
+    with torch.no_grad():
+        return norm if torch.equal(module(probe), norm(probe)) else module
+
+
 def project_qkv(
-    attn, h: Tensor, heads: int, kv_heads: int, d: int, fused: Fused | None = None
+    attn,
+    h: Tensor,
+    heads: int,
+    kv_heads: int,
+    d: int,
+    fused: Fused | None = None,
+    qk_norms: tuple[Callable, Callable] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Queries [n, heads, d], keys and values [n, kv heads, d] of hidden states h [n, H], before the rotation, and
     the output gate [n, heads * d] of a gated attention (Qwen3.5), else None; a Qwen3 attention normalises each query
-    and key head (`q_norm`, `k_norm`: RMSNorm over d). `fused`: the three projections as one product
-    (`fuse_attention`)."""
+    and key head (`q_norm`, `k_norm`: RMSNorm over d; `qk_norms`: those two as `fast_norm` gives them). `fused`: the
+    three projections as one product (`fuse_attention`)."""
     if fused is not None:
         q, k, v = fused(h)
     else:
@@ -161,7 +183,8 @@ def project_qkv(
     k = k.view(-1, kv_heads, d)
     v = v.view(-1, kv_heads, d)
     if hasattr(attn, "q_norm"):
-        q, k = attn.q_norm(q), attn.k_norm(k)
+        q_norm, k_norm = qk_norms or (attn.q_norm, attn.k_norm)
+        q, k = q_norm(q), k_norm(k)
     return q, k, v, gate
 
 

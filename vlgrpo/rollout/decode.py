@@ -30,6 +30,7 @@ from transformers import DynamicCache
 from vlgrpo.families import is_gated_deltanet
 from vlgrpo.policy.linear_attention import gated_delta, prompt_states, set_states
 from vlgrpo.policy.text_decoder import (
+    fast_norm,
     feed_forward,
     first_attention,
     fuse_attention,
@@ -132,6 +133,15 @@ class SharedPrefixDecoder:
         layers = self.text.layers
         self.qkv = [None if lin else fuse_attention(layer.self_attn) for lin, layer in zip(self.linear, layers)]
         self.gate_up = [fuse_mlp(layer.mlp) for layer in layers]
+        # the norms as one call each where PyTorch's rms_norm is bit for bit theirs (`text_decoder.fast_norm`)
+        self.norms = [(fast_norm(layer.input_layernorm), fast_norm(layer.post_attention_layernorm)) for layer in layers]
+        self.qk_norms = [
+            (fast_norm(layer.self_attn.q_norm), fast_norm(layer.self_attn.k_norm))
+            if not lin and hasattr(layer.self_attn, "q_norm")
+            else None
+            for lin, layer in zip(self.linear, layers)
+        ]
+        self.final_norm = fast_norm(self.text.norm)
 
     def row_kv(self, row: int, fed: int, prompt_tokens: int, states: list | None = None) -> TurnKV:
         """Row `row`'s (a current index) state: its prompt's real positions and its first `fed` tokens
@@ -190,16 +200,17 @@ class SharedPrefixDecoder:
         x = self.text.embed_tokens(tokens)  # [R, H]
         cos, sin = text_rotary(self.text.rotary_emb, positions, x.dtype)  # [R, 1, r]
         for li, layer in enumerate(self.text.layers):
-            h = layer.input_layernorm(x)
+            before_attention, before_mlp = self.norms[li]
+            h = before_attention(x)
             if self.linear[li]:  # Gated DeltaNet: one recurrent step of each row's own state
                 o, conv, state = gated_delta(layer.linear_attn, h[:, None], None, *self.states[li], final_state=True)
                 self.states[li] = [conv, state]
                 x = x + o[:, 0]
             else:
                 x = x + self._attention(li, layer.self_attn, h, cos, sin)
-            x = x + feed_forward(layer, layer.post_attention_layernorm(x), self.gate_up[li])
+            x = x + feed_forward(layer, before_mlp(x), self.gate_up[li])
         self.length += 1
-        return self.head(self.text.norm(x))
+        return self.head(self.final_norm(x))
 
     def _attention(self, li: int, attn, h: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         """Attention layer `li` for the current token of every row: the prompt's keys read once for its G rows.
@@ -208,7 +219,7 @@ class SharedPrefixDecoder:
         rows' queries, and the query heads sharing that KV head, stacked), turned to rows by a view; the row's own
         part, one product per row. One softmax over both."""
         i, r, kvh, rep, d = self.length, self.rows, self.kv_heads, self.rep, self.d
-        q, k, v, gate = project_qkv(attn, h, self.heads, kvh, d, self.qkv[li])
+        q, k, v, gate = project_qkv(attn, h, self.heads, kvh, d, self.qkv[li], self.qk_norms[li])
         self.own_k[li][:, :, i] = rotate(k, cos, sin)
         self.own_v[li][:, :, i] = v
         q = (rotate(q, cos, sin) * self.scale).view(r, kvh, rep, d)  # query head j reads KV head j // rep

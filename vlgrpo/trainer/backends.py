@@ -149,7 +149,10 @@ class PlainBackend:
         self._params = params
         self.master = MasterWeights(params)
         """fp32 copies of 16-bit trainable weights, which the optimiser steps (empty when they are fp32)."""
-        self.optimizer = torch.optim.AdamW(self.master.stepped, lr=t.lr, weight_decay=t.weight_decay)
+        # PyTorch's fused AdamW: one kernel over all the weights instead of a loop of elementwise ops per weight (a
+        # tiny model's step 3-4x cheaper on the CPU), on the devices that have it
+        fused = all(p.device.type in ("cpu", "cuda") for p in self.master.stepped)
+        self.optimizer = torch.optim.AdamW(self.master.stepped, lr=t.lr, weight_decay=t.weight_decay, fused=fused)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, t.warmup_steps, t.steps, t.lr_schedule)
         )

@@ -1,20 +1,15 @@
-"""Whether a run's update reads the rollout's prompt prefill (`policy.kept_prefill`), and the handover each step.
-
-The one place that decides it. It holds when the update's weights are the ones the rollout prefilled with and its
-prompt pass would be the same computation: the colocated HF engine shares the trainer's module
-(`rollout.hf.HFEngine`), one update pass per batch (num_iterations 1: the weights move only after it), the whole
-module in this process (plain or lora: ZeRO-3 gathers the weights only around the rollout), no gradient
-checkpointing (the update then runs whole rows) and a frozen tower (a trainable one is re-encoded with autograd for
-the update). The engine itself keeps nothing for a multi-turn rollout, a mixture-of-experts model (its prompts'
-experts are recorded, and routed by the update's own pass) or prompts decoded in several chunks, and the update
-checks the kept prompts are its batch's (`KeptPrefill.serves`: a dynamic-sampling batch mixes rounds), so any other
-step runs its own prompt pass.
+"""The handover of the rollout's prompt prefill to the update (`policy.kept_prefill`), in a run where
+`config.prefill.prefill_once` says it applies. The engine keeps nothing for a mixture-of-experts model (its prompts'
+experts are recorded, and routed by the update's own pass) or prompts decoded in several chunks, and the update checks
+the kept prompts are its batch's (`KeptPrefill.serves`: a dynamic-sampling batch mixes rounds), so any other step
+runs its own prompt pass.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from vlgrpo.config.prefill import prefill_once as config_prefill_once
 from vlgrpo.policy.kept_prefill import Leaves
 from vlgrpo.rollout.hf import HFEngine
 
@@ -24,17 +19,10 @@ if TYPE_CHECKING:
 
 
 def prefill_once(state: RunState) -> bool:
-    """Whether this run's update can take the rollout's prefill (the conditions above; `train.prefill_once`)."""
-    cfg = state.cfg
-    return (
-        cfg.train.prefill_once
-        and cfg.train.stage == "grpo"
-        and type(state.engine) is HFEngine
-        and cfg.grpo.num_iterations == 1
-        and state.backend.name in ("plain", "lora")
-        and not cfg.model.gradient_checkpointing
-        and not state.backend.vision_trainable()
-    )
+    """Whether this run's update can take the rollout's prefill: the config's decision (`config.prefill`) for the
+    device it trains on, with the engine the trainer's own HF engine and the tower frozen as built."""
+    applies, _ = config_prefill_once(state.cfg, state.device.type)
+    return applies and type(state.engine) is HFEngine and not state.backend.vision_trainable()
 
 
 def enable(state: RunState) -> None:
