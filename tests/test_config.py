@@ -181,5 +181,6 @@ def test_prefill_once_is_decided_from_the_config_for_the_device():
         ("train.lora.target_modules=[visual.blocks.0.attn.qkv]", None),  # plain backend: lora targets not read
         ("train.prefill_once=off", "is off"),
     ]:
-        applies, reason = prefill_once(load_config(None, ["model.name_or_path=m", "data.train=t.jsonl", override]), "cpu")
+        cfg = load_config(None, ["model.name_or_path=m", "data.train=t.jsonl", override])
+        applies, reason = prefill_once(cfg, "cpu")
         assert applies is (why is None) and (why is None or why in reason), (override, reason)
