@@ -23,7 +23,6 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers.activations import ACT2FN
 
-
 CHUNK = 32
 """Tokens per chunk of the chunked delta rule (transformers' default 64). Its cost per chunk grows as the chunk's
 square (a triangular solve and products of chunk x chunk matrices) and a row is padded to whole chunks: a packed pass
