@@ -335,8 +335,12 @@ def completion_logits(model, batch: CompletionBatch, features: list, prefilled=N
         return _completion_logits_full_rows(model, batch, features)  # transformers' linear-attention cache has no
         # per-row select; its forward over a gathered cache is not given crops
     if supports_text_decoder(model):
-        last, cache, next_pos, keys = prefilled or prefill_batch(
-            model, batch.prompt_ids, batch.prompt_mask, batch.mm_token_type_ids, features, batch.routing
+        last, cache, next_pos, keys = (
+            prefilled
+            if prefilled is not None
+            else prefill_batch(
+                model, batch.prompt_ids, batch.prompt_mask, batch.mm_token_type_ids, features, batch.routing
+            )
         )
         recorded = None  # the packed tokens' rollout experts, in the packed order (row-major over the inputs)
         if batch.routing is not None and batch.routing.completion is not None:

@@ -278,7 +278,12 @@ class Trainer:
                 for rows, part, feats in self.micro_batches(batch):
                     used = batch.batch.used_prompts(range(rows.start, rows.stop))
                     logp, entropy = completion_logprobs_and_entropy(
-                        model, part, feats, state.forbidden, state.temperature, prompts and prompts.part(used)
+                        model,
+                        part,
+                        feats,
+                        state.forbidden,
+                        state.temperature,
+                        None if prompts is None else prompts.part(used),
                     )
                     loss, stats = grpo.policy_loss(
                         logp,

@@ -10,7 +10,7 @@ import copy
 import functools
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -87,11 +87,6 @@ class LoRABackend(PlainBackend):
             return
         with self._peft.disable_adapter():
             yield self._peft
-
-    def rollout_weights(self, full: bool = True):
-        """Nothing to gather: the engine and the encoder run the module as it is. The HF engine's decode runs the
-        adapters merged (`_merged_forwards`, registered as the model's `policy.decode_weights`)."""
-        return nullcontext()
 
     @contextmanager
     def _merged_forwards(self):
