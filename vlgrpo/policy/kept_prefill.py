@@ -33,6 +33,8 @@ class KeptPrefill:
     last: Tensor
     next_pos: Tensor
     layers: list[tuple[Tensor, Tensor]]
+    linear: list[bool]
+    """Per decoder layer: a Gated DeltaNet layer (its pair is the conv and recurrent states)."""
 
     @classmethod
     def of(cls, model, prompt_ids: Tensor, prompt_mask: Tensor, last: Tensor, cache, next_pos: Tensor) -> KeptPrefill:
@@ -42,7 +44,7 @@ class KeptPrefill:
             prompt_states(cache, i) if lin else (cache.layers[i].keys, cache.layers[i].values)
             for i, lin in enumerate(linear)
         ]
-        return cls(prompt_ids, prompt_mask, last, next_pos, layers)
+        return cls(prompt_ids, prompt_mask, last, next_pos, layers, linear)
 
     def serves(self, prompt_ids: Tensor) -> bool:
         """Whether these are the prompts `prompt_ids` (a batch's, left-padded the same way) in the same order."""
@@ -59,8 +61,7 @@ class Leaves:
     micro-batch, until `carry` takes them through the prefill's graph."""
 
     def __init__(self, kept: KeptPrefill, model) -> None:
-        self.kept, self.config = kept, model.config
-        self.linear = [is_gated_deltanet(layer) for layer in model.get_decoder().layers]
+        self.kept, self.config, self.linear = kept, model.config, kept.linear
         leaf = lambda t: t.detach().requires_grad_(t.requires_grad)  # noqa: E731
         self.last = leaf(kept.last)
         self.layers = [(leaf(a), leaf(b)) for a, b in kept.layers]
