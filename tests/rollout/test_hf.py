@@ -231,6 +231,21 @@ def test_dropping_finished_prompts_changes_no_token_or_logprob(load, samples):
     assert max(abs(x - y) for c, d in zip(a, b) for x, y in zip(c.logprobs, d.logprobs)) <= 1e-5
 
 
+def test_the_decode_runs_in_inference_mode(load, samples):
+    """Every HF decode (a one-turn rollout's and a continued turn's) runs under `torch.inference_mode`: none of its
+    tensors reaches a graph, and its ~2,000 ops a step skip autograd's version counters and view records."""
+    model, processor = load("qwen2_5_vl")
+    seen = []
+
+    def spy(*args):
+        seen.append(torch.is_inference_mode_enabled())
+        return decode_shared(*args)
+
+    engine = _engine(model, processor, decode=spy)
+    engine.generate([samples[0]], SamplingParams(completions_per_prompt=2, max_new_tokens=3, seed=0))
+    assert seen == [True] and not torch.is_inference_mode_enabled()
+
+
 def test_a_runs_engine_decodes_the_steps_prompts_as_one_batch(load):
     """`from_config` (the engine a run builds): one prefill and decode for a step's prompts, the KV the planner
     counts, not chunks of the eval default 8."""
