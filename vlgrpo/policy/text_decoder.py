@@ -175,17 +175,34 @@ def project_qkv(
         q, k, v = fused(h)
     else:
         q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+    q_norm, k_norm = qk_norms or (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None))
+    q, gate = _queries(q, heads, d, q_norm)
+    k, v = _keys_values(k, v, kv_heads, d, k_norm)
+    return q, k, v, gate
+
+
+def project_q(attn, h: Tensor, heads: int, d: int) -> tuple[Tensor, Tensor | None]:
+    """`project_qkv`'s queries and gate alone."""
+    return _queries(attn.q_proj(h), heads, d, getattr(attn, "q_norm", None))
+
+
+def project_kv(attn, h: Tensor, kv_heads: int, d: int) -> tuple[Tensor, Tensor]:
+    """`project_qkv`'s keys and values alone."""
+    return _keys_values(attn.k_proj(h), attn.v_proj(h), kv_heads, d, getattr(attn, "k_norm", None))
+
+
+def _queries(q: Tensor, heads: int, d: int, q_norm: Callable | None) -> tuple[Tensor, Tensor | None]:
     gate = None
     if q.shape[-1] == 2 * heads * d:  # Qwen3.5: each head's query, then its gate
         q, gate = q.view(-1, heads, 2 * d).chunk(2, dim=-1)
         gate = gate.reshape(-1, heads * d)
     q = q.reshape(-1, heads, d)
+    return (q_norm(q) if q_norm is not None else q), gate
+
+
+def _keys_values(k: Tensor, v: Tensor, kv_heads: int, d: int, k_norm: Callable | None) -> tuple[Tensor, Tensor]:
     k = k.view(-1, kv_heads, d)
-    v = v.view(-1, kv_heads, d)
-    if hasattr(attn, "q_norm"):
-        q_norm, k_norm = qk_norms or (attn.q_norm, attn.k_norm)
-        q, k = q_norm(q), k_norm(k)
-    return q, k, v, gate
+    return (k_norm(k) if k_norm is not None else k), v.view(-1, kv_heads, d)
 
 
 def feed_forward(layer, h: Tensor, fused: Fused | None = None) -> Tensor:
