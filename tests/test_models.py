@@ -191,3 +191,31 @@ def test_mrope_section_reaches_the_config_and_the_rotary_frequencies(tmp_path):
     moved = [i for i in range(16) if abs(float(cos[0, 0, i]) - 1.0) > 1e-9]
     assert moved == list(range(10, 16))
     assert float(cos[0, 0, 10]) == pytest.approx(math.cos(1000.0 ** (-10 / 16)), abs=1e-6)
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl", "qwen3_5"])
+def test_the_patch_embedding_runs_as_a_product_with_the_convolutions_output_and_gradients(tiny_model_dir, arch):
+    """`patches_as_products`: a loaded model's patch-embedding Conv3d (stride = kernel, one patch per input) runs as
+    [patches, 3 x 2 x p x p] @ its flattened weight: the convolution's output and weight gradient within fp32
+    rounding, its state dict unchanged, and an input of another shape still convolved."""
+    import copy
+
+    lm = load_model(tiny_model_dir(arch))
+    conv = lm.model.model.visual.patch_embed.proj
+    assert "forward" in conv.__dict__  # replaced at load
+    twin = copy.deepcopy(conv)
+    assert twin.forward.args[0] is twin  # a copy runs its own weights
+    plain = torch.nn.Conv3d(
+        conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, bias=conv.bias is not None
+    )
+    plain.load_state_dict(conv.state_dict())
+    x = torch.randn(37, conv.in_channels, *conv.kernel_size, generator=torch.Generator().manual_seed(0))
+    w = torch.randn(37, conv.out_channels, 1, 1, 1, generator=torch.Generator().manual_seed(1))
+    got, ref = conv(x), plain(x)
+    assert got.shape == ref.shape and (got - ref).abs().max() <= 1e-5
+    (got * w).sum().backward()
+    (ref * w).sum().backward()
+    assert (conv.weight.grad - plain.weight.grad).abs().max() <= 1e-4 * float(plain.weight.grad.abs().max())
+    wide = torch.randn(2, conv.in_channels, conv.kernel_size[0], 2 * conv.kernel_size[1], 2 * conv.kernel_size[2])
+    assert torch.equal(conv(wide), plain(wide))  # not one patch: the convolution itself
+    assert conv.state_dict().keys() == plain.state_dict().keys()
