@@ -4,7 +4,8 @@ layer's own forward over each whole sequence, and no state crosses from one pack
 import torch
 from transformers import DynamicCache
 
-from vlgrpo.policy.linear_attention import gated_delta, prompt_states, select_cache_rows
+from vlgrpo.policy.linear_attention import delta_step, gated_delta, prompt_states, select_cache_rows
+from vlgrpo.policy.text_decoder import fuse
 
 
 def _layer(load):
@@ -48,22 +49,33 @@ def test_three_packed_rows_each_continue_their_own_prompt_state_and_nothing_leak
 
 
 def test_a_decode_step_carries_the_state_as_the_layers_own_cache_does(load):
-    """One token at a time through `gated_delta` (the HF engine's step, the recurrent rule) against the layer's own
-    cached decode, over 5 steps; and `select_cache_rows` repeats and selects a hybrid cache's rows."""
+    """One token at a time through `delta_step` (the HF engine's decode step: the convolution as one weighted sum, the
+    recurrent rule's one step, the four input projections fused or not) and through `gated_delta` with L = 1, against
+    the layer's own cached decode, over 5 steps; and `select_cache_rows` repeats and selects a hybrid cache's rows."""
     attn, config = _layer(load)
     gen = torch.Generator().manual_seed(1)
     prompt = torch.randn(2, 6, config.hidden_size, generator=gen)
     steps = torch.randn(2, 5, config.hidden_size, generator=gen)
+    fused = fuse([getattr(attn, f"in_proj_{x}") for x in ("qkv", "z", "b", "a")])
+    assert fused is not None
     with torch.no_grad():
         cache = DynamicCache(config=config)
         attn(prompt, cache_params=cache)
         conv, state = (s[[1, 1, 0]] for s in prompt_states(cache, 0))  # copies: the cache updates in place
         select_cache_rows(cache, torch.tensor([1, 1, 0]))
         assert torch.equal(prompt_states(cache, 0)[1], state)
+        ways = {"gated_delta": (conv, state), "step": (conv, state), "fused step": (conv, state)}
         for t in range(5):
             x = steps[[1, 1, 0], t : t + 1]
             ref = attn(x, cache_params=cache)
-            out, conv, state = gated_delta(attn, x, None, conv, state, final_state=True)
-            assert (out - ref).abs().max() <= 1e-6
-            assert (state - prompt_states(cache, 0)[1]).abs().max() <= 1e-6
-            assert (conv - prompt_states(cache, 0)[0]).abs().max() == 0
+            ref_conv, ref_state = prompt_states(cache, 0)
+            for way, (c, s) in ways.items():
+                if way == "gated_delta":
+                    out, c, s = gated_delta(attn, x, None, c, s, final_state=True)
+                else:
+                    out, c, s = delta_step(attn, x[:, 0], c, s, fused if way == "fused step" else None)
+                    out = out[:, None]
+                ways[way] = (c, s)
+                assert (out - ref).abs().max() <= 1e-6, way
+                assert (s - ref_state).abs().max() <= 1e-6, way
+                assert torch.equal(c, ref_conv), way  # the window: copied, never summed

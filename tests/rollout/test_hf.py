@@ -149,7 +149,8 @@ def test_shared_prefix_decode_samples_what_the_transformers_forward_samples(load
     try:
         shared = engine.generate(batch, params)
         shared_calls = list(hook.calls)
-        assert set(fused) == {2, 3}  # every step's attention (q, k, v) and MLP (gate, up) ran fused
+        # every step's attention (q, k, v), MLP (gate, up) and Gated DeltaNet input (qkv, z, b, a) ran fused
+        assert set(fused) == ({2, 3, 4} if arch == "qwen3_5" else {2, 3})
         monkeypatch.setattr(SharedPrefixDecoder, "supports", staticmethod(lambda m: False))
         reference = engine.generate(batch, params)
     finally:

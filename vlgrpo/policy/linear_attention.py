@@ -93,6 +93,40 @@ def gated_delta(
     return attn.out_proj(core), new_conv, new_state
 
 
+def delta_step(attn, h: Tensor, conv: Tensor, state: Tensor, fused=None) -> tuple[Tensor, Tensor, Tensor]:
+    """One token of each row through a Gated DeltaNet layer (`attn`: the layer's `linear_attn`), the decode step's:
+    h [R, H] (normed hidden states), conv [R, C, K] and state [R, hv, dk, dv] (fp32) the rows' states -> (output
+    [R, H], conv, state after the token). `gated_delta` with L = 1, in a third of its ops: the convolution's one
+    output as a weighted sum of the window (transformers' Conv1d pads K - 1 on both sides to compute K + 1 outputs
+    of which one is kept), the recurrent rule's one step without its sequence loop, transposes and copies, and with
+    `fused` (`text_decoder.fuse` of in_proj_qkv, in_proj_z, in_proj_b and in_proj_a) the four input projections as one
+    product. The same numbers up to the order of a few sums (tests/policy/test_linear_attention.py)."""
+    r = h.shape[0]
+    if fused is not None:
+        mixed, z, b, a = fused(h)
+    else:
+        mixed, z, b, a = attn.in_proj_qkv(h), attn.in_proj_z(h), attn.in_proj_b(h), attn.in_proj_a(h)
+    window = torch.cat((conv[..., 1:].to(mixed.dtype), mixed[..., None]), dim=-1)  # [R, C, K]: the new token last
+    mixed = (window * attn.conv1d.weight[:, 0]).sum(-1)
+    if attn.conv1d.bias is not None:
+        mixed = mixed + attn.conv1d.bias
+    mixed = ACT2FN[attn.activation](mixed)
+    q, k, v = torch.split(mixed.float(), [attn.key_dim, attn.key_dim, attn.value_dim], dim=-1)
+    q, k = q.view(r, -1, attn.head_k_dim), k.view(r, -1, attn.head_k_dim)
+    if attn.num_v_heads // attn.num_k_heads > 1:
+        q = q.repeat_interleave(attn.num_v_heads // attn.num_k_heads, dim=1)
+        k = k.repeat_interleave(attn.num_v_heads // attn.num_k_heads, dim=1)
+    q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) / attn.head_k_dim**0.5  # l2-normed, then scaled
+    k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    g = -attn.A_log.float().exp() * F.softplus(a.float() + attn.dt_bias)  # [R, hv]: log decay, <= 0
+    state = state.float() * g.exp()[..., None, None]
+    delta = (v.view(r, -1, attn.head_v_dim) - (state * k[..., None]).sum(-2)) * b.float().sigmoid()[..., None]
+    state = state + k[..., None] * delta[..., None, :]
+    core = (state * q[..., None]).sum(-2).to(h.dtype)  # [R, hv, dv]
+    core = attn.norm(core.reshape(-1, attn.head_v_dim), z.reshape(-1, attn.head_v_dim)).reshape(r, -1)
+    return attn.out_proj(core), window, state
+
+
 def select_cache_rows(cache, index: Tensor) -> None:
     """Keep (and repeat) the cache's rows `index` [R'] in place, every layer's: keys and values, or a linear-attention
     layer's conv and recurrent states, which transformers' `batch_select_indices` and `batch_repeat_interleave` do

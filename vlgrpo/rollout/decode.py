@@ -28,11 +28,12 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from vlgrpo.families import is_gated_deltanet
-from vlgrpo.policy.linear_attention import gated_delta, prompt_states, set_states
+from vlgrpo.policy.linear_attention import delta_step, prompt_states, set_states
 from vlgrpo.policy.text_decoder import (
     fast_norm,
     feed_forward,
     first_attention,
+    fuse,
     fuse_attention,
     fuse_mlp,
     gated,
@@ -133,6 +134,10 @@ class SharedPrefixDecoder:
         layers = self.text.layers
         self.qkv = [None if lin else fuse_attention(layer.self_attn) for lin, layer in zip(self.linear, layers)]
         self.gate_up = [fuse_mlp(layer.mlp) for layer in layers]
+        self.delta_in = [  # a Gated DeltaNet layer's four input projections as one product
+            fuse([getattr(layer.linear_attn, f"in_proj_{x}") for x in ("qkv", "z", "b", "a")]) if lin else None
+            for lin, layer in zip(self.linear, layers)
+        ]
         # the norms as one call each where PyTorch's rms_norm is bit for bit theirs (`text_decoder.fast_norm`)
         self.norms = [(fast_norm(layer.input_layernorm), fast_norm(layer.post_attention_layernorm)) for layer in layers]
         self.qk_norms = [
@@ -203,9 +208,9 @@ class SharedPrefixDecoder:
             before_attention, before_mlp = self.norms[li]
             h = before_attention(x)
             if self.linear[li]:  # Gated DeltaNet: one recurrent step of each row's own state
-                o, conv, state = gated_delta(layer.linear_attn, h[:, None], None, *self.states[li], final_state=True)
+                o, conv, state = delta_step(layer.linear_attn, h, *self.states[li], self.delta_in[li])
                 self.states[li] = [conv, state]
-                x = x + o[:, 0]
+                x = x + o
             else:
                 x = x + self._attention(li, layer.self_attn, h, cos, sin)
             x = x + feed_forward(layer, before_mlp(x), self.gate_up[li])
