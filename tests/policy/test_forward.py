@@ -78,29 +78,37 @@ def _groups(samples, processor, completions_per_prompt):
 
 RAGGED = [[[25, 26, 27], [28, 29]], [[30], [31, 32, 33, 34], [35, 36]]]
 EVEN = [[[25, 26, 27], [28, 29, 30]], [[31, 32, 33], [34, 35, 36], [37, 38, 39]]]
+GROUPS = [[[25, 26, 27], [28, 29]], [[30, 31, 32, 33], [34]], [[35, 36], [37, 38, 39]]]
+LAYOUT = {  # rows: (completion tokens [R, C], row_prompt, each row's length)
+    "ragged": ((5, 4), [0, 0, 1, 1, 1], [3, 2, 1, 4, 2]),
+    "even": ((5, 3), [0, 0, 1, 1, 1], [3] * 5),
+    "groups": ((6, 4), [0, 0, 1, 1, 2, 2], [3, 2, 4, 1, 2, 3]),
+}
 
 
-@pytest.mark.parametrize("rows", [RAGGED, EVEN], ids=["ragged", "even"])
+@pytest.mark.parametrize("rows", [RAGGED, EVEN, GROUPS], ids=["ragged", "even", "groups"])
 @pytest.mark.parametrize("packed", [True, False], ids=["packed", "transformers"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_shared_prefix_logits_and_grads_equal_whole_rows(load, samples, arch, packed, rows, monkeypatch):
     """The packed completion pass (no layer on padding) and the transformers one over the gathered cache (whole rows
     for Qwen3.5, whose linear-attention cache has no per-row select) both give the pixel path's logits and gradients,
     with a left-padded prompt and rows of 1 to 4 tokens (ragged), or rows of one length (even: the packed pass's
-    layout is the padded one, viewed, not scattered)."""
+    layout is the padded one, viewed, not scattered), or groups of one size (groups: each prompt's keys and values
+    broadcast to its rows inside the concatenation, not gathered per row)."""
     model, processor = load(arch)
     assert forward_module.supports_text_decoder(model)
     if arch == "qwen3_5":  # the float32 chunked rule's own error on a whole row exceeds the tolerance (see the module)
         use_exact_rule(monkeypatch)
     if not packed:
         monkeypatch.setattr(forward_module, "supports_text_decoder", lambda m: False)
-    groups = _groups(samples[:2], processor, rows)
+    groups = _groups(samples[: len(rows)], processor, rows)
     feats = VisionCache(model, processor).get([g.sample.image for g in groups])
     tok = processor.tokenizer
     batch = collate_groups(groups, tok.pad_token_id, model.config.image_token_id)
-    assert batch.completion_ids.shape == (5, 4 if rows is RAGGED else 3)
-    assert batch.row_prompt.tolist() == [0, 0, 1, 1, 1]
-    assert batch.completion_mask.sum(1).tolist() == ([3, 2, 1, 4, 2] if rows is RAGGED else [3] * 5)
+    shape, row_prompt, lengths = LAYOUT["ragged" if rows is RAGGED else "even" if rows is EVEN else "groups"]
+    assert batch.completion_ids.shape == shape
+    assert batch.row_prompt.tolist() == row_prompt
+    assert batch.completion_mask.sum(1).tolist() == lengths
     assert (batch.prompt_mask == 0).any()  # the prompts differ in length: one is left-padded
 
     # whole rows, the pixel path: prompt + completion, one row per completion
@@ -135,12 +143,13 @@ def test_shared_prefix_logits_and_grads_equal_whole_rows(load, samples, arch, pa
     # a micro-batch of rows keeps only the prompts it needs
     sub = batch.select([3, 1])
     assert sub.row_prompt.tolist() == [1, 0] and batch.used_prompts([3, 1]) == [0, 1]
-    sub2 = batch.select([2, 4])
+    pick = [2, 3] if len(groups) == 3 else [2, 4]  # two rows of prompt 1
+    sub2 = batch.select(pick)
     assert isinstance(sub2, CompletionBatch) and sub2.prompt_ids.shape[0] == 1
     with torch.no_grad():
-        part = completion_logits(model, sub2, [feats[i] for i in batch.used_prompts([2, 4])])
+        part = completion_logits(model, sub2, [feats[i] for i in batch.used_prompts(pick)])
         full = completion_logits(model, batch, feats)
-    assert (part - full[[2, 4]]).abs().max() <= 1e-5
+    assert (part - full[pick]).abs().max() <= 1e-5
 
 
 @pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl", "qwen3_5"])

@@ -104,6 +104,18 @@ def packed_completion_logits(
     # quarter less time forward and back than repeated heads); CUDA's takes them with a mask only in its math kernel
     # ([L, Tp + L] scores per head), so there the heads are repeated
     grouped = heads != kv_heads and x.device.type == "cpu"
+    # each prompt's rows side by side, as many for each (a step's groups, whole): its keys and values broadcast to
+    # them inside the one concatenation, not gathered per row first (a copy forward, an index_put back)
+    b = prompt_mask.shape[0]
+    g = r // b if r % b == 0 else 0
+    side_by_side = g > 0 and torch.equal(row_prompt, torch.arange(b, device=row_prompt.device).repeat_interleave(g))
+
+    def with_prompt(prompt: Tensor, own: Tensor) -> Tensor:  # [B, kvh, Tp, d], [R, L, kvh, d] -> [R, kvh, Tp + L, d]
+        own = own.transpose(1, 2)
+        if not side_by_side:
+            return torch.cat((prompt[row_prompt], own), dim=2)
+        both = torch.cat((prompt[:, None].expand(b, g, *prompt.shape[1:]), own.view(b, g, *own.shape[1:])), dim=3)
+        return both.view(r, *both.shape[2:])
 
     def padded(t: Tensor) -> Tensor:  # [N, ...] -> [R, L, ...], zeros on padding
         if dense:
@@ -116,8 +128,7 @@ def packed_completion_logits(
     def attention(attn, h: Tensor, kv) -> Tensor:  # [N, H] -> [N, H]: the rows read their prompt's keys and values
         q, k, v, gate = project_qkv(attn, h, heads, kv_heads, d)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        keys = torch.cat((kv.keys[row_prompt], padded(k).transpose(1, 2)), dim=2)  # [R, kvh, Tp + L, d]
-        values = torch.cat((kv.values[row_prompt], padded(v).transpose(1, 2)), dim=2)
+        keys, values = with_prompt(kv.keys, padded(k)), with_prompt(kv.values, padded(v))  # [R, kvh, Tp + L, d]
         if heads != kv_heads and not grouped:
             keys = keys.repeat_interleave(heads // kv_heads, dim=1)
             values = values.repeat_interleave(heads // kv_heads, dim=1)
