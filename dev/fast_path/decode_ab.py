@@ -34,6 +34,7 @@ def decoder_at(rev: str):
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("decode_at_rev", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a dataclass looks its module up while it is being built
     spec.loader.exec_module(module)
     return module.SharedPrefixDecoder
 

@@ -126,9 +126,10 @@ class SharedPrefixDecoder:
         if prompt_mask is not None:
             self.bias = torch.zeros(b, 1, 1, t, dtype=k0.dtype, device=k0.device)
             self.bias.masked_fill_(prompt_mask[:, None, None, :] == 0, torch.finfo(k0.dtype).min)
-        shape = (self.rows, self.kv_heads, max_new, self.d)
-        self.own_k = [None if k is None else k0.new_empty(shape) for k in self.prompt_k]  # the rows' own tokens,
-        self.own_v = [None if k is None else k0.new_empty(shape) for k in self.prompt_k]  # written in place
+        # the rows' own tokens, written in place, a prompt's G rows side by side per KV head: [B, kvh, G, max_new, d]
+        shape = (b, self.kv_heads, g, max_new, self.d)
+        self.own_k = [None if k is None else k0.new_empty(shape) for k in self.prompt_k]
+        self.own_v = [None if k is None else k0.new_empty(shape) for k in self.prompt_k]
         self.length = 0
         # q/k/v and gate/up as one product each where the layers are plain linear maps on the CPU (`text_decoder.fuse`)
         layers = self.text.layers
@@ -161,7 +162,8 @@ class SharedPrefixDecoder:
                 layers.append(states[li] if states is not None else (self.states[li][0][row], self.states[li][1][row]))
                 continue
             k, v = (pk[b], pv[b]) if real is None else (pk[b][:, real], pv[b][:, real])
-            layers.append((torch.cat([k, ok[row, :, :fed]], 1), torch.cat([v, ov[row, :, :fed]], 1)))
+            j = row % self.g
+            layers.append((torch.cat([k, ok[b, :, j, :fed]], 1), torch.cat([v, ov[b, :, j, :fed]], 1)))
         return TurnKV(layers, prompt_tokens + fed)
 
     def row_states(self, row: int) -> list | None:
@@ -178,32 +180,19 @@ class SharedPrefixDecoder:
         rows = (prompts[:, None] * self.g + torch.arange(self.g, device=prompts.device)).flatten()
         pick = lambda xs, idx: [None if x is None else x[idx] for x in xs]  # noqa: E731
         self.prompt_k, self.prompt_v = pick(self.prompt_k, prompts), pick(self.prompt_v, prompts)
-        self.own_k, self.own_v = pick(self.own_k, rows), pick(self.own_v, rows)
+        self.own_k, self.own_v = pick(self.own_k, prompts), pick(self.own_v, prompts)
         self.states = [None if s is None else pick(s, rows) for s in self.states]
         self.bias = self.bias[prompts] if self.bias is not None else None
         self.b, self.rows = len(prompts), len(rows)
         return rows
 
-    def _grouped(self, x: Tensor) -> Tensor:
-        """[R, kvh, n, ...] -> [B, kvh, G*n, ...]: a prompt's rows side by side, per KV head."""
-        kvh, n = x.shape[1:3]
-        return (
-            x.view(self.b, self.g, kvh, n, *x.shape[3:]).transpose(1, 2).reshape(self.b, kvh, self.g * n, *x.shape[3:])
-        )
-
-    def _rows(self, x: Tensor) -> Tensor:
-        """[B, kvh, G*n, ...] -> [R, kvh, n, ...], the inverse of `_grouped`."""
-        b, kvh, gn = x.shape[:3]
-        return (
-            x.view(b, kvh, self.g, gn // self.g, *x.shape[3:])
-            .transpose(1, 2)
-            .reshape(self.rows, kvh, gn // self.g, *x.shape[3:])
-        )
-
     def step(self, tokens: Tensor, positions: Tensor) -> Tensor:
         """tokens [R] long, positions [R] (their M-RoPE position) -> next-token logits [R, V]."""
         x = self.text.embed_tokens(tokens)  # [R, H]
         cos, sin = text_rotary(self.text.rotary_emb, positions, x.dtype)  # [R, 1, r]
+        # the queries' scaling folded into their rotation where it turns the whole head (8 products a step, not 16)
+        whole = cos.shape[-1] == self.d
+        rotation_q = (cos * self.scale, sin * self.scale) if whole else None
         for li, layer in enumerate(self.text.layers):
             before_attention, before_mlp = self.norms[li]
             h = before_attention(x)
@@ -212,32 +201,33 @@ class SharedPrefixDecoder:
                 self.states[li] = [conv, state]
                 x = x + o
             else:
-                x = x + self._attention(li, layer.self_attn, h, cos, sin)
+                x = x + self._attention(li, layer.self_attn, h, cos, sin, rotation_q)
             x = x + feed_forward(layer, before_mlp(x), self.gate_up[li])
         self.length += 1
         return self.head(self.final_norm(x))
 
-    def _attention(self, li: int, attn, h: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def _attention(self, li: int, attn, h: Tensor, cos: Tensor, sin: Tensor, rotation_q) -> Tensor:
         """Attention layer `li` for the current token of every row: the prompt's keys read once for its G rows.
 
-        Scores [R, kvh, rep, T + i + 1] in row layout: the prompt part is one product per prompt and KV head (its G
-        rows' queries, and the query heads sharing that KV head, stacked), turned to rows by a view; the row's own
-        part, one product per row. One softmax over both."""
-        i, r, kvh, rep, d = self.length, self.rows, self.kv_heads, self.rep, self.d
+        Scores [B, kvh, G*rep, T + i + 1] in grouped layout (a prompt's G rows' queries, and the query heads that share
+        a KV head, stacked): the prompt part is one product per prompt and KV head, the rows' own part one per row
+        (its own keys sit at the same place in `own_k`'s layout), one softmax over both, and the output turns to rows
+        once. `rotation_q`: cos and sin with the queries' scaling folded in, or None (a partial rotation)."""
+        i, b, g, kvh, rep, d = self.length, self.b, self.g, self.kv_heads, self.rep, self.d
         q, k, v, gate = project_qkv(attn, h, self.heads, kvh, d, self.qkv[li], self.qk_norms[li])
-        self.own_k[li][:, :, i] = rotate(k, cos, sin)
-        self.own_v[li][:, :, i] = v
-        q = (rotate(q, cos, sin) * self.scale).view(r, kvh, rep, d)  # query head j reads KV head j // rep
-        t = self.prompt_k[li].shape[2]
-        prompt_s = self._grouped(q) @ self.prompt_k[li].transpose(-1, -2)  # [B, kvh, G*rep, T]
+        own_k, own_v = self.own_k[li], self.own_v[li]
+        own_k[:, :, :, i] = rotate(k, cos, sin).view(b, g, kvh, d).transpose(1, 2)
+        own_v[:, :, :, i] = v.view(b, g, kvh, d).transpose(1, 2)
+        q = rotate(q, *rotation_q) if rotation_q is not None else rotate(q, cos, sin) * self.scale
+        q = q.view(b, g, kvh, rep, d).transpose(1, 2).reshape(b, kvh, g * rep, d)  # query head j reads KV head j // rep
+        prompt_s = q @ self.prompt_k[li].transpose(-1, -2)  # [B, kvh, G*rep, T]
         if self.bias is not None:
             prompt_s = prompt_s + self.bias
-        own_s = q @ self.own_k[li][:, :, : i + 1].transpose(-1, -2)  # [R, kvh, rep, i+1]
-        p = torch.softmax(torch.cat((self._rows(prompt_s), own_s), dim=-1).float(), dim=-1).to(q.dtype)
-        from_prompt = self._rows(self._grouped(p[..., :t]) @ self.prompt_v[li])  # [R, kvh, rep, d]
-        out = torch.baddbmm(
-            from_prompt.reshape(r * kvh, rep, d),
-            p[..., t:].reshape(r * kvh, rep, i + 1),
-            self.own_v[li][:, :, : i + 1].reshape(r * kvh, i + 1, d),
-        )
-        return attn.o_proj(gated(out.view(r, self.heads * d), gate))
+        own_s = q.view(b, kvh, g, rep, d) @ own_k[:, :, :, : i + 1].transpose(-1, -2)  # [B, kvh, G, rep, i+1]
+        s = torch.cat((prompt_s, own_s.view(b, kvh, g * rep, i + 1)), dim=-1)
+        p = torch.softmax(s if s.dtype == torch.float32 else s.float(), dim=-1).to(q.dtype)
+        t = prompt_s.shape[-1]
+        out = (p[..., :t] @ self.prompt_v[li]).view(b, kvh, g, rep, d)
+        out = out + p[..., t:].view(b, kvh, g, rep, i + 1) @ own_v[:, :, :, : i + 1]  # [B, kvh, G, rep, d]
+        out = out.permute(0, 2, 1, 3, 4).reshape(self.rows, self.heads * d)
+        return attn.o_proj(gated(out, gate))
