@@ -32,6 +32,7 @@ from torch import Tensor
 
 from vlgrpo.families import is_gated_deltanet
 from vlgrpo.policy.linear_attention import gated_delta, prompt_states
+from vlgrpo.policy.prefix_attention import fits, shared_prefix_attention
 from vlgrpo.policy.text_decoder import (
     feed_forward,
     first_attention,
@@ -125,9 +126,17 @@ def packed_completion_logits(
     def packed(t: Tensor) -> Tensor:  # [R, L, ...] -> [N, ...], the inverse of `padded`
         return t.reshape(r * length, *t.shape[2:]) if dense else t[rows, cols]
 
+    prompt_bias = None  # [B, Tp] additive: -inf on the prompts' left padding
+    if not bool(prompt_mask.all()):
+        prompt_bias = torch.zeros(prompt_mask.shape, dtype=x.dtype, device=x.device)
+        prompt_bias.masked_fill_(prompt_mask == 0, float("-inf"))
+
     def attention(attn, h: Tensor, kv) -> Tensor:  # [N, H] -> [N, H]: the rows read their prompt's keys and values
         q, k, v, gate = project_qkv(attn, h, heads, kv_heads, d)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if fits(padded(q), kv.keys, g if side_by_side else 0):  # the CPU, groups: a prompt's rows as one product
+            o = shared_prefix_attention(padded(q), kv.keys, kv.values, padded(k), padded(v), prompt_bias, attn.scaling)
+            return attn.o_proj(gated(packed(o).reshape(-1, heads * d), gate))
         keys, values = with_prompt(kv.keys, padded(k)), with_prompt(kv.values, padded(v))  # [R, kvh, Tp + L, d]
         if heads != kv_heads and not grouped:
             keys = keys.repeat_interleave(heads // kv_heads, dim=1)
