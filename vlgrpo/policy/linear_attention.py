@@ -119,10 +119,13 @@ def delta_step(attn, h: Tensor, conv: Tensor, state: Tensor, fused=None) -> tupl
     q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) / attn.head_k_dim**0.5  # l2-normed, then scaled
     k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
     g = -attn.A_log.float().exp() * F.softplus(a.float() + attn.dt_bias)  # [R, hv]: log decay, <= 0
-    state = state.float() * g.exp()[..., None, None]
-    delta = (v.view(r, -1, attn.head_v_dim) - (state * k[..., None]).sum(-2)) * b.float().sigmoid()[..., None]
-    state = state + k[..., None] * delta[..., None, :]
-    core = (state * q[..., None]).sum(-2).to(h.dtype)  # [R, hv, dv]
+    # the state [R, hv, dk, dv] read and written as products (k^T S, S += k delta^T, q^T S): one pass over it each,
+    # where the elementwise form (transformers') makes two (a broadcast product, then its sum)
+    state = state.float() * g.exp()[..., None, None]  # a new tensor: the caller's state is left as it was
+    delta = (v.view(r, -1, attn.head_v_dim) - (k[..., None, :] @ state)[..., 0, :]) * b.float().sigmoid()[..., None]
+    dk, dv = state.shape[-2:]
+    state.view(-1, dk, dv).baddbmm_(k.reshape(-1, dk, 1), delta.reshape(-1, 1, dv))
+    core = (q[..., None, :] @ state)[..., 0, :].to(h.dtype)  # [R, hv, dv]
     core = attn.norm(core.reshape(-1, attn.head_v_dim), z.reshape(-1, attn.head_v_dim)).reshape(r, -1)
     return attn.out_proj(core), window, state
 
