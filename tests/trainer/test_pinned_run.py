@@ -85,7 +85,10 @@ def test_the_qwen3_5_pin_needs_each_rows_prompt_state(tmp_path, tiny_model_dir, 
             attn, h, valid, conv.new_zeros(conv.shape), state.new_zeros(state.shape), final_state
         )
 
+    def forgetful_step(attn, h, conv, state, fused=None):
+        return linear_attention.delta_step(attn, h, conv.new_zeros(conv.shape), state.new_zeros(state.shape), fused)
+
     monkeypatch.setattr(packed, "gated_delta", forgetful)
-    monkeypatch.setattr(decode, "gated_delta", forgetful)
+    monkeypatch.setattr(decode, "delta_step", forgetful_step)
     got = _run(tmp_path, tiny_model_dir("qwen3_5"), shapes_dir)
     assert set(got) == {1, 2, 3} and not _matches(got, PINNED["qwen3_5"])
