@@ -69,3 +69,28 @@ def test_a_mixture_of_experts_last_layer_runs_whole(load, arch):
     """A MoE rollout records every prompt token's experts at every layer: its last layer is not trimmed."""
     model, _ = load(arch)
     assert last_position.trimmable_layer(model) is None
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_5"])
+def test_in_bf16_the_last_position_is_as_close_to_fp32_as_the_whole_layer(load, samples, arch, monkeypatch):
+    """bf16 rounds the trimmed layer's products differently from the whole layer's (its last query runs alone), so the
+    bound is the bf16 model's own: against the fp32 whole layer, the trimmed bf16 logits are within twice the whole
+    bf16 layer's distance (a wrong key, mask or position would be off by far more); the cache's keys and values are
+    the whole bf16 layer's bit for bit (the same products on the same inputs)."""
+    model, processor = load(arch, spread_by=0.05)
+    inputs = _prompts(model, processor, samples)
+    with torch.no_grad():
+        whole = last_position.trimmable_layer
+        monkeypatch.setattr(last_position, "trimmable_layer", lambda m: None)
+        ref = prefill(model, *inputs)[0]
+        model.to(torch.bfloat16)
+        bf16_whole, whole_cache, _ = prefill(model, *inputs)
+        monkeypatch.setattr(last_position, "trimmable_layer", whole)
+        bf16_trim, trim_cache, _ = prefill(model, *inputs)
+    layer = trim_cache.layers[-1]
+    assert torch.equal(layer.keys, whole_cache.layers[-1].keys) and torch.equal(
+        layer.values, whole_cache.layers[-1].values
+    )
+    own_error = (bf16_whole.float() - ref).abs().max()
+    assert own_error > 0  # bf16 really rounds
+    assert (bf16_trim.float() - ref).abs().max() <= 2 * own_error + 1e-3

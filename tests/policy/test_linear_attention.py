@@ -79,3 +79,34 @@ def test_a_decode_step_carries_the_state_as_the_layers_own_cache_does(load):
                 assert (out - ref).abs().max() <= 1e-6, way
                 assert (s - ref_state).abs().max() <= 1e-6, way
                 assert torch.equal(c, ref_conv), way  # the window: copied, never summed
+
+
+def test_in_bf16_the_decode_step_is_as_close_to_fp32_as_the_recurrent_rule(load):
+    """A bf16 model's one-token step (`delta_step`, the decode's) against the fp32 layer's own cached decode: within
+    twice what transformers' recurrent rule (`gated_delta` with L = 1) gives in bf16 on the same inputs, over 5 steps
+    (the bound is bf16's own rounding, not a constant that holds on one CPU's kernels only)."""
+    attn, config = _layer(load)
+    gen = torch.Generator().manual_seed(2)
+    prompt = torch.randn(2, 6, config.hidden_size, generator=gen)
+    steps = torch.randn(2, 5, config.hidden_size, generator=gen)
+    with torch.no_grad():
+        cache = DynamicCache(config=config)
+        attn(prompt, cache_params=cache)
+        conv, state = (s.clone() for s in prompt_states(cache, 0))
+        refs = [attn(steps[:, t : t + 1], cache_params=cache)[:, 0] for t in range(5)]
+        attn.to(torch.bfloat16)
+        ways = {"rule": (conv.bfloat16(), state), "step": (conv.bfloat16(), state)}
+        errors = {"rule": 0.0, "step": 0.0}
+        for t in range(5):
+            x = steps[:, t].bfloat16()
+            for way, (c, s) in ways.items():
+                if way == "rule":
+                    out, c, s = gated_delta(attn, x[:, None], None, c, s, final_state=True)
+                    out = out[:, 0]
+                else:
+                    out, c, s = delta_step(attn, x, c, s)
+                ways[way] = (c, s)
+                errors[way] = max(errors[way], float((out.float() - refs[t]).abs().max()))
+        attn.float()
+    assert errors["rule"] > 0
+    assert errors["step"] <= 2 * errors["rule"] + 1e-3, errors
