@@ -8,8 +8,10 @@ its prompt's prefill keys and values (padding masked) and its own earlier tokens
 layers also run in that layout, each row continuing its own prompt's conv and recurrent states
 (`linear_attention.gated_delta`): no state crosses from one packed row into the next. The KV heads are repeated
 over their query heads, as transformers does for a masked SDPA on CUDA, whose GQA path falls back to the math kernel
-when there is a mask. The prompt's own pass is `forward.prefill`, once per prompt, with gradients flowing through its
-KV cache. The logits come back as [R, C, V] in the layout the loss expects, zero on padding (masked there).
+when there is a mask. On the CPU, when the rows come in equal groups (a step's groups, whole), a prompt's rows
+attend as one product per KV head against its keys instead (`prefix_attention.py`). The prompt's own pass is
+`forward.prefill`, once per prompt, with gradients flowing through its KV cache. The logits come back as [R, C, V]
+in the layout the loss expects, zero on padding (masked there).
 
 It calls the model's own modules, so LoRA wrappers and ZeRO-3's gathered weights work as in the transformers forward;
 completion tokens are text, so their M-RoPE is the plain rotary embedding (`text_decoder.text_rotary`) and Qwen3-VL's
@@ -134,15 +136,16 @@ def packed_completion_logits(
     def attention(attn, h: Tensor, kv) -> Tensor:  # [N, H] -> [N, H]: the rows read their prompt's keys and values
         q, k, v, gate = project_qkv(attn, h, heads, kv_heads, d)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        if fits(padded(q), kv.keys, g if side_by_side else 0):  # the CPU, groups: a prompt's rows as one product
-            o = shared_prefix_attention(padded(q), kv.keys, kv.values, padded(k), padded(v), prompt_bias, attn.scaling)
+        q, k, v = padded(q), padded(k), padded(v)  # [R, L, heads or kvh, d]
+        if fits(q, kv.keys, g if side_by_side else 0):  # the CPU, groups: a prompt's rows as one product
+            o = shared_prefix_attention(q, kv.keys, kv.values, k, v, prompt_bias, attn.scaling)
             return attn.o_proj(gated(packed(o).reshape(-1, heads * d), gate))
-        keys, values = with_prompt(kv.keys, padded(k)), with_prompt(kv.values, padded(v))  # [R, kvh, Tp + L, d]
+        keys, values = with_prompt(kv.keys, k), with_prompt(kv.values, v)  # [R, kvh, Tp + L, d]
         if heads != kv_heads and not grouped:
             keys = keys.repeat_interleave(heads // kv_heads, dim=1)
             values = values.repeat_interleave(heads // kv_heads, dim=1)
         o = F.scaled_dot_product_attention(
-            padded(q).transpose(1, 2), keys, values, attn_mask=allowed, scale=attn.scaling, enable_gqa=grouped
+            q.transpose(1, 2), keys, values, attn_mask=allowed, scale=attn.scaling, enable_gqa=grouped
         )
         return attn.o_proj(gated(packed(o.transpose(1, 2)).reshape(-1, heads * d), gate))
 
