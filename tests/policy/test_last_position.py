@@ -34,11 +34,15 @@ def _run(model, inputs):
     return last.detach(), [s.detach() for s in states], grads
 
 
-@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen3_5"])
+@pytest.mark.parametrize(
+    "arch,attention",
+    [("qwen2_5_vl", "sdpa"), ("qwen2_5_vl", "eager"), ("qwen2_vl", "sdpa"), ("qwen3_vl", "sdpa"), ("qwen3_5", "sdpa")],
+)
 def test_the_last_layer_at_the_last_position_gives_the_whole_layers_logits_cache_and_gradients(
-    load, samples, arch, monkeypatch
+    load, samples, arch, attention, monkeypatch
 ):
-    model, processor = load(arch, spread_by=0.05)
+    """SDPA's boolean mask and eager attention's additive one alike: the last query's row of it."""
+    model, processor = load(arch, spread_by=0.05, attn_implementation=attention)
     if arch == "qwen3_5":  # the float32 chunked rule's own backward error exceeds the tolerance (test_forward.py)
         use_exact_rule(monkeypatch)
     model.train()  # the kept prefill's mode: gradients through it
