@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from vlgrpo.policy.forward import core_model
+from vlgrpo.policy.prefill import core_model
 from vlgrpo.vision_cache import find_visual
 
 

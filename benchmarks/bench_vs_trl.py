@@ -30,7 +30,7 @@ from vlgrpo.data.adapters import load_samples  # noqa: E402
 from vlgrpo.data.prompts import render_messages  # noqa: E402
 from vlgrpo.data.synth import synth_dataset  # noqa: E402
 from vlgrpo.models import count_parameters, load_model  # noqa: E402
-from vlgrpo.policy.forward import core_model  # noqa: E402
+from vlgrpo.policy.prefill import core_model  # noqa: E402
 from vlgrpo.rewards import score  # noqa: E402
 from vlgrpo.tiny import TinySpec, init_tiny  # noqa: E402
 from vlgrpo.trainer.lora import target_regex  # noqa: E402

@@ -8,7 +8,7 @@ import pytest
 
 from vlgrpo.families import FAMILIES, arch_by_name, family, family_of, is_gated_deltanet
 from vlgrpo.models import load_model
-from vlgrpo.policy.forward import core_model
+from vlgrpo.policy.prefill import core_model
 
 
 @pytest.mark.parametrize("arch", sorted(FAMILIES))

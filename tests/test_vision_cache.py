@@ -271,7 +271,7 @@ def test_a_cache_write_that_fails_is_skipped_and_counted(lm, images, tmp_path, m
 
 def _prefill(lm, sample, feats):
     """The HF engine's prefill of one prompt from `feats` -> (last-position logits [1, V], KV cache)."""
-    from vlgrpo.policy.forward import prefill
+    from vlgrpo.policy.prefill import prefill
     from vlgrpo.policy.prompt import build_prompt
 
     p = build_prompt(sample, lm.processor)

@@ -8,6 +8,7 @@ from exact_delta_rule import use_exact_rule
 from vlgrpo.data.images import load_image
 from vlgrpo.data.prompts import render_messages
 from vlgrpo.policy import forward as forward_module
+from vlgrpo.policy import prefill as prefill_module
 from vlgrpo.policy.forward import (
     CompletionBatch,
     collate_groups,
@@ -265,17 +266,17 @@ def test_a_tools_block_every_prompt_shares_is_prefilled_once_for_the_batch(load,
     model, processor = load(arch, spread_by=0.1)
     batch, feats, forbidden = _tool_batch(model, processor, samples, short_schema=False)
     b = batch.batch
-    shared_len = forward_module.common_prefix(b.prompt_ids, b.prompt_mask, b.mm_token_type_ids)
-    assert shared_len >= forward_module.SHARED_PREFIX_MIN and shared_len < int(b.prompt_mask.sum(1).min())
+    shared_len = prefill_module.common_prefix(b.prompt_ids, b.prompt_mask, b.mm_token_type_ids)
+    assert shared_len >= prefill_module.SHARED_PREFIX_MIN and shared_len < int(b.prompt_mask.sum(1).min())
     prefills = []
-    real_prefill = forward_module.prefill
+    real_prefill = prefill_module.prefill
     monkeypatch.setattr(
-        forward_module, "prefill", lambda m, ids, *a: prefills.append(ids.shape) or real_prefill(m, ids, *a)
+        prefill_module, "prefill", lambda m, ids, *a: prefills.append(ids.shape) or real_prefill(m, ids, *a)
     )
     model.train()
     once = _logprobs_and_grads(model, batch, feats, forbidden)
     assert prefills == []  # the shared path, not the plain prefill
-    monkeypatch.setattr(forward_module, "SHARED_PREFIX_MIN", 10**9)
+    monkeypatch.setattr(prefill_module, "SHARED_PREFIX_MIN", 10**9)
     each = _logprobs_and_grads(model, batch, feats, forbidden)
     assert len(prefills) == 1 and prefills[0][0] == 2  # both prompts prefilled whole
     whole = _logprobs_and_grads(model, batch, feats, forbidden, full=True)

@@ -6,7 +6,7 @@ import torch
 from exact_delta_rule import use_exact_rule
 
 from vlgrpo.policy import last_position
-from vlgrpo.policy.forward import prefill
+from vlgrpo.policy.prefill import prefill
 from vlgrpo.policy.prompt import build_prompt, left_pad
 from vlgrpo.vision_cache import VisionCache
 

@@ -38,7 +38,7 @@ class KeptPrefill:
 
     @classmethod
     def of(cls, model, prompt_ids: Tensor, prompt_mask: Tensor, last: Tensor, cache, next_pos: Tensor) -> KeptPrefill:
-        """From `forward.prefill`'s (last, cache, next_pos) over `prompt_ids` / `prompt_mask`."""
+        """From `prefill.prefill`'s (last, cache, next_pos) over `prompt_ids` / `prompt_mask`."""
         linear = [is_gated_deltanet(layer) for layer in model.get_decoder().layers]
         layers = [
             prompt_states(cache, i) if lin else (cache.layers[i].keys, cache.layers[i].values)
@@ -67,7 +67,7 @@ class Leaves:
         self.layers = [(leaf(a), leaf(b)) for a, b in kept.layers]
 
     def part(self, used: list[int]) -> tuple[Tensor, DynamicCache, Tensor, Tensor]:
-        """`forward.prefill_batch`'s outputs for prompts `used` (a micro-batch's, in its order): (last-position logits
+        """`prefill.prefill_batch`'s outputs for prompts `used` (a micro-batch's, in its order): (last-position logits
         [b, V], a cache over them, next positions [b], the key mask [b, T])."""
         idx = torch.as_tensor(used, dtype=torch.long, device=self.last.device)
         cache = DynamicCache(config=self.config)

@@ -10,7 +10,7 @@ layers also run in that layout, each row continuing its own prompt's conv and re
 over their query heads, as transformers does for a masked SDPA on CUDA, whose GQA path falls back to the math kernel
 when there is a mask. On the CPU, when the rows come in equal groups (a step's groups, whole), a prompt's rows
 attend as one product per KV head against its keys instead (`prefix_attention.py`). The prompt's own pass is
-`forward.prefill`, once per prompt, with gradients flowing through its KV cache. The logits come back as [R, C, V]
+`prefill.prefill`, once per prompt, with gradients flowing through its KV cache. The logits come back as [R, C, V]
 in the layout the loss expects, zero on padding (masked there).
 
 It calls the model's own modules, so LoRA wrappers and ZeRO-3's gathered weights work as in the transformers forward;
@@ -71,7 +71,7 @@ def packed_completion_logits(
     images: CompletionImages | None = None,
 ) -> Tensor:
     """completion_ids/mask [R, C] (right-padded), row_prompt [R], prompt_mask [B, Tp]; last [B, V], cache and
-    next_pos [B] from `forward.prefill`; `images`: the completions' own images, if any -> logits [R, C, V],
+    next_pos [B] from `prefill.prefill`; `images`: the completions' own images, if any -> logits [R, C, V],
     logits[:, t] predicting completion token t."""
     text, head = model.get_decoder(), model.get_output_embeddings()
     r, c = completion_ids.shape

@@ -1,6 +1,6 @@
 """The decode step of the HF engine: G completions per prompt read their prompt's KV cache once per step.
 
-After one prefill per prompt (`policy.forward.prefill`), the transformers forward would copy each prompt's KV cache G
+After one prefill per prompt (`policy.prefill.prefill`), the transformers forward would copy each prompt's KV cache G
 times (`batch_repeat_interleave`), grow every row's cache by concatenation at every step and, with grouped-query
 attention and a padding mask, copy the keys and values once more per step to repeat them over the query heads. Here
 the prompt's keys and values stay as the prefill left them, once per prompt: the G rows' queries (and the query heads

@@ -19,9 +19,9 @@ from vlgrpo.data.images import ProcessorGeometry
 from vlgrpo.data.video import VideoSampling
 from vlgrpo.models import eval_mode
 from vlgrpo.policy.decode_weights import decode_weights
-from vlgrpo.policy.forward import extend, prefill
 from vlgrpo.policy.kept_prefill import KeptPrefill
 from vlgrpo.policy.linear_attention import select_cache_rows
+from vlgrpo.policy.prefill import extend, prefill
 from vlgrpo.policy.prompt import PromptInputs, PromptSettings, build_prompt, forbidden_mask, left_pad, vocab_size
 from vlgrpo.policy.routing import compact, control_of
 from vlgrpo.rollout.base import EngineCounters, SamplingParams, cut_at_stop
