@@ -70,6 +70,7 @@ def test_a_decode_step_carries_the_state_as_the_layers_own_cache_does(load):
             ref = attn(x, cache_params=cache)
             ref_conv, ref_state = prompt_states(cache, 0)
             for way, (c, s) in ways.items():
+                before = c
                 if way == "gated_delta":
                     out, c, s = gated_delta(attn, x, None, c, s, final_state=True)
                 else:
@@ -78,7 +79,17 @@ def test_a_decode_step_carries_the_state_as_the_layers_own_cache_does(load):
                 ways[way] = (c, s)
                 assert (out - ref).abs().max() <= 1e-6, way
                 assert (s - ref_state).abs().max() <= 1e-6, way
-                assert torch.equal(c, ref_conv), way  # the window: copied, never summed
+                if way != "fused step":
+                    assert torch.equal(c, ref_conv), way  # the window: copied, never summed
+                    continue
+                # the window shifts by copying and takes the fused product's newest input as it is; that product
+                # (its own transposed weights) sums each dot product in another order than F.linear, so the input
+                # lies within n * eps * sum |x_i w_i| of the layer's own (n = the hidden size: the classic bound)
+                assert torch.equal(c[..., :-1], before[..., 1:])
+                assert torch.equal(c[..., -1], fused.product(x[:, 0])[:, : c.shape[1]])
+                weight = attn.in_proj_qkv.weight
+                bound = weight.shape[1] * torch.finfo(torch.float32).eps * (x[:, 0].abs() @ weight.abs().t())
+                assert ((c[..., -1] - ref_conv[..., -1]).abs() <= bound).all()
 
 
 def test_in_bf16_the_decode_step_is_as_close_to_fp32_as_the_recurrent_rule(load):

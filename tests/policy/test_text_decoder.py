@@ -42,3 +42,39 @@ def test_only_plain_linear_maps_are_fused_and_the_product_equals_the_three():
         pass
 
     assert linear_weights(Adapter(8, 4)) is None
+
+
+def test_fused_products_add_the_residual_and_run_the_mlp_as_the_modules_do():
+    """`Fused` keeps its weights transposed ([in, out], contiguous: a copy, never the module's); `add_to` is x + the
+    projection, `FusedMLP` the dense MLP: within n * eps * sum |terms| of the modules (another summation order only)."""
+    from transformers.activations import ACT2FN
+
+    from vlgrpo.policy.text_decoder import FusedMLP, fuse_mlp
+
+    g = torch.Generator().manual_seed(2)
+
+    class MLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_proj, self.up_proj = torch.nn.Linear(8, 12, bias=False), torch.nn.Linear(8, 12, bias=False)
+            self.down_proj, self.act_fn = torch.nn.Linear(12, 8, bias=False), ACT2FN["silu"]
+
+        def forward(self, x):
+            return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+    mlp, h, x = MLP(), torch.randn(5, 8, generator=g), torch.randn(5, 8, generator=g)
+    o = torch.nn.Linear(8, 8)
+    one = fuse([o])
+    assert one.weight_t.shape == (8, 8) and one.weight_t.is_contiguous()
+    assert one.weight_t.data_ptr() != o.weight.data_ptr() and torch.equal(one.weight_t, o.weight.t())
+    bound = 8 * torch.finfo(torch.float32).eps * (h.abs() @ o.weight.abs().t() + o.bias.abs() + x.abs())
+    assert ((one.add_to(x, h) - (x + o(h))).abs() <= bound).all()
+    fused = fuse_mlp(mlp)
+    assert isinstance(fused, FusedMLP) and fused.gate_up.sizes == [12, 12]
+    with torch.no_grad():
+        hidden = mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h)
+        assert (fused.hidden(h) - hidden).abs().max() <= 1e-6
+        assert (fused(h) - mlp(h)).abs().max() <= 1e-6
+        assert (fused.add_to(x, h) - (x + mlp(h))).abs().max() <= 1e-6
+    mlp.down_proj = torch.nn.Sequential(torch.nn.Linear(12, 8))  # a projection that must be called: no fused MLP
+    assert fuse_mlp(mlp) is None

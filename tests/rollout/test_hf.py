@@ -144,13 +144,19 @@ def test_shared_prefix_decode_samples_what_the_transformers_forward_samples(load
     batch = [samples[0], samples[5], samples[2]]  # different prompt lengths: a left-padded chunk
     params = SamplingParams(completions_per_prompt=4, temperature=1.0, max_new_tokens=12, seed=5)
     hook = ForcedLogits(model, always=[eos], bonus=5.0)  # eos likely enough that rows stop at different steps
-    fused, product = [], Fused.__call__  # the decode's q/k/v and gate/up products, one each (`text_decoder.fuse`)
-    monkeypatch.setattr(Fused, "__call__", lambda self, h: fused.append(len(self.sizes)) or product(self, h))
+    fused, product = [], Fused.product  # the decode's projections on its own copies (`text_decoder.fuse`)
+    monkeypatch.setattr(Fused, "product", lambda self, h: fused.append(len(self.sizes)) or product(self, h))
+    add_to = Fused.add_to  # o and down: the residual summed inside the product
+    monkeypatch.setattr(Fused, "add_to", lambda self, x, h: fused.append(-len(self.sizes)) or add_to(self, x, h))
+    joint, init = [], SharedPrefixDecoder.__init__  # q/k/v rotated as one tensor where nothing stands in between
+    monkeypatch.setattr(SharedPrefixDecoder, "__init__", lambda self, *a: init(self, *a) or joint.append(self.joint))
     try:
         shared = engine.generate(batch, params)
         shared_calls = list(hook.calls)
-        # every step's attention (q, k, v), MLP (gate, up) and Gated DeltaNet input (qkv, z, b, a) ran fused
-        assert set(fused) == ({2, 3, 4} if arch == "qwen3_5" else {2, 3})
+        # every step's attention (q, k, v; o with the residual), MLP (gate, up; down with the residual) and Gated
+        # DeltaNet input (qkv, z, b, a) ran fused
+        assert set(fused) == ({-1, 2, 3, 4} if arch == "qwen3_5" else {-1, 2, 3})
+        assert set(joint) == {arch in ("qwen2_vl", "qwen2_5_vl")}  # Qwen3: q/k norms, Qwen3.5: a gate in between
         monkeypatch.setattr(SharedPrefixDecoder, "supports", staticmethod(lambda m: False))
         reference = engine.generate(batch, params)
     finally:

@@ -41,6 +41,7 @@ from vlgrpo.policy.text_decoder import (
     rotate,
     supports_text_decoder,
     text_rotary,
+    text_rotary_width,
 )
 
 
@@ -131,10 +132,12 @@ class SharedPrefixDecoder:
         self.own_k = [None if k is None else k0.new_empty(shape) for k in self.prompt_k]
         self.own_v = [None if k is None else k0.new_empty(shape) for k in self.prompt_k]
         self.length = 0
-        # q/k/v and gate/up as one product each where the layers are plain linear maps on the CPU (`text_decoder.fuse`)
+        # q/k/v, o, gate/up and down as products of the decode's own transposed copies where the layers are plain
+        # linear maps on the CPU (`text_decoder.fuse`)
         layers = self.text.layers
         self.qkv = [None if lin else fuse_attention(layer.self_attn) for lin, layer in zip(self.linear, layers)]
-        self.gate_up = [fuse_mlp(layer.mlp) for layer in layers]
+        self.o = [None if lin else fuse([layer.self_attn.o_proj]) for lin, layer in zip(self.linear, layers)]
+        self.mlp = [fuse_mlp(layer.mlp) for layer in layers]
         self.delta_in = [  # a Gated DeltaNet layer's four input projections as one product
             fuse([getattr(layer.linear_attn, f"in_proj_{x}") for x in ("qkv", "z", "b", "a")]) if lin else None
             for lin, layer in zip(self.linear, layers)
@@ -148,6 +151,25 @@ class SharedPrefixDecoder:
             for lin, layer in zip(self.linear, layers)
         ]
         self.final_norm = fast_norm(self.text.norm)
+        # queries, keys and values rotated as one tensor where nothing stands between the product and the rotation (no
+        # q/k norms, no output gate, whole heads turned): per head, cos and sin times the query scaling (queries), 1
+        # (keys), or cos 1 and sin 0 (values: unchanged bit for bit); fp32, as the scaling's product with a scalar
+        self.joint = text_rotary_width(self.text.rotary_emb) == self.d and all(
+            lin or (qkv is not None and norms is None and qkv.sizes[0] == self.heads * self.d)
+            for lin, qkv, norms in zip(self.linear, self.qkv, self.qk_norms)
+        )
+        turn = [self.scale] * self.heads + [1.0] * self.kv_heads + [0.0] * self.kv_heads
+        self.turn = torch.tensor(turn, device=k0.device)[:, None]
+        self.keep_v = (self.turn == 0).float()
+        self._prompt_views()
+
+    def _prompt_views(self) -> None:
+        """The prompts' keys transposed once, [B * kvh, d, T] (the step's products read them in place), their values
+        [B * kvh, T, d], and the padding bias per KV head [B * kvh, 1, T] (summed inside the scores' product)."""
+        b, kvh, d = self.b, self.kv_heads, self.d
+        self.prompt_kt = [None if k is None else k.transpose(-1, -2).reshape(b * kvh, d, -1) for k in self.prompt_k]
+        self.prompt_v3 = [None if v is None else v.reshape(b * kvh, -1, d) for v in self.prompt_v]
+        self.bias3 = None if self.bias is None else self.bias.expand(b, kvh, 1, -1).reshape(b * kvh, 1, -1)
 
     def row_kv(self, row: int, fed: int, prompt_tokens: int, states: list | None = None) -> TurnKV:
         """Row `row`'s (a current index) state: its prompt's real positions and its first `fed` tokens
@@ -184,15 +206,19 @@ class SharedPrefixDecoder:
         self.states = [None if s is None else pick(s, rows) for s in self.states]
         self.bias = self.bias[prompts] if self.bias is not None else None
         self.b, self.rows = len(prompts), len(rows)
+        self._prompt_views()
         return rows
 
     def step(self, tokens: Tensor, positions: Tensor) -> Tensor:
         """tokens [R] long, positions [R] (their M-RoPE position) -> next-token logits [R, V]."""
         x = self.text.embed_tokens(tokens)  # [R, H]
         cos, sin = text_rotary(self.text.rotary_emb, positions, x.dtype)  # [R, 1, r]
-        # the queries' scaling folded into their rotation where it turns the whole head (8 products a step, not 16)
-        whole = cos.shape[-1] == self.d
-        rotation_q = (cos * self.scale, sin * self.scale) if whole else None
+        if self.joint:  # [R, heads + 2 kvh, d]: queries scaled, keys plain, values unchanged
+            rotation = ((cos.float() * self.turn + self.keep_v).to(x.dtype), (sin.float() * self.turn).to(x.dtype))
+        elif cos.shape[-1] == self.d:  # the queries' scaling folded into their rotation (8 products a step, not 16)
+            rotation = (cos * self.scale, sin * self.scale)
+        else:
+            rotation = None
         for li, layer in enumerate(self.text.layers):
             before_attention, before_mlp = self.norms[li]
             h = before_attention(x)
@@ -201,33 +227,43 @@ class SharedPrefixDecoder:
                 self.states[li] = [conv, state]
                 x = x + o
             else:
-                x = x + self._attention(li, layer.self_attn, h, cos, sin, rotation_q)
-            x = x + feed_forward(layer, before_mlp(x), self.gate_up[li])
+                out = self._attention(li, layer.self_attn, h, cos, sin, rotation)
+                x = self.o[li].add_to(x, out) if self.o[li] is not None else x + layer.self_attn.o_proj(out)
+            mlp = self.mlp[li]
+            x = mlp.add_to(x, before_mlp(x)) if mlp is not None else x + feed_forward(layer, before_mlp(x))
         self.length += 1
         return self.head(self.final_norm(x))
 
-    def _attention(self, li: int, attn, h: Tensor, cos: Tensor, sin: Tensor, rotation_q) -> Tensor:
-        """Attention layer `li` for the current token of every row: the prompt's keys read once for its G rows.
+    def _attention(self, li: int, attn, h: Tensor, cos: Tensor, sin: Tensor, rotation) -> Tensor:
+        """Attention layer `li` for the current token of every row, before its output projection: the prompt's keys
+        read once for its G rows.
 
         Scores [B, kvh, G*rep, T + i + 1] in grouped layout (a prompt's G rows' queries, and the query heads that share
-        a KV head, stacked): the prompt part is one product per prompt and KV head, the rows' own part one per row
-        (its own keys sit at the same place in `own_k`'s layout), one softmax over both, and the output turns to rows
-        once. `rotation_q`: cos and sin with the queries' scaling folded in, or None (a partial rotation)."""
-        i, b, g, kvh, rep, d = self.length, self.b, self.g, self.kv_heads, self.rep, self.d
-        q, k, v, gate = project_qkv(attn, h, self.heads, kvh, d, self.qkv[li], self.qk_norms[li])
+        a KV head, stacked): the prompt part is one product per prompt and KV head (its padding bias summed inside),
+        the rows' own part one per row (its own keys sit at the same place in `own_k`'s layout), one softmax over both,
+        and the output turns to rows once. `rotation`: the joint rotation of queries, keys and values (`joint`), or
+        cos and sin with the queries' scaling folded in, or None (a partial rotation)."""
+        i, b, g, kvh, rep, d, heads = self.length, self.b, self.g, self.kv_heads, self.rep, self.d, self.heads
+        gate = None
+        if self.joint:
+            qkv = self.qkv[li].product(h).view(self.rows, heads + 2 * kvh, d)
+            qkv = rotate(qkv, *rotation)
+            q, k, v = qkv[:, :heads], qkv[:, heads : heads + kvh], qkv[:, heads + kvh :]
+        else:
+            q, k, v, gate = project_qkv(attn, h, heads, kvh, d, self.qkv[li], self.qk_norms[li])
+            k = rotate(k, cos, sin)
+            q = rotate(q, *rotation) if rotation is not None else rotate(q, cos, sin) * self.scale
         own_k, own_v = self.own_k[li], self.own_v[li]
-        own_k[:, :, :, i] = rotate(k, cos, sin).view(b, g, kvh, d).transpose(1, 2)
+        own_k[:, :, :, i] = k.view(b, g, kvh, d).transpose(1, 2)
         own_v[:, :, :, i] = v.view(b, g, kvh, d).transpose(1, 2)
-        q = rotate(q, *rotation_q) if rotation_q is not None else rotate(q, cos, sin) * self.scale
-        q = q.view(b, g, kvh, rep, d).transpose(1, 2).reshape(b, kvh, g * rep, d)  # query head j reads KV head j // rep
-        prompt_s = q @ self.prompt_k[li].transpose(-1, -2)  # [B, kvh, G*rep, T]
-        if self.bias is not None:
-            prompt_s = prompt_s + self.bias
-        own_s = q.view(b, kvh, g, rep, d) @ own_k[:, :, :, : i + 1].transpose(-1, -2)  # [B, kvh, G, rep, i+1]
-        s = torch.cat((prompt_s, own_s.view(b, kvh, g * rep, i + 1)), dim=-1)
-        p = torch.softmax(s if s.dtype == torch.float32 else s.float(), dim=-1).to(q.dtype)
-        t = prompt_s.shape[-1]
-        out = (p[..., :t] @ self.prompt_v[li]).view(b, kvh, g, rep, d)
-        out = out + p[..., t:].view(b, kvh, g, rep, i + 1) @ own_v[:, :, :, : i + 1]  # [B, kvh, G, rep, d]
-        out = out.permute(0, 2, 1, 3, 4).reshape(self.rows, self.heads * d)
-        return attn.o_proj(gated(out, gate))
+        q = q.view(b, g, kvh, rep, d).transpose(1, 2).contiguous()  # [B, kvh, G, rep, d]: head j reads KV head j // rep
+        q3, kt = q.view(b * kvh, g * rep, d), self.prompt_kt[li]
+        prompt_s = torch.bmm(q3, kt) if self.bias3 is None else torch.baddbmm(self.bias3, q3, kt)  # [B*kvh, G*rep, T]
+        own_s = q @ own_k[:, :, :, : i + 1].transpose(-1, -2)  # [B, kvh, G, rep, i+1]
+        s = torch.cat((prompt_s.view(b, kvh, g * rep, -1), own_s.view(b, kvh, g * rep, i + 1)), dim=-1)
+        p = torch.softmax(s, dim=-1) if s.dtype == torch.float32 else torch.softmax(s.float(), dim=-1).to(q.dtype)
+        t = kt.shape[-1]
+        out = (p[..., t:].view(b, kvh, g, rep, i + 1) @ own_v[:, :, :, : i + 1]).view(b * kvh, g * rep, d)
+        out = out.baddbmm_(p[..., :t].reshape(b * kvh, g * rep, t), self.prompt_v3[li])
+        out = out.view(b, kvh, g, rep, d).permute(0, 2, 1, 3, 4).reshape(self.rows, heads * d)
+        return gated(out, gate)
