@@ -92,3 +92,24 @@ def test_geometry_matches_the_processor(tiny_model_dir):
     assert geo.resized_hw(600, 1000) == (588, 1008)
     assert geo.num_image_tokens(600, 1000) == (588 // 28) * (1008 // 28) == 756
     assert geo.fingerprint() != ProcessorGeometry(max_pixels=50176).fingerprint()
+
+
+def test_a_files_size_is_read_once_until_the_file_changes(tmp_path, monkeypatch):
+    """`inspect_image` decodes once and leaves the size for `image_size` (the prompt's pad count asks next); a file
+    rewritten with another size is read again."""
+    import os
+
+    import vlgrpo.data.images as images
+
+    path = tmp_path / "a.png"
+    path.write_bytes(_png(Image.new("RGB", (30, 20))))
+    opened = []
+    real_open = Image.open
+    monkeypatch.setattr(images.Image, "open", lambda *a, **k: opened.append(1) or real_open(*a, **k))
+    info = images.inspect_image(str(path))
+    assert (info.header, info.decoded, len(opened)) == ((30, 20), (30, 20), 1)
+    assert image_size(str(path)) == (30, 20) and image_size(path) == (30, 20) and len(opened) == 1
+    path.write_bytes(_png(Image.new("RGB", (12, 50))))
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # a later modification time, whatever the clock
+    assert image_size(str(path)) == (12, 50) and len(opened) == 2

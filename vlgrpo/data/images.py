@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -64,28 +65,67 @@ def _to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
-def load_image(src: str | bytes | Path) -> Image.Image:
-    """Open, apply the EXIF orientation, convert to RGB and fully decode (so truncation fails here)."""
+def _decoded(src: str | bytes | Path) -> Image.Image:
+    """The image opened and fully decoded (so truncation fails here), as stored: no orientation, any mode."""
     data = read_image_bytes(src)
     try:
         img = Image.open(io.BytesIO(data))
         img.load()
     except (UnidentifiedImageError, OSError, SyntaxError) as e:
         raise ImageError(f"image {_describe(src)} cannot be decoded ({type(e).__name__}: {e})") from None
-    img = ImageOps.exif_transpose(img)
-    return _to_rgb(img)
+    return img
+
+
+def load_image(src: str | bytes | Path) -> Image.Image:
+    """Open, apply the EXIF orientation, convert to RGB and fully decode (so truncation fails here)."""
+    return _to_rgb(ImageOps.exif_transpose(_decoded(src)))
+
+
+def _oriented_size(img: Image.Image) -> tuple[int, int]:
+    """(width, height) of an opened image after its EXIF orientation (a PNG's EXIF may follow its pixels: Pillow
+    then decodes the file to find it)."""
+    w, h = img.size
+    orientation = img.getexif().get(0x0112, 1)
+    return (h, w) if orientation in (5, 6, 7, 8) else (w, h)
+
+
+_SIZES: OrderedDict[tuple[str, int, int], tuple[int, int]] = OrderedDict()
+"""`image_size`'s answers by image file (path, modification time, bytes): a row's image is sized when the trainer
+checks the row and again for its prompt; a PNG costs a full decode each time (its EXIF may follow its pixels)."""
+_SIZES_KEPT = 65536
+
+
+def _file_key(src: str | bytes | Path) -> tuple[str, int, int] | None:
+    if isinstance(src, (bytes, bytearray)):
+        return None
+    try:
+        st = Path(src).stat()
+    except OSError:
+        return None  # read_image_bytes names the problem
+    return str(src), st.st_mtime_ns, st.st_size
+
+
+def _remember_size(key: tuple[str, int, int] | None, size: tuple[int, int]) -> None:
+    if key is None:
+        return
+    _SIZES[key] = size
+    if len(_SIZES) > _SIZES_KEPT:
+        _SIZES.popitem(last=False)
 
 
 def image_size(src: str | bytes | Path) -> tuple[int, int]:
-    """(width, height) after EXIF orientation, reading only the header where possible."""
+    """(width, height) after EXIF orientation, reading only the header where possible; a file's answer is kept
+    until the file changes (its modification time or size)."""
+    key = _file_key(src)
+    if key is not None and key in _SIZES:
+        return _SIZES[key]
     data = read_image_bytes(src)
     try:
-        img = Image.open(io.BytesIO(data))
-        w, h = img.size
-        orientation = img.getexif().get(0x0112, 1)
+        size = _oriented_size(Image.open(io.BytesIO(data)))
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:  # truncated headers raise OSError
         raise ImageError(f"image {_describe(src)} cannot be decoded ({type(e).__name__}: {e})") from None
-    return (h, w) if orientation in (5, 6, 7, 8) else (w, h)
+    _remember_size(key, size)
+    return size
 
 
 @dataclass
@@ -99,8 +139,8 @@ class ImageInfo:
 
 
 def inspect_image(src: str | bytes) -> ImageInfo:
-    """Open one image completely; classify missing, empty, unreadable and corrupt files. What decides whether a row's
-    image can be used, for `vlgrpo data doctor` and for the trainer when it draws the row."""
+    """Open one image completely (one decode); classify missing, empty, unreadable and corrupt files. What decides
+    whether a row's image can be used, for `vlgrpo data doctor` and for the trainer when it draws the row."""
     if isinstance(src, str):
         path = Path(src)
         if not path.is_file():
@@ -111,8 +151,9 @@ def inspect_image(src: str | bytes) -> ImageInfo:
         return ImageInfo(("image_empty", "inline image bytes are empty"))
     name = f"'{src}'" if isinstance(src, str) else f"<{len(src)} inline bytes>"
     try:
-        decoded = load_image(src).size  # the full decode first: a truncated file fails here
-        header = image_size(src)
+        img = _decoded(src)  # decoded once, in full: a truncated file fails here
+        header = _oriented_size(img)
+        decoded = ImageOps.exif_transpose(img).size
     except PermissionError as e:
         return ImageInfo(("image_unreadable", f"image {name} cannot be read ({e.strerror})"))
     except ImageError as e:
@@ -120,6 +161,7 @@ def inspect_image(src: str | bytes) -> ImageInfo:
     except Exception as e:  # noqa: BLE001 - a bare OSError from image_size on a truncated PNG's EXIF, Pillow's
         # DecompressionBombError, ...: the doctor reports every unusable image instead of stopping at the first
         return ImageInfo(("image_corrupt", f"image {name} cannot be decoded ({type(e).__name__}: {e})"))
+    _remember_size(_file_key(src), header)  # the prompt's pad count asks next (`image_size`)
     return ImageInfo(None, header, decoded)
 
 
