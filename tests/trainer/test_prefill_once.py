@@ -36,14 +36,22 @@ def _step(state, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "arch,backend", [("qwen2_5_vl", "plain"), ("qwen2_5_vl", "lora"), ("qwen3_vl", "lora"), ("qwen3_5", "plain")]
+    "arch,backend,micro",
+    [
+        ("qwen2_5_vl", "plain", 2),
+        ("qwen2_5_vl", "plain", 6),
+        ("qwen2_5_vl", "lora", 2),
+        ("qwen3_vl", "lora", 2),
+        ("qwen3_5", "plain", 2),
+    ],
 )
 def test_the_update_on_the_rollouts_prefill_has_the_gradient_of_its_own_prompt_pass(
-    tmp_path, tiny_model_dir, shapes_dir, arch, backend, monkeypatch
+    tmp_path, tiny_model_dir, shapes_dir, arch, backend, micro, monkeypatch
 ):
     """The same step twice from the same weights and seed: with the rollout's prefill kept as the update's prompt
     pass, and with the update's own. 2 prompts x 3 completions in micro-batches of 2 rows (the second holds a row of
-    each prompt: each prompt's gradient gathers over two micro-batches). The samples,
+    each prompt: each prompt's gradient gathers over two micro-batches), or in one of all 6 (the kept outputs read
+    whole, no gather). The samples,
     loss and every gradient agree to fp32 rounding (Qwen3.5: its Gated DeltaNet states are the kept ones); the
     update's own prompt forward ran only without it."""
     runs = {}
@@ -51,7 +59,7 @@ def test_the_update_on_the_rollouts_prefill_has_the_gradient_of_its_own_prompt_p
         extra = (
             f"train.backend={backend}",
             "rollout.completions_per_prompt=3",
-            "train.micro_batch_completions=2",
+            f"train.micro_batch_completions={micro}",
             f"train.prefill_once={str(on).lower()}",
         )
         state = _state(tmp_path, tiny_model_dir, shapes_dir, arch, f"run_{on}", *extra)
@@ -59,7 +67,7 @@ def test_the_update_on_the_rollouts_prefill_has_the_gradient_of_its_own_prompt_p
         runs[on] = _step(state, monkeypatch)
         state.close()
     (kept, kept_grads, kept_passes), (own, own_grads, own_passes) = runs[True], runs[False]
-    assert (kept_passes, own_passes) == (0, 3)  # the rollout's prefill served both micro-batches
+    assert (kept_passes, own_passes) == (0, 6 // micro)  # the rollout's prefill served every micro-batch
     assert kept["reward/total"] == own["reward/total"] and kept["grpo/response_length"] == own["grpo/response_length"]
     assert abs(kept["train/loss"] - own["train/loss"]) <= 1e-6
     assert (

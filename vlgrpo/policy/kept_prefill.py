@@ -69,14 +69,18 @@ class Leaves:
     def part(self, used: list[int]) -> tuple[Tensor, DynamicCache, Tensor, Tensor]:
         """`prefill.prefill_batch`'s outputs for prompts `used` (a micro-batch's, in its order): (last-position logits
         [b, V], a cache over them, next positions [b], the key mask [b, T])."""
-        idx = torch.as_tensor(used, dtype=torch.long, device=self.last.device)
+        if list(used) == list(range(self.last.shape[0])):  # every prompt in order (one micro-batch): no gather
+            pick = lambda t: t  # noqa: E731
+        else:
+            idx = torch.as_tensor(used, dtype=torch.long, device=self.last.device)
+            pick = lambda t: t[idx]  # noqa: E731
         cache = DynamicCache(config=self.config)
         for i, (a, b) in enumerate(self.layers):
             if self.linear[i]:
-                set_states(cache.layers[i], a[idx], b[idx])
+                set_states(cache.layers[i], pick(a), pick(b))
             else:
-                cache.layers[i].update(a[idx], b[idx])
-        return self.last[idx], cache, self.kept.next_pos[idx], self.kept.prompt_mask[idx]
+                cache.layers[i].update(pick(a), pick(b))
+        return pick(self.last), cache, pick(self.kept.next_pos), pick(self.kept.prompt_mask)
 
     def carry(self) -> Tensor | None:
         """A scalar whose backward takes the gradients the leaves gathered through the rollout's prefill graph: the
