@@ -16,6 +16,7 @@ from torch import Tensor
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from vlgrpo.families import family_of
+from vlgrpo.policy.causal_blocks import causal_blocks
 from vlgrpo.policy.last_position import last_position_only
 from vlgrpo.policy.routing import routed
 from vlgrpo.policy.text_decoder import is_hybrid
@@ -102,7 +103,7 @@ def image_outputs(model, features: list) -> dict:
 def prefill(model, prompt_ids: Tensor, prompt_mask: Tensor, mm_token_type_ids: Tensor, features: list):
     """Forward the prompts once with a KV cache -> (last-position logits [B, V], cache, next position [B])."""
     pos, next_pos = mrope_positions(model, prompt_ids, prompt_mask, mm_token_type_ids, features)
-    with last_position_only(model):
+    with last_position_only(model), causal_blocks():
         out = model(
             input_ids=prompt_ids,
             attention_mask=prompt_mask if not bool(prompt_mask.all()) else None,
@@ -155,7 +156,7 @@ def prefill_batch(
     start = tp - int(real[0])
     prefix = prompt_ids[0, start : start + p]
     positions = torch.arange(p, device=prompt_ids.device).view(1, 1, p).expand(3, 1, p)
-    with last_position_only(model):
+    with last_position_only(model), causal_blocks():
         cache = model(input_ids=prefix[None], position_ids=positions, use_cache=True, logits_to_keep=1).past_key_values
     cache.batch_repeat_interleave(b)
     own = real - p  # [B] each prompt's tokens after the shared part: the last `own` columns of its left-padded row
@@ -167,7 +168,7 @@ def prefill_batch(
     ids = torch.cat([prefix.expand(b, p), rest], dim=1)
     mm = torch.cat([mm_token_type_ids.new_zeros(b, p), mm_token_type_ids[:, tp - width :] * rest_mask], dim=1)
     pos, next_pos = mrope_positions(model, ids, key_mask, mm, features)
-    with last_position_only(model):
+    with last_position_only(model), causal_blocks():
         out = model(
             input_ids=rest,
             attention_mask=key_mask,
@@ -190,7 +191,7 @@ def extend(model, cache, ids: Tensor, done: int, features: list):
     tail = ids[0, done:]
     runs = int(((tail == image_id) & torch.cat([tail.new_ones(1, dtype=torch.bool), tail[:-1] != image_id])).sum())
     new = list(features)[len(features) - runs :] if runs else []
-    with last_position_only(model):
+    with last_position_only(model), causal_blocks():
         out = model(
             input_ids=ids[:, done:],
             position_ids=pos[:, :, done:],
