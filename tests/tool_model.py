@@ -8,7 +8,7 @@ import torch
 
 from vlgrpo.policy.forward import collate_groups, completion_logprobs
 from vlgrpo.policy.prompt import IMAGE_PAD, build_prompt, forbidden_mask, vocab_size
-from vlgrpo.rollout.hf import _Row
+from vlgrpo.rollout.sampling import Row
 from vlgrpo.rollout.tools.table import tool_schemas
 from vlgrpo.types import Completion, RolloutGroup
 from vlgrpo.vision_cache import VisionCache
@@ -54,7 +54,7 @@ def scripted(tokenizer, turns: list[list[str]]):
         rows = []
         for r in range(last.shape[0] * run.params.completions_per_prompt):
             ids = tokenizer(texts[r % len(texts)], add_special_tokens=False)["input_ids"]
-            rows.append(_Row(list(ids), [-0.1] * len(ids), "stop"))
+            rows.append(Row(list(ids), [-0.1] * len(ids), "stop"))
         return rows
 
     decode.calls = 0

@@ -13,7 +13,8 @@ from vlgrpo.data.adapters import load_samples
 from vlgrpo.data.prompts import instruction
 from vlgrpo.evals.run import EvalData, evaluate, write_outputs
 from vlgrpo.rewards import RewardContext
-from vlgrpo.rollout.hf import HFEngine, _Row
+from vlgrpo.rollout.hf import HFEngine
+from vlgrpo.rollout.sampling import Row
 from vlgrpo.rollout.turns import ToolRollout
 from vlgrpo.vision_cache import VisionCache
 
@@ -28,7 +29,7 @@ def test_a_trajectory_is_written_as_messages_with_its_crop(load, shapes_dir, tmp
 
     def scripted(model_, last, cache, next_pos, mask, run):
         ids = processor.tokenizer(texts.pop(0), add_special_tokens=False)["input_ids"]
-        return [_Row(list(ids), [0.0] * len(ids), "stop") for _ in range(last.shape[0])]
+        return [Row(list(ids), [0.0] * len(ids), "stop") for _ in range(last.shape[0])]
 
     engine = HFEngine(model, processor, VisionCache(model, processor), box_format="plain", decode=scripted)
     result = evaluate(ToolRollout(engine, ("zoom_in",), 3), EvalData(vqa=[sample]), RewardContext(), progress=False)

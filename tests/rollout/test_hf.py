@@ -12,7 +12,8 @@ from vlgrpo.policy.prompt import forbidden_mask
 from vlgrpo.policy.text_decoder import Fused
 from vlgrpo.rollout.base import SamplingParams
 from vlgrpo.rollout.decode import SharedPrefixDecoder
-from vlgrpo.rollout.hf import HFEngine, decode_shared, sample_next
+from vlgrpo.rollout.hf import HFEngine, decode_shared
+from vlgrpo.rollout.sampling import sample_next
 from vlgrpo.types import Sample
 from vlgrpo.vision_cache import VisionCache
 

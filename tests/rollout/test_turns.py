@@ -20,7 +20,8 @@ from vlgrpo.data.prompts import TOOL_RESPONSE, instruction
 from vlgrpo.models import load_model
 from vlgrpo.policy.prompt import build_prompt
 from vlgrpo.rollout.base import SamplingParams
-from vlgrpo.rollout.hf import HFEngine, _Row, decode_loop
+from vlgrpo.rollout.hf import HFEngine, decode_loop
+from vlgrpo.rollout.sampling import Row
 from vlgrpo.rollout.tools.table import tool_schemas
 from vlgrpo.rollout.turns import ToolRollout, crop_names, tool_response_role, trajectory_messages
 from vlgrpo.trainer.batch import over_turn_mask
@@ -43,7 +44,7 @@ class Scripted:
         self.lasts.append(last.clone())
         ids = self.tokenizer(self.texts.pop(0), add_special_tokens=False)["input_ids"]
         g = run.params.completions_per_prompt
-        return [_Row(list(ids), [-0.5] * len(ids), "stop") for _ in range(last.shape[0] * g)]
+        return [Row(list(ids), [-0.5] * len(ids), "stop") for _ in range(last.shape[0] * g)]
 
 
 @pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
@@ -282,7 +283,7 @@ def test_a_call_cut_by_max_new_tokens_is_scored_as_a_cut_completion_not_masked(l
     ids = tok(cut, add_special_tokens=False)["input_ids"]
 
     def decode(model, last, cache, next_pos, mask, run):
-        return [_Row(list(ids), [-0.5] * len(ids), "length") for _ in range(last.shape[0])]
+        return [Row(list(ids), [-0.5] * len(ids), "length") for _ in range(last.shape[0])]
 
     engine = HFEngine(model, processor, VisionCache(model, processor), box_format="plain", decode=decode)
     tools = ToolRollout(engine, ("zoom_in",), 3)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 from torch import Tensor
@@ -24,101 +24,10 @@ from vlgrpo.policy.linear_attention import select_cache_rows
 from vlgrpo.policy.prefill import extend, prefill
 from vlgrpo.policy.prompt import PromptInputs, PromptSettings, build_prompt, forbidden_mask, left_pad, vocab_size
 from vlgrpo.policy.routing import compact, control_of
-from vlgrpo.rollout.base import EngineCounters, SamplingParams, cut_at_stop
+from vlgrpo.rollout.base import EngineCounters, SamplingParams
 from vlgrpo.rollout.decode import SharedPrefixDecoder, cache_rows, turn_cache
+from vlgrpo.rollout.sampling import DecodeRun, Row, StopCheck
 from vlgrpo.types import Completion, RolloutGroup, Sample
-
-
-def sample_next(
-    logits: Tensor, params: SamplingParams, forbidden: Tensor | None, generator: torch.Generator | None
-) -> tuple[Tensor, Tensor]:
-    """Next token of each row -> (ids [R] long, log-probs [R] fp32).
-
-    The reported log-prob is log softmax(logits / T) of the chosen id with the forbidden ids at -inf (T = 1 when
-    greedy), before top-k / top-p truncation: the value `vlgrpo.grpo.logprobs.token_logprobs` recomputes.
-    """
-    x = logits.float()  # [R, V]
-    if forbidden is not None:
-        x = x.masked_fill(forbidden, -torch.inf)
-    if params.greedy:
-        ids = x.argmax(dim=-1)
-        return ids, torch.log_softmax(x, dim=-1).gather(-1, ids[:, None]).squeeze(-1)
-    x = x / params.temperature
-    logp = torch.log_softmax(x, dim=-1)
-    if params.top_k > 0 and params.top_k < x.shape[-1]:
-        kth = torch.topk(x, params.top_k, dim=-1).values[:, -1:]
-        x = x.masked_fill(x < kth, -torch.inf)
-    if params.top_p < 1.0:
-        sorted_x, order = torch.sort(x, dim=-1, descending=True)
-        p = torch.softmax(sorted_x, dim=-1)
-        drop = (p.cumsum(-1) - p) >= params.top_p  # mass before this token already reaches top_p
-        x = x.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), -torch.inf)
-    ids = torch.multinomial(torch.softmax(x, dim=-1), 1, generator=generator).squeeze(-1)
-    return ids, logp.gather(-1, ids[:, None]).squeeze(-1)
-
-
-@dataclass
-class _Row:
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    finish_reason: str = ""
-    routing: list[Tensor] = field(default_factory=list)
-    """A MoE model's: the experts [L, k] of each token fed back (every sampled token but the last)."""
-
-
-class _StopCheck:
-    """Stop strings, checked on the decoded tail of a row (enough tokens to hold the longest stop string)."""
-
-    def __init__(self, tokenizer, stop: list[str]):
-        self.tokenizer, self.stop = tokenizer, list(stop)
-        self.tail = max((len(s.encode()) for s in stop), default=0) + 2  # every token decodes to >= 1 byte
-
-    def hit(self, ids: list[int]) -> bool:
-        if not self.stop:
-            return False
-        text = self.tokenizer.decode(ids[-self.tail :], skip_special_tokens=True)
-        return any(s in text for s in self.stop)
-
-    def cut(self, text: str) -> str:
-        return cut_at_stop(text, self.stop)
-
-
-@dataclass
-class DecodeRun:
-    """What one decode needs besides the model and its prefilled prompts."""
-
-    params: SamplingParams
-    forbidden: Tensor | None
-    """[V] bool: the placeholder ids, never sampled."""
-    eos_ids: set[int]
-    stop: _StopCheck
-    generator: torch.Generator | None
-    counts: dict[str, int]
-    """The engine's counters (`decode_tokens` grows here)."""
-    kv_out: list | None = None
-    """When a list of one None per row: `decode_shared` puts each row's `TurnKV` there (its next turn continues it;
-    multi-turn rollouts). Other decodes leave it as it is."""
-    prompt_tokens: list[int] | None = None
-    """Each prompt's unpadded length (with `kv_out`)."""
-    record_routing: bool = False
-    """A MoE model's decode records each fed token's experts in its row (`_Row.routing`)."""
-
-    def sample(self, rows: list[_Row], active: list[int], logits: Tensor) -> tuple[Tensor, list[int]]:
-        """Sample the next token of each active row and record it -> (tokens [A], indices into `active` of the rows
-        that go on); a row finishes on EOS or a stop string ("stop") or at max_new_tokens ("length")."""
-        tok, logp = sample_next(logits, self.params, self.forbidden, self.generator)  # the active rows: same draws
-        keep = []
-        for j, (t, lp) in enumerate(zip(tok.tolist(), logp.tolist())):
-            row = rows[active[j]]
-            row.token_ids.append(t)
-            row.logprobs.append(lp)
-            if t in self.eos_ids or self.stop.hit(row.token_ids):
-                row.finish_reason = "stop"
-            elif len(row.token_ids) >= self.params.max_new_tokens:
-                row.finish_reason = "length"
-            else:
-                keep.append(j)
-        return tok, keep
 
 
 def decode_loop(model, last: Tensor, cache, next_pos: Tensor, prompt_mask: Tensor | None, run: DecodeRun) -> list:
@@ -143,7 +52,7 @@ def decode_shared(
     decoder = SharedPrefixDecoder(model, cache, prompt_mask, g, run.params.max_new_tokens)
     control = control_of(model) if run.record_routing else None  # each fed token's experts (`policy.routing`)
     logits, pos = last.repeat_interleave(g, dim=0), next_pos.repeat_interleave(g)
-    rows = [_Row() for _ in range(logits.shape[0])]
+    rows = [Row() for _ in range(logits.shape[0])]
     active = list(range(len(rows)))
     held = list(range(len(rows) // g))  # the prompts the decoder holds, until all their rows have finished
     tokens = torch.zeros(len(rows), dtype=torch.long, device=logits.device)  # a held prompt's finished rows step too
@@ -201,7 +110,7 @@ def decode_copied(model, last: Tensor, cache, next_pos: Tensor, prompt_mask: Ten
     select_cache_rows(cache, rows_of)  # one prefill, G continuations: [B*G, heads, T, d] or a Gated DeltaNet's states
     logits, pos = last.repeat_interleave(g, dim=0), next_pos.repeat_interleave(g)
     mask = prompt_mask.repeat_interleave(g, dim=0) if prompt_mask is not None else None
-    rows = [_Row() for _ in range(logits.shape[0])]
+    rows = [Row() for _ in range(logits.shape[0])]
     active = list(range(len(rows)))
     for _ in range(run.params.max_new_tokens):
         tok, keep = run.sample(rows, active, logits)
@@ -319,9 +228,9 @@ class HFEngine(EngineCounters):
         `keep_kv` (with `keeps_turns`): `last_kv` gets each completion's TurnKV, in the groups' order."""
         feats = self.features(self.cache, prompts)
         gen = torch.Generator(device=self.device).manual_seed(params.seed) if params.seed is not None else None
-        stop = _StopCheck(self.processor.tokenizer, params.stop)
+        stop = StopCheck(self.processor.tokenizer, params.stop)
         run = replace(params, completions_per_prompt=1) if params.greedy else params  # greedy: decode once, copy G
-        rows: list[_Row] = []
+        rows: list[Row] = []
         kv: list = []
         # a MoE model's experts per token, recorded by the shared-prefix decode (one-turn rollouts: a multi-turn one's
         # later turns keep no record; a custom `decode` records none)
@@ -353,9 +262,9 @@ class HFEngine(EngineCounters):
         cache, the next turn's opening), positions those of the whole sequence; `last_kv` then holds the new KVs."""
         feats = self.features(self.cache, prompts)
         gen = torch.Generator(device=self.device).manual_seed(params.seed) if params.seed is not None else None
-        stop = _StopCheck(self.processor.tokenizer, params.stop)
+        stop = StopCheck(self.processor.tokenizer, params.stop)
         run = replace(params, completions_per_prompt=1)
-        rows: list[_Row] = []
+        rows: list[Row] = []
         self.last_kv = []
         with eval_mode(self.model), torch.no_grad():
             for i in range(0, len(prompts), self.batch_prompts):
@@ -394,7 +303,7 @@ class HFEngine(EngineCounters):
         kv_out: list | None = None,
         prompt_routing: list | None = None,
         keep: bool = False,
-    ) -> list[_Row]:
+    ) -> list[Row]:
         """Prefill a chunk of prompts once, then decode their rows; a MoE model's prompt routing (each prompt's real
         tokens' experts) goes to `prompt_routing`, its rows' to each row. `keep`: the prefill runs with autograd and
         is kept for the update (`kept`)."""
