@@ -17,8 +17,9 @@ from vlgrpo.data.images import ProcessorGeometry, inspect_image
 from vlgrpo.data.rowcheck import OVERLONG, Problem, RowVisuals, row_problems, visual_parts
 from vlgrpo.data.schema import DataError
 from vlgrpo.data.stream import SampleStream
-from vlgrpo.data.video import VideoSampling, inspect_video
-from vlgrpo.policy.prompt import PromptInputs, build_prompt
+from vlgrpo.data.video import inspect_video
+from vlgrpo.policy.prompt import PromptInputs, PromptSettings, build_prompt
+from vlgrpo.rollout.tools.table import tool_schemas
 from vlgrpo.trainer.ranks import rank_world, sum_over_ranks
 from vlgrpo.types import InputError, Sample
 
@@ -34,16 +35,17 @@ class CheckedRows:
         processor,
         geometry: ProcessorGeometry,
         cfg: DataConfig,
-        box_format: str,
+        prompt: PromptSettings,
         skipped: list[DataError],
         source: str,
-        tools: list[dict] | None = None,
     ) -> None:
-        self.data, self.processor, self.geometry, self.cfg, self.box_format = data, processor, geometry, cfg, box_format
+        self.data, self.processor, self.geometry, self.cfg = data, processor, geometry, cfg
+        self.settings = prompt
+        """The run's prompt settings, the value its engine writes prompts from too (`PromptSettings.from_config`)."""
         self.skipped = skipped
         self.source = source
         """The training file, as messages name it."""
-        self.tools = tools or []
+        self.tools = tool_schemas(prompt.tools) if prompt.tools else []
         """The tools' schemas the prompt carries (rollout.tools): counted in its length, as the model gets it."""
         self._prompts: dict[str, PromptInputs] = {}
         self._bad: dict[int, tuple[str, int | None]] = {}
@@ -54,17 +56,8 @@ class CheckedRows:
     def prompt(self, sample: Sample) -> PromptInputs:
         """Prompt token ids of a sample (built once per sample id)."""
         if sample.id not in self._prompts:
-            d = self.cfg
             self._prompts[sample.id] = build_prompt(
-                sample,
-                self.processor,
-                self.geometry,
-                d.answer_format,
-                self.box_format,
-                d.system_prompt,
-                VideoSampling.from_config(d.video),
-                d.thinking,
-                self.tools,
+                sample, self.processor, self.geometry, **self.settings.prompt_kw(), tools=self.tools
             )
         return self._prompts[sample.id]
 
@@ -97,7 +90,7 @@ class CheckedRows:
         text, its image_size or boxes against their image (`data.rowcheck`), then its prompt's length, counted
         exactly: every image's and the video's tokens plus the tokenised text. None when it can; a missing
         image_size (box rewards convert with it) is then set from the image the boxes lie in."""
-        video = VideoSampling.from_config(self.cfg.video)
+        video = self.settings.video_sampling
         visuals = RowVisuals(
             [inspect_image(im) for im in sample.images],
             inspect_video(sample.video, video) if sample.video is not None else None,

@@ -33,7 +33,6 @@ from vlgrpo.rollout.adapters import adapter_sync, sync_mode
 from vlgrpo.rollout.base import RolloutEngine, SamplingParams, staleness
 from vlgrpo.rollout.build import build_engine
 from vlgrpo.rollout.split import SplitRollout, worker_gpu
-from vlgrpo.rollout.tools.table import tool_schemas
 from vlgrpo.rollout.weight_stream import Bucket, SyncStats, WeightBuckets, plan_buckets
 from vlgrpo.trainer import checkpoint, prefill_once
 from vlgrpo.trainer.backends import Backend, make_backend
@@ -166,12 +165,11 @@ class RunState:
             self.lock = None
 
 
-def _engine(cfg: Config, lm: LoadedModel, cache: VisionCache, box_format: str):
+def _engine(cfg: Config, lm: LoadedModel, cache: VisionCache, prompt: PromptSettings):
     if cfg.train.stage == "sft":
         return None, False
     if cfg.rollout.placement == "split":  # the engine in a worker process of its own (rollout/split.py)
-        return _split_rollout(cfg, box_format), True
-    prompt = PromptSettings.from_config(cfg, box_format, lm.processor)
+        return _split_rollout(cfg, prompt.box_format), True
     engine = build_engine(cfg.rollout.engine, lm, cache, prompt, run=cfg)
     return engine, engine.holds_own_weights
 
@@ -303,7 +301,10 @@ def _build(cfg: Config, run: Path, device: str, progress: bool | None, for_expor
         trainable=backend.vision_trainable(),
         fingerprint=backend.vision_fingerprint(),
     )
-    engine, needs_weights = (None, False) if for_export else _engine(cfg, lm, cache, reward_ctx.box_format)
+    # the run's prompt settings: the rows count and train on the prompts the engine samples from, both written from
+    # this one value (a split worker builds the same from the same config)
+    prompt = PromptSettings.from_config(cfg, reward_ctx.box_format, lm.processor)
+    engine, needs_weights = (None, False) if for_export else _engine(cfg, lm, cache, prompt)
     adapter_alone, why = sync_mode(cfg)
     if needs_weights and cfg.train.backend == "lora" and not adapter_alone and rank == 0:
         print(
@@ -331,10 +332,7 @@ def _build(cfg: Config, run: Path, device: str, progress: bool | None, for_expor
         enabled=rank == 0 and not for_export,
     )
     data = SampleStream(loaded.samples[rank::world], cfg.train.seed, cfg.data.shuffle)
-    schemas = tool_schemas(tuple(cfg.rollout.tools)) if cfg.rollout.tools else None
-    rows = CheckedRows(
-        data, lm.processor, geometry, cfg.data, reward_ctx.box_format, loaded.errors, loaded.source, schemas
-    )
+    rows = CheckedRows(data, lm.processor, geometry, cfg.data, prompt, loaded.errors, loaded.source)
     state = RunState(
         cfg=cfg,
         run_dir=run,
