@@ -43,6 +43,26 @@ SLEEP_TAGS = ("weights", "kv_cache")  # vLLM's sleep-mode allocations, in the or
 # ---------------------------------------------------------------- the engine
 
 
+def refuse_hybrid_on_cpu(model_path: str) -> None:
+    """vLLM's CPU build runs a hybrid model's Gated DeltaNet layers (Qwen3.5) wrong: NaN logits on every CPU kind this
+    project has run it on (AVX2, AVX-512 with bf16, AMX), and in one CI run of 2026-12-07 finite logits for other
+    tokens than the HF engine's, which no check on the output can tell from right ones. Refused before launch."""
+    if torch.cuda.is_available():
+        return
+    from vlgrpo.families import family
+    from vlgrpo.models import detect_arch
+
+    try:
+        arch = detect_arch(model_path)
+    except Exception:  # noqa: BLE001 - an unknown checkpoint: vLLM's own errors name it
+        return
+    if family(arch).hybrid_attention:
+        raise RuntimeError(
+            f"{model_path} ({arch}) has Gated DeltaNet layers, which vLLM's CPU build computes wrong (NaN or other "
+            "tokens' logits, vLLM 0.32, every CPU kind seen): use rollout.engine=hf on the CPU, or vLLM on a GPU"
+        )
+
+
 class VLLMEngine(EngineCounters):
     """RolloutEngine on a vLLM `LLM` (in-process engine core, as in TRL's colocate mode)."""
 
@@ -134,6 +154,7 @@ class VLLMEngine(EngineCounters):
 
         mm_input=pixels: vLLM runs its own image processor with the trainer's min/max pixels, so both see the same
         resized image and the same number of image tokens; a video's frames arrive at the model's size."""
+        refuse_hybrid_on_cpu(model_path)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM  # the project's only vllm import
 
