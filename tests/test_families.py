@@ -64,7 +64,7 @@ def test_each_row_is_what_the_tiny_model_of_its_family_is(tiny_model_dir, arch):
 
 def test_the_modules_read_the_table():
     from vlgrpo.data.images import DEFAULT_GEOMETRY, ProcessorGeometry, checkpoint_geometry, released_geometry
-    from vlgrpo.memory.specs import MODEL_TABLE
+    from vlgrpo.memory.models import MODEL_TABLE
     from vlgrpo.policy import packed, text_decoder
     from vlgrpo.registry import MODEL_ARCH
     from vlgrpo.rewards.boxes import box_format_for_arch

@@ -4,8 +4,8 @@ import pytest
 
 from vlgrpo.memory.checkpoint import checkpoint_bytes, sync_bytes, write_seconds
 from vlgrpo.memory.inputs import PlanInput
+from vlgrpo.memory.models import resolve_model
 from vlgrpo.memory.report import build_report, format_report
-from vlgrpo.memory.specs import resolve_model
 
 
 def test_each_backend_checkpoints_what_it_keeps():

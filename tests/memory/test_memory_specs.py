@@ -6,7 +6,7 @@ import json
 import pytest
 
 from vlgrpo.memory import MODEL_TABLE, PlanError, kv_cache_bytes, lora_params, resolve_model
-from vlgrpo.memory.specs import spec_from_config_json
+from vlgrpo.memory.models import spec_from_config_json
 
 # Published sizes (model cards / HF safetensors metadata), billions of parameters.
 PUBLISHED = {

@@ -11,9 +11,10 @@ Formulas: docs/memory.md.
 from vlgrpo.memory.fit import GB, GPU_TYPES, verdicts
 from vlgrpo.memory.from_config import plan_input_from_config
 from vlgrpo.memory.inputs import PlanInput
+from vlgrpo.memory.models import MODEL_TABLE, resolve_model
 from vlgrpo.memory.planner import plan
 from vlgrpo.memory.report import build_report, format_report
-from vlgrpo.memory.specs import MODEL_TABLE, ModelSpec, PlanError, kv_cache_bytes, lora_params, resolve_model
+from vlgrpo.memory.specs import ModelSpec, PlanError, kv_cache_bytes, lora_params
 from vlgrpo.memory.suggest import suggestions
 from vlgrpo.memory.terms import bytes_per_param
 

@@ -19,7 +19,8 @@ from vlgrpo.data.prompts import MAX_TOOL_TEXT_TOKENS, tool_response_markup
 from vlgrpo.data.rowcheck import TOOL_RESPONSE_TOKENS, trajectory_tokens
 from vlgrpo.memory.deepspeed_json import zero3_offload
 from vlgrpo.memory.inputs import DTYPE_BYTES, PlanInput, train_gpus
-from vlgrpo.memory.specs import ModelSpec, PlanError, resolve_model
+from vlgrpo.memory.models import resolve_model
+from vlgrpo.memory.specs import ModelSpec, PlanError
 from vlgrpo.memory.terms import trainer_optimizer_states
 from vlgrpo.memory.tokens import prompt_tokens
 

@@ -7,7 +7,6 @@ grpo math, backend) inside a `timing/<phase>` timer. Variants (advantage, ratio,
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import torch
 
@@ -15,15 +14,15 @@ from vlgrpo import grpo
 from vlgrpo.models import eval_mode
 from vlgrpo.policy.forward import completion_logprobs_and_entropy
 from vlgrpo.registry import ADVANTAGE, AGGREGATION, RATIO
-from vlgrpo.rewards import score
 from vlgrpo.rollout.base import staleness
 from vlgrpo.trainer import prefill_once
 from vlgrpo.trainer.backends import no_dropout
 from vlgrpo.trainer.batch import TrainBatch, attach_crops, make_batch, over_turn_mask
 from vlgrpo.trainer.checkpoint import checkpoint_dirs
-from vlgrpo.trainer.metrics import UnionMeans, add_routing_metrics, mean_metrics, memory_metrics
+from vlgrpo.trainer.metrics import UnionMeans, add_routing_metrics, memory_metrics
 from vlgrpo.trainer.offpolicy import OffPolicy
-from vlgrpo.trainer.ranks import gather_from_ranks, global_normalisers, max_over_ranks, sum_tensor_over_ranks
+from vlgrpo.trainer.ranks import gather_from_ranks, global_normalisers, sum_tensor_over_ranks
+from vlgrpo.trainer.scoring import Scored, sample_rounds, shaped_rewards
 from vlgrpo.trainer.sft import gold_group
 from vlgrpo.trainer.source import rollout_source
 from vlgrpo.trainer.state import RunState
@@ -35,29 +34,6 @@ from vlgrpo.vision_cache import VisionCache
 
 class NonFiniteError(InputError):
     """The loss or gradient stayed non-finite for train.max_nonfinite_steps steps in a row: the run stopped."""
-
-
-@dataclass
-class Scored:
-    """Rollout groups of one step with their rewards (after shaping) and the step's reward metrics."""
-
-    groups: list[RolloutGroup] = field(default_factory=list)
-    features: list = field(default_factory=list)
-    """One ImageFeatures per group (from phase 2: the update pass reuses them, no encoder call)."""
-    rewards: list[float] = field(default_factory=list)
-    metrics: dict[str, float] = field(default_factory=dict)
-    """This rank's other metrics of the step (the rounds' mean)."""
-    means: UnionMeans = field(default_factory=UnionMeans)
-    """The reward means (`reward/total`, each component's), weighted by the completions each round scored."""
-    dropped_groups: int = 0
-    rounds: int = 0
-
-    def take(self, groups: list[RolloutGroup], features: list, rewards: list[float], G: int, picks: list[int]) -> None:
-        """Append the picked groups of one round (indices into its lists) with their features and G rewards each."""
-        for gi in picks:
-            self.groups.append(groups[gi])
-            self.features.append(features[gi])
-            self.rewards.extend(rewards[gi * G : (gi + 1) * G])
 
 
 class Trainer:
@@ -135,39 +111,9 @@ class Trainer:
         return self.advantage_fn(rewards, group_ids, eps=self.state.cfg.grpo.std_eps, sum_ranks=sum_tensor_over_ranks)
 
     def _sample_and_score(self, B: int) -> Scored:
-        """Phases 1-4, repeated while dynamic sampling tops the batch up with fresh prompts.
-
-        Every round enters `backend.rollout_weights`, a collective gather under ZeRO-3, so the data-parallel ranks
-        agree on the round count: rounds go on while any rank still needs prompts (all-reduce MAX). A rank that
-        already holds its B informative groups joins such a round but samples nothing: no rollout is generated only
-        to be thrown away, and its batch never depends on the other ranks' draws.
-        """
-        cfg = self.state.cfg
-        G = cfg.rollout.completions_per_prompt
-        out, parts = Scored(), []
-        need = B
-        while max_over_ranks(need) > 0:
-            groups, feats, rewards = self._sample_round(need, out.rounds, parts)
-            out.rounds += 1
-            if not cfg.grpo.dynamic_sampling:
-                out.groups, out.features, out.rewards = groups, feats, rewards
-                break
-            informative = [False] * len(groups)
-            if groups:  # drop zero-variance groups: their advantages are all 0
-                keep, _ = grpo.filter_zero_variance_groups(
-                    torch.tensor(rewards), torch.arange(len(groups)).repeat_interleave(G)
-                )  # [len(groups)*G]
-                informative = [bool(keep[gi * G]) for gi in range(len(groups))]
-            out.dropped_groups += informative.count(False)
-            out.take(groups, feats, rewards, G, [gi for gi, ok in enumerate(informative) if ok])
-            need = grpo.prompts_needed(len(out.groups), B, out.rounds - 1, cfg.grpo.max_topup_rounds)
-            if need == 0 and len(out.groups) < B:  # rounds exhausted: fill with the last round's dropped groups
-                dropped = [gi for gi, ok in enumerate(informative) if not ok]
-                out.take(groups, feats, rewards, G, dropped[: B - len(out.groups)])
-        for metrics, n in parts:
-            out.means.add({k: metrics.pop(k) for k in list(metrics) if k in self._reward_means}, n)
-        out.metrics = mean_metrics([m for m, _ in parts])
-        return out
+        """Phases 1-4 (`trainer/scoring.py`: rounds while dynamic sampling tops the batch up)."""
+        scored, parts = sample_rounds(self.state.cfg, B, self._sample_round)
+        return scored.settle(parts, self._reward_means)
 
     def _sample_round(self, need: int, round_no: int, parts: list) -> tuple[list[RolloutGroup], list, list[float]]:
         """One round for `need` prompts -> (groups, features, rewards [need*G]): phases 1-3 from the rollout source
@@ -182,23 +128,7 @@ class Trainer:
         return got.groups, got.features, rewards
 
     def _rewards(self, groups: list[RolloutGroup]) -> tuple[list[float], dict[str, float]]:
-        state, cfg = self.state, self.state.cfg
-        completions = [c for g in groups for c in g.completions]
-        samples = [g.sample for g in groups for _ in g.completions]
-        returned = [len(c.images) for c in completions]
-        result = score([c.text for c in completions], samples, state.recipe, state.reward_ctx, images_returned=returned)
-        totals = list(result.total)
-        metrics = result.metrics()
-        o = cfg.reward.overlong
-        if o.enabled:  # DAPO overlong shaping, added to the total
-            lengths = torch.tensor([c.sampled_tokens for c in completions])  # the model's own: no tool response
-            penalty = grpo.overlong_penalty(lengths, o.max_length, o.cache_length)
-            totals = [t + float(p) for t, p in zip(totals, penalty)]
-            metrics["reward/overlong"] = float(penalty.mean())
-        metrics["reward/total"] = sum(totals) / len(totals)
-        self._reward_means = {"reward/total", "reward/overlong", *(f"reward/{n}" for n in result.components)}
-        for sid, comp, err in result.failures[:5]:
-            state.log_warning(f"reward '{comp}' failed on sample {sid}: {err}")
+        totals, metrics, self._reward_means = shaped_rewards(self.state, groups)
         return totals, metrics
 
     def _collate(self, groups: list[RolloutGroup], features: list) -> TrainBatch:
