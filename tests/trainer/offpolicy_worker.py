@@ -27,8 +27,8 @@ class OwnWeightsEngine:
         )
         self.policy_version, self.synced = 0, 0
 
-    def generate(self, samples, params):
-        return self.inner.generate(samples, params)
+    def generate(self, samples, params, prompts=None):
+        return self.inner.generate(samples, params, prompts)
 
     def update_weights(self, named_params, version):
         own = dict(self.model.named_parameters())

@@ -110,8 +110,12 @@ class RolloutEngine(Protocol):
         """The greedy decoder of `vlgrpo eval --model` on a loaded checkpoint."""
         ...
 
-    def generate(self, samples: list[Sample], params: SamplingParams) -> list[RolloutGroup]:
-        """One RolloutGroup per sample, in order, each with `params.completions_per_prompt` completions."""
+    def generate(
+        self, samples: list[Sample], params: SamplingParams, prompts: list[PromptInputs] | None = None
+    ) -> list[RolloutGroup]:
+        """One RolloutGroup per sample, in order, each with `params.completions_per_prompt` completions. `prompts`:
+        the samples' prompts as the caller built them from the engine's own settings (the trainer's rows: one build
+        per sample, `PromptSettings`); None: built here."""
         ...
 
     def update_weights(self, named_params: Iterable[tuple[str, Tensor]] | Adapter | None, version: int) -> None:

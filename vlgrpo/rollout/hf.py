@@ -209,10 +209,12 @@ class HFEngine(EngineCounters):
     def build_prompts(self, samples: list[Sample]) -> list[PromptInputs]:
         return [build_prompt(s, self.processor, self.geometry, **self.prompt_kw) for s in samples]
 
-    def generate(self, samples: list[Sample], params: SamplingParams) -> list[RolloutGroup]:
-        """1. prompts, 2. features of every unique image and video (one encoder call each), 3. per chunk: prefill once
-        + decode."""
-        return self.generate_prompts(samples, self.build_prompts(samples), params)
+    def generate(
+        self, samples: list[Sample], params: SamplingParams, prompts: list[PromptInputs] | None = None
+    ) -> list[RolloutGroup]:
+        """1. prompts (the caller's, else built here), 2. features of every unique image and video (one encoder call
+        each), 3. per chunk: prefill once + decode."""
+        return self.generate_prompts(samples, prompts if prompts is not None else self.build_prompts(samples), params)
 
     @property
     def keeps_turns(self) -> bool:

@@ -38,6 +38,7 @@ from torch import Tensor
 
 from vlgrpo import heartbeat
 from vlgrpo.config import ConfigError
+from vlgrpo.policy.prompt import PromptInputs
 from vlgrpo.rollout.base import Adapter, SamplingParams
 from vlgrpo.rollout.weight_stream import (
     PairGroup,
@@ -105,15 +106,22 @@ class SplitRollout:
 
     # ---- trainer side
     def submit(
-        self, step: int, samples: list[Sample], params: SamplingParams, round_no: int = 0, features: tuple | None = None
+        self,
+        step: int,
+        samples: list[Sample],
+        params: SamplingParams,
+        round_no: int = 0,
+        features: tuple | None = None,
+        prompts: list[PromptInputs] | None = None,
     ) -> None:
         """Queue the prompts of training step `step` (1-based), to be sampled with version >= step-1-max_staleness.
         Round 0 is the step's batch, submitted ahead; a dynamic-sampling top-up round (`round_no` >= 1) is submitted
         when the trainer finds the batch short, and queues behind what was submitted before it. `features`: the
-        trainer's `VisionCache.handover` of the samples' images (frozen tower), adopted by the worker's cache."""
+        trainer's `VisionCache.handover` of the samples' images (frozen tower), adopted by the worker's cache;
+        `prompts`: the samples' prompts as the trainer's rows built them (None: the worker's engine builds them)."""
         need = max(0, step - 1 - self.max_staleness)
         self.pending[(step, round_no)] = need
-        self.requests.put(("generate", (step, round_no), samples, params, need, features))
+        self.requests.put(("generate", (step, round_no), samples, params, need, features, prompts))
 
     def collect(self, step: int, round_no: int = 0) -> Collected:
         """The groups of step `step` (round `round_no`), waiting for the worker if they are not there yet. The weights
@@ -319,7 +327,7 @@ def _serve(cfg, box_format: str, requests, results, device: str, join) -> None:
             _, version, config, packed = message
             engine.update_weights(Adapter(config, unpack_weights(*packed)), version)
             continue
-        _, key, samples, params, need, features = message  # key: (training step, sampling round)
+        _, key, samples, params, need, features, prompts = message  # key: (training step, sampling round)
         if version < need:  # the trainer sends weights before any request that needs them: a protocol error
             raise RuntimeError(
                 f"step {key[0]} (round {key[1]}) needs weights of version >= {need}, the worker holds {version}"
@@ -327,7 +335,7 @@ def _serve(cfg, box_format: str, requests, results, device: str, join) -> None:
         idle += time.perf_counter() - idle_since - receive_s  # receiving weights is work, not waiting
         adopted = cache.adopt(features)  # a frozen tower's features, as the trainer encoded them: the engine hits
         with torch.no_grad():
-            groups = engine.generate(samples, params)
+            groups = engine.generate(samples, params, prompts)
         stats = {
             **engine.stats(),
             "rollout/worker_threads": float(torch.get_num_threads()),

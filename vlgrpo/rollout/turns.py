@@ -135,14 +135,18 @@ class ToolRollout:
 
     # ------------------------------------------------------------ turns
 
-    def generate(self, samples: list[Sample], params: SamplingParams) -> list[RolloutGroup]:
+    def generate(
+        self, samples: list[Sample], params: SamplingParams, prompts: list[PromptInputs] | None = None
+    ) -> list[RolloutGroup]:
         """Turn 1 as the engine's grouped rollout; then each trajectory stopped at a call gets its tool response and
-        one more turn, until none is pending or `max_turns` turns were taken."""
+        one more turn, until none is pending or `max_turns` turns were taken. `prompts`: the caller's, built with
+        the tools' schemas (the trainer's rows); None: built here."""
         e = self.engine
         for s in samples:
             if s.video is not None:
                 raise InputError(f"sample '{s.id}': tools are not supported on video rows yet (images only)")
-        prompts = [build_prompt(s, e.processor, e.geometry, **e.prompt_kw, tools=self.schemas) for s in samples]
+        if prompts is None:
+            prompts = [build_prompt(s, e.processor, e.geometry, **e.prompt_kw, tools=self.schemas) for s in samples]
         params = replace(params, stop=[*params.stop, TOOL_CALL_END])
         reuse = self.reuse
         first = e.generate_prompts(samples, prompts, params, keep_kv=reuse)

@@ -50,10 +50,11 @@ class Colocated:
         # ZeRO-3: gather once for the encoder and HF decoding (vLLM decodes with its own weights: only `visual`)
         with state.backend.rollout_weights(full=not state.engine_needs_weights):
             if samples:
+                prompts = [state.rows.prompt(x) for x in samples]  # built once per sample, the engine's too
                 with timers("vision"):  # 2. each unique image and video encoded once; the engine and update reuse it
-                    out.features = state.cache.get_rows([state.rows.prompt(x).sources for x in samples])
+                    out.features = state.cache.get_rows([p.sources for p in prompts])
                 with timers("rollout"):  # 3. G completions per prompt, prompt prefilled once per group
-                    out.groups = state.engine.generate(samples, state.sampling_for(state.step, round_no))
+                    out.groups = state.engine.generate(samples, state.sampling_for(state.step, round_no), prompts)
         return out
 
 
@@ -109,13 +110,14 @@ class Split:
         state = self.state
         if state.cache.trainable:
             for step, round_no, samples, params in todo:
-                state.engine.submit(step, samples, params, round_no)
+                state.engine.submit(step, samples, params, round_no, prompts=[state.rows.prompt(x) for x in samples])
             return
         with state.backend.rollout_weights(full=False), state.timers("vision"):
             for step, round_no, samples, params in todo:
-                sources = [src for x in samples for src in state.rows.prompt(x).sources]
+                prompts = [state.rows.prompt(x) for x in samples]  # the worker's engine samples from these
+                sources = [src for p in prompts for src in p.sources]
                 state.cache.get(sources)
-                state.engine.submit(step, samples, params, round_no, state.cache.handover(sources))
+                state.engine.submit(step, samples, params, round_no, state.cache.handover(sources), prompts)
 
 
 def rollout_source(state: RunState, ahead: int) -> RolloutSource:

@@ -236,8 +236,11 @@ class VLLMEngine(EngineCounters):
             prompt=prompt,
         )
 
-    def generate(self, samples: list[Sample], params: SamplingParams) -> list[RolloutGroup]:
-        prompts = [build_prompt(s, self.processor, self.geometry, **self.prompt_kw) for s in samples]
+    def generate(
+        self, samples: list[Sample], params: SamplingParams, prompts: list[PromptInputs] | None = None
+    ) -> list[RolloutGroup]:
+        if prompts is None:
+            prompts = [build_prompt(s, self.processor, self.geometry, **self.prompt_kw) for s in samples]
         return self.generate_prompts(samples, prompts, params)
 
     @property
