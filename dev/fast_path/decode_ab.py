@@ -45,6 +45,7 @@ def main() -> None:
     ap.add_argument("--backend", default="full", choices=bench.BACKENDS)
     ap.add_argument("--rev", default="HEAD")
     ap.add_argument("--reps", type=int, default=6)
+    ap.add_argument("--table", type=int, default=0, help="print the working tree's top N ops of one decode")
     a = ap.parse_args()
     torch.set_num_threads(1)
     args = argparse.Namespace(g=8, prompts=2, new_tokens=32, warmup=1, steps=3, threads=1, arch=a.arch)
@@ -86,6 +87,8 @@ def main() -> None:
         ops = prof.key_averages()
         s = sorted(seconds[k])
         print(f"{k:5s} CPU s per decode: median {s[len(s) // 2]:.3f}, min {s[0]:.3f}; ops {sum(e.count for e in ops)}")
+        if a.table and k == "tree":
+            print(ops.table(sort_by="self_cpu_time_total", row_limit=a.table))
     same = all(x.token_ids == y.token_ids for x, y in zip(rows["rev"], rows["tree"]))
     gap = max(abs(p - q) for x, y in zip(rows["rev"], rows["tree"]) for p, q in zip(x.logprobs, y.logprobs))
     print(f"same tokens: {same}; largest log-prob difference {gap:.2e}")

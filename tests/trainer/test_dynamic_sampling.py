@@ -42,9 +42,9 @@ def test_dynamic_sampling_tops_up_the_batch_through_the_trainer(tmp_path, tiny_m
     asked, trained = [], []  # per step: the sample ids of each round; the ids of the groups the update trained on
     generate, collate = state.engine.generate, trainer._collate
 
-    def observed_generate(samples, params):
+    def observed_generate(samples, params, prompts=None):
         asked[-1].append([x.id for x in samples])
-        return generate(samples, params)
+        return generate(samples, params, prompts)
 
     def observed_collate(groups, features):
         trained.append([g.sample.id for g in groups])

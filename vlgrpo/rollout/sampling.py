@@ -27,7 +27,8 @@ def sample_next(
     if params.greedy:
         ids = x.argmax(dim=-1)
         return ids, torch.log_softmax(x, dim=-1).gather(-1, ids[:, None]).squeeze(-1)
-    x = x / params.temperature
+    if params.temperature != 1.0:  # x / 1 is x: one op a step saved
+        x = x / params.temperature
     logp = torch.log_softmax(x, dim=-1)
     if params.top_k > 0 and params.top_k < x.shape[-1]:
         kth = torch.topk(x, params.top_k, dim=-1).values[:, -1:]
