@@ -1,6 +1,8 @@
 """The prompt a run counts and trains on and the prompt its engine samples from are written from one value: the run's
 `PromptSettings` (answer format, box convention, system prompt, thinking, video sampling, tools)."""
 
+import json
+
 import pytest
 from trainer_helpers import tiny_config, write_reward_module
 
@@ -67,5 +69,39 @@ def test_a_step_builds_each_drawn_samples_prompt_once(tmp_path, tiny_model_dir, 
             assert state.rows.tools and "zoom_in" in state.lm.processor.tokenizer.decode(
                 state.rows.prompt(state.rows.data.samples[0]).input_ids
             )
+    finally:
+        state.close()
+
+
+def test_two_rows_sharing_an_id_each_get_their_own_prompt(tmp_path, tiny_model_dir, shapes_dir):
+    """`vlgrpo data doctor` calls a repeated id an error, but a run reads such a file: its rows' prompts (which the
+    rollout now samples from, and the update reads the images of) were cached by id, so the second row got the first
+    row's question and image."""
+    lines = (shapes_dir / "train.jsonl").read_text().splitlines()
+    first, second = json.loads(lines[0]), json.loads(lines[1])
+    second["id"] = first["id"]
+    for row in (first, second):
+        row["image"] = str(shapes_dir / row["image"])
+    data = tmp_path / "dup.jsonl"
+    data.write_text(json.dumps(first) + "\n" + json.dumps(second) + "\n")
+    spec = write_reward_module(tmp_path)
+    cfg = tiny_config(
+        tiny_model_dir("qwen2_5_vl"),
+        shapes_dir,
+        tmp_path / "run",
+        f"reward.recipe={{'{spec}': 1.0}}",
+        f"data.train={data}",
+        "data.shuffle=false",
+    )
+    state = build_state(cfg, progress=False)
+    try:
+        a, b = state.rows.draw(2)
+        assert a.id == b.id and a.question != b.question
+        tok = state.lm.processor.tokenizer
+        assert b.question in tok.decode(state.rows.prompt(b).input_ids)
+        assert state.rows.prompt(b).sources != state.rows.prompt(a).sources
+        assert [p.input_ids for p in state.engine.build_prompts([a, b])] == [
+            state.rows.prompt(x).input_ids for x in (a, b)
+        ]
     finally:
         state.close()

@@ -25,7 +25,7 @@ from vlgrpo.types import InputError, Sample
 
 
 class CheckedRows:
-    """Usable samples drawn from `data`, their prompts (built once per sample id), and the rows skipped: `skipped`,
+    """Usable samples drawn from `data`, their prompts (built once per row), and the rows skipped: `skipped`,
     the DataErrors of the rows skipped when `source` was read (schema, JSON, not UTF-8, a preset's skips), and those
     found unusable when drawn."""
 
@@ -47,19 +47,21 @@ class CheckedRows:
         """The training file, as messages name it."""
         self.tools = tool_schemas(prompt.tools) if prompt.tools else []
         """The tools' schemas the prompt carries (rollout.tools): counted in its length, as the model gets it."""
-        self._prompts: dict[str, PromptInputs] = {}
+        self._prompts: dict[tuple[str, int | None], PromptInputs] = {}
         self._bad: dict[int, tuple[str, int | None]] = {}
         """{id(sample): (check, row)} of the rows found unusable when drawn (keyed by object: two rows may share an
         id)."""
         self._good: set[int] = set()
 
     def prompt(self, sample: Sample) -> PromptInputs:
-        """Prompt token ids of a sample (built once per sample id)."""
-        if sample.id not in self._prompts:
-            self._prompts[sample.id] = build_prompt(
+        """Prompt token ids of a sample (built once per row: its id and its row in the file, which a copy from the
+        split worker keeps; two rows may share an id, which `vlgrpo data doctor` reports)."""
+        key = (sample.id, sample.row)
+        if key not in self._prompts:
+            self._prompts[key] = build_prompt(
                 sample, self.processor, self.geometry, **self.settings.prompt_kw(), tools=self.tools
             )
-        return self._prompts[sample.id]
+        return self._prompts[key]
 
     def draw(self, k: int) -> list[Sample]:
         """The next k usable samples. A row is checked the first time it is drawn (`_problem`); a bad one is reported
