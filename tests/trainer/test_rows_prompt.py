@@ -65,10 +65,11 @@ def test_a_step_builds_each_drawn_samples_prompt_once(tmp_path, tiny_model_dir, 
         Trainer(state).grpo_step()
         drawn = cfg.train.prompts_per_step
         assert len(built) == drawn and len(set(built)) == drawn, built
-        if tools:  # the tools' schemas are in the prompt the rollout got
-            assert state.rows.tools and "zoom_in" in state.lm.processor.tokenizer.decode(
-                state.rows.prompt(state.rows.data.samples[0]).input_ids
-            )
+        if tools:  # the prompt the rollout got is the one ToolRollout builds itself, the tools' schemas in it
+            e, sample = state.engine, state.rows.data.samples[0]
+            own = build_prompt(sample, e.engine.processor, e.engine.geometry, **e.engine.prompt_kw, tools=e.schemas)
+            assert state.rows.prompt(sample).input_ids == own.input_ids
+            assert "zoom_in" in state.lm.processor.tokenizer.decode(own.input_ids)
     finally:
         state.close()
 
