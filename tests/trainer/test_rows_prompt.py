@@ -15,14 +15,19 @@ from vlgrpo.trainer.loop import Trainer
 from vlgrpo.trainer.state import build_state
 
 
-def test_the_rows_and_the_engine_write_their_prompts_from_the_runs_one_setting(tmp_path, tiny_model_dir, shapes_dir):
+def _config(tmp_path, model_dir, shapes_dir, *overrides):
+    """The tiny Qwen2.5-VL run on the shapes data with a length reward, one step, and `overrides`."""
     spec = write_reward_module(tmp_path)
-    cfg = tiny_config(
+    return tiny_config(
+        model_dir, shapes_dir, tmp_path / "run", f"reward.recipe={{'{spec}': 1.0}}", "train.steps=1", *overrides
+    )
+
+
+def test_the_rows_and_the_engine_write_their_prompts_from_the_runs_one_setting(tmp_path, tiny_model_dir, shapes_dir):
+    cfg = _config(
+        tmp_path,
         tiny_model_dir("qwen2_5_vl"),
         shapes_dir,
-        tmp_path / "run",
-        f"reward.recipe={{'{spec}': 1.0}}",
-        "train.steps=1",
         "data.system_prompt=Look closely.",
         "data.answer_format=answer",
     )
@@ -42,16 +47,7 @@ def test_the_rows_and_the_engine_write_their_prompts_from_the_runs_one_setting(t
 def test_a_step_builds_each_drawn_samples_prompt_once(tmp_path, tiny_model_dir, shapes_dir, monkeypatch, tools):
     """The rollout takes the prompts the rows built (and checked the length of) instead of building them again: one
     `build_prompt` per drawn sample in a step (before: two, the rows' and the engine's or ToolRollout's)."""
-    spec = write_reward_module(tmp_path)
-    cfg = tiny_config(
-        tiny_model_dir("qwen2_5_vl"),
-        shapes_dir,
-        tmp_path / "run",
-        f"reward.recipe={{'{spec}': 1.0}}",
-        "train.steps=1",
-        "rollout.max_new_tokens=4",
-        *tools,
-    )
+    cfg = _config(tmp_path, tiny_model_dir("qwen2_5_vl"), shapes_dir, "rollout.max_new_tokens=4", *tools)
     built = []
 
     def counted(sample, *args, **kwargs):
@@ -85,15 +81,7 @@ def test_two_rows_sharing_an_id_each_get_their_own_prompt(tmp_path, tiny_model_d
         row["image"] = str(shapes_dir / row["image"])
     data = tmp_path / "dup.jsonl"
     data.write_text(json.dumps(first) + "\n" + json.dumps(second) + "\n")
-    spec = write_reward_module(tmp_path)
-    cfg = tiny_config(
-        tiny_model_dir("qwen2_5_vl"),
-        shapes_dir,
-        tmp_path / "run",
-        f"reward.recipe={{'{spec}': 1.0}}",
-        f"data.train={data}",
-        "data.shuffle=false",
-    )
+    cfg = _config(tmp_path, tiny_model_dir("qwen2_5_vl"), shapes_dir, f"data.train={data}", "data.shuffle=false")
     state = build_state(cfg, progress=False)
     try:
         a, b = state.rows.draw(2)
